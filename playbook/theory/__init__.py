@@ -1,0 +1,1 @@
+"""Predict: pure functions of configs and degrees. Nothing here starts a process or imports torch."""
