@@ -1,0 +1,573 @@
+"""Run: real ``torch.distributed`` ranks that a notebook can use like a function call.
+
+``Ranks(n)`` starts n processes once, each joins one process group and then waits for work;
+``ranks.run(fn, ...)`` ships ``fn`` (by value, with cloudpickle, so a function defined in a notebook
+cell works) to every rank, calls ``fn(ctx, ...)`` there and returns the n results in rank order.
+``launch(fn, n)`` is the fresh-process form (start, run once, stop) for the CLI and tests; under
+``torchrun`` it runs ``fn`` in the current process as this rank, so rank functions run unchanged
+across nodes.
+
+Failure is part of the lesson, so it is made visible and cheap:
+- a rank that raises: :class:`RankError` with that rank's number and traceback; ranks left waiting
+  for it in a collective are killed and restarted on the next call (a fraction of a second);
+- a hang: :class:`RankTimeout` saying which collective each rank was waiting in, and for how long;
+- Ctrl-C, a kernel restart, or a dead parent: every rank goes with it (a watchdog thread in each
+  rank follows the parent's pid; ``PR_SET_PDEATHSIG`` on Linux as a second line).
+
+Processes come from a ``forkserver`` that has torch and playbook imported once (FEASIBILITY.md:
+~0.15 s per fresh start instead of 6-7 s with spawn), with one compute thread per rank so that
+n ranks on 2 cores do not thrash. The launcher choice is measured in ``benchmarks/bench_ranks.py``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+import cloudpickle
+
+from playbook.config import require_positive
+
+_STOP = b"stop"  # the message that ends a rank's loop (a job is always a cloudpickle payload)
+STATUS_WIDTH = 160  # bytes of status text per rank, in shared memory
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.pipelining",
+    "playbook.cluster",
+    "playbook.measure.trace",
+]
+
+
+class RankError(RuntimeError):
+    """A rank raised. ``.rank`` is its number, ``.remote_traceback`` its traceback text."""
+
+    def __init__(self, rank: int, remote_traceback: str, note: str = ""):
+        self.rank, self.remote_traceback = rank, remote_traceback
+        last = remote_traceback.strip().splitlines()[-1] if remote_traceback.strip() else "died"
+        super().__init__(f"rank {rank} failed: {last}\n\n--- traceback from rank {rank} ---\n{remote_traceback}{note}")
+
+
+class RankTimeout(TimeoutError):
+    """No result within the timeout. ``.waiting`` maps rank -> what it was doing."""
+
+    def __init__(self, timeout: float, waiting: dict[int, str]):
+        self.waiting = waiting
+        lines = "\n".join(f"  rank {r}: {what}" for r, what in sorted(waiting.items()))
+        super().__init__(
+            f"no result from all ranks within {timeout:g} s; the ranks were killed and will restart on the next call.\n"
+            f"{lines}\n"
+            "A rank waiting in a collective that another rank never entered is the usual cause: "
+            "check that every rank calls the same collectives in the same order with the same shapes."
+        )
+
+
+def default_backend(world_size: int) -> str:
+    """``nccl`` with one GPU per rank when there are enough GPUs, else ``gloo``."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def max_local_ranks() -> int:
+    """How many ranks this machine runs well: 4 per CPU core, at least 8 (on CPU, each rank is a process)."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def check_world_size(world_size: int, backend: str) -> None:
+    require_positive(world_size=world_size)
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if world_size > gpus:
+            raise ValueError(
+                f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) visible; "
+                f"use backend='gloo', or world_size <= {gpus}, or torchrun across nodes"
+            )
+    elif backend != "gloo":
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    limit = max_local_ranks()
+    if world_size > limit:
+        good = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= limit]
+        raise ValueError(
+            f"world_size={world_size} is more ranks than this machine can run ({os.cpu_count()} CPU cores, "
+            f"limit {limit}); try world_size in {{{', '.join(map(str, good))}}}, or torchrun across nodes"
+        )
+
+
+@dataclass
+class RankContext:
+    """What a rank function receives as its first argument: who it is and how to talk to the others.
+
+    ``group`` is the world process group; pass it (or a subgroup) to collectives explicitly.
+    ``tracer`` records every collective this call issues and compute spans you mark with
+    ``with ctx.tracer.span("forward"):``. ``progress(done, total)`` feeds the notebook's progress bar.
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+    device: Any
+    group: Any
+    tracer: Any
+    _send: Callable | None = field(default=None, repr=False)
+    _last_progress: float = field(default=0.0, repr=False)
+
+    def progress(self, done: int, total: int, desc: str = "") -> None:
+        now = time.monotonic()
+        if self._send is not None and (done >= total or now - self._last_progress > 0.1):
+            self._last_progress = now
+            self._send(("progress", self.rank, done, total, desc))
+
+
+# ----------------------------------------------------------------------------------------------
+# inside a rank
+# ----------------------------------------------------------------------------------------------
+
+
+class _PrefixedStream:
+    """Line-buffered stream that sends ``[rank r] text`` lines to the parent, which prints them."""
+
+    def __init__(self, rank: int, send, name: str):
+        self.rank, self.send, self.name, self.buffer = rank, send, name, ""
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            self.send(("print", self.name, f"[rank {self.rank}] {line}\n"))
+        return len(text)
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.send(("print", self.name, f"[rank {self.rank}] {self.buffer}"))
+            self.buffer = ""
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: parent = forkserver
+        except OSError:
+            pass
+
+    def watch():
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="playbook-watchdog").start()
+
+
+def _init_rank(rank: int, world_size: int, backend: str, store_port: int, threads: int):
+    import torch
+    import torch.distributed as dist
+
+    from playbook.measure import trace
+
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    store = dist.TCPStore("127.0.0.1", store_port, world_size + 1, is_master=False, timeout=timedelta(seconds=60))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=30))
+    trace.install()
+    return device
+
+
+def _rank_main(rank, world_size, backend, store_port, threads, conn, status, since, parent_pid):
+    """Entry point of one persistent rank: join the group, then serve calls until told to stop."""
+    _die_with_parent(parent_pid)
+    lock = threading.Lock()
+
+    def send(message):
+        with lock:
+            conn.send_bytes(cloudpickle.dumps(message))
+
+    def set_status(text: str) -> None:
+        raw = text.encode()[: STATUS_WIDTH - 1]
+        status[rank * STATUS_WIDTH : rank * STATUS_WIDTH + len(raw) + 1] = raw + b"\0"
+        since[rank] = time.time()
+
+    sys.stdout, sys.stderr = _PrefixedStream(rank, send, "stdout"), _PrefixedStream(rank, send, "stderr")
+    try:
+        set_status("starting: joining the process group")
+        device = _init_rank(rank, world_size, backend, store_port, threads)
+    except BaseException:
+        send(("error", rank, traceback.format_exc()))
+        return
+    import torch.distributed as dist
+
+    from playbook.measure.trace import Tracer, recording
+
+    set_status("idle")
+    send(("ready", rank))
+    while True:
+        try:
+            payload = conn.recv_bytes()
+        except EOFError:
+            break
+        if payload == _STOP:
+            break
+        tracer = Tracer(rank, on_status=lambda text: set_status(text or "running user code (not in a collective)"))
+        ctx = RankContext(rank, world_size, backend, device, dist.group.WORLD, tracer, send)
+        set_status("running user code (not in a collective)")
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            with recording(tracer):
+                result = fn(ctx, *args, **kwargs)
+            sys.stdout.flush(), sys.stderr.flush()
+            send(("result", rank, result, [s.as_dict() for s in tracer.spans]))
+        except BaseException as exc:
+            sys.stdout.flush(), sys.stderr.flush()
+            tb = exc.__traceback__.tb_next or exc.__traceback__  # drop this loop's own frame
+            send(("error", rank, "".join(traceback.format_exception(type(exc), exc, tb))))
+        set_status("idle")
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# in the notebook (the parent)
+# ----------------------------------------------------------------------------------------------
+
+
+def _forkserver_context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Children get their function by value (cloudpickle), so they never need the parent's
+    ``__main__``; hiding its path keeps forkserver/spawn from re-running the parent's script."""
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__.pop(k) for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+
+
+def _kill(processes) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+    for p in processes:
+        p.join(timeout=5)
+
+
+class Ranks:
+    """A persistent set of ``world_size`` real ranks. Start once, ``run`` many times.
+
+    >>> ranks = Ranks(4)
+    >>> ranks.run(lambda ctx: ctx.rank * 10)
+    [0, 10, 20, 30]
+
+    ``backend="auto"`` picks NCCL with one GPU per rank when there are enough GPUs, else gloo.
+    ``timeout`` (seconds) bounds each call; ``error_grace`` is how long the other ranks get to
+    finish after one rank raised before they are treated as stuck. ``start_method="spawn"`` is the
+    slow fallback that always works (fresh interpreters, 6-7 s per start on 2 cores).
+    """
+
+    def __init__(self, world_size: int, *, backend: str = "auto", timeout: float = 120.0,
+                 error_grace: float = 2.0, threads_per_rank: int = 1, start_method: str = "forkserver"):  # fmt: skip
+        self.backend = default_backend(world_size) if backend == "auto" else backend
+        check_world_size(world_size, self.backend)
+        self.world_size, self.timeout, self.error_grace = world_size, timeout, error_grace
+        self.threads_per_rank, self.start_method = threads_per_rank, start_method
+        self.processes: list = []
+        self.last_trace: list[dict] = []  # spans of every rank from the last call, as dicts
+        self.start_seconds: float | None = None
+        self._conns: list = []
+        self._store = None
+        self._finalizer = weakref.finalize(self, _kill, self.processes)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self.processes) and all(p.is_alive() for p in self.processes)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def start(self) -> Ranks:
+        """Start the ranks and wait until each has joined the process group."""
+        import torch.distributed as dist
+
+        if self.alive:
+            return self
+        self.stop()
+        t0 = time.perf_counter()
+        ctx = _forkserver_context() if self.start_method == "forkserver" else mp.get_context(self.start_method)
+        # The parent hosts the rendezvous store on a port the OS picks: no port is ever assumed free.
+        self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, is_master=True, wait_for_workers=False)
+        self._status = ctx.Array(ctypes.c_char, STATUS_WIDTH * self.world_size, lock=False)
+        self._since = ctx.Array(ctypes.c_double, self.world_size, lock=False)
+        for rank in range(self.world_size):
+            parent_conn, child_conn = ctx.Pipe()
+            p = ctx.Process(
+                target=_rank_main,
+                args=(rank, self.world_size, self.backend, self._store.port, self.threads_per_rank,
+                      child_conn, self._status, self._since, os.getpid()),  # fmt: skip
+                daemon=True,
+                name=f"playbook-rank-{rank}",
+            )
+            with _main_module_hidden():
+                p.start()
+            child_conn.close()
+            self.processes.append(p)
+            self._conns.append(parent_conn)
+        try:
+            self._collect("ready", timeout=max(60.0, self.timeout))
+        except BaseException:
+            self.stop(grace=0.0)
+            raise
+        self.start_seconds = time.perf_counter() - t0
+        return self
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Ask every rank to leave, kill whatever is left after ``grace`` seconds. Safe to call twice."""
+        for conn in self._conns:
+            try:
+                conn.send_bytes(_STOP)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + grace
+        for p in self.processes:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        _kill(self.processes)
+        for conn in self._conns:
+            conn.close()
+        self.processes.clear()
+        self._conns.clear()
+        self._store = None
+
+    def __enter__(self) -> Ranks:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else "stopped"
+        return f"Ranks(world_size={self.world_size}, backend={self.backend!r}, {state})"
+
+    # -- running ----------------------------------------------------------------------------------
+    def run(self, fn: Callable, *args, timeout: float | None = None, progress: bool = True, **kwargs) -> list:
+        """Call ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order."""
+        self.start()
+        payload = cloudpickle.dumps((fn, args, kwargs))
+        for conn in self._conns:
+            conn.send_bytes(payload)
+        try:
+            results = self._collect("result", timeout=self.timeout if timeout is None else timeout, progress=progress)
+        except BaseException:
+            self.stop(grace=0.0)  # stuck, failed or interrupted ranks are not reused; the next call restarts them
+            raise
+        return results
+
+    def _status_of(self, rank: int) -> str:
+        raw = bytes(self._status[rank * STATUS_WIDTH : (rank + 1) * STATUS_WIDTH]).split(b"\0")[0]
+        waited = time.time() - self._since[rank] if self._since[rank] else 0.0
+        return f"{raw.decode(errors='replace')} (for {waited:.1f} s)"
+
+    def _collect(self, kind: str, timeout: float, progress: bool = False) -> list:
+        """Gather one ``kind`` message per rank, printing rank output and feeding the progress bar."""
+        results: dict[int, Any] = {}
+        traces: dict[int, list] = {}
+        failures: dict[int, str] = {}
+        bar = _ProgressBar(self.world_size) if progress else None
+        deadline = time.monotonic() + timeout
+        failed_at = None
+        conn_rank = {conn: r for r, conn in enumerate(self._conns)}
+        sentinel_rank = {p.sentinel: r for r, p in enumerate(self.processes)}
+        try:
+            while len(results) + len(failures) < self.world_size:
+                now = time.monotonic()
+                if failed_at is not None and now - failed_at > self.error_grace:
+                    break
+                if now > deadline:
+                    waiting = {r: self._status_of(r) for r in range(self.world_size) if r not in results}
+                    raise RankTimeout(timeout, waiting)
+                ready = mp.connection.wait(list(conn_rank) + list(sentinel_rank), timeout=0.1)
+                for obj in ready:
+                    if obj in sentinel_rank:
+                        r = sentinel_rank[obj]
+                        if r not in results and r not in failures and not self._drain(r, conn_rank, results, traces, failures, bar, kind):
+                            code = self.processes[r].exitcode
+                            failures[r] = f"rank {r} exited with code {code} before answering\n"
+                            failed_at = failed_at or time.monotonic()
+                        sentinel_rank.pop(obj)
+                        continue
+                    r = conn_rank[obj]
+                    try:
+                        self._handle(cloudpickle.loads(obj.recv_bytes()), kind, results, traces, failures, bar)
+                    except EOFError:
+                        conn_rank.pop(obj)
+                    if failures and failed_at is None:
+                        failed_at = time.monotonic()
+        finally:
+            if bar is not None:
+                bar.close()
+        if failures:
+            first = min(failures)
+            stuck = [r for r in range(self.world_size) if r not in results and r not in failures]
+            note = ""
+            if stuck:
+                where = "\n".join(f"  rank {r}: {self._status_of(r)}" for r in stuck)
+                note = f"\n--- the other ranks were still busy, so all ranks will restart on the next call ---\n{where}\n"
+            others = sorted(set(failures) - {first})
+            if others:
+                note += f"\n(ranks {others} failed too; rank {first} is shown)\n"
+            raise RankError(first, failures[first], note)
+        if kind == "result":
+            self.last_trace = [span for r in range(self.world_size) for span in traces.get(r, [])]
+        return [results[r] for r in range(self.world_size)]
+
+    def _drain(self, r, conn_rank, results, traces, failures, bar, kind) -> bool:
+        """Read what a rank that just exited had still queued; True if that answered it."""
+        conn = self._conns[r]
+        try:
+            while conn.poll():
+                self._handle(cloudpickle.loads(conn.recv_bytes()), kind, results, traces, failures, bar)
+        except (EOFError, OSError):
+            pass
+        conn_rank.pop(conn, None)
+        return r in results or r in failures
+
+    @staticmethod
+    def _handle(message, kind, results, traces, failures, bar) -> None:
+        tag, rank = message[0], message[1]
+        if tag == "print":
+            stream = sys.stdout if rank == "stdout" else sys.stderr
+            stream.write(message[2])
+            stream.flush()
+        elif tag == "progress" and bar is not None:
+            bar.update(*message[1:])
+        elif tag == "error":
+            failures[rank] = message[2]
+        elif tag == kind == "ready":
+            results[rank] = None
+        elif tag == kind == "result":
+            results[rank], traces[rank] = message[2], message[3]
+
+
+class _ProgressBar:
+    """A tqdm bar (a widget in Jupyter) that follows the slowest rank."""
+
+    def __init__(self, world_size: int):
+        self.done = [0] * world_size
+        self.bar = None
+
+    def update(self, rank: int, done: int, total: int, desc: str) -> None:
+        from tqdm.auto import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc=desc or "ranks", leave=False)
+        self.done[rank] = done
+        self.bar.n = min(self.done)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# the shared set for a notebook, the fresh launch, and torchrun
+# ----------------------------------------------------------------------------------------------
+
+_shared: dict[str, Ranks] = {}
+
+
+def ranks(world_size: int, *, backend: str = "auto", **options) -> Ranks:
+    """The notebook's persistent ranks: started on first use, reused by every cell, restarted when
+    ``world_size`` or ``backend`` changes. Stopped when the kernel exits."""
+    chosen = default_backend(world_size) if backend == "auto" else backend
+    current = _shared.get("ranks")
+    if current is not None and (current.world_size, current.backend) == (world_size, chosen):
+        return current
+    if current is not None:
+        current.stop()
+    _shared["ranks"] = Ranks(world_size, backend=chosen, **options)
+    return _shared["ranks"].start()
+
+
+@atexit.register
+def _stop_shared() -> None:
+    for r in _shared.values():
+        r.stop()
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def launch(fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float = 300.0, **kwargs) -> list:
+    """Run ``fn(ctx, *args, **kwargs)`` on fresh ranks and stop them; return every rank's result.
+
+    Under ``torchrun`` this process *is* one rank: the group is joined from the environment,
+    ``fn`` runs here, and every rank gets the list of all results (``world_size`` may be None).
+    """
+    if under_torchrun():
+        return _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs)
+    if world_size is None:
+        raise ValueError("world_size is required outside torchrun")
+    with Ranks(world_size, backend=backend, timeout=timeout) as r:
+        return r.run(fn, *args, **kwargs)
+
+
+def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:
+    import torch
+    import torch.distributed as dist
+
+    from playbook.measure import trace
+
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size is not None and world_size != env_world:
+        raise ValueError(f"world_size={world_size} but torchrun started WORLD_SIZE={env_world}; pass --nproc-per-node/--nnodes to match")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    trace.install()
+    tracer = trace.Tracer(dist.get_rank())
+    ctx = RankContext(dist.get_rank(), env_world, backend, device, dist.group.WORLD, tracer)
+    with trace.recording(tracer):
+        result = fn(ctx, *args, **kwargs)
+    everyone = [None] * env_world
+    dist.all_gather_object(everyone, result)
+    return everyone

@@ -1,0 +1,264 @@
+"""Measure communication and compute: a per-rank tracer of every ``torch.distributed`` collective.
+
+``install()`` wraps the collectives of the ``torch.distributed`` namespace once per process; each call
+is then recorded in the *current* :class:`Tracer` (one per rank function call) as a :class:`Span`
+with the op, the group, the buffer bytes as issued and the bytes each rank sends under the ring
+algorithm (REFERENCES.md: all-reduce 2S(n-1)/n; all-gather, reduce-scatter, all-to-all S(n-1)/n;
+broadcast S, where S is the full buffer in bytes). Compute spans come from ``tracer.span(name)``.
+
+Only calls made through the ``torch.distributed`` namespace are seen (``dist.all_reduce(...)``);
+collectives issued from C++ (DDP's reducer) or through functional collectives are not.
+Times are ``time.perf_counter()`` seconds, a monotonic clock shared by all processes on one machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+# How each traced op's buffer S and per-rank sent bytes are read from its arguments.
+_RING = {"all_reduce": lambda S, n: 2 * S * (n - 1) / n, "broadcast": lambda S, n: S, "reduce": lambda S, n: S * (n - 1) / n}
+_GATHER_LIKE = lambda S, n: S * (n - 1) / n  # noqa: E731  all-gather, reduce-scatter, all-to-all
+
+
+@dataclass
+class Span:
+    """One interval on one rank: a collective (``kind="comm"``) or a named compute region."""
+
+    rank: int
+    kind: str  # "comm" | "compute"
+    name: str  # op name ("all_reduce", ...) or the compute label
+    start: float
+    end: float | None = None  # None while an async op has not been waited on
+    bytes: int = 0  # buffer bytes as issued (the full, gathered size for all-gather/reduce-scatter)
+    sent_bytes: float = 0.0  # bytes this rank sends under the ring algorithm
+    group_size: int = 1
+    group: str = "world"
+    dtype: str = ""
+
+    @property
+    def duration(self) -> float:
+        return 0.0 if self.end is None else self.end - self.start
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _nbytes(t) -> int:
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
+    if isinstance(t, (list, tuple)):
+        return sum(_nbytes(x) for x in t)
+    return 0
+
+
+def _group_of(group) -> tuple[int, str]:
+    if group is None or group is dist.group.WORLD:
+        return dist.get_world_size(), "world"
+    ranks = dist.get_process_group_ranks(group)
+    return len(ranks), "ranks" + "-".join(map(str, ranks))
+
+
+def _first_tensor(args, kwargs, *names):
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    return args[0] if args else None
+
+
+def _measure(op: str, args, kwargs, n: int, rank_in_group: int) -> tuple[int, float, str]:
+    """(buffer bytes S, bytes this rank sends, dtype) for one call of ``op``."""
+    a = list(args)
+    if op in ("all_reduce", "broadcast", "reduce"):
+        t = _first_tensor(a, kwargs, "tensor")
+        return _nbytes(t), _RING[op](_nbytes(t), n), str(getattr(t, "dtype", ""))
+    if op in ("all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single"):
+        out = a[0] if a else kwargs.get("output_tensor", kwargs.get("output"))
+        inp = a[1] if len(a) > 1 else kwargs.get("input_tensor", kwargs.get("input"))
+        full = out if op.startswith("all_gather") else inp
+        return _nbytes(full), _GATHER_LIKE(_nbytes(full), n), str(full.dtype)
+    if op == "all_gather":
+        out = a[0] if a else kwargs["tensor_list"]
+        return _nbytes(out), _GATHER_LIKE(_nbytes(out), n), str(out[0].dtype)
+    if op == "reduce_scatter":
+        inp = a[1] if len(a) > 1 else kwargs["input_list"]
+        return _nbytes(inp), _GATHER_LIKE(_nbytes(inp), n), str(inp[0].dtype)
+    if op == "all_to_all":
+        inp = a[1] if len(a) > 1 else kwargs["input_tensor_list"]
+        return _nbytes(inp), _nbytes(inp) - _nbytes(inp[rank_in_group]), str(inp[0].dtype)
+    if op == "all_to_all_single":
+        inp = a[1] if len(a) > 1 else kwargs["input"]
+        splits = a[3] if len(a) > 3 else kwargs.get("input_split_sizes")
+        S = _nbytes(inp)
+        if splits:
+            own = splits[rank_in_group] * (S // max(inp.shape[0], 1))
+            return S, S - own, str(inp.dtype)
+        return S, _GATHER_LIKE(S, n), str(inp.dtype)
+    if op in ("send", "isend"):
+        t = _first_tensor(a, kwargs, "tensor")
+        return _nbytes(t), float(_nbytes(t)), str(t.dtype)
+    if op in ("recv", "irecv"):
+        t = _first_tensor(a, kwargs, "tensor")
+        return _nbytes(t), 0.0, str(t.dtype)
+    if op == "batch_isend_irecv":
+        p2p = a[0] if a else kwargs["p2p_op_list"]
+        sent = sum(_nbytes(o.tensor) for o in p2p if "send" in o.op.__name__)
+        return sum(_nbytes(o.tensor) for o in p2p), float(sent), str(p2p[0].tensor.dtype) if p2p else ""
+    if op in ("gather", "scatter"):
+        t = _first_tensor(a, kwargs, "tensor")
+        return _nbytes(t), float(_nbytes(t)), str(getattr(t, "dtype", ""))
+    return 0, 0.0, ""  # barrier
+
+
+TRACED_OPS = (
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "gather", "scatter", "barrier",
+)  # fmt: skip
+_ASYNC_ALWAYS = {"isend", "irecv", "batch_isend_irecv"}
+
+
+class Tracer:
+    """Records the spans of one rank. ``on_status(text)`` is told what the rank is waiting in
+    (``""`` when it is not in a collective): the launcher uses it to say where a hang is."""
+
+    def __init__(self, rank: int = 0, on_status=None):
+        self.rank = rank
+        self.spans: list[Span] = []
+        self.on_status = on_status or (lambda text: None)
+
+    @contextmanager
+    def span(self, name: str):
+        """Record a compute region: ``with tracer.span("forward"): ...``."""
+        s = Span(self.rank, "compute", name, time.perf_counter())
+        self.spans.append(s)
+        try:
+            yield s
+        finally:
+            s.end = time.perf_counter()
+
+    def comm(self) -> list[Span]:
+        return [s for s in self.spans if s.kind == "comm"]
+
+    def bytes_by_op(self, key: str = "sent_bytes") -> dict[str, float]:
+        """Total ``sent_bytes`` (or ``bytes``) per collective op, over the recorded spans."""
+        out: dict[str, float] = defaultdict(float)
+        for s in self.comm():
+            out[s.name] += getattr(s, key)
+        return dict(out)
+
+    def counts_by_op(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for s in self.comm():
+            out[s.name] += 1
+        return dict(out)
+
+
+class _TracedWork:
+    """Wraps the handle of an async op so that ``wait()`` closes its span."""
+
+    def __init__(self, work, span: Span, tracer: Tracer):
+        self._work, self._span, self._tracer = work, span, tracer
+
+    def wait(self, *args, **kwargs):
+        self._tracer.on_status(f"waiting in {self._span.name} ({self._span.bytes} B, group {self._span.group})")
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            self._span.end = time.perf_counter()
+            self._tracer.on_status("")
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+_current = threading.local()
+_installed: dict[str, object] = {}
+
+
+def current() -> Tracer | None:
+    return getattr(_current, "tracer", None)
+
+
+@contextmanager
+def recording(tracer: Tracer):
+    """Make ``tracer`` the one that traced collectives are recorded in, for the block."""
+    previous = current()
+    _current.tracer = tracer
+    try:
+        yield tracer
+    finally:
+        _current.tracer = previous
+
+
+def _wrap(op: str, fn):
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        tracer = current()
+        if tracer is None or getattr(_current, "depth", 0):  # untraced, or called from a traced op
+            return fn(*args, **kwargs)
+        group = kwargs.get("group")
+        if group is None and op in ("all_reduce", "broadcast", "all_gather") and len(args) > 2:
+            group = args[2]  # (tensor, op|src, group) and (tensor_list, tensor, group)
+        if op == "batch_isend_irecv":
+            group = (args[0] if args else kwargs["p2p_op_list"])[0].group
+        n, name = _group_of(group)
+        rank_in_group = dist.get_rank(group) if group is not None else dist.get_rank()
+        S, sent, dtype = _measure(op, args, kwargs, n, rank_in_group)
+        span = Span(tracer.rank, "comm", op, time.perf_counter(), None, S, sent, n, name, dtype)
+        tracer.spans.append(span)
+        is_async = op in _ASYNC_ALWAYS or kwargs.get("async_op", False)
+        if not is_async:
+            tracer.on_status(f"waiting in {op} ({S} B, group {name})")
+        _current.depth = 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _current.depth = 0
+            if not is_async:
+                span.end = time.perf_counter()
+                tracer.on_status("")
+        if not is_async:
+            return result
+        if isinstance(result, list):
+            return [_TracedWork(w, span, tracer) for w in result]
+        return _TracedWork(result, span, tracer) if result is not None else result
+
+    traced.__wrapped_by_playbook__ = True
+    return traced
+
+
+class _P2POp(dist.P2POp):
+    """``dist.P2POp`` that accepts the traced ``dist.isend``/``dist.irecv`` (torch checks identity)."""
+
+    def __new__(cls, op, *args, **kwargs):
+        return super().__new__(cls, getattr(op, "__wrapped__", op), *args, **kwargs)
+
+    def __init__(self, op, *args, **kwargs):
+        super().__init__(getattr(op, "__wrapped__", op), *args, **kwargs)
+
+
+def install() -> None:
+    """Wrap every op in :data:`TRACED_OPS` in the ``torch.distributed`` namespace (idempotent)."""
+    if "P2POp" not in _installed:
+        _installed["P2POp"] = dist.P2POp
+        dist.P2POp = _P2POp
+    for op in TRACED_OPS:
+        fn = getattr(dist, op, None)
+        if fn is None or getattr(fn, "__wrapped_by_playbook__", False):
+            continue
+        _installed[op] = fn
+        setattr(dist, op, _wrap(op, fn))
+
+
+def uninstall() -> None:
+    for op, fn in _installed.items():
+        setattr(dist, op, fn)
+    _installed.clear()

@@ -1,0 +1,259 @@
+"""The small GPT every chapter trains: a Llama-style decoder, written to be split.
+
+    tokens [batch, seq]
+      -> embedding                                  [batch, seq, hidden]
+      -> n_layers x Block:  x + Attention(RMSNorm(x))
+                            x + SwiGLU(RMSNorm(x))  [batch, seq, hidden]
+      -> RMSNorm -> lm_head                         [batch, seq, vocab]
+
+Pieces and where they come from:
+- RMSNorm: Zhang & Sennrich 2019, "Root Mean Square Layer Normalization" (arXiv:1910.07467).
+- Rotary position embedding (RoPE): Su et al. 2021, "RoFormer" (arXiv:2104.09864).
+- Grouped-query attention: Ainslie et al. 2023, "GQA" (arXiv:2305.13245).
+- SwiGLU MLP: Shazeer 2020, "GLU Variants Improve Transformer" (arXiv:2002.05202).
+- Pre-norm residual blocks and the 1/sqrt(2 * n_layers) init of residual projections: GPT-2
+  (Radford et al. 2019).
+
+Written for the later chapters, which cut this model apart:
+- tensor parallel splits heads (``Attention`` keeps the per-head reshape explicit) and the MLP's
+  ``ffn_hidden`` (``SwiGLU``);
+- context parallel replaces ``causal_attention`` (plain matmul + softmax, so every tensor autograd
+  saves is visible and countable: ``playbook.theory.activations`` counts them op by op);
+- pipeline parallel cuts ``GPT.blocks`` into stages and reuses ``GPT.embed``, ``GPT.head`` and
+  ``lm_loss``.
+
+No biases, no dropout. Dense only: the expert-parallel chapter adds the mixture-of-experts MLP.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from playbook.config import ModelConfig
+
+INIT_STD = 0.02  # GPT-2's initial weight scale
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, with rms(x) = sqrt(mean(x^2) + eps) over the last dim (Zhang & Sennrich 2019).
+
+    Written out op by op (not ``F.rms_norm``) so that what autograd saves is plain to see: the input
+    ``x``, the per-row ``1/rms`` and the normalised ``x / rms``.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # [batch, seq, 1]
+        return (x * inv_rms) * self.weight  # [batch, seq, dim]
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al. 2021), "rotate-half" form as in Llama.
+
+    Channel pairs (i, i + head_dim/2) of every query and key are rotated by the angle
+    ``position * theta^(-2i/head_dim)``, so that q·k depends only on the distance between positions.
+    cos and sin are precomputed for ``max_seq_len`` positions as non-persistent buffers (part of
+    the model, not of its checkpoint).
+    """
+
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float = 10_000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"RoPE rotates channel pairs, so head_dim must be even, got {head_dim}")
+        inv_freq = theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # [head_dim/2]
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)  # [max_seq, head_dim/2]
+        angles = torch.cat([angles, angles], dim=-1)  # [max_seq, head_dim]
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [batch, heads, seq, head_dim]; positions: [seq] int64, default 0..seq-1."""
+        seq = x.shape[-2]
+        if positions is None:  # a slice: a view of the buffer, nothing new for autograd to save
+            cos, sin = self.cos[:seq], self.sin[:seq]  # [seq, head_dim]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]  # [seq, head_dim]
+        x1, x2 = x.chunk(2, dim=-1)  # [batch, heads, seq, head_dim/2] each
+        rotated = torch.cat([-x2, x1], dim=-1)  # [batch, heads, seq, head_dim]
+        return x * cos + rotated * sin  # [batch, heads, seq, head_dim]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(d) + causal mask) v, the attention core (Vaswani et al. 2017).
+
+    q: [batch, heads, seq, head_dim]; k, v: [batch, kv_heads, seq, head_dim], kv_heads dividing
+    heads (grouped-query attention, Ainslie et al. 2023: query head j reads key/value head
+    j // (heads / kv_heads)). Returns [batch, heads, seq, head_dim].
+
+    Plain matmul + softmax on purpose (not ``F.scaled_dot_product_attention``): the [seq, seq]
+    probabilities are a real tensor that autograd saves, which is what the memory chapter counts
+    and what ring attention (the context-parallel chapter, which replaces this function) avoids.
+    """
+    batch, heads, seq, head_dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    # repeat each key/value head for the `group` query heads that share it (a copy: autograd saves
+    # these full-size copies, so GQA saves no activation memory here, only parameters and KV cache)
+    k = k[:, :, None].expand(batch, kv_heads, group, seq, head_dim).reshape(batch, heads, seq, head_dim)
+    v = v[:, :, None].expand(batch, kv_heads, group, seq, head_dim).reshape(batch, heads, seq, head_dim)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))  # [batch, heads, seq, seq]
+    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)  # [seq, seq], True above diagonal
+    scores = scores.masked_fill(future, float("-inf"))  # [batch, heads, seq, seq]
+    probs = scores.softmax(dim=-1)  # [batch, heads, seq, seq]
+    return probs @ v  # [batch, heads, seq, head_dim]
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE; no biases.
+
+    q_proj: hidden -> heads*head_dim; k_proj, v_proj: hidden -> kv_heads*head_dim;
+    o_proj: heads*head_dim -> hidden. Tensor parallelism splits the heads: q/k/v column-wise, o row-wise.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.dim_head
+        self.q_proj = nn.Linear(cfg.hidden, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden, bias=False)
+        self.rope = RotaryEmbedding(self.head_dim, cfg.max_seq_len, cfg.rope_theta)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        batch, seq, _ = x.shape  # [batch, seq, hidden]
+        # heads read their own slice of the projection's output channels; [b, s, a*d] -> [b, a, s, d]
+        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)  # [batch, heads, seq, head_dim]
+        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [batch, kv_heads, seq, head_dim]
+        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [batch, kv_heads, seq, head_dim]
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        y = causal_attention(q, k, v)  # [batch, heads, seq, head_dim]
+        y = y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim)  # [batch, seq, heads*head_dim]
+        return self.o_proj(y)  # [batch, seq, hidden]
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)) (Shazeer 2020). Tensor parallelism splits ffn_hidden:
+    gate/up column-wise, down row-wise."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(ffn_hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = F.silu(self.gate_proj(x))  # [batch, seq, ffn_hidden]
+        up = self.up_proj(x)  # [batch, seq, ffn_hidden]
+        return self.down_proj(gate * up)  # [batch, seq, hidden]
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.hidden, cfg.ffn_hidden)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), positions)  # [batch, seq, hidden]
+        return x + self.mlp(self.mlp_norm(x))  # [batch, seq, hidden]
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in nats. logits [batch, seq, vocab], targets [batch, seq] int64."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class GPT(nn.Module):
+    """The dense GPT. ``GPT(cfg, seed)`` builds it with weights drawn from ``seed`` alone.
+
+    ``model(tokens)`` returns logits [batch, seq, vocab];
+    ``model(tokens, targets)`` returns ``(logits, loss)``, loss the mean cross-entropy (``lm_loss``).
+
+    Init (GPT-2): every weight matrix ~ N(0, 0.02²), except the projections that write into the
+    residual stream (``o_proj``, ``down_proj``), whose std is 0.02 / sqrt(2 * n_layers) so the
+    residual stream's variance does not grow with depth; norm weights are ones. Weights come from a
+    private ``torch.Generator`` on the CPU, so the same seed gives the same model on any device,
+    whatever the global RNG state, and building a model leaves the global RNG untouched.
+    """
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0):
+        super().__init__()
+        if cfg.is_moe:
+            raise NotImplementedError(
+                f"{cfg.name}: n_experts={cfg.n_experts} asks for a mixture-of-experts MLP; this GPT is "
+                "dense only. The expert-parallel chapter (playbook/parallel/ep.py) builds the MoE "
+                "variant; use n_experts=0 here."
+            )
+        if cfg.attention != "gqa":
+            raise NotImplementedError(f"attention={cfg.attention!r} is for counting only; our torch model is 'gqa'")
+        self.cfg = cfg
+        with torch.random.fork_rng(devices=[]):  # nn.Linear draws a default init from the global RNG: undo that
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
+            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+            self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight  # one tensor, [vocab, hidden], used twice
+        self.init_weights(seed)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Redraw every weight from ``seed`` (see the class docstring)."""
+        gen = torch.Generator().manual_seed(seed)
+        residual_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():  # a fixed order; a tied weight appears once
+            if p.ndim == 1:  # RMSNorm weights
+                p.fill_(1.0)
+                continue
+            std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else INIT_STD
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [batch, seq] int64 -> [batch, seq, hidden]; checks seq <= max_seq_len."""
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
+        if tokens.shape[1] > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {tokens.shape[1]} exceeds max_seq_len={self.cfg.max_seq_len} "
+                f"(the RoPE table's size); use seq_len <= {self.cfg.max_seq_len} or a config with a "
+                "larger max_seq_len"
+            )
+        return self.tok_emb(tokens)  # [batch, seq, hidden]
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and output projection: [batch, seq, hidden] -> logits [batch, seq, vocab]."""
+        return self.lm_head(self.norm(x))  # [batch, seq, vocab]
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """tokens [batch, seq] int64 -> logits [batch, seq, vocab], or (logits, loss) given targets.
+
+        ``positions`` ([seq] int64, default 0..seq-1) are the RoPE positions, for a chapter that
+        feeds a shard of a longer sequence.
+        """
+        if positions is not None and int(positions.max()) >= self.cfg.max_seq_len:
+            raise ValueError(f"position {int(positions.max())} >= max_seq_len={self.cfg.max_seq_len}")
+        x = self.embed(tokens)  # [batch, seq, hidden]
+        for block in self.blocks:
+            x = block(x, positions)  # [batch, seq, hidden]
+        logits = self.head(x)  # [batch, seq, vocab]
+        if targets is None:
+            return logits
+        return logits, lm_loss(logits, targets)
