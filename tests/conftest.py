@@ -1,0 +1,41 @@
+"""Shared fixtures: one persistent set of real ranks per world size for the whole test session,
+so that the parity suites of every chapter pay the start-up cost once."""
+
+import os
+
+import pytest
+
+from playbook.cluster import Ranks
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` is a live process (zombies count as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+@pytest.fixture(scope="session")
+def rank_sets():
+    started: dict[int, Ranks] = {}
+    yield started
+    for r in started.values():
+        r.stop()
+
+
+@pytest.fixture
+def ranks2(rank_sets) -> Ranks:
+    return rank_sets.setdefault(2, Ranks(2, backend="gloo", timeout=60)).start()
+
+
+@pytest.fixture
+def ranks4(rank_sets) -> Ranks:
+    return rank_sets.setdefault(4, Ranks(4, backend="gloo", timeout=60)).start()

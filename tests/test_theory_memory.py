@@ -1,0 +1,335 @@
+"""The memory calculator against numbers derived by hand from the papers' formulas.
+
+Every expected value below is worked out in the comment next to it (or quoted from the paper),
+never copied from the code's output. Units: bytes unless a name says GB (1e9) or GiB (2**30).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import time
+
+import pytest
+
+from playbook.config import ModelConfig
+from playbook.theory import memory
+from playbook.theory.memory import (
+    DTYPE_BYTES,
+    InferenceMemory,
+    TrainingMemory,
+    activation_bytes_per_layer,
+    bytes_to_gb,
+    bytes_to_gib,
+    inference_memory,
+    kv_cache_bytes_per_token,
+    model_state_bytes,
+    training_memory,
+)
+
+GB = 1e9
+
+
+# ---- units -------------------------------------------------------------------------------------
+def test_units():
+    assert bytes_to_gb(3e9) == 3.0
+    assert bytes_to_gib(3 * 2**30) == 3.0
+    assert DTYPE_BYTES == {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+def test_module_does_not_import_torch():
+    tree = ast.parse(inspect.getsource(memory))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "torch" not in imported
+
+
+# ---- ZeRO model state --------------------------------------------------------------------------
+# ZeRO paper (arXiv:1910.02054) Figure 1: Ψ = 7.5B parameters, Nd = 64 GPUs, K = 12.
+PSI, ND = 7.5e9, 64
+
+
+def test_zero_paper_figure_1():
+    # the figure's rounded per-GPU totals, in GB
+    published = {0: 120, 1: 31.4, 2: 16.6, 3: 1.9}
+    for stage, gb in published.items():
+        total = model_state_bytes(PSI, dp=ND, zero=stage).total
+        assert round(bytes_to_gb(total), 1) == gb
+
+
+# By hand (GB), mixed: params 2Ψ = 15, grads 2Ψ = 15, optimizer 12Ψ = 90; /64 where sharded:
+#   15/64 = 0.234375, 90/64 = 1.40625.
+# fp32: params 4Ψ = 30, grads 4Ψ = 30, Adam 8Ψ = 60; 30/64 = 0.46875, 60/64 = 0.9375.
+ZERO_TABLE = {
+    ("mixed", 0): (15, 15, 90),  # 120
+    ("mixed", 1): (15, 15, 1.40625),  # 31.40625
+    ("mixed", 2): (15, 0.234375, 1.40625),  # 16.640625
+    ("mixed", 3): (0.234375, 0.234375, 1.40625),  # 1.875
+    ("fp32", 0): (30, 30, 60),  # 120: fp32 Adam is also 16 bytes per parameter
+    ("fp32", 1): (30, 30, 0.9375),  # 60.9375
+    ("fp32", 2): (30, 0.46875, 0.9375),  # 31.40625
+    ("fp32", 3): (0.46875, 0.46875, 0.9375),  # 1.875
+}
+
+
+@pytest.mark.parametrize("precision,zero", sorted(ZERO_TABLE))
+def test_zero_stages_by_category(precision, zero):
+    p, g, o = ZERO_TABLE[(precision, zero)]
+    got = model_state_bytes(PSI, dp=ND, zero=zero, precision=precision)
+    assert isinstance(got, TrainingMemory)
+    assert got.params == pytest.approx(p * GB, rel=1e-12)
+    assert got.grads == pytest.approx(g * GB, rel=1e-12)
+    assert got.optimizer == pytest.approx(o * GB, rel=1e-12)
+    assert got.activations == 0
+    assert got.total == pytest.approx((p + g + o) * GB, rel=1e-12)
+    assert got.as_dict()["total"] == got.total
+
+
+def test_zero_with_one_rank_shards_nothing():
+    for zero in range(4):
+        assert model_state_bytes(1000, dp=1, zero=zero).total == 16_000
+
+
+def test_step_tensors_are_added_unsharded():
+    # Ψ = 1000, 3 tensors, dp = 4, stage 3, mixed: optimizer 12·1000/4 = 3000, plus 3 × 4 bytes = 3012
+    got = model_state_bytes(1000, dp=4, zero=3, n_tensors=3)
+    assert got.optimizer == 3012
+    assert got.params == 500 and got.grads == 500
+
+
+def test_fp32_adamw_matches_torch():
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))  # 8·16+16+16·4+4 = 212 params
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    params = list(model.parameters())
+    measured_opt = sum(t.nbytes for st in opt.state.values() for t in st.values() if torch.is_tensor(t))
+    predicted = model_state_bytes(212, precision="fp32", n_tensors=len(params))
+    assert sum(p.numel() for p in params) == 212
+    assert predicted.optimizer == measured_opt == 8 * 212 + 4 * 4  # m, v in fp32 + four fp32 step scalars
+    assert predicted.params == sum(p.nbytes for p in params) == 4 * 212
+    assert predicted.grads == sum(p.grad.nbytes for p in params) == 4 * 212
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(zero=4), "zero must be one of 0, 1, 2, 3; got 4"),
+        (dict(zero="1"), "zero must be one of 0, 1, 2, 3; got '1'"),
+        (dict(precision="bf16"), "precision must be one of 'mixed', 'fp32'; got 'bf16'"),
+        (dict(dp=0), "dp must be a positive integer, got 0"),
+        (dict(dp=2.5), "dp must be a positive integer, got 2.5"),
+        (dict(n_tensors=-1), "n_tensors must be a non-negative integer"),
+    ],
+)
+def test_model_state_refuses_bad_options(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        model_state_bytes(1000, **kwargs)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("psi", [0, -5, float("nan"), "7B", True])
+def test_model_state_refuses_bad_param_counts(psi):
+    with pytest.raises(ValueError, match="num_params must be a positive number"):
+        model_state_bytes(psi)
+
+
+# ---- Korthikanti et al. 2022, Table 2 ----------------------------------------------------------
+# GPT-3 175B-like layer as in the paper: s = 2048, b = 1, h = 12288, a = 96, t = 8.
+#   sbh = 2048 · 12288 = 25,165,824;  5as/h = 5 · 96 · 2048 / 12288 = 80;  24/t = 3;  34/t = 4.25
+GPT3 = dict(seq_len=2048, micro_batch=1, hidden=12288, heads=96)
+KORTHIKANTI = [
+    # (tp, sequence_parallel, recompute, bytes)
+    (1, False, "none", 2_868_903_936),  # sbh(34 + 80) = 114 sbh
+    (1, True, "none", 2_868_903_936),  # t = 1: sequence parallelism changes nothing
+    (1, False, "selective", 855_638_016),  # 34 sbh
+    (8, False, "none", 578_813_952),  # sbh(10 + 3 + 80/8) = 23 sbh
+    (8, True, "none", 358_612_992),  # sbh(4.25 + 10) = 14.25 sbh
+    (8, False, "selective", 327_155_712),  # sbh(10 + 3) = 13 sbh
+    (8, True, "selective", 106_954_752),  # 4.25 sbh
+    (8, False, "full", 50_331_648),  # 2 sbh
+    (8, True, "full", 50_331_648),  # 2 sbh: the table has one row for full recomputation
+    (1, False, "full", 50_331_648),  # 2 sbh
+]
+
+
+@pytest.mark.parametrize("tp,sp,recompute,expected", KORTHIKANTI)
+def test_korthikanti_table_2(tp, sp, recompute, expected):
+    got = activation_bytes_per_layer(**GPT3, tp=tp, sequence_parallel=sp, recompute=recompute)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_activation_scales_with_micro_batch():
+    one = activation_bytes_per_layer(**{**GPT3, "micro_batch": 1})
+    four = activation_bytes_per_layer(**{**GPT3, "micro_batch": 4})
+    assert four == 4 * one
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(recompute="partial"), "recompute must be one of 'none', 'selective', 'full'; got 'partial'"),
+        (dict(tp=5), "tp=5 does not divide heads=96; try tp in {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96}"),
+        (dict(tp=0), "tp must be a positive integer, got 0"),
+        (dict(seq_len=0), "seq_len must be a positive integer, got 0"),
+        (dict(micro_batch=-1), "micro_batch must be a positive integer, got -1"),
+        (dict(sequence_parallel="yes"), "sequence_parallel must be True or False"),
+    ],
+)
+def test_activation_refuses_bad_inputs(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        activation_bytes_per_layer(**{**GPT3, **kwargs})
+    assert message in str(err.value)
+
+
+# ---- training_memory ---------------------------------------------------------------------------
+LLAMA_8B = ModelConfig.preset("llama-3.1-8b")
+HAVE_ACTIVATIONS = importlib.util.find_spec("playbook.theory.activations") is not None
+needs_activations = pytest.mark.skipif(
+    not HAVE_ACTIVATIONS, reason="playbook.theory.activations (the exact activation count) is not written yet"
+)
+
+
+@pytest.mark.parametrize("degree,chapter", [("tp", "tensor-parallel"), ("pp", "pipeline-parallel"),
+                                            ("cp", "context-parallel"), ("ep", "expert-parallel")])
+def test_training_memory_other_degrees_not_yet(degree, chapter):
+    with pytest.raises(NotImplementedError, match=f"{degree}>1 arrives with the {chapter} chapter"):
+        training_memory(LLAMA_8B, seq_len=1024, micro_batch=1, **{degree: 2})
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(seq_len=0), "seq_len must be a positive integer, got 0"),
+        (dict(micro_batch=0), "micro_batch must be a positive integer, got 0"),
+        (dict(dp=-2), "dp must be a positive integer, got -2"),
+        (dict(zero=5), "zero must be one of 0, 1, 2, 3; got 5"),
+        (dict(precision="fp16"), "precision must be one of 'mixed', 'fp32'; got 'fp16'"),
+        (dict(recompute="some"), "recompute must be one of 'none', 'selective', 'full'; got 'some'"),
+        (dict(tp=0), "tp must be a positive integer, got 0"),
+    ],
+)
+def test_training_memory_refuses_bad_inputs(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        training_memory(LLAMA_8B, **{"seq_len": 1024, "micro_batch": 1, **kwargs})
+    assert message in str(err.value)
+
+
+@needs_activations
+@pytest.mark.parametrize("precision", ["mixed", "fp32"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_training_memory_combines_state_and_activations(precision, recompute):
+    from playbook.theory.activations import model_activation_bytes
+
+    got = training_memory(LLAMA_8B, seq_len=4096, micro_batch=2, dp=8, zero=2, precision=precision, recompute=recompute)
+    state = model_state_bytes(8_030_261_248, dp=8, zero=2, precision=precision)
+    assert (got.params, got.grads, got.optimizer) == (state.params, state.grads, state.optimizer)
+    expected = model_activation_bytes(
+        LLAMA_8B, seq_len=4096, micro_batch=2, dtype_bytes=2 if precision == "mixed" else 4, recompute=recompute
+    )
+    assert got.activations == pytest.approx(expected)
+    # whatever else it keeps, full recomputation saves at least every layer's input: L · s · b · h elements
+    elem = 2 if precision == "mixed" else 4
+    assert got.activations >= 32 * 4096 * 2 * 4096 * elem
+
+
+@needs_activations
+def test_training_memory_recompute_order_and_zero():
+    def acts(r):
+        return training_memory(LLAMA_8B, seq_len=2048, micro_batch=1, recompute=r).activations
+
+    assert acts("none") >= acts("selective") >= acts("full") > 0
+    # Llama 3.1 8B, mixed, no sharding: 16 bytes × 8,030,261,248 = 128,484,179,968 bytes of model state
+    base = training_memory(LLAMA_8B, seq_len=2048, micro_batch=1)
+    assert base.params + base.grads + base.optimizer == 128_484_179_968
+
+
+# ---- serving -----------------------------------------------------------------------------------
+def test_kv_cache_per_token():
+    # vLLM §3 with GQA: 2 (K and V) · layers · kv_heads · head_dim · bytes
+    assert kv_cache_bytes_per_token(LLAMA_8B) == 131_072  # 2·32·8·128·2
+    assert kv_cache_bytes_per_token(ModelConfig.preset("llama-3.1-70b")) == 327_680  # 2·80·8·128·2
+    assert kv_cache_bytes_per_token(LLAMA_8B, "fp8") == 65_536
+    assert kv_cache_bytes_per_token(LLAMA_8B, "int4") == 32_768
+    assert kv_cache_bytes_per_token(LLAMA_8B, "fp32") == 262_144
+    # MLA (DeepSeek-V2 §2.1): layers · (kv_lora_rank + rope dim) · bytes = 61·(512+64)·2
+    assert kv_cache_bytes_per_token(ModelConfig.preset("deepseek-v3")) == 70_272
+
+
+def test_kv_cache_refuses_unknown_dtype():
+    with pytest.raises(ValueError, match="dtype must be one of 'fp32', 'bf16', 'fp16', 'fp8', 'int8', 'int4'; got 'fp64'"):
+        kv_cache_bytes_per_token(LLAMA_8B, "fp64")
+
+
+def test_llama_70b_bf16_weights_are_about_140_gb():
+    got = inference_memory(ModelConfig.preset("llama-3.1-70b"), batch=1, seq_len=1)
+    assert isinstance(got, InferenceMemory)
+    assert got.weights == 2 * 70_553_706_496  # 141,107,412,992 bytes
+    assert bytes_to_gb(got.weights) == pytest.approx(140, rel=0.01)  # the "70B × 2 bytes" rule of thumb
+
+
+def test_inference_memory_kv_and_sharding():
+    # 4 sequences × 8192 tokens × 131,072 bytes = 2^2 · 2^13 · 2^17 = 2^32 bytes = 4 GiB
+    one = inference_memory(LLAMA_8B, batch=4, seq_len=8192)
+    assert bytes_to_gib(one.kv_cache) == 4.0
+    assert one.weights == 2 * 8_030_261_248
+    assert one.as_dict()["total"] == one.weights + one.kv_cache
+
+    tp8 = inference_memory(LLAMA_8B, batch=4, seq_len=8192, tp=8)  # one KV head per rank
+    assert bytes_to_gib(tp8.kv_cache) == 0.5
+    assert tp8.weights == one.weights / 8
+
+    # tp=16 > 8 KV heads: each KV head is replicated on 2 ranks, so the cache per rank stops shrinking
+    tp16 = inference_memory(LLAMA_8B, batch=4, seq_len=8192, tp=16)
+    assert tp16.kv_cache == tp8.kv_cache
+    assert tp16.weights == one.weights / 16
+
+    pp2 = inference_memory(LLAMA_8B, batch=4, seq_len=8192, pp=2)
+    assert (pp2.weights, pp2.kv_cache) == (one.weights / 2, one.kv_cache / 2)
+
+    fp8 = inference_memory(LLAMA_8B, batch=4, seq_len=8192, dtype="fp8")
+    assert (fp8.weights, fp8.kv_cache) == (one.weights / 2, one.kv_cache / 2)
+
+
+def test_mla_cache_is_not_split_by_tp():
+    ds = ModelConfig.preset("deepseek-v3")
+    one = inference_memory(ds, batch=1, seq_len=1000)
+    tp8 = inference_memory(ds, batch=1, seq_len=1000, tp=8)
+    assert one.kv_cache == tp8.kv_cache == 70_272_000  # 1000 tokens × 70,272 bytes
+    assert tp8.weights == one.weights / 8
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(batch=0), "batch must be a positive integer, got 0"),
+        (dict(seq_len=-1), "seq_len must be a positive integer, got -1"),
+        (dict(tp=3), "tp=3 does not divide n_heads=32; try tp in {1, 2, 4, 8, 16, 32}"),
+        (dict(pp=33), "pp=33 exceeds n_layers=32"),
+        (dict(pp=0), "pp must be a positive integer, got 0"),
+        (dict(dtype="float8"), "dtype must be one of"),
+    ],
+)
+def test_inference_memory_refuses_bad_inputs(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        inference_memory(LLAMA_8B, **{"batch": 1, "seq_len": 128, **kwargs})
+    assert message in str(err.value)
+
+
+def test_tp_must_split_kv_heads_evenly():
+    # 12 query heads, 4 KV heads, tp = 6: 6 neither divides 4 nor is a multiple of it.
+    # Valid: divisors of 12 that divide 4 (1, 2, 4) or are multiples of 4 (12).
+    cfg = ModelConfig(vocab_size=100, hidden=96, n_layers=2, n_heads=12, n_kv_heads=4, ffn_hidden=64, max_seq_len=64)
+    with pytest.raises(ValueError, match=r"tp=6 cannot split n_kv_heads=4 evenly.*try tp in \{1, 2, 4, 12\}"):
+        inference_memory(cfg, batch=1, seq_len=8, tp=6)
+
+
+def test_fast_enough_for_a_slider():
+    start = time.perf_counter()
+    for i in range(1, 1001):
+        model_state_bytes(7.5e9, dp=i, zero=i % 4)
+        activation_bytes_per_layer(**GPT3, tp=8, sequence_parallel=bool(i % 2))
+        inference_memory(LLAMA_8B, batch=i, seq_len=4096, tp=8)
+    assert time.perf_counter() - start < 1.0
