@@ -175,6 +175,11 @@ class ModelConfig:
             + self.n_moe_layers * self.layer_params(moe=True)
         )
 
+    def num_param_tensors(self) -> int:
+        """Parameter tensors in our torch model (dense): embedding, final norm, head unless tied, and
+        per block two norms, q/k/v/o and gate/up/down. PyTorch's Adam keeps one ``step`` counter each."""
+        return 2 + (0 if self.tie_embeddings else 1) + 9 * self.n_layers
+
     def active_params(self) -> int:
         """Parameters touched by one token: only top_k routed experts (plus shared ones) per MoE layer."""
         if not self.is_moe:

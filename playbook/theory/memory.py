@@ -220,13 +220,15 @@ def training_memory(
     sequence_parallel: bool = False,
     recompute: str = "none",
     precision: str = "mixed",
+    n_tensors: int = 0,
 ) -> TrainingMemory:
     """Bytes held by the most loaded rank while training ``cfg`` with Adam, by category.
 
     Model state follows ZeRO (see :func:`model_state_bytes`, Rajbhandari et al. 2019,
     arXiv:1910.02054), with Ψ = ``cfg.num_params()`` (for a mixture of experts every expert is
-    held, not only the active ones). The paper's K = 12 is used: PyTorch's per-tensor ``step``
-    scalars (a few kB) are left out here.
+    held, not only the active ones). The paper's K = 12 is used; PyTorch's per-tensor ``step``
+    scalars (4 bytes each) are added only when ``n_tensors`` says how many tensors there are
+    (``cfg.num_param_tensors()`` for our model: then the prediction matches AdamW to the byte).
 
     Activations are the exact count for our Llama-style model (RMSNorm, SwiGLU, no dropout) for one
     micro-batch of ``micro_batch`` sequences of ``seq_len`` tokens, from
@@ -254,7 +256,7 @@ def training_memory(
 
     from playbook.theory.activations import model_activation_bytes  # written in parallel; imported lazily
 
-    state = model_state_bytes(cfg.num_params(), dp=dp, zero=zero, precision=precision)
+    state = model_state_bytes(cfg.num_params(), dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
     acts = model_activation_bytes(
         cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=2 if precision == "mixed" else 4, recompute=recompute
     )

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up a virtual environment (once) and then either open the notebooks or run every test.
+#
+#   ./setup.sh lab              JupyterLab on the chapters (the main job)
+#   ./setup.sh test [ARGS...]   every test, notebooks included (extra ARGS go to pytest)
+#
+# Without a GPU it installs PyTorch's CPU build first, so pip does not pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")"
+venv="${PLAYBOOK_VENV:-.venv}"
+what="${1:-}"
+case "$what" in lab|test) shift ;; *) echo "usage: ./setup.sh lab | test [pytest args]" >&2; exit 2 ;; esac
+
+[ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
+# shellcheck disable=SC1091
+. "$venv/bin/activate"
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    pip install torch
+  else
+    pip install --index-url https://download.pytorch.org/whl/cpu torch
+  fi
+fi
+pip install -e ".[dev]"
+
+if [ "$what" = lab ]; then
+  exec jupyter lab notebooks/
+fi
+exec python -m pytest tests --nbmake notebooks --nbmake-timeout=300 "$@"
