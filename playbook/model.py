@@ -32,10 +32,12 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from playbook.config import ModelConfig
 
 INIT_STD = 0.02  # GPT-2's initial weight scale
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 class RMSNorm(nn.Module):
@@ -126,6 +128,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden, bias=False)
         self.rope = RotaryEmbedding(self.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.recompute_core = False  # selective recomputation: keep q, k, v, redo the attention core in backward
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape  # [batch, seq, hidden]
@@ -134,7 +137,10 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [batch, kv_heads, seq, head_dim]
         v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [batch, kv_heads, seq, head_dim]
         q, k = self.rope(q, positions), self.rope(k, positions)
-        y = causal_attention(q, k, v)  # [batch, heads, seq, head_dim]
+        if self.recompute_core and torch.is_grad_enabled():
+            y = checkpoint(causal_attention, q, k, v, use_reentrant=False)  # [batch, heads, seq, head_dim]
+        else:
+            y = causal_attention(q, k, v)  # [batch, heads, seq, head_dim]
         y = y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim)  # [batch, seq, heads*head_dim]
         return self.o_proj(y)  # [batch, seq, hidden]
 
@@ -186,9 +192,12 @@ class GPT(nn.Module):
     residual stream's variance does not grow with depth; norm weights are ones. Weights come from a
     private ``torch.Generator`` on the CPU, so the same seed gives the same model on any device,
     whatever the global RNG state, and building a model leaves the global RNG untouched.
+
+    ``recompute`` ("none", "selective", "full"; see ``set_recompute``) trades backward-time compute
+    for activation memory; ``playbook.theory.activations`` predicts the bytes saved in each mode.
     """
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0):
+    def __init__(self, cfg: ModelConfig, seed: int = 0, *, recompute: str = "none"):
         super().__init__()
         if cfg.is_moe:
             raise NotImplementedError(
@@ -207,6 +216,19 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # one tensor, [vocab, hidden], used twice
         self.init_weights(seed)
+        self.set_recompute(recompute)
+
+    def set_recompute(self, mode: str) -> None:
+        """Activation recomputation (Chen et al. 2016, arXiv:1604.06174; Korthikanti et al. 2022):
+        "none" keeps everything autograd saves; "selective" keeps each attention's q, k, v and
+        recomputes ``causal_attention`` (its [seq, seq] tensors) in backward; "full" keeps only
+        each block's input and reruns the whole block in backward. Uses
+        ``torch.utils.checkpoint`` (non-reentrant)."""
+        if mode not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {mode!r}")
+        self.recompute = mode
+        for block in self.blocks:
+            block.attn.recompute_core = mode == "selective"
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -252,7 +274,10 @@ class GPT(nn.Module):
             raise ValueError(f"position {int(positions.max())} >= max_seq_len={self.cfg.max_seq_len}")
         x = self.embed(tokens)  # [batch, seq, hidden]
         for block in self.blocks:
-            x = block(x, positions)  # [batch, seq, hidden]
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = checkpoint(block, x, positions, use_reentrant=False)  # [batch, seq, hidden]
+            else:
+                x = block(x, positions)  # [batch, seq, hidden]
         logits = self.head(x)  # [batch, seq, vocab]
         if targets is None:
             return logits

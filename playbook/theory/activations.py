@@ -1,0 +1,184 @@
+"""Activation memory of OUR GPT (``playbook/model.py``), counted exactly, op by op.
+
+"Activations" here means every tensor autograd saves during the forward pass for use in the
+backward pass, counted once per storage (a tensor saved by two ops is held once), parameters and
+buffers excluded. ``playbook.measure.SavedActivations`` records the same thing from a real run, and
+the tests check that the two agree to the byte.
+
+Notation: b micro-batch, s sequence length, h hidden, a query heads, g key/value heads, d head
+dim, f ffn_hidden, V vocabulary, L layers, B bytes per element of floating tensors (``dtype_bytes``).
+
+One block, reading ``Block.forward`` top to bottom (elements; multiply by B unless noted):
+
+    attention RMSNorm  (x.pow(2), x * inv_rms, (x * inv_rms) * weight)
+      input x                      b·s·h    saved by pow and by the multiply with inv_rms
+      inv_rms = rsqrt(...)         b·s      saved by rsqrt's backward and by the multiply
+      x * inv_rms                  b·s·h    saved by the multiply with the norm weight
+    attention
+      norm output                  b·s·h    saved by q_proj, k_proj, v_proj (one tensor, three users)
+      q after RoPE                 b·a·s·d  saved by q @ kᵀ (RoPE itself saves only cos/sin: buffers)
+      k repeated to a heads        b·a·s·d  saved by q @ kᵀ (GQA's repeat is a copy: no saving here)
+      causal mask                  s²       BYTES (bool), saved by masked_fill; one per block
+      probabilities                b·a·s²   softmax output, saved by softmax backward and by probs @ v
+      v repeated to a heads        b·a·s·d  saved by probs @ v
+      attention output             b·s·a·d  [b, s, a·d], saved by o_proj
+    MLP RMSNorm
+      input x + attn(...)          b·s·h    the residual sum
+      inv_rms                      b·s
+      x * inv_rms                  b·s·h
+    SwiGLU
+      norm output                  b·s·h    saved by gate_proj and up_proj
+      gate_proj output             b·s·f    saved by silu
+      silu(gate)                   b·s·f    saved by the product with up
+      up_proj output               b·s·f    saved by the product with silu(gate)
+      silu(gate) * up              b·s·f    saved by down_proj
+
+    block = B·(6·b·s·h + 2·b·s + 4·b·a·s·d + b·a·s² + 4·b·s·f) + s²   bytes
+
+(The residual adds, the scaling by 1/sqrt(d), the reshapes and RoPE's rotate-half save nothing:
+their backward needs no tensor. The block's output is saved by the next block's first norm, so it
+is counted there.) With a·d = h and f ≈ 8h/3 this is about 20.7·b·s·h + b·a·s² elements, i.e.
+b·s·h·(41.3 + 2·a·s/h) bytes in 16-bit: compare Korthikanti et al.'s sbh(34 + 5as/h) for a GPT-3 block
+with dropout and GeLU
+(``playbook.theory.memory.activation_bytes_per_layer``).
+
+Around the blocks (``model_activation_bytes``):
+
+    tokens                         b·s      int64 (8 bytes), saved by the embedding's backward
+    final RMSNorm                  3·b·s·h + b·s   its input (the last block's output), x * inv_rms, output
+    log-probabilities              b·s·V    log_softmax output, saved by it and by nll_loss
+    targets                        b·s      int64 (8 bytes), saved by nll_loss
+    total_weight                   1        a 0-d tensor nll_loss keeps for the mean
+
+The logits themselves are not saved (log_softmax saves its output). With tied embeddings nothing
+changes: the weight is a parameter. Passing explicit RoPE ``positions`` to the model adds
+4·s·d·B per block (cos and sin gathered for q and for k are then new tensors, not buffer views);
+these counts assume the default positions.
+
+Recomputation (``GPT(..., recompute=...)``, torch.utils.checkpoint; Chen et al. 2016,
+Korthikanti et al. 2022 §5):
+- "full": a block keeps only its input, b·s·h·B; the rest is recomputed in backward. (While one
+  block is being recomputed its full set exists for a moment: add one ``block_activation_bytes`` of
+  recompute="none" for the backward-time peak.)
+- "selective": ``causal_attention`` is recomputed from its inputs. Dropped: the mask (s² bytes), the
+  probabilities (b·a·s²), and the repeated k, v and the copy of q made for q @ kᵀ; kept instead:
+  q (b·a·s·d), k and v at their g key/value heads (b·g·s·d each). So selective =
+  none − b·a·s²·B − s² − 2·b·(a − g)·s·d·B; for plain multi-head attention (g = a) exactly
+  "drop the s² terms".
+
+dtype: every floating tensor above has ``dtype_bytes`` per element, as when the model is cast with
+``model.to(torch.bfloat16)`` (softmax, log_softmax and the norm then also run in bf16). Under
+``torch.autocast`` some ops (softmax, log_softmax, the loss) run and save in fp32 and linear
+layers save bf16 copies of fp32 inputs; that case is not modelled here. Index tensors (tokens,
+targets) stay int64 and the mask stays bool whatever ``dtype_bytes`` is. The CPU measurement in
+the tests is fp32 (``dtype_bytes=4``).
+
+Units: bytes (ints). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from playbook.config import ModelConfig
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+INDEX_BYTES = 8  # int64 token ids and targets
+MASK_BYTES = 1  # torch.bool
+
+
+def _check(cfg: ModelConfig, seq_len: int, micro_batch: int, dtype_bytes: int, recompute: str) -> None:
+    if cfg.is_moe:
+        raise NotImplementedError(
+            "activation counts cover the dense GPT only; the expert-parallel chapter counts the MoE MLP"
+        )
+    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("dtype_bytes", dtype_bytes)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+
+
+def block_activation_breakdown(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+) -> dict[str, int]:
+    """Bytes saved for backward by one transformer block, term by term (see the module docstring)."""
+    _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
+    b, s, h, B = micro_batch, seq_len, cfg.hidden, dtype_bytes
+    a, g, d, f = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden
+    if recompute == "full":
+        return {"block input (kept for recomputation)": b * s * h * B}
+    terms = {
+        "attn norm: input": b * s * h * B,
+        "attn norm: inv_rms": b * s * B,
+        "attn norm: x * inv_rms": b * s * h * B,
+        "attn norm: output (q/k/v input)": b * s * h * B,
+    }
+    if recompute == "none":
+        terms |= {
+            "q (for q·kᵀ)": b * a * s * d * B,
+            "k repeated to all heads": b * a * s * d * B,
+            "causal mask (bool)": s * s * MASK_BYTES,
+            "attention probabilities": b * a * s * s * B,
+            "v repeated to all heads": b * a * s * d * B,
+        }
+    else:  # selective: only causal_attention's inputs are kept
+        terms |= {
+            "q (kept for recomputation)": b * a * s * d * B,
+            "k (kept, kv heads)": b * g * s * d * B,
+            "v (kept, kv heads)": b * g * s * d * B,
+        }
+    terms |= {
+        "attention output (o_proj input)": b * s * a * d * B,
+        "mlp norm: input (residual sum)": b * s * h * B,
+        "mlp norm: inv_rms": b * s * B,
+        "mlp norm: x * inv_rms": b * s * h * B,
+        "mlp norm: output (gate/up input)": b * s * h * B,
+        "gate_proj output": b * s * f * B,
+        "silu(gate)": b * s * f * B,
+        "up_proj output": b * s * f * B,
+        "silu(gate) * up (down_proj input)": b * s * f * B,
+    }
+    return terms
+
+
+def block_activation_bytes(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+) -> int:
+    """Bytes autograd saves for one block of our GPT (module docstring): with recompute="none",
+    B·(6bsh + 2bs + 4basd + bas² + 4bsf) + s²."""
+    return sum(
+        block_activation_breakdown(
+            cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute
+        ).values()
+    )
+
+
+def model_activation_breakdown(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+) -> dict[str, int]:
+    """Bytes saved for backward by the whole model and its loss, by part: tokens, all blocks,
+    final norm, log-probabilities, targets, nll_loss's total_weight."""
+    block = block_activation_bytes(
+        cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute
+    )
+    b, s, h, V, B = micro_batch, seq_len, cfg.hidden, cfg.vocab_size, dtype_bytes
+    return {
+        "tokens (int64)": b * s * INDEX_BYTES,
+        "blocks": cfg.n_layers * block,
+        "final norm": (3 * b * s * h + b * s) * B,
+        "log-probabilities": b * s * V * B,
+        "targets (int64)": b * s * INDEX_BYTES,
+        "loss total_weight": B,
+    }
+
+
+def model_activation_bytes(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+) -> int:
+    """Bytes autograd saves for one forward of the whole model with its loss (one micro-batch):
+    16bs (int64 tokens and targets) + L·block + B·(3bsh + bs + bsV + 1)."""
+    return sum(
+        model_activation_breakdown(
+            cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute
+        ).values()
+    )
+
