@@ -1,0 +1,74 @@
+"""The command line: report shape, exact memory on a real rank, and clear errors."""
+
+import json
+
+import pytest
+import torch
+
+from playbook.cli import main
+from playbook.parallel import TrainResult, compare
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_run_single_reports_the_shared_shape_with_exact_memory(capsys):
+    code, out, _ = run_cli(capsys, "run", "single", "--world-size", "1", "--steps", "2", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert {"strategy", "world_size", "backend", "parity", "native", "memory", "comm"} <= set(report)
+    assert report["strategy"] == "single" and report["world_size"] == 1 and report["backend"] == "gloo"
+    parity = report["parity"]
+    assert set(parity) >= {"reference", "max_abs_loss_diff", "max_rel_grad_diff"}
+    # the same code on the same data in two processes: bit-identical
+    assert parity["max_abs_loss_diff"] == 0.0 and parity["max_rel_grad_diff"] == 0.0
+    predicted, measured = report["memory"]["predicted"], report["memory"]["measured"]
+    for category in ("params", "grads", "optimizer"):
+        assert measured[category] == predicted[category], category  # to the byte
+    assert abs(measured["activations"] - predicted["activations"]) <= 0.01 * predicted["activations"]
+    assert report["comm"] == {"predicted": {}, "measured": {}}
+
+
+def test_memory_command_prints_json(capsys):
+    code, out, _ = run_cli(capsys, "memory", "--model", "llama-3.1-70b", "--seq-len", "1024", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["num_params"] == 70_553_706_496
+    assert report["inference"]["weights"] == 2 * 70_553_706_496  # bf16 weights: 2 bytes each
+    assert report["training"]["params"] == 2 * 70_553_706_496  # mixed precision, no sharding
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["memory", "--model", "gpt-huge"], "unknown model preset 'gpt-huge'; known model presets: "),
+        (["memory", "--seq-len", "0"], "seq_len must be a positive integer"),
+        (["run", "single", "--world-size", "2"], "use --world-size 1"),
+        (["run", "single", "--global-batch", "-4"], "global_batch must be a positive integer"),
+        (["run", "single", "--seq-len", "4096"], "exceeds gpt-tiny's max_seq_len=64"),
+    ],
+)
+def test_bad_input_gets_one_clear_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_info_lists_presets(capsys):
+    code, out, _ = run_cli(capsys, "info", "--json")
+    info = json.loads(out)
+    assert code == 0 and "gpt-tiny" in info["model_presets"] and info["gloo"] is True
+
+
+def test_parity_catches_a_wrong_averaging_factor():
+    grads = {"w": torch.tensor([1.0, -2.0, 3.0])}
+    reference = TrainResult([1.0], grads, grads)
+    doubled = TrainResult([1.0], {"w": grads["w"] * 2}, grads)  # summed instead of averaged over 2 ranks
+    missing = TrainResult([1.0], {"w": grads["w"] * torch.tensor([1.0, 1.0, 0.0])}, grads)  # a lost bucket
+    assert compare(doubled, reference)["max_rel_grad_diff"] == pytest.approx(1.0)
+    assert compare(missing, reference)["max_rel_grad_diff"] == pytest.approx(1.0)
+    assert compare(reference, reference)["max_rel_grad_diff"] == 0.0
