@@ -94,8 +94,19 @@ def test_activation_argument_checks():
         block_activation_bytes(cfg, seq_len=8, micro_batch=1, recompute="partial")
     with pytest.raises(ValueError, match="seq_len"):
         model_activation_bytes(cfg, seq_len=0, micro_batch=1)
-    with pytest.raises(NotImplementedError):
-        model_activation_bytes(cfg.replace(n_experts=2, top_k=1, expert_ffn_hidden=8), seq_len=8, micro_batch=1)
+
+
+def test_moe_layers_swap_the_dense_mlp_terms_for_the_expert_estimate():
+    dense = ModelConfig.preset("gpt-tiny")
+    moe = dense.replace(n_experts=4, top_k=2, expert_ffn_hidden=8, n_shared_experts=1, n_dense_layers=1)
+    b, s, B, h, f = 2, 8, 4, dense.hidden, dense.ffn_hidden
+    dense_block = block_activation_bytes(dense, seq_len=s, micro_batch=b)
+    # by hand: drop the four SwiGLU tensors (4bsf), add router probs bsE, dispatched copies bskh,
+    # the SwiGLU tensors of k routed + 1 shared expert 4bs(k+1)f_e, and k combine weights per token
+    moe_block = dense_block + B * (-4 * b * s * f + b * s * 4 + b * s * 2 * h + 4 * b * s * 3 * 8 + b * s * 2)
+    assert block_activation_bytes(moe, seq_len=s, micro_batch=b, moe=True) == moe_block
+    blocks = model_activation_breakdown(moe, seq_len=s, micro_batch=b)["blocks"]
+    assert blocks == dense_block + moe_block  # layer 0 dense, layer 1 MoE
 
 
 def test_saved_activations_dedup_and_exclusion():

@@ -86,10 +86,6 @@ MASK_BYTES = 1  # torch.bool
 
 
 def _check(cfg: ModelConfig, seq_len: int, micro_batch: int, dtype_bytes: int, recompute: str) -> None:
-    if cfg.is_moe:
-        raise NotImplementedError(
-            "activation counts cover the dense GPT only; the expert-parallel chapter counts the MoE MLP"
-        )
     for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("dtype_bytes", dtype_bytes)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -97,10 +93,27 @@ def _check(cfg: ModelConfig, seq_len: int, micro_batch: int, dtype_bytes: int, r
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
 
 
+def _moe_mlp_terms(cfg: ModelConfig, b: int, s: int, B: int) -> dict[str, int]:
+    """An ESTIMATE for a mixture-of-experts MLP (our torch model is dense; the expert-parallel
+    chapter replaces this with an exact count of its own MoE module): the router's probabilities
+    (softmax output, b·s·E), each token's copy dispatched to its top_k experts (b·s·k·h), the four
+    SwiGLU tensors of every routed and shared expert (4·b·s·(k + shared)·f_e), and the k combine
+    weights per token."""
+    k, E, fe, h = cfg.top_k, cfg.n_experts, cfg.expert_ffn_hidden, cfg.hidden
+    return {
+        "router probabilities (estimate)": b * s * E * B,
+        "tokens dispatched to experts (estimate)": b * s * k * h * B,
+        "expert SwiGLU tensors (estimate)": 4 * b * s * (k + cfg.n_shared_experts) * fe * B,
+        "combine weights (estimate)": b * s * k * B,
+    }
+
+
 def block_activation_breakdown(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none",
+    moe: bool = False,
 ) -> dict[str, int]:
-    """Bytes saved for backward by one transformer block, term by term (see the module docstring)."""
+    """Bytes saved for backward by one transformer block, term by term (see the module docstring).
+    ``moe=True``: a mixture-of-experts block, whose MLP terms are an estimate (``_moe_mlp_terms``)."""
     _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
     b, s, h, B = micro_batch, seq_len, cfg.hidden, dtype_bytes
     a, g, d, f = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden
@@ -132,22 +145,26 @@ def block_activation_breakdown(
         "mlp norm: inv_rms": b * s * B,
         "mlp norm: x * inv_rms": b * s * h * B,
         "mlp norm: output (gate/up input)": b * s * h * B,
+    }
+    if moe:
+        return terms | _moe_mlp_terms(cfg, b, s, B)
+    return terms | {
         "gate_proj output": b * s * f * B,
         "silu(gate)": b * s * f * B,
         "up_proj output": b * s * f * B,
         "silu(gate) * up (down_proj input)": b * s * f * B,
     }
-    return terms
 
 
 def block_activation_bytes(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none",
+    moe: bool = False,
 ) -> int:
     """Bytes autograd saves for one block of our GPT (module docstring): with recompute="none",
     B·(6bsh + 2bs + 4basd + bas² + 4bsf) + s²."""
     return sum(
         block_activation_breakdown(
-            cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute
+            cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, moe=moe
         ).values()
     )
 
@@ -156,14 +173,15 @@ def model_activation_breakdown(
     cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
 ) -> dict[str, int]:
     """Bytes saved for backward by the whole model and its loss, by part: tokens, all blocks,
-    final norm, log-probabilities, targets, nll_loss's total_weight."""
-    block = block_activation_bytes(
-        cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute
-    )
+    final norm, log-probabilities, targets, nll_loss's total_weight. Mixture-of-experts layers use
+    the estimate of ``_moe_mlp_terms``; multi-head latent attention is counted as if it were GQA."""
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    dense = block_activation_bytes(cfg, **sizes)
+    moe = block_activation_bytes(cfg, **sizes, moe=True) if cfg.is_moe else 0
     b, s, h, V, B = micro_batch, seq_len, cfg.hidden, cfg.vocab_size, dtype_bytes
     return {
         "tokens (int64)": b * s * INDEX_BYTES,
-        "blocks": cfg.n_layers * block,
+        "blocks": (cfg.n_layers - cfg.n_moe_layers) * dense + cfg.n_moe_layers * moe,
         "final norm": (3 * b * s * h + b * s) * B,
         "log-probabilities": b * s * V * B,
         "targets (int64)": b * s * INDEX_BYTES,

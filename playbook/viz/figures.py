@@ -1,0 +1,350 @@
+"""Show: pure functions from data to a plotly figure.
+
+Every function here takes plain Python data (bytes, losses, tracer spans) and returns a
+``plotly.graph_objects.Figure``; none of them starts a process, imports torch or knows about
+widgets. So the same figure renders in JupyterLab, in a static HTML export, and in a test that
+reads ``fig.data`` instead of looking at pixels. Dashboards (``playbook.viz.widgets``) only wire
+controls to these functions.
+
+Memory inputs are always **bytes**; ``unit`` chooses what the axis shows. Each category keeps one
+colour in every figure (parameters and serving weights share the blue family).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import plotly.graph_objects as go
+
+TEMPLATE = "plotly_white"
+HEIGHT = 400
+OFF_SCALE = 5  # memory_bars draws the capacity line only up to this many times the tallest bar
+
+UNITS: dict[str, float] = {
+    "bytes": 1,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+}
+
+# One colour and one label per memory category, shared by every figure.
+CATEGORY_COLORS: dict[str, str] = {
+    "params": "#2f6db5",
+    "weights": "#7ea6dc",
+    "grads": "#e8893a",
+    "optimizer": "#5b9a48",
+    "activations": "#c94a4a",
+    "kv_cache": "#8a63b8",
+}
+CATEGORY_LABELS: dict[str, str] = {
+    "params": "parameters",
+    "weights": "weights",
+    "grads": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "kv_cache": "KV cache",
+}
+# Keys of a measured or predicted dict that are sums of the categories, not categories.
+_TOTAL_KEYS = {"total", "peak", "cuda_allocated", "cuda_reserved"}
+_EXTRA_COLORS = ["#3aa6a0", "#b8860b", "#d36fa5", "#7f7f7f", "#4c4c9d", "#9c6b30"]
+
+# Timeline: compute spans in greens/blues, communication in oranges/reds.
+_COMPUTE_COLORS = ["#3b7dd8", "#52a852", "#2aa198", "#6c71c4", "#84b5ec", "#9bd18b"]
+_COMM_COLORS = ["#e4572e", "#f29e4c", "#c0392b", "#f1c453", "#d35f8d", "#a0522d"]
+_DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def unit_scale(unit: str) -> float:
+    """Bytes per ``unit`` (``"GB"`` -> 1e9, ``"GiB"`` -> 2**30); unknown units list the known ones."""
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {', '.join(map(repr, UNITS))}; got {unit!r}")
+    return UNITS[unit]
+
+
+def format_value(x: float) -> str:
+    """A number with about three significant digits and thousands separators: 1,432 / 31.4 / 1.88."""
+    a = abs(x)
+    if a >= 100 or a == 0:
+        return f"{x:,.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    if a >= 0.01:
+        return f"{x:.2f}"
+    return f"{x:.2g}"
+
+
+def category_color(category: str, index: int = 0) -> str:
+    return CATEGORY_COLORS.get(category, _EXTRA_COLORS[index % len(_EXTRA_COLORS)])
+
+
+def _categories(dicts: Iterable[Mapping[str, float | None]]) -> list[str]:
+    """Categories in a fixed order: the known ones first (as in CATEGORY_COLORS), then the rest as met."""
+    seen: list[str] = []
+    for d in dicts:
+        for k in d:
+            if k not in _TOTAL_KEYS and k not in seen:
+                seen.append(k)
+    known = [k for k in CATEGORY_COLORS if k in seen]
+    return known + [k for k in seen if k not in CATEGORY_COLORS]
+
+
+def _layout(fig: go.Figure, *, title: str, height: int = HEIGHT, **kwargs) -> go.Figure:
+    fig.update_layout(
+        template=TEMPLATE,
+        height=height,
+        title=dict(text=title, x=0.01, xanchor="left") if title else None,
+        margin=dict(l=70, r=30, t=60 if title else 30, b=50),
+        **kwargs,
+    )
+    return fig
+
+
+# ---- memory ------------------------------------------------------------------------------------
+def memory_bars(
+    budgets: Mapping[str, Mapping[str, float | None]],
+    *,
+    unit: str = "GB",
+    capacity: float | None = None,
+    capacity_label: str = "",
+    title: str = "",
+) -> go.Figure:
+    """One stacked bar per budget, one coloured segment per memory category.
+
+    ``budgets`` maps a bar's name to bytes by category, e.g.
+    ``{"training (per rank)": training_memory(...).as_dict(), "inference (per rank)": ...}`` or
+    ``{"predicted": ..., "measured": ...}``. Sums (``total``, ``peak``, ``cuda_*``) and ``None``
+    values are ignored; a category that is zero in every budget is left out. One trace per
+    category, named by :data:`CATEGORY_LABELS` with the key in ``legendgroup``; ``y`` is in
+    ``unit`` and ``customdata`` holds the exact bytes. Each bar's total is written above it, and
+    ``capacity`` (bytes, e.g. ``Hardware.memory_bytes``) draws a dashed line labelled
+    ``capacity_label``; when it is more than :data:`OFF_SCALE` times the tallest bar it is named
+    in a note above the plot instead, so that small budgets stay readable.
+    """
+    scale = unit_scale(unit)
+    names = list(budgets)
+    fig = go.Figure()
+    for i, cat in enumerate(_categories(budgets.values())):
+        raw = [budgets[n].get(cat) for n in names]
+        if not any(raw):
+            continue
+        byts = [None if v is None else float(v) for v in raw]
+        fig.add_trace(
+            go.Bar(
+                name=CATEGORY_LABELS.get(cat, cat),
+                legendgroup=cat,
+                x=names,
+                y=[None if b is None else b / scale for b in byts],
+                customdata=byts,
+                marker_color=category_color(cat, i),
+                hovertemplate=(
+                    f"<b>{CATEGORY_LABELS.get(cat, cat)}</b> (%{{x}})<br>"
+                    f"%{{y:,.4g}} {unit}<br>%{{customdata:,.0f}} bytes<extra></extra>"
+                ),
+            )
+        )
+    totals = [sum(float(v) for k, v in budgets[n].items() if k not in _TOTAL_KEYS and v) for n in names]
+    for name, total in zip(names, totals):
+        fig.add_annotation(
+            x=name, y=total / scale, text=f"<b>{format_value(total / scale)} {unit}</b>",
+            showarrow=False, yanchor="bottom", yshift=3, font=dict(size=13),
+        )
+    tallest = max([*totals, 0.0])
+    top = tallest
+    if capacity is not None:
+        label = f"{capacity_label or 'capacity'}: {format_value(capacity / scale)} {unit}"
+        if tallest == 0 or capacity <= OFF_SCALE * tallest:
+            top = max(top, capacity)
+            fig.add_hline(
+                y=capacity / scale, line_dash="dash", line_color="#444", line_width=1.5,
+                annotation_text=label, annotation_position="top right", annotation_font_color="#444",
+            )
+        else:  # a line far above would flatten the bars: name it instead
+            fig.add_annotation(
+                xref="paper", yref="paper", x=1, y=1, xanchor="right", yanchor="bottom", showarrow=False,
+                text=f"{label} (off the scale: {capacity / tallest:,.0f}× the tallest bar)", font_color="#444",
+            )
+    top = (top or 1) / scale
+    return _layout(
+        fig, title=title, barmode="stack",
+        xaxis=dict(type="category"),
+        yaxis=dict(title=f"memory ({unit})", range=[0, top * 1.15], rangemode="tozero"),
+        legend=dict(title="category", traceorder="normal"),
+        bargap=0.45,
+    )
+
+
+def predicted_vs_measured(
+    predicted: Mapping[str, float | None],
+    measured: Mapping[str, float | None],
+    *,
+    unit: str = "KB",
+    title: str = "",
+) -> go.Figure:
+    """Predicted and measured bytes side by side for each category (or each collective).
+
+    Two traces, ``"predicted"`` and ``"measured"``, with ``x`` the categories (memory keys shown
+    by their :data:`CATEGORY_LABELS`; other keys such as ``"all_reduce"`` as given), ``y`` in
+    ``unit`` and the exact bytes in ``customdata``. The measured bars carry the relative
+    difference (measured - predicted) / predicted as text, e.g. ``"+0.4%"`` (``"exact"`` when
+    equal). Sums such as
+    ``total`` are left out.
+    """
+    scale = unit_scale(unit)
+    cats = _categories([predicted, measured])
+    labels = [CATEGORY_LABELS.get(c, c) for c in cats]
+
+    def diff(c: str) -> str:
+        p, m = predicted.get(c), measured.get(c)
+        if p is None or m is None:
+            return "n/a"
+        if m == p:
+            return "exact"
+        if p == 0:
+            return "n/a"
+        return f"{(m - p) / p:+.1%}"
+
+    diffs = [diff(c) for c in cats]
+    fig = go.Figure()
+    for name, values, color in (("predicted", predicted, "#9fb7d9"), ("measured", measured, "#2f4b7c")):
+        byts = [None if values.get(c) is None else float(values[c]) for c in cats]
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=labels,
+                y=[None if b is None else b / scale for b in byts],
+                customdata=[[b, d] for b, d in zip(byts, diffs)],
+                text=diffs if name == "measured" else None,
+                textposition="outside",
+                cliponaxis=False,
+                marker_color=color,
+                hovertemplate=(
+                    f"<b>{name}</b> %{{x}}<br>%{{y:,.4g}} {unit}<br>%{{customdata[0]:,.0f}} bytes"
+                    "<br>measured vs predicted: %{customdata[1]}<extra></extra>"
+                ),
+            )
+        )
+    return _layout(
+        fig, title=title, barmode="group",
+        yaxis=dict(title=f"bytes ({unit})", rangemode="tozero"),
+        xaxis=dict(title=None, type="category"),
+        legend=dict(title=None, orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+        uniformtext=dict(minsize=9, mode="show"),
+    )
+
+
+# ---- training ----------------------------------------------------------------------------------
+def loss_curves(curves: Mapping[str, list[float]], *, floor: float | None = None, title: str = "") -> go.Figure:
+    """Loss against optimizer step for several runs (``{"1 rank": [...], "4 ranks": [...]}``).
+
+    One line per run, ``x`` the step (0, 1, ...), each with its own colour and dash pattern so
+    that runs that agree exactly (a parity check) still show as two lines. ``floor`` draws the
+    task's entropy floor, the lowest loss any model can reach, as a dashed grey line.
+    """
+    fig = go.Figure()
+    for i, (name, losses) in enumerate(curves.items()):
+        losses = [float(x) for x in losses]
+        fig.add_trace(
+            go.Scatter(
+                name=name,
+                x=list(range(len(losses))),
+                y=losses,
+                mode="lines",
+                line=dict(dash=_DASHES[i % len(_DASHES)], width=2.5 if i == 0 else 2),
+                hovertemplate=f"<b>{name}</b><br>step %{{x}}<br>loss %{{y:.4f}}<extra></extra>",
+            )
+        )
+    if floor is not None:
+        fig.add_hline(
+            y=floor, line_dash="dash", line_color="#777", line_width=1.5,
+            annotation_text=f"entropy floor {floor:.3f}", annotation_position="top left",
+            annotation_font_color="#555",
+        )
+    return _layout(
+        fig, title=title,
+        xaxis=dict(title="step"),
+        yaxis=dict(title="cross-entropy loss (nats/token)"),
+        legend=dict(title="run"),
+        hovermode="x unified",
+    )
+
+
+# ---- communication and compute -----------------------------------------------------------------
+def timeline(spans: Iterable[Mapping | object], *, title: str = "") -> go.Figure:
+    """A Gantt chart of tracer spans: one row per rank, time in milliseconds since the first span.
+
+    ``spans`` are dicts (or :class:`playbook.measure.trace.Span` objects) with ``rank``, ``kind``
+    (``"comm"`` or ``"compute"``), ``name``, ``start`` and ``end`` in seconds (``perf_counter``),
+    and optionally ``bytes``, ``sent_bytes`` and ``group``; spans whose ``end`` is ``None`` (never
+    waited on) are skipped. One horizontal bar trace per span name: ``base`` is the start in ms,
+    ``x`` the duration in ms, ``y`` ``"rank r"``. Compute names take blues and greens, collectives
+    oranges and reds, drawn thinner and on top so that overlap with compute stays visible.
+    """
+    rows = [s if isinstance(s, Mapping) else s.as_dict() for s in spans]
+    rows = [s for s in rows if s.get("end") is not None]
+    fig = go.Figure()
+    if not rows:
+        return _layout(fig, title=title or "no finished spans", xaxis=dict(title="time (ms)"))
+    t0 = min(s["start"] for s in rows)
+    ranks = sorted({int(s["rank"]) for s in rows})
+
+    by_name: dict[tuple[str, str], list[Mapping]] = {}
+    for s in rows:  # compute first so that communication bars are drawn on top
+        by_name.setdefault((s.get("kind", "compute"), s["name"]), []).append(s)
+    keys = sorted(by_name, key=lambda k: k[0] == "comm")  # stable: first-seen order within a kind
+    n_comm = n_compute = 0
+    for kind, name in keys:
+        group = by_name[(kind, name)]
+        if kind == "comm":
+            color, width = _COMM_COLORS[n_comm % len(_COMM_COLORS)], 0.45
+            n_comm += 1
+        else:
+            color, width = _COMPUTE_COLORS[n_compute % len(_COMPUTE_COLORS)], 0.8
+            n_compute += 1
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                orientation="h",
+                y=[f"rank {int(s['rank'])}" for s in group],
+                base=[(s["start"] - t0) * 1e3 for s in group],
+                x=[(s["end"] - s["start"]) * 1e3 for s in group],
+                width=width,
+                marker=dict(color=color, line=dict(width=0.5, color="white")),
+                legendgroup=kind,
+                legendgrouptitle_text=kind,
+                customdata=[
+                    [s.get("bytes", 0) or 0, s.get("sent_bytes", 0) or 0, s.get("group", "") or ""] for s in group
+                ],
+                hovertemplate=(
+                    f"<b>{name}</b> (%{{y}})<br>start %{{base:.3f}} ms, duration %{{x:.3f}} ms"
+                    + ("<br>%{customdata[0]:,} bytes, sent %{customdata[1]:,.0f}<br>group %{customdata[2]}"
+                       if kind == "comm" else "")
+                    + "<extra></extra>"
+                ),
+            )
+        )
+    labels = [f"rank {r}" for r in ranks]
+    return _layout(
+        fig, title=title, barmode="overlay",
+        height=max(260, min(HEIGHT + 120, 120 + 45 * len(ranks))),
+        xaxis=dict(title="time since first span (ms)", rangemode="tozero"),
+        yaxis=dict(title=None, categoryorder="array", categoryarray=labels, autorange="reversed"),
+        legend=dict(title="span", groupclick="toggleitem"),
+    )
+
+
+__all__ = [
+    "CATEGORY_COLORS",
+    "CATEGORY_LABELS",
+    "UNITS",
+    "format_value",
+    "loss_curves",
+    "memory_bars",
+    "predicted_vs_measured",
+    "timeline",
+    "unit_scale",
+]

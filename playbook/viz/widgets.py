@@ -1,0 +1,162 @@
+"""Dashboards: ipywidgets controls wired to the calculators in ``playbook.theory`` and the figures
+in ``playbook.viz.figures``. Nothing is computed or drawn here that those modules do not already do;
+a control's change recomputes the budgets, rebuilds the figure with the same pure function, and
+copies its data into the live ``go.FigureWidget`` in place.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from playbook.config import Hardware, ModelConfig
+from playbook.theory.memory import inference_memory, training_memory
+from playbook.viz.figures import format_value, memory_bars, unit_scale
+
+TRAINING, SERVING = "training (per rank)", "inference (per rank)"
+STALE = "  <i>(last valid settings; see below)</i>"
+POWERS_OF_TWO = lambda lo, hi: [2**k for k in range(lo, hi + 1)]  # noqa: E731
+
+
+def memory_budgets(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    precision: str = "mixed",
+    recompute: str = "none",
+    zero: int = 0,
+    dp: int = 1,
+    serve_dtype: str = "bf16",
+) -> dict[str, dict[str, float]]:
+    """Bytes by category for one rank training ``cfg`` with Adam and one rank serving it.
+
+    Training: :func:`~playbook.theory.memory.training_memory` (ZeRO stage ``zero`` over ``dp``
+    ranks, one micro-batch of activations). Serving: :func:`~playbook.theory.memory.inference_memory`
+    for ``micro_batch`` sequences of ``seq_len`` tokens with weights and KV cache in ``serve_dtype``.
+    Pure: feed the result to :func:`~playbook.viz.figures.memory_bars` for a static figure.
+    """
+    train = training_memory(
+        cfg, seq_len=seq_len, micro_batch=micro_batch, dp=dp, zero=zero, recompute=recompute, precision=precision
+    )
+    serve = inference_memory(cfg, batch=micro_batch, seq_len=seq_len, dtype=serve_dtype)
+    return {TRAINING: train.as_dict(), SERVING: serve.as_dict()}
+
+
+def _count(n: float) -> str:
+    """A parameter count for prose: 70.55 B, 124.4 M, 36.9 k."""
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.2f} {suffix}" if div == 1e9 else f"{n / div:.1f} {suffix}"
+    return f"{n:.0f}"
+
+
+def _summary(cfg: ModelConfig, budgets: dict, hw: Hardware, unit: str, precision: str, seq_len: int) -> str:
+    s = unit_scale(unit)
+    fmt = lambda b: f"{format_value(b / s)} {unit}"  # noqa: E731
+    cap, psi = hw.memory_bytes, cfg.num_params()
+
+    def fits(total: float) -> str:
+        if total <= cap:
+            return f"<span style='color:#2e7d32'>fits one {hw.name} ({fmt(cap)}, {total / cap:.0%} used)</span>"
+        return f"<span style='color:#c62828'>does not fit one {hw.name} ({fmt(cap)}): {total / cap:.1f}× its memory</span>"
+
+    train, serve = budgets[TRAINING]["total"], budgets[SERVING]["total"]
+    state = 16 * psi  # 2 + 2 + 12 bytes mixed, 4 + 4 + 8 in fp32: 16 either way
+    lines = [
+        f"<b>Training</b>: {fmt(train)} per rank, {fits(train)}.",
+        f"<b>Serving</b> in bf16: {fmt(serve)} per rank, {fits(serve)}.",
+        f"Reminders for Ψ = {_count(psi)} parameters: weights alone are 2Ψ = {fmt(2 * psi)} in bf16; "
+        f"Adam in {precision} precision keeps 16Ψ = {fmt(state)} of model state before ZeRO shards it.",
+    ]
+    if seq_len > cfg.max_seq_len:
+        lines.append(
+            f"<span style='color:#b26a00'>Note: seq_len={seq_len:,} exceeds this model's "
+            f"max_seq_len={cfg.max_seq_len:,}.</span>"
+        )
+    return "<br>".join(lines)
+
+
+def memory_dashboard(
+    *,
+    model: str = "llama-3.1-70b",
+    seq_len: int = 4096,
+    micro_batch: int = 1,
+    precision: str = "mixed",
+    recompute: str = "none",
+    zero: int = 0,
+    dp: int = 8,
+    hardware: str = "h100-sxm",
+    unit: str = "GB",
+) -> w.VBox:
+    """Memory per rank for training and serving a preset, with controls for every setting.
+
+    Returns a ``VBox`` with three extra attributes: ``figure`` (the live ``go.FigureWidget``, built by
+    :func:`~playbook.viz.figures.memory_bars` from :func:`memory_budgets`), ``controls`` (a dict from
+    setting name to its widget: ``model``, ``seq_len``, ``micro_batch``, ``precision``,
+    ``recompute``, ``zero``, ``dp``, ``hardware``, ``unit``) and ``message`` (an ``HTML`` widget with
+    the summary, or a red error when the calculator refuses the settings).
+    """
+    style = {"description_width": "90px"}
+    c = {
+        "model": w.Dropdown(options=ModelConfig.presets(), value=model, description="model"),
+        "hardware": w.Dropdown(options=Hardware.presets(), value=hardware, description="device"),
+        "seq_len": w.SelectionSlider(options=POWERS_OF_TWO(7, 17), value=seq_len, description="seq_len"),
+        "micro_batch": w.IntSlider(min=1, max=64, value=micro_batch, description="micro_batch"),
+        "dp": w.SelectionSlider(options=POWERS_OF_TWO(0, 10), value=dp, description="dp"),
+        "zero": w.ToggleButtons(options=[0, 1, 2, 3], value=zero, description="ZeRO stage"),
+        "precision": w.ToggleButtons(options=["mixed", "fp32"], value=precision, description="precision"),
+        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value=recompute, description="recompute"),
+        "unit": w.ToggleButtons(options=["GB", "GiB"], value=unit, description="unit"),
+    }
+    for ctl in c.values():
+        ctl.style = {**style, **({"button_width": "70px"} if isinstance(ctl, w.ToggleButtons) else {})}
+    fig = go.FigureWidget()
+    message = w.HTML()
+
+    def settings() -> dict:
+        return {k: ctl.value for k, ctl in c.items()}
+
+    def update(_change=None) -> None:
+        v = settings()
+        try:
+            cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
+            budgets = memory_budgets(
+                cfg, seq_len=v["seq_len"], micro_batch=v["micro_batch"], precision=v["precision"],
+                recompute=v["recompute"], zero=v["zero"], dp=v["dp"],
+            )
+        except (ValueError, NotImplementedError) as e:
+            message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
+            if fig.data and STALE not in fig.layout.title.text:
+                fig.layout.title.text += STALE
+            return
+        new = memory_bars(
+            budgets, unit=v["unit"], capacity=hw.memory_bytes, capacity_label=hw.name,
+            title=f"{cfg.name}: {_count(cfg.num_params())} params, ZeRO-{v['zero']} over dp={v['dp']}, "
+            f"seq {v['seq_len']:,} × micro-batch {v['micro_batch']}",
+        )
+        if [t.name for t in fig.data] != [t.name for t in new.data]:  # first call, or categories changed
+            fig.data = ()
+            fig.add_traces(new.data)
+            fig.layout = new.layout
+        with fig.batch_update():
+            for old, fresh in zip(fig.data, new.data):
+                old.update(x=fresh.x, y=fresh.y, customdata=fresh.customdata, hovertemplate=fresh.hovertemplate)
+            for key in ("title", "yaxis", "annotations", "shapes"):
+                fig.layout[key] = new.layout[key]
+        message.value = _summary(cfg, budgets, hw, v["unit"], v["precision"], v["seq_len"])
+
+    for ctl in c.values():
+        ctl.observe(update, names="value")
+    update()
+
+    left = w.VBox([c["model"], c["hardware"], c["seq_len"], c["micro_batch"], c["dp"]])
+    right = w.VBox([c["zero"], c["precision"], c["recompute"], c["unit"]])
+    box = w.VBox([w.HBox([left, right]), fig, message])
+    box.figure, box.controls, box.message, box.update = fig, c, message, update
+    return box
+
+
+__all__ = ["memory_budgets", "memory_dashboard"]
