@@ -24,9 +24,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import linecache
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import re
 import signal
 import sys
 import threading
@@ -59,7 +61,7 @@ class RankError(RuntimeError):
     """A rank raised. ``.rank`` is its number, ``.remote_traceback`` its traceback text."""
 
     def __init__(self, rank: int, remote_traceback: str, note: str = ""):
-        self.rank, self.remote_traceback = rank, remote_traceback
+        self.rank, self.remote_traceback, self.note = rank, remote_traceback, note
         last = remote_traceback.strip().splitlines()[-1] if remote_traceback.strip() else "died"
         super().__init__(f"rank {rank} failed: {last}\n\n--- traceback from rank {rank} ---\n{remote_traceback}{note}")
 
@@ -76,6 +78,20 @@ class RankTimeout(TimeoutError):
             "A rank waiting in a collective that another rank never entered is the usual cause: "
             "check that every rank calls the same collectives in the same order with the same shapes."
         )
+
+
+def _with_source(remote_traceback: str, fn: Callable) -> str:
+    """Put back the file name and source lines of frames that cloudpickle shipped by value (it
+    names them ``<dynamic-code>``): the parent still has the notebook cell or file in linecache."""
+    filename = getattr(getattr(fn, "__code__", None), "co_filename", None)
+    if not filename:
+        return remote_traceback
+
+    def fill(match: re.Match) -> str:
+        line = linecache.getline(filename, int(match[1])).strip()
+        return f'File "{filename}", line {match[1]}, in {match[2]}\n' + (f"    {line}\n" if line else "")
+
+    return re.sub(r'File "<dynamic-code>", line (\d+), in (\S+)\n', fill, remote_traceback)
 
 
 def default_backend(world_size: int) -> str:
@@ -388,8 +404,11 @@ class Ranks:
             conn.send_bytes(payload)
         try:
             results = self._collect("result", timeout=self.timeout if timeout is None else timeout, progress=progress)
+        except RankError as e:
+            self.stop(grace=0.0)  # ranks left waiting for the failed one are not reused: restart next call
+            raise RankError(e.rank, _with_source(e.remote_traceback, fn), e.note) from None
         except BaseException:
-            self.stop(grace=0.0)  # stuck, failed or interrupted ranks are not reused; the next call restarts them
+            self.stop(grace=0.0)  # stuck or interrupted ranks are not reused; the next call restarts them
             raise
         return results
 

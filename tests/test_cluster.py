@@ -70,6 +70,7 @@ def test_an_exception_on_one_rank_surfaces_its_traceback_and_the_ranks_recover(r
     assert info.value.rank == 2
     assert "ValueError: deliberate failure on rank 2" in str(info.value)
     assert "raise_on_rank_2" in info.value.remote_traceback  # the frame of the failing function
+    assert 'raise ValueError("deliberate failure on rank 2")' in info.value.remote_traceback  # its source line
     assert "rank 0: waiting in all_reduce" in str(info.value)
     assert elapsed < ranks4.error_grace + 3.0
     assert wait_gone(old) == []

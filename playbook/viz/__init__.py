@@ -1,5 +1,7 @@
 """Compare & show: figures (pure, data -> plotly figure) and dashboards (controls -> figures)."""
 
+import plotly.io as pio
+
 from playbook.viz.figures import (
     CATEGORY_COLORS,
     CATEGORY_LABELS,
@@ -26,3 +28,9 @@ __all__ = [
     "timeline",
     "unit_scale",
 ]
+
+# In a notebook, plotly's default sends only its JSON mimetype, which JupyterLab draws but a static
+# HTML export (nbconvert) does not. Adding the "notebook" renderer embeds plotly.js once, so the
+# same figures also show in exported chapters, offline.
+if pio.renderers.default == "plotly_mimetype":
+    pio.renderers.default = "plotly_mimetype+notebook"
