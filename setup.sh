@@ -5,6 +5,8 @@
 #   ./setup.sh test [ARGS...]   every test, notebooks included (extra ARGS go to pytest)
 #
 # Without a GPU it installs PyTorch's CPU build first, so pip does not pull a multi-GB CUDA build.
+# PLAYBOOK_TORCH (a pip requirement, default "torch") and PLAYBOOK_TORCH_INDEX (default: PyTorch's
+# CPU wheel index when there is no GPU; empty for pip's usual index) choose another build.
 set -euo pipefail
 cd "$(dirname "$0")"
 venv="${PLAYBOOK_VENV:-.venv}"
@@ -15,11 +17,10 @@ case "$what" in lab|test) shift ;; *) echo "usage: ./setup.sh lab | test [pytest
 # shellcheck disable=SC1091
 . "$venv/bin/activate"
 if ! python -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    pip install torch
-  else
-    pip install --index-url https://download.pytorch.org/whl/cpu torch
-  fi
+  index="https://download.pytorch.org/whl/cpu"
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then index=""; fi
+  index="${PLAYBOOK_TORCH_INDEX-$index}"
+  pip install ${index:+--index-url "$index"} "${PLAYBOOK_TORCH:-torch}"
 fi
 pip install -e ".[dev]"
 
