@@ -9,11 +9,14 @@
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
-# Modules that register a strategy when imported: a chapter appends its module here.
-STRATEGY_MODULES = ["playbook.parallel.single"]
+import playbook.parallel
+
+# Modules of playbook/parallel/ that hold shared pieces rather than a strategy.
+NOT_STRATEGIES = {"training", "report", "registry"}
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,10 @@ def register(name: str, *, help: str, arguments: Callable | None = None):
 
 
 def _load() -> None:
-    for module in STRATEGY_MODULES:
-        importlib.import_module(module)
+    """Import every strategy module in playbook/parallel/; each registers itself."""
+    for info in pkgutil.iter_modules(playbook.parallel.__path__):
+        if info.name not in NOT_STRATEGIES and not info.name.startswith("_"):
+            importlib.import_module(f"playbook.parallel.{info.name}")
 
 
 def names() -> list[str]:
