@@ -72,7 +72,7 @@ def test_an_exception_on_one_rank_surfaces_its_traceback_and_the_ranks_recover(r
     assert "raise_on_rank_2" in info.value.remote_traceback  # the frame of the failing function
     assert 'raise ValueError("deliberate failure on rank 2")' in info.value.remote_traceback  # its source line
     assert "rank 0: waiting in all_reduce" in str(info.value)
-    assert elapsed < ranks4.error_grace + 3.0
+    assert elapsed < ranks4.error_grace + 10.0  # seconds, not the process group's 30-minute timeout
     assert wait_gone(old) == []
     assert ranks4.run(lambda ctx: ctx.rank) == [0, 1, 2, 3]  # restarted cleanly
 
@@ -91,7 +91,7 @@ def test_a_hang_ends_in_a_timeout_that_says_who_waits_where(ranks4):
     t0 = time.perf_counter()
     with pytest.raises(RankTimeout) as info:
         ranks4.run(hang_unless_rank_0, timeout=2.0)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.perf_counter() - t0 < 2.0 + 10.0  # ends near the call's timeout, not the group's
     assert "not in a collective" in info.value.waiting[0]
     for r in (1, 2, 3):
         assert info.value.waiting[r].startswith("waiting in all_reduce (20 B")
