@@ -1,0 +1,223 @@
+"""Chapter 2: ZeRO-1/2/3 from scratch and FSDP2 on real ranks, against the single-process reference,
+with memory and communication equal to the predictions of playbook.theory.zero."""
+
+import json
+
+import pytest
+
+from playbook.cli import main
+from playbook.cluster import Ranks
+from playbook.config import ModelConfig
+from playbook.parallel.fsdp2 import fsdp2_comm_per_step, train_fsdp2
+from playbook.parallel.report import compare
+from playbook.parallel.training import TrainSetup, train
+from playbook.parallel.zero import MOMENTS, op_name, predicted_memory, train_zero
+from playbook.theory.memory import training_memory
+from playbook.theory.zero import (check_stage, fsdp2_state_bytes, padded, padding_elements, zero3_gathered_peak,
+                                  zero_collectives_per_step, zero_comm_per_step, zero_memory_by_moment,
+                                  zero_state_bytes, zero_units)  # fmt: skip
+
+TINY = ModelConfig.preset("gpt-tiny")  # vocab 64, hidden 64, 2 layers, 4 heads, 2 KV heads, ffn 176
+SETUP = TrainSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=32)
+# Hand count for gpt-tiny (head_dim 16): embedding 64·64; a block: two norms 2·64, q and o 64·64 each,
+# k and v 64·(2·16) each, SwiGLU 3·64·176; the head: final norm 64 + lm_head 64·64.
+EMBED, BLOCK, HEAD = 64 * 64, 2 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176, 64 + 64 * 64
+
+# Tolerances (fp32). Loss and first-step gradients: the sums differ only in order, ~1e-7; a wrong
+# averaging factor is off by (N-1)·100%. Parameters after several AdamW steps: Adam divides by
+# sqrt(v), so on weights whose gradient is ~1e-9 (pure rounding noise) the update is ±lr whichever
+# way the noise fell; plain data parallelism shows the same 1e-4; a missed or doubled update is ~10%.
+LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-5, 1e-5, 1e-3
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return train(SETUP)
+
+
+# ---- theory, derived by hand ---------------------------------------------------------------------
+def test_units_cover_the_model_exactly():
+    assert zero_units(TINY) == [("embed", EMBED), ("block0", BLOCK), ("block1", BLOCK), ("head", HEAD)]
+    assert EMBED + 2 * BLOCK + HEAD == TINY.num_params() == 100_672
+
+
+def test_tied_embeddings_are_refused():
+    with pytest.raises(ValueError, match="tie_embeddings"):
+        zero_units(TINY.replace(tie_embeddings=True))
+
+
+@pytest.mark.parametrize("stage", [4, -1, "2", True, 1.0])
+def test_bad_stage_is_a_clear_error(stage):
+    with pytest.raises(ValueError, match="0, 1, 2 or 3"):
+        check_stage(stage)
+
+
+def test_exact_bytes_at_two_ranks_no_padding():
+    # every unit divides by 2: Σ padded = Ψ = 100,672; slice 50,336; 4 units -> 4 step counters
+    psi, s = 100_672, 50_336
+    assert zero_state_bytes(TINY, stage=0, world_size=2).as_dict() == {
+        "params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi + 16, "total": 16 * psi + 16}
+    assert zero_state_bytes(TINY, stage=1, world_size=2).optimizer == 8 * s + 16
+    assert zero_state_bytes(TINY, stage=2, world_size=2).grads == 4 * s
+    assert zero_state_bytes(TINY, stage=3, world_size=2).as_dict() == {
+        "params": 4 * s, "grads": 4 * s, "optimizer": 8 * s + 16, "total": 16 * s + 16}
+
+
+def test_exact_bytes_at_three_ranks_include_padding():
+    # 4096 = 3·1365 + 1 -> pad 2; 46208 = 3·15402 + 2 -> pad 1; 4160 = 3·1386 + 2 -> pad 1
+    assert padding_elements(TINY, 3) == {"embed": 2, "block0": 1, "block1": 1, "head": 1}
+    total = 4098 + 2 * 46209 + 4161  # 100,677 elements in the padded buffers
+    assert padded(EMBED, 3) == 4098 and total == 100_677
+    m = zero_state_bytes(TINY, stage=3, world_size=3)
+    assert (m.params, m.grads, m.optimizer) == (4 * 33_559, 4 * 33_559, 8 * 33_559 + 16)
+    assert zero_state_bytes(TINY, stage=1, world_size=3).params == 4 * total
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_exact_form_is_the_papers_formula_when_nothing_is_padded(stage, n):
+    exact = zero_state_bytes(TINY, stage=stage, world_size=n)
+    paper = training_memory(TINY, seq_len=32, micro_batch=1, dp=n, zero=stage, precision="fp32", n_tensors=4)
+    assert (exact.params, exact.grads, exact.optimizer) == (paper.params, paper.grads, paper.optimizer)
+
+
+def test_memory_by_moment_drops_gradients_only_for_stages_2_and_3():
+    for stage, grads_after_forward in ((0, 4 * 100_672), (1, 4 * 100_672), (2, 0), (3, 0)):
+        m = zero_memory_by_moment(TINY, stage=stage, world_size=2)
+        assert m["after forward"]["grads"] == grads_after_forward
+        assert m["after backward"] == m["after step"]
+
+
+def test_comm_volume_by_hand():
+    S, n = 4 * 100_672, 4  # bytes of all gradients; ring: each rank sends 3/4 of a gather or scatter
+    assert zero_comm_per_step(TINY, stage=0, world_size=n, loss_bytes=0) == {"all_reduce": 2 * S * 3 / 4}
+    assert zero_comm_per_step(TINY, stage=1, world_size=n, loss_bytes=0) == {"reduce_scatter": S * 3 / 4, "all_gather": S * 3 / 4}
+    assert zero_comm_per_step(TINY, stage=2, world_size=n, loss_bytes=0) == zero_comm_per_step(TINY, stage=1, world_size=n, loss_bytes=0)
+    three = zero_comm_per_step(TINY, stage=3, world_size=n, loss_bytes=0)
+    assert three == {"reduce_scatter": S * 3 / 4, "all_gather": 2 * S * 3 / 4}  # 1.5× DP
+    assert zero_comm_per_step(TINY, stage=3, world_size=n)["all_reduce"] == 2 * 4 * 3 / 4  # the loss
+    assert zero_collectives_per_step(TINY, stage=3) == {"reduce_scatter": 4, "all_gather": 8, "all_reduce": 1}
+
+
+def test_gathered_peak_by_hand():
+    # padded at 2 ranks: 4096, 46208, 46208, 4160. Forward: unit k (+ k+1 in flight with prefetch);
+    # backward: unit k's weights + its flat gradient (+ unit k-1's weights with prefetch).
+    assert zero3_gathered_peak(TINY, world_size=2, prefetch=False) == {"forward": 4 * 46208, "backward": 8 * 46208}
+    assert zero3_gathered_peak(TINY, world_size=2, prefetch=True) == {
+        "forward": 4 * (46208 + 46208), "backward": 4 * (2 * 46208 + 46208)}
+
+
+def test_fsdp2_prediction_refuses_uneven_splits():
+    assert fsdp2_state_bytes(TINY, world_size=4).optimizer == 8 * 100_672 // 4 + 4 * TINY.num_param_tensors()
+    with pytest.raises(ValueError, match="does not divide"):
+        fsdp2_state_bytes(TINY, world_size=3)
+
+
+def test_op_names_are_normalised():
+    assert [op_name(x) for x in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")] == [
+        "all_gather", "all_gather", "reduce_scatter", "all_reduce"]
+
+
+# ---- real ranks --------------------------------------------------------------------------------
+def _check_parity(result, reference):
+    p = compare(result, reference)
+    assert p["max_abs_loss_diff"] < LOSS_TOL and p["max_rel_grad_diff"] < GRAD_TOL and p["max_rel_param_diff"] < PARAM_TOL, p
+
+
+def _check_zero_run(results, stage, n, reference, setup=SETUP, prefetch=True):
+    cfg = setup.config()
+    want = zero_memory_by_moment(cfg, stage=stage, world_size=n)
+    predicted = predicted_memory(setup, stage, n, prefetch)
+    for r in results:  # every rank holds the same bytes
+        _check_parity(r, reference)
+        for moment in MOMENTS:
+            got = {k: r.moments[moment][k] for k in ("params", "grads", "optimizer")}
+            assert got == want[moment], (moment, got, want[moment])
+            assert r.moments[moment]["gathered"] == 0  # nothing whole is left between units
+        assert r.memory["activations"] == predicted["activations"]
+        assert r.comm == pytest.approx(zero_comm_per_step(cfg, stage=stage, world_size=n), rel=1e-12)
+        assert r.counts == zero_collectives_per_step(cfg, stage=stage)
+        if stage == 3:
+            assert r.memory["peak_gathered"] == predicted["peak_gathered"]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_on_two_ranks(ranks2, reference, stage):
+    _check_zero_run(ranks2.run(train_zero, SETUP, stage, True, progress=False), stage, 2, reference)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_on_four_ranks(ranks4, reference, stage):
+    _check_zero_run(ranks4.run(train_zero, SETUP, stage, True, progress=False), stage, 4, reference)
+
+
+def test_zero3_without_prefetch(ranks4, reference):
+    results = ranks4.run(train_zero, SETUP, 3, False, progress=False)
+    _check_zero_run(results, 3, 4, reference, prefetch=False)
+
+
+def _overlaps(spans):
+    """(comm, compute) pairs where a collective was in flight over a whole compute span."""
+    comm = [s for s in spans if s["kind"] == "comm"]
+    compute = [s for s in spans if s["kind"] == "compute" and s["name"] in ("forward", "backward")]
+    return [(c, k) for c in comm for k in compute if c["start"] <= k["start"] and k["end"] <= c["end"]]
+
+
+def test_prefetch_issues_the_next_gather_before_the_compute(ranks2):
+    # ordering, not speed: with prefetch each unit's gather (but the first in each pass) is issued
+    # before the previous unit computes and waited on after it; without, none is in flight then.
+    with_prefetch = ranks2.run(train_zero, SETUP, 3, True, progress=False)[0].spans
+    without = ranks2.run(train_zero, SETUP, 3, False, progress=False)[0].spans
+    assert len(_overlaps(with_prefetch)) >= 2 * (len(zero_units(TINY)) - 1)
+    assert _overlaps(without) == []
+
+
+def test_padding_on_three_ranks(rank_sets):
+    setup = TrainSetup(model="gpt-tiny", steps=3, global_batch=6, seq_len=32)
+    three = rank_sets.setdefault(3, Ranks(3, backend="gloo", timeout=60)).start()
+    for stage in (2, 3):
+        _check_zero_run(three.run(train_zero, setup, stage, True, progress=False), stage, 3, train(setup), setup=setup)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp2_matches_reference_and_prediction(rank_sets, reference, n):
+    ranks = rank_sets.setdefault(n, Ranks(n, backend="gloo", timeout=60)).start()
+    results = ranks.run(train_fsdp2, SETUP, progress=False)
+    want = fsdp2_state_bytes(TINY, world_size=n)
+    for r in results:
+        _check_parity(r, reference)
+        assert r.moments["after forward"] == {"params": want.params, "grads": 0, "optimizer": want.optimizer}
+        assert r.moments["after backward"] == {"params": want.params, "grads": want.grads, "optimizer": want.optimizer}
+        assert r.memory["activations"] == SETUP.predicted_memory(n).activations
+        assert r.comm == pytest.approx(fsdp2_comm_per_step(SETUP, n), rel=1e-12)
+
+
+# ---- the command line ----------------------------------------------------------------------------
+def test_cli_zero_json(capsys):
+    assert main(["run", "zero", "--stage", "2", "--world-size", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["strategy"] == "zero-2" and report["parity"]["max_rel_grad_diff"] < GRAD_TOL
+    for k in ("params", "grads", "optimizer", "activations"):
+        assert report["memory"]["measured"][k] == report["memory"]["predicted"][k]
+    assert report["comm"]["measured"] == pytest.approx(report["comm"]["predicted"], rel=1e-12)
+
+
+def test_cli_refuses_a_bad_stage(capsys):
+    assert main(["run", "zero", "--stage", "4", "--world-size", "2"]) == 2
+    assert "0, 1, 2 or 3" in capsys.readouterr().err
+
+
+# ---- figures -------------------------------------------------------------------------------------
+def test_figures_carry_the_numbers():
+    from playbook.viz.zero import comm_volume_bars, fitting_devices, gathered_over_time, zero_dashboard
+
+    fig = comm_volume_bars({"DP": {"all_reduce": 10.0}, "ZeRO-3": {"all_gather": 10.0, "reduce_scatter": 5.0}}, unit="bytes")
+    assert [t.name for t in fig.data] == ["all_reduce", "reduce_scatter", "all_gather"]
+    assert list(fig.data[2].customdata) == [0.0, 10.0]
+    fig = gathered_over_time({"run": [(1.0, "forward", 0), (1.002, "forward", 8)]}, unit="bytes")
+    assert list(fig.data[0].y) == [0, 8] and fig.data[0].x[1] == pytest.approx(2.0)
+    assert [ok for _, _, ok in fitting_devices(100e9)] == sorted(ok for _, _, ok in fitting_devices(100e9))
+    box = zero_dashboard(model="llama-3.1-8b", dp=8, stage=0)
+    before = sum(t.y[0] for t in box.memory_figure.data)
+    box.controls["stage"].value = 3
+    assert sum(t.y[0] for t in box.memory_figure.data) < before
