@@ -1,0 +1,270 @@
+"""Show tensor parallelism: who holds which slice, collectives per layer, memory and time per rank.
+
+Figures are pure (data -> plotly figure, no torch, no processes); :func:`tp_dashboard` only wires
+controls to them and to the calculators in ``playbook.theory.tp``. Memory inputs are bytes.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from playbook.config import Hardware, ModelConfig
+from playbook.theory.memory import activation_bytes_per_layer
+from playbook.theory.tp import (
+    layer_comm,
+    layer_seconds,
+    matrix_shards,
+    params_per_rank,
+    tp_block_activation_breakdown,
+    valid_tp,
+)
+from playbook.viz.figures import _layout, format_value, memory_bars, unit_scale
+
+RANK_COLORS = ["#2f6db5", "#e8893a", "#5b9a48", "#c94a4a", "#8a63b8", "#3aa6a0", "#b8860b", "#d36fa5"]
+REPLICATED = "#9e9e9e"
+
+
+def _bytes(x: float) -> str:
+    for unit in ("GB", "MB", "KB"):
+        if x >= unit_scale(unit):
+            return f"{format_value(x / unit_scale(unit))} {unit}"
+    return f"{x:,.0f} bytes"
+
+
+def rank_color(rank: int) -> str:
+    return RANK_COLORS[rank % len(RANK_COLORS)]
+
+
+# ---- who holds what -----------------------------------------------------------------------------
+def shard_diagram(cfg: ModelConfig, tp: int, *, title: str = "", per_row: int = 5) -> go.Figure:
+    """Each weight matrix of ``cfg`` as a square [out × in], coloured by the rank that holds each
+    slice: horizontal bands for a split by output rows (column parallel: q, k, v, gate, up, head,
+    embedding rows), vertical bands for a split by input columns (row parallel: o, down); the norm
+    weights are grey (every rank holds them). One legend entry per rank; hover names the slice."""
+    mats = matrix_shards(cfg, tp)
+    shown = min(tp, 16)  # beyond 16 bands a slice is a hairline: draw 16, say so in the title
+    xs = {r: [] for r in range(shown)}
+    ys = {r: [] for r in range(shown)}
+    texts = {r: [] for r in range(shown)}
+    fig = go.Figure()
+    rep_x, rep_y = [], []
+    for i, m in enumerate(mats):
+        x0, y0 = (i % per_row) * 1.4, -(i // per_row) * 1.7
+        rows, cols = m["shape"]
+        how = {"rows": f"rows split: {m['by']}", "cols": f"columns split: {m['by']}", None: "on every rank"}[m["split"]]
+        fig.add_annotation(x=x0 + 0.5, y=y0 + 1.02, text=f"<b>{m['name']}</b> [{rows:,}×{cols:,}]<br>{how}",
+                           showarrow=False, yanchor="bottom", font=dict(size=11))  # fmt: skip
+        if m["split"] is None:
+            rep_x += [x0, x0 + 1, x0 + 1, x0, x0, None]
+            rep_y += [y0 + 0.4, y0 + 0.4, y0 + 0.6, y0 + 0.6, y0 + 0.4, None]
+            continue
+        for r in range(shown):
+            a, b = r / shown, (r + 1) / shown
+            if m["split"] == "rows":  # top band = rank 0
+                bx, by = [x0, x0 + 1, x0 + 1, x0, x0], [y0 + 1 - a, y0 + 1 - a, y0 + 1 - b, y0 + 1 - b, y0 + 1 - a]
+                part = f"rows {r * rows // tp:,}–{(r + 1) * rows // tp - 1:,}"
+            else:
+                bx, by = [x0 + a, x0 + b, x0 + b, x0 + a, x0 + a], [y0, y0, y0 + 1, y0 + 1, y0]
+                part = f"columns {r * cols // tp:,}–{(r + 1) * cols // tp - 1:,}"
+            xs[r] += bx + [None]
+            ys[r] += by + [None]
+            text = f"rank {r}: {m['name']} {part} ({m['by']}), local {m['local'][0]:,}×{m['local'][1]:,}"
+            texts[r] += [text] * 5 + [None]
+    for r in range(shown):
+        fig.add_trace(go.Scatter(x=xs[r], y=ys[r], fill="toself", mode="lines", name=f"rank {r}",
+                                 line=dict(color="white", width=1), fillcolor=rank_color(r),
+                                 text=texts[r], hoverinfo="text", hoveron="fills+points"))  # fmt: skip
+    fig.add_trace(go.Scatter(x=rep_x, y=rep_y, fill="toself", mode="lines", name="replicated (every rank)",
+                             line=dict(color="white", width=1), fillcolor=REPLICATED, hoverinfo="text",
+                             text=["RMSNorm weights: every rank holds all of them"] * len(rep_x)))  # fmt: skip
+    n_rows = (len(mats) + per_row - 1) // per_row
+    more = f" (first 16 of {tp} ranks drawn)" if tp > shown else ""
+    return _layout(
+        fig, title=title or f"{cfg.name}, t={tp}: which rank holds which slice{more}", height=205 * n_rows + 100,
+        xaxis=dict(visible=False, range=[-0.1, per_row * 1.4]), yaxis=dict(visible=False, scaleanchor="x"),
+        legend=dict(orientation="h", y=-0.02, yanchor="top"),
+    )  # fmt: skip
+
+
+# ---- communication ------------------------------------------------------------------------------
+def comm_bars(summaries: Mapping[str, Mapping], *, value: str = "count", title: str = "") -> go.Figure:
+    """Grouped bars, one group per (phase, op), one bar per source (e.g. predicted, measured).
+    ``summaries``: ``{"predicted": theory.tp.summarize(...), "measured": summarize(...)}``, each keyed
+    by (phase, op); ``value``: "count", "bytes" (buffers) or "sent_bytes"."""
+    keys = sorted({k for s in summaries.values() for k in s}, key=lambda k: (k[0] != "forward", k))
+    labels = [" ".join(k).replace("_", "-") for k in keys]
+    fig = go.Figure()
+    for i, (name, s) in enumerate(summaries.items()):
+        ys = [s.get(k, {}).get(value, 0) for k in keys]
+        fig.add_trace(go.Bar(name=name, x=labels, y=ys, marker_color=["#7ea6dc", "#c94a4a", "#5b9a48"][i % 3],
+                             text=[format_value(y) for y in ys], textposition="outside"))  # fmt: skip
+    ytitle = {"count": "collectives", "bytes": "buffer bytes", "sent_bytes": "bytes sent per rank"}[value]
+    return _layout(fig, title=title, barmode="group", yaxis=dict(title=ytitle, rangemode="tozero"), height=360)
+
+
+# ---- memory -------------------------------------------------------------------------------------
+def activation_rows(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, dtype_bytes: int = 2, unit: str = "MB",
+    measured: Mapping[str, float] | None = None, title: str = "",
+) -> go.Figure:  # fmt: skip
+    """Activations of one layer per rank: our model (exact count) and Korthikanti et al.'s Table 2
+    (a GPT block with dropout, 16-bit, scaled to ``dtype_bytes``), each with t=1, TP and TP+SP, and
+    ours with SP saving only sequence shards (``regather``); ``measured`` adds bars."""
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch)
+    bars = {}
+    rows = (("no parallelism", 1, False, False), (f"TP t={tp}", tp, False, False), (f"TP+SP t={tp}", tp, True, False),
+            (f"TP+SP t={tp}, shards saved", tp, True, True))  # fmt: skip
+    for label, t, sp, regather in rows:
+        bars[f"ours, {label}"] = sum(tp_block_activation_breakdown(
+            cfg, **sizes, tp=t, sequence_parallel=sp, regather=regather, dtype_bytes=dtype_bytes).values())  # fmt: skip
+        if not regather:
+            bars[f"Korthikanti, {label}"] = activation_bytes_per_layer(
+                **sizes, hidden=cfg.hidden, heads=cfg.n_heads, tp=t, sequence_parallel=sp) * dtype_bytes / 2
+    bars |= dict(measured or {})
+    scale = unit_scale(unit)
+    colors = ["#c94a4a" if k.startswith("ours") else "#e8a0a0" if k.startswith("Korth") else "#5b9a48" for k in bars]
+    fig = go.Figure(go.Bar(x=[v / scale for v in bars.values()], y=list(bars), orientation="h", marker_color=colors,
+                           text=[f"{format_value(v / scale)} {unit}" for v in bars.values()], textposition="outside",
+                           customdata=list(bars.values()),
+                           hovertemplate="%{y}: %{customdata:,.0f} bytes<extra></extra>"))  # fmt: skip
+    fig = _layout(fig, title=title or f"{cfg.name}: activations of one layer per rank, {8 * dtype_bytes}-bit",
+                  xaxis=dict(title=f"bytes per layer per rank ({unit})", range=[0, max(bars.values()) / scale * 1.25]),
+                  yaxis=dict(autorange="reversed"), height=110 + 34 * len(bars))  # fmt: skip
+    return fig.update_layout(margin=dict(l=230, r=40))
+
+
+# ---- time ---------------------------------------------------------------------------------------
+def matmul_efficiency(curve: list[dict], *, title: str = "") -> go.Figure:
+    """FLOP/s of one rank's local matmul against t (``parallel.tp.matmul_throughput``'s rows)."""
+    x = [r["tp"] for r in curve]
+    y = [r["flops_per_s"] / 1e9 for r in curve]
+    text = [f"[{a}×{b}]·[{b}×{c}]" for a, b, c in (r["shape"] for r in curve)]
+    fig = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers", text=text, name="measured",
+                               hovertemplate="t=%{x}: %{y:.1f} GFLOP/s<br>%{text}<extra></extra>"))  # fmt: skip
+    return _layout(fig, title=title or "matmul throughput as the local matrix shrinks",
+                   xaxis=dict(title="t (the local matrix has 1/t of the columns)", type="log", tickvals=x),
+                   yaxis=dict(title="GFLOP/s", rangemode="tozero"), height=340)  # fmt: skip
+
+
+def layer_time(rows: list[dict], *, title: str = "") -> go.Figure:
+    """Stacked bars per t: compute and communication seconds of one layer (``theory.tp.layer_seconds``),
+    in milliseconds; the total is written on top. Where the bars stop shrinking, TP stopped paying."""
+    x = [f"t={r['tp']}" for r in rows]
+    fig = go.Figure([
+        go.Bar(name="compute (1/t of the layer)", x=x, y=[r["compute"] * 1e3 for r in rows], marker_color="#3b7dd8"),
+        go.Bar(name="communication (predicted)", x=x, y=[r["comm"] * 1e3 for r in rows], marker_color="#e4572e"),
+    ])  # fmt: skip
+    for xi, r in zip(x, rows):
+        fig.add_annotation(x=xi, y=r["total"] * 1e3, text=f"{format_value(r['total'] * 1e3)} ms",
+                           showarrow=False, yanchor="bottom")  # fmt: skip
+    return _layout(fig, title=title or "one layer, forward + backward, per rank", barmode="stack",
+                   yaxis=dict(title="milliseconds", rangemode="tozero"), height=340)  # fmt: skip
+
+
+# ---- the dashboard ------------------------------------------------------------------------------
+def _dense_presets() -> list[str]:
+    dense = lambda c: not c.is_moe and c.attention == "gqa"  # noqa: E731  what TPGPT and the counts cover
+    return [n for n in ModelConfig.presets() if dense(ModelConfig.preset(n))]
+
+
+def tp_numbers(cfg: ModelConfig, *, tp: int, sequence_parallel: bool, seq_len: int, micro_batch: int,
+               hardware: Hardware, efficiency: float = 0.5, regather: bool = False) -> dict:  # fmt: skip
+    """Everything the dashboard shows, in bytes and seconds, 16-bit (bf16 weights and activations)."""
+    regather = regather and sequence_parallel
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch)
+    budgets = {}
+    for t in valid_tp(cfg):
+        p = params_per_rank(cfg, t)
+        acts = cfg.n_layers * sum(tp_block_activation_breakdown(
+            cfg, **sizes, tp=t, sequence_parallel=sequence_parallel and t > 1, regather=regather and t > 1,
+            dtype_bytes=2).values())  # fmt: skip
+        budgets[f"t={t}"] = {"weights": 2 * (p["split"] + p["replicated"]), "activations": acts}
+    comm = layer_comm(cfg, **sizes, tp=tp, sequence_parallel=sequence_parallel, regather=regather, dtype_bytes=2)
+    times = [layer_seconds(cfg, **sizes, tp=t, hardware=hardware, flops_per_s=efficiency * hardware.peak_bf16_flops,
+                           sequence_parallel=sequence_parallel, regather=regather) for t in valid_tp(cfg)]  # fmt: skip
+    return {"budgets": budgets, "comm": comm, "times": times, "params": params_per_rank(cfg, tp)}
+
+
+def tp_dashboard(*, model: str = "llama-3.1-70b", tp: int = 8, sequence_parallel: bool = True, regather: bool = False,
+                 seq_len: int = 4096, micro_batch: int = 1, hardware: str = "h100-sxm",
+                 efficiency: float = 0.5) -> w.VBox:  # fmt: skip
+    """Controls (preset, t, SP, regather, sequence length, micro-batch, hardware) -> per-rank weights and
+    activations for every valid t, one layer's communication and time, and the shard diagram.
+    Returns a VBox with ``figures`` (dict of live FigureWidgets), ``controls`` and ``message``."""
+    presets = _dense_presets()
+    c = {
+        "model": w.Dropdown(options=presets, value=model, description="model"),
+        "tp": w.Dropdown(options=valid_tp(ModelConfig.preset(model)), value=tp, description="t"),
+        "sequence_parallel": w.Checkbox(value=sequence_parallel, description="sequence parallel"),
+        "regather": w.Checkbox(value=regather, description="SP: save shards, re-gather in backward"),
+        "seq_len": w.SelectionSlider(options=[2**k for k in range(7, 18)], value=seq_len, description="seq_len"),
+        "micro_batch": w.IntSlider(min=1, max=32, value=micro_batch, description="micro_batch"),
+        "hardware": w.Dropdown(options=Hardware.presets(), value=hardware, description="device"),
+    }
+    figs = {k: go.FigureWidget() for k in ("memory", "time", "shards")}
+    message = w.HTML()
+
+    def replace(fig: go.FigureWidget, new: go.Figure) -> None:
+        with fig.batch_update():
+            fig.data = ()
+            fig.add_traces(new.data)
+            fig.layout = new.layout
+
+    def update(change=None) -> None:
+        if change is not None and change["owner"] is c["model"]:
+            ok = valid_tp(ModelConfig.preset(c["model"].value))
+            c["tp"].unobserve(update, names="value")
+            c["tp"].options, c["tp"].value = ok, max(t for t in ok if t <= max(c["tp"].value, 1))
+            c["tp"].observe(update, names="value")
+        v = {k: ctl.value for k, ctl in c.items()}
+        try:
+            cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
+            n = tp_numbers(cfg, tp=v["tp"], sequence_parallel=v["sequence_parallel"], seq_len=v["seq_len"],
+                           micro_batch=v["micro_batch"], hardware=hw, efficiency=efficiency,
+                           regather=v["regather"])  # fmt: skip
+        except (ValueError, NotImplementedError) as e:
+            message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
+            return
+        mode = ("TP+SP" + (" (shards saved)" if v["regather"] else "")) if v["sequence_parallel"] else "TP"
+        top = max(sum(b.values()) for b in n["budgets"].values())
+        unit = "GB" if top >= 1e9 else "MB" if top >= 1e6 else "KB"
+        replace(figs["memory"], memory_bars(n["budgets"], unit=unit, capacity=hw.memory_bytes, capacity_label=hw.name,
+                title=f"{cfg.name} per rank, bf16 weights + activations "
+                      f"({mode}, seq {v['seq_len']:,} × {v['micro_batch']})"))  # fmt: skip
+        replace(figs["time"], layer_time(n["times"], title=f"one layer per rank on {hw.name}: compute at "
+                f"{efficiency:.0%} of peak vs predicted {mode} communication"))  # fmt: skip
+        replace(figs["shards"], shard_diagram(cfg, v["tp"]))
+        fwd, p, t = n["comm"]["forward"], n["params"], v["tp"]
+        now = n["times"][valid_tp(cfg).index(t)]
+        again = ", plus 2 all-gathers to re-gather the saved shards" if v["sequence_parallel"] and v["regather"] else ""
+        ops = ", ".join(f"{k.replace('_', '-')} ×{x}" for k, x in fwd.items() if k != "sent_bytes") or "none"
+        lines = [
+            f"<b>t={t}, {mode}</b>: each rank holds {_bytes(2 * (p['split'] + p['replicated']))} of bf16 weights: "
+            f"1/{t} of every matrix, plus all {p['replicated']:,} norm weights (replicated).",
+            f"<b>Per layer, forward</b>: {ops}; {_bytes(fwd['sent_bytes'])} sent per rank "
+            f"(the same backward{again}) "
+            f"= 8bsh(t−1)/t in 16-bit.",
+            f"<b>Per layer time</b> at t={t}: compute {format_value(now['compute'] * 1e3)} ms, "
+            f"communication {format_value(now['comm'] * 1e3)} ms "
+            f"({'intra' if t <= hw.devices_per_node else 'inter'}-node link).",
+        ]
+        if v["seq_len"] > cfg.max_seq_len:
+            lines.append(f"<span style='color:#b26a00'>Note: seq_len={v['seq_len']:,} exceeds this model's "
+                         f"max_seq_len={cfg.max_seq_len:,}.</span>")  # fmt: skip
+        message.value = "<br>".join(lines)
+
+    for ctl in c.values():
+        ctl.observe(update, names="value")
+    update()
+    controls = w.HBox([w.VBox([c["model"], c["tp"], c["sequence_parallel"], c["regather"]]),
+                       w.VBox([c["seq_len"], c["micro_batch"], c["hardware"]])])  # fmt: skip
+    box = w.VBox([controls, message, figs["memory"], figs["time"], figs["shards"]])
+    box.figures, box.controls, box.message, box.update = figs, c, message, update
+    return box
+
+
+__all__ = ["activation_rows", "comm_bars", "layer_time", "matmul_efficiency", "shard_diagram", "tp_dashboard", "tp_numbers"]
