@@ -67,3 +67,17 @@ def test_subgroups_are_named(ranks4):
     out = ranks4.run(pairs)
     assert out[0] == [("ranks0-1", 2, 16.0)]  # 2 * 16 * (2-1)/2
     assert out[3] == [("ranks2-3", 2, 16.0)]
+
+
+def test_collectives_on_other_threads_are_recorded_too(ranks2):
+    """On CUDA autograd runs backward on a device thread: its collectives must still be traced."""
+
+    def from_a_thread(ctx):
+        import threading
+
+        t = threading.Thread(target=lambda: dist.all_reduce(torch.ones(3), group=ctx.group))
+        t.start()
+        t.join()
+        return ctx.tracer.counts_by_op()
+
+    assert ranks2.run(from_a_thread) == [{"all_reduce": 1}] * 2

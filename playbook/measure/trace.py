@@ -180,22 +180,24 @@ class _TracedWork:
 
 
 _current = threading.local()
+_process = {"tracer": None}  # for threads that did not open the block (CUDA runs backward on its own thread)
 _installed: dict[str, object] = {}
 
 
 def current() -> Tracer | None:
-    return getattr(_current, "tracer", None)
+    return getattr(_current, "tracer", None) or _process["tracer"]
 
 
 @contextmanager
 def recording(tracer: Tracer):
-    """Make ``tracer`` the one that traced collectives are recorded in, for the block."""
-    previous = current()
-    _current.tracer = tracer
+    """Make ``tracer`` the one that traced collectives are recorded in, for the block: on this
+    thread, and on any other thread of the process (autograd's device threads) while it lasts."""
+    previous, previous_process = getattr(_current, "tracer", None), _process["tracer"]
+    _current.tracer = _process["tracer"] = tracer
     try:
         yield tracer
     finally:
-        _current.tracer = previous
+        _current.tracer, _process["tracer"] = previous, previous_process
 
 
 def _wrap(op: str, fn):
