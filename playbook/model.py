@@ -22,7 +22,9 @@ Written for the later chapters, which cut this model apart:
 - pipeline parallel cuts ``GPT.blocks`` into stages and reuses ``GPT.embed``, ``GPT.head`` and
   ``lm_loss``.
 
-No biases, no dropout. Dense only: the expert-parallel chapter adds the mixture-of-experts MLP.
+No biases, no dropout. With ``cfg.n_experts > 0`` the MLP of every layer after the first
+``cfg.n_dense_layers`` is a mixture of experts (``playbook.moe.MoEMLP``), and the loss returned with
+targets includes the experts' load-balancing loss (``GPT.aux_loss``).
 """
 
 from __future__ import annotations
@@ -164,12 +166,17 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, moe: bool = False):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.hidden, cfg.ffn_hidden)
+        if moe:
+            from playbook.moe import MoEMLP  # playbook.moe builds on this module
+
+            self.mlp = MoEMLP(cfg)
+        else:
+            self.mlp = SwiGLU(cfg.hidden, cfg.ffn_hidden)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), positions)  # [batch, seq, hidden]
@@ -182,10 +189,14 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class GPT(nn.Module):
-    """The dense GPT. ``GPT(cfg, seed)`` builds it with weights drawn from ``seed`` alone.
+    """The GPT. ``GPT(cfg, seed)`` builds it with weights drawn from ``seed`` alone.
 
     ``model(tokens)`` returns logits [batch, seq, vocab];
-    ``model(tokens, targets)`` returns ``(logits, loss)``, loss the mean cross-entropy (``lm_loss``).
+    ``model(tokens, targets)`` returns ``(logits, loss)``, loss the mean cross-entropy (``lm_loss``),
+    plus, for a mixture of experts, ``self.aux_loss()``: the sum of the MoE layers' load-balancing
+    losses of this forward (``playbook.moe``; 0 for a dense model, whose loss is ``lm_loss`` alone).
+    Layers ``n_dense_layers..n_layers-1`` of an MoE config get a ``MoEMLP``; the router and the
+    experts are initialised like the other weights (experts' ``down_proj`` as residual projections).
 
     Init (GPT-2): every weight matrix ~ N(0, 0.02²), except the projections that write into the
     residual stream (``o_proj``, ``down_proj``), whose std is 0.02 / sqrt(2 * n_layers) so the
@@ -199,18 +210,14 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, *, recompute: str = "none"):
         super().__init__()
-        if cfg.is_moe:
-            raise NotImplementedError(
-                f"{cfg.name}: n_experts={cfg.n_experts} asks for a mixture-of-experts MLP; this GPT is "
-                "dense only. The expert-parallel chapter (playbook/parallel/ep.py) builds the MoE "
-                "variant; use n_experts=0 here."
-            )
         if cfg.attention != "gqa":
             raise NotImplementedError(f"attention={cfg.attention!r} is for counting only; our torch model is 'gqa'")
         self.cfg = cfg
         with torch.random.fork_rng(devices=[]):  # nn.Linear draws a default init from the global RNG: undo that
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
-            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+            self.blocks = nn.ModuleList(
+                Block(cfg, moe=cfg.is_moe and i >= cfg.n_dense_layers) for i in range(cfg.n_layers)
+            )
             self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
             self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -281,4 +288,11 @@ class GPT(nn.Module):
         logits = self.head(x)  # [batch, seq, vocab]
         if targets is None:
             return logits
+        if self.cfg.is_moe:
+            return logits, lm_loss(logits, targets) + self.aux_loss()
         return logits, lm_loss(logits, targets)
+
+    def aux_loss(self) -> torch.Tensor | float:
+        """Sum of the MoE layers' load-balancing losses from the last forward (0.0 if dense)."""
+        losses = [b.mlp.aux_loss for b in self.blocks if getattr(b.mlp, "aux_loss", None) is not None]
+        return sum(losses[1:], losses[0]) if losses else 0.0

@@ -123,10 +123,14 @@ def test_odd_head_dim_is_refused():
         GPT(cfg)
 
 
-def test_moe_config_is_refused():
-    cfg = ModelConfig.preset("gpt-tiny").replace(n_experts=4, top_k=2, expert_ffn_hidden=32)
-    with pytest.raises(NotImplementedError, match="expert-parallel"):
-        GPT(cfg)
+def test_moe_config_builds_the_moe_mlp_after_the_dense_layers():
+    cfg = ModelConfig.preset("gpt-tiny").replace(n_experts=4, top_k=2, expert_ffn_hidden=32, n_dense_layers=1)
+    model = GPT(cfg)
+    assert sum(p.numel() for p in model.parameters()) == cfg.num_params()
+    assert type(model.blocks[0].mlp).__name__ == "SwiGLU" and type(model.blocks[1].mlp).__name__ == "MoEMLP"
+    tokens, targets = SyntheticTask(cfg.vocab_size).batch(0, 2, 8)
+    logits, loss = model(tokens, targets)
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1)) + model.aux_loss())
 
 
 def test_tied_embeddings_share_storage():

@@ -1,0 +1,159 @@
+"""Expert parallelism on real ranks against the single-process MoE: parity, bytes, memory, errors."""
+
+import contextlib
+import functools
+import io
+import json
+
+import pytest
+import torch
+
+from playbook.parallel import ep as E
+from playbook.parallel.training import TrainSetup
+from playbook.theory import moe as T
+
+SETUP = TrainSetup(model="gpt-tiny-moe", steps=3, global_batch=8, seq_len=32)
+CFG = SETUP.config()
+LOSS, AUX, GRAD = 1e-5, 1e-7, 1e-5
+PARAM = 1e-4  # after 3 AdamW steps: Adam divides by sqrt(v), so near-zero gradients amplify rounding
+
+
+@functools.lru_cache
+def reference(capacity_factor):
+    return E.train_moe(SETUP, CFG, capacity_factor=capacity_factor)
+
+
+def run(ranks, capacity_factor, mode="ep", ep=None):
+    results = ranks.run(E._rank_main, SETUP, CFG, capacity_factor, 0.01, mode, ep or ranks.world_size, progress=False)
+    return results, E.combine(results, mode)
+
+
+@pytest.mark.parametrize("n,ep", [(2, 2), (4, 4), (4, 2)], ids=["ep2", "ep4", "ep2xdp2"])
+@pytest.mark.parametrize("capacity_factor", [None, 1.0], ids=["no-drop", "drops"])
+def test_ep_parity_bytes_and_memory(request, n, ep, capacity_factor):
+    ranks = request.getfixturevalue(f"ranks{n}")
+    results, whole = run(ranks, capacity_factor, ep=ep)
+    ref = reference(capacity_factor)
+    p = E.parity(whole, ref)
+    assert p["max_abs_loss_diff"] < LOSS and p["max_abs_aux_diff"] < AUX
+    assert p["max_rel_grad_diff"] < GRAD and p["max_rel_param_diff"] < PARAM, p
+    assert p["same_experts_chosen"] and p["same_tokens_dropped"]
+    assert set(whole.grads) == set(ref.grads) and set(whole.params) == set(ref.params)
+    dropped = sum(L["dropped"] for step in ref.routing for L in step)
+    assert (dropped > 0) == (capacity_factor is not None)
+    assert E.replicas_agree(results) == 0.0  # replicated weights stay bit-identical
+    # all-to-all bytes: predicted from the routing counts alone == measured by the tracer, every rank and step
+    predicted = E.predicted_alltoall_bytes(whole, ep, CFG.hidden)
+    measured = [[r.comm[s]["all_to_all_single"] for r in results] for s in range(SETUP.steps)]
+    assert predicted == measured
+    # memory of every rank: 1/ep of the experts, and the exact activation count from its routing
+    state = T.moe_model_state_bytes(CFG, ep=ep, dp=n, precision="fp32", n_tensors=T.param_tensors_per_rank(CFG, ep))
+    per_rank_params = 4 * (CFG.num_params() - 2 * 4 * 3 * 64 * 64 * (ep - 1) // ep)  # by hand: drop (ep-1)/ep of the experts
+    for r, res in enumerate(results):
+        assert res.memory["params"] == state.params == per_rank_params
+        assert res.memory["optimizer"] == state.optimizer
+        acts = T.model_activation_bytes_moe(CFG, seq_len=SETUP.seq_len, micro_batch=SETUP.global_batch // n,
+                                            layers=whole.routing[0], rank=r, ep=ep)  # fmt: skip
+        assert res.memory["activations"] == acts
+        assert sum(1 for k in res.params if ".experts." in k) == 2 * 3 * 4 // ep
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_tensor_parallel_experts_parity_and_bytes(request, n):
+    ranks = request.getfixturevalue(f"ranks{n}")
+    cf = 1.0 if n == 4 else None
+    results, whole = run(ranks, cf, mode="tp")
+    p = E.parity(whole, reference(cf))
+    assert p["max_abs_loss_diff"] < LOSS and p["max_rel_grad_diff"] < GRAD and p["max_rel_param_diff"] < 2 * PARAM, p
+    assert p["same_tokens_dropped"]
+    tokens = SETUP.global_batch // n * SETUP.seq_len
+    predicted = E.predicted_comm(CFG, n, n, "tp", tokens)
+    for step in results[0].comm:
+        assert {k: v for k, v in step.items() if k != "all_to_all_seconds"} == predicted
+    # by hand: per MoE layer, gather + scatter forward, and again backward, of T_local * n * h fp32 rows
+    assert predicted["all_gather_single"] == 2 * 2 * 4 * tokens * n * CFG.hidden * (n - 1) / n
+
+
+def test_our_all_to_all_matches_pytorch_and_one_process(ranks4):
+    def exchange(ctx):
+        import torch.distributed as dist
+
+        from playbook.parallel.ep import all_to_all
+
+        send_all = [[(3 * s + d) % 4 for d in range(4)] for s in range(4)]  # uneven, some empty
+        send = send_all[ctx.rank]
+        recv = [send_all[s][ctx.rank] for s in range(4)]
+        gen = torch.Generator().manual_seed(ctx.rank)
+        x = torch.randn(sum(send), 5, generator=gen, requires_grad=True)
+        weights = torch.randn(sum(recv), 5, generator=gen)
+        out = {}
+        for native in (False, True):
+            y = all_to_all(x, send, recv, ctx.group, native=native)
+            (g,) = torch.autograd.grad((y * weights).sum(), x)
+            out[native] = (y.detach(), g)
+        return x.detach(), weights, send, out, dist.get_world_size()
+
+    res = ranks4.run(exchange, progress=False)
+    for r, (x, w, send, out, _) in enumerate(res):
+        assert torch.equal(out[False][0], out[True][0]) and torch.equal(out[False][1], out[True][1])
+        # one process: rank r receives from each source s the block s addressed to r
+        blocks = [res[s][0].split(res[s][2])[r] for s in range(4)]
+        assert torch.equal(out[False][0], torch.cat(blocks))
+        # gradient: the weights of every destination's slot come back to where the row came from
+        back = torch.cat([res[d][1].split([res[s][2][d] for s in range(4)])[r] for d in range(4)])
+        assert torch.equal(out[False][1], back)
+
+
+def test_a_missing_division_of_expert_gradients_is_caught(ranks2):
+    def wrong(ctx, setup, cfg):
+        import playbook.parallel.ep as ep
+
+        right = ep.sync_grads
+
+        def forgot_experts(model, lay):
+            right(model, lay)
+            for name, p in model.named_parameters():
+                if ep.is_expert(name) and p.grad is not None:
+                    p.grad *= lay.n  # as if expert gradients were not divided by n
+        ep.sync_grads = forgot_experts
+        try:
+            return ep.train_moe(setup, cfg, ctx=ctx)
+        finally:
+            ep.sync_grads = right
+
+    whole = E.combine(ranks2.run(wrong, SETUP, CFG, progress=False))
+    assert E.parity(whole, reference(None))["max_rel_grad_diff"] > 0.5
+
+
+def test_bad_degrees_are_refused_before_any_rank_starts():
+    with pytest.raises(ValueError, match=r"ep=3 does not divide n_experts=4.*try ep in \{1, 2, 4\}"):
+        E.run_ep(SETUP, world_size=3, ep=3)
+    with pytest.raises(ValueError, match=r"ep=4 does not divide dp=2"):
+        E.validate(CFG.replace(n_experts=8), 2, 4, None, 8)
+    with pytest.raises(ValueError, match="top_k=5 exceeds n_experts=4"):
+        E.run_ep(SETUP, world_size=2, top_k=5)
+    with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+        E.run_ep(SETUP, world_size=2, capacity_factor=0.0)
+    with pytest.raises(ValueError, match="tp=3 does not divide expert_ffn_hidden=64"):
+        E.validate(CFG, 3, 3, None, 6, mode="tp")
+
+
+def test_cli_json_has_the_routing_block():
+    from playbook.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["run", "ep", "--world-size", "2", "--experts", "4", "--top-k", "1", "--capacity-factor", "1.0",
+                     "--steps", "2", "--json"]) == 0  # fmt: skip
+    report = json.loads(out.getvalue())
+    assert report["strategy"] == "ep" and report["setup"]["top_k"] == 1
+    assert report["parity"]["max_rel_grad_diff"] < GRAD and report["parity"]["same_tokens_dropped"]
+    assert report["native"]["max_rel_grad_diff"] == 0.0
+    assert report["memory"]["predicted"] == {k: float(v) for k, v in report["memory"]["measured"].items()}
+    tokens = 8 * 32  # global batch x seq: every token picks one expert
+    for step in report["routing"]["steps"]:
+        assert step["alltoall_bytes_per_rank"]["predicted"] == step["alltoall_bytes_per_rank"]["measured"]
+        for layer in step["layers"]:
+            assert sum(layer["tokens_per_expert"]) == tokens and layer["capacity"] == 64  # ceil(256 / 4 * 1.0)
+            assert sum(layer["kept_per_expert"]) == tokens - layer["dropped"] == sum(layer["load_per_rank"])
+    assert report["comm"]["predicted"] == pytest.approx(report["comm"]["measured"], rel=1e-12)
