@@ -176,9 +176,11 @@ class ModelConfig:
         )
 
     def num_param_tensors(self) -> int:
-        """Parameter tensors in our torch model (dense): embedding, final norm, head unless tied, and
-        per block two norms, q/k/v/o and gate/up/down. PyTorch's Adam keeps one ``step`` counter each."""
-        return 2 + (0 if self.tie_embeddings else 1) + 9 * self.n_layers
+        """Parameter tensors in our torch model: embedding, final norm, head unless tied; per dense
+        block two norms, q/k/v/o and gate/up/down; per MoE block two norms, q/k/v/o, the router and
+        gate/up/down of every routed and shared expert. PyTorch's Adam keeps one ``step`` counter each."""
+        per_moe = 2 + 4 + 1 + 3 * (self.n_experts + self.n_shared_experts)
+        return 2 + (0 if self.tie_embeddings else 1) + 9 * (self.n_layers - self.n_moe_layers) + per_moe * self.n_moe_layers
 
     def active_params(self) -> int:
         """Parameters touched by one token: only top_k routed experts (plus shared ones) per MoE layer."""

@@ -200,3 +200,9 @@ def test_training_approaches_entropy_floor():
     assert start > math.log(cfg.vocab_size) - 0.2  # ~4.16 nats
     assert end < floor + 0.3  # floor ~1.14 nats
     assert end > floor - 0.1  # cannot beat the entropy floor by more than noise
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "gpt-small", "gpt-tiny-moe"])
+def test_param_tensor_count_matches_the_built_model(name):
+    cfg = ModelConfig.preset(name)  # AdamW keeps one step counter per tensor: predictions need the count
+    assert cfg.num_param_tensors() == len(list(GPT(cfg).parameters()))

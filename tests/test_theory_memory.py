@@ -7,7 +7,6 @@ never copied from the code's output. Units: bytes unless a name says GB (1e9) or
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import time
 
@@ -186,17 +185,47 @@ def test_activation_refuses_bad_inputs(kwargs, message):
 
 # ---- training_memory ---------------------------------------------------------------------------
 LLAMA_8B = ModelConfig.preset("llama-3.1-8b")
-HAVE_ACTIVATIONS = importlib.util.find_spec("playbook.theory.activations") is not None
-needs_activations = pytest.mark.skipif(
-    not HAVE_ACTIVATIONS, reason="playbook.theory.activations (the exact activation count) is not written yet"
-)
 
 
-@pytest.mark.parametrize("degree,chapter", [("tp", "tensor-parallel"), ("pp", "pipeline-parallel"),
-                                            ("cp", "context-parallel"), ("ep", "expert-parallel")])
-def test_training_memory_other_degrees_not_yet(degree, chapter):
-    with pytest.raises(NotImplementedError, match=f"{degree}>1 arrives with the {chapter} chapter"):
-        training_memory(LLAMA_8B, seq_len=1024, micro_batch=1, **{degree: 2})
+def test_training_memory_pp_and_combinations_not_yet():
+    with pytest.raises(NotImplementedError, match="pp>1 arrives with the pipeline-parallel chapter"):
+        training_memory(LLAMA_8B, seq_len=1024, micro_batch=1, pp=2)
+    with pytest.raises(NotImplementedError, match="combining tp and cp arrives with the hybrid-mesh chapter"):
+        training_memory(LLAMA_8B, seq_len=1024, micro_batch=1, tp=2, cp=2)
+
+
+def test_training_memory_with_tensor_parallelism():
+    tiny = ModelConfig.preset("gpt-tiny")  # 100,672 params; hidden 64, 2 layers
+    got = training_memory(tiny, seq_len=32, micro_batch=8, tp=2, precision="fp32")
+    # by hand: the 2L+1 = 5 RMSNorm weights (5·64 = 320) stay whole, the rest is halved
+    held = (100_672 - 320) // 2 + 320
+    assert (got.params, got.grads, got.optimizer) == (4 * held, 4 * held, 8 * held)
+    from playbook.theory.tp import tp_model_activation_bytes
+
+    assert got.activations == tp_model_activation_bytes(tiny, seq_len=32, micro_batch=8, tp=2, dtype_bytes=4)
+    with pytest.raises(ValueError, match="tp=3"):
+        training_memory(tiny, seq_len=32, micro_batch=8, tp=3)
+
+
+def test_training_memory_with_context_parallelism():
+    tiny = ModelConfig.preset("gpt-tiny")
+    alone = training_memory(tiny, seq_len=64, micro_batch=8, precision="fp32")
+    got = training_memory(tiny, seq_len=64, micro_batch=8, cp=2, precision="fp32")
+    assert (got.params, got.grads, got.optimizer) == (alone.params, alone.grads, alone.optimizer)  # replicated
+    from playbook.theory.cp import cp_activation_bytes
+
+    assert got.activations == cp_activation_bytes(tiny, seq_len=64, micro_batch=8, cp=2, dtype_bytes=4)
+    assert got.activations < alone.activations / 2 + 1e5  # about half the sequence per rank
+
+
+def test_training_memory_with_expert_parallelism():
+    moe = ModelConfig.preset("gpt-tiny-moe")  # 131,904 params: 2 MoE layers of 4 experts, each 3·64·64
+    got = training_memory(moe, seq_len=32, micro_batch=4, ep=2, dp=2, precision="fp32")
+    routed = 2 * 4 * 3 * 64 * 64
+    held = (131_904 - routed) + routed // 2  # dense part whole, half of the experts
+    assert (got.params, got.grads, got.optimizer) == (4 * held, 4 * held, 8 * held)
+    with pytest.raises(ValueError):
+        training_memory(moe, seq_len=32, micro_batch=4, ep=3, dp=3)  # 3 does not divide 4 experts
 
 
 @pytest.mark.parametrize(
@@ -217,7 +246,6 @@ def test_training_memory_refuses_bad_inputs(kwargs, message):
     assert message in str(err.value)
 
 
-@needs_activations
 @pytest.mark.parametrize("precision", ["mixed", "fp32"])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_training_memory_combines_state_and_activations(precision, recompute):
@@ -235,7 +263,6 @@ def test_training_memory_combines_state_and_activations(precision, recompute):
     assert got.activations >= 32 * 4096 * 2 * 4096 * elem
 
 
-@needs_activations
 def test_training_memory_recompute_order_and_zero():
     def acts(r):
         return training_memory(LLAMA_8B, seq_len=2048, micro_batch=1, recompute=r).activations
@@ -333,3 +360,10 @@ def test_fast_enough_for_a_slider():
         activation_bytes_per_layer(**GPT3, tp=8, sequence_parallel=bool(i % 2))
         inference_memory(LLAMA_8B, batch=i, seq_len=4096, tp=8)
     assert time.perf_counter() - start < 1.0
+
+
+def test_inference_memory_with_experts_split():
+    moe = ModelConfig.preset("gpt-tiny-moe")
+    routed = 2 * 4 * 3 * 64 * 64  # 2 MoE layers × 4 experts × 3·h·f_e
+    got = inference_memory(moe, batch=1, seq_len=16, ep=4, dtype="bf16")
+    assert got.weights == 2 * ((131_904 - routed) + routed / 4)  # one expert of four per rank

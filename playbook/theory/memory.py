@@ -236,10 +236,11 @@ def training_memory(
     and 32 bits for ``"fp32"``. Compare with Korthikanti et al. 2022, Table 2
     (:func:`activation_bytes_per_layer` × ``cfg.n_layers``), which counts a GPT block.
 
-    This version implements data parallelism and ZeRO. ``tp``, ``pp``, ``cp`` and ``ep`` are
-    accepted so that callers can already pass them, but any value other than 1 raises
-    ``NotImplementedError`` naming the chapter that brings it; ``sequence_parallel`` only matters
-    with ``tp > 1``.
+    Degrees: ``dp`` with ``zero`` (ZeRO stages); one of ``tp`` (Megatron TP, with
+    ``sequence_parallel``: ``playbook.theory.tp``), ``cp`` (ring attention: ``playbook.theory.cp``;
+    no recomputation yet) or ``ep`` (experts split: ``playbook.theory.moe``; MoE activations are
+    the even-routing estimate of ``theory.activations``) may exceed 1 at a time. ``pp`` and
+    combinations raise ``NotImplementedError`` naming the chapter that brings them.
     """
     require_positive(seq_len=seq_len, micro_batch=micro_batch, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     _choice("zero", zero, ZERO_STAGES)
@@ -247,19 +248,38 @@ def training_memory(
     _choice("recompute", recompute, RECOMPUTE)
     if not isinstance(sequence_parallel, bool):
         raise ValueError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
-    for name, degree in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
-        if degree != 1:
-            raise NotImplementedError(
-                f"{name}>1 arrives with the {_CHAPTER[name]} chapter; training_memory handles dp and zero for now "
-                f"(use {name}=1)"
-            )
+    split = {name: d for name, d in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)) if d != 1}
+    if "pp" in split:
+        raise NotImplementedError("pp>1 arrives with the pipeline-parallel chapter; use pp=1")
+    if len(split) > 1:
+        raise NotImplementedError(
+            f"combining {' and '.join(split)} arrives with the hybrid-mesh chapter; set one of them > 1 at a time"
+        )
 
-    from playbook.theory.activations import model_activation_bytes  # written in parallel; imported lazily
+    from playbook.theory.activations import model_activation_bytes  # imported lazily: no cycles
 
-    state = model_state_bytes(cfg.num_params(), dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
-    acts = model_activation_bytes(
-        cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=2 if precision == "mixed" else 4, recompute=recompute
-    )
+    dtype_bytes = 2 if precision == "mixed" else 4
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    if tp > 1:  # Megatron TP (+ SP): matrices split 1/t, norms replicated; exact activations of our TP model
+        from playbook.theory.tp import check_tp, params_per_rank, tp_model_activation_bytes
+
+        check_tp(cfg, tp, seq_len=seq_len, sequence_parallel=sequence_parallel)
+        held = params_per_rank(cfg, tp)
+        state = model_state_bytes(held["split"] + held["replicated"], dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
+        acts = tp_model_activation_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, **sizes)
+    elif cp > 1:  # ring attention: weights replicated, every activation at s/cp tokens
+        from playbook.theory.cp import cp_activation_bytes
+
+        state = model_state_bytes(cfg.num_params(), dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
+        acts = cp_activation_bytes(cfg, cp=cp, variant="ring", **sizes)
+    elif ep > 1:  # routed experts split over ep ranks (DeepSpeed-MoE); activations at even routing
+        from playbook.theory.moe import moe_model_state_bytes
+
+        state = moe_model_state_bytes(cfg, ep=ep, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
+        acts = model_activation_bytes(cfg, **sizes)
+    else:
+        state = model_state_bytes(cfg.num_params(), dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
+        acts = model_activation_bytes(cfg, **sizes)
     return TrainingMemory(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=float(acts))
 
 
@@ -300,7 +320,7 @@ def _kv_heads_per_rank(cfg: ModelConfig, tp: int) -> float:
 
 
 def inference_memory(
-    cfg: ModelConfig, *, batch: int, seq_len: int, tp: int = 1, pp: int = 1, dtype: str = "bf16"
+    cfg: ModelConfig, *, batch: int, seq_len: int, tp: int = 1, pp: int = 1, ep: int = 1, dtype: str = "bf16"
 ) -> InferenceMemory:
     """Bytes per rank for serving ``batch`` sequences of ``seq_len`` tokens: weights and KV cache.
 
@@ -317,17 +337,25 @@ def inference_memory(
     cache. Multi-head latent attention (``attention="mla"``) caches one latent shared by all heads,
     so every tensor-parallel rank holds all of it (the cache is not divided by ``tp``).
 
+    ``ep``: a mixture of experts' routed experts split over ``ep`` ranks, the rest as above
+    (``playbook.theory.moe.inference_weight_bytes``).
+
     ``tp`` must divide ``n_heads`` and divide, or be a multiple of, ``n_kv_heads``; ``dtype`` (one
     of :data:`DTYPE_BYTES`) is used for both weights and cache. Not counted: activation workspace,
     communication buffers, allocator headroom. Returns an :class:`InferenceMemory` in bytes.
     """
-    require_positive(batch=batch, seq_len=seq_len, tp=tp, pp=pp)
+    require_positive(batch=batch, seq_len=seq_len, tp=tp, pp=pp, ep=ep)
     nbytes = _dtype_bytes(dtype)
     require_divides("tp", tp, "n_heads", cfg.n_heads)
     if pp > cfg.n_layers:
         raise ValueError(f"pp={pp} exceeds n_layers={cfg.n_layers}: every stage needs a layer; try pp in 1..{cfg.n_layers}")
 
-    weights = cfg.num_params() * nbytes / (tp * pp)
+    if ep > 1:
+        from playbook.theory.moe import inference_weight_bytes
+
+        weights = inference_weight_bytes(cfg, ep=ep, tp=tp, pp=pp, dtype_bytes=nbytes)
+    else:
+        weights = cfg.num_params() * nbytes / (tp * pp)
     per_token = kv_cache_bytes_per_token(cfg, dtype)
     if cfg.attention == "mla":
         kv_share = 1.0
