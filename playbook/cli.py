@@ -1,7 +1,7 @@
 """``playbook`` on the command line: ``info``, ``memory`` and ``run STRATEGY``.
 
     playbook info
-    playbook memory --model llama-3.1-70b --seq-len 4096 --dp 64 --zero 3 [--json]
+    playbook memory --model llama-3.1-70b --seq-len 4096 --dp 64 --zero 3 [--tp 8 --sequence-parallel] [--json]
     playbook run single --world-size 1 [--json]
     torchrun --nproc-per-node 4 -m playbook.cli run dp --world-size 4   (chapters that register dp)
 """
@@ -50,10 +50,13 @@ def cmd_memory(args) -> int:
 
     cfg = ModelConfig.preset(args.model)
     train = training_memory(
-        cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, dp=args.dp, zero=args.zero,
-        precision=args.precision, recompute=args.recompute,
+        cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, dp=args.dp, zero=args.zero, tp=args.tp,
+        cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel, precision=args.precision,
+        recompute=args.recompute,
     ).as_dict()  # fmt: skip
-    serve = inference_memory(cfg, batch=args.micro_batch, seq_len=args.seq_len, dtype=args.serve_dtype).as_dict()
+    serve = inference_memory(
+        cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, ep=args.ep, dtype=args.serve_dtype
+    ).as_dict()
     if args.json:
         print(json.dumps({"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}, indent=2))
         return 0
@@ -97,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (training and serving)")
+    p.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel degree (training)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (mixture-of-experts presets)")
     p.add_argument("--precision", default="mixed", choices=["mixed", "fp32"])
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     p.add_argument("--serve-dtype", default="bf16")
