@@ -1,0 +1,156 @@
+"""Schedules as data: valid lists, no deadlock, and the simulator against the papers' closed forms."""
+
+import subprocess
+import sys
+
+import pytest
+
+from playbook.theory.schedules import (
+    SCHEDULES, Action, Costs, Deadlock, Schedule, balanced_partition, closed_form, equal_partition, held_bytes,
+    in_flight, make_schedule, simulate, validate, with_communication,
+)  # fmt: skip
+
+GRID = [(name, p, m, v) for name in SCHEDULES for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 12, 16, 32)
+        for v in ((1, 2, 3, 4) if name == "interleaved" else (1,)) if not (name == "interleaved" and m % p)]  # fmt: skip
+
+
+def _play_by_message_matching(s: Schedule) -> None:
+    """An independent player: ranks take turns; a receive may pass only when its matching send
+    (same direction, micro-batch, receiving stage) was issued earlier. Raises if stuck."""
+    sent, pos = set(), [0] * s.p
+    while any(pos[r] < len(s.actions[r]) for r in range(s.p)):
+        moved = False
+        for r in range(s.p):
+            while pos[r] < len(s.actions[r]):
+                a = s.actions[r][pos[r]]
+                stage = s.stage(r, a.chunk)
+                if a.kind.startswith("recv"):
+                    if (a.kind[-1], a.mb, stage) not in sent:
+                        break
+                    assert s.place(stage - 1 if a.kind == "recv_F" else stage + 1)[0] == a.peer
+                if a.kind.startswith("send"):
+                    sent.add((a.kind[-1], a.mb, stage + 1 if a.kind == "send_F" else stage - 1))
+                pos[r] += 1
+                moved = True
+        if not moved:
+            raise AssertionError(f"{s.name} p={s.p} m={s.m} v={s.v} is stuck at {[s.actions[r][pos[r]] for r in range(s.p) if pos[r] < len(s.actions[r])]}")
+
+
+@pytest.mark.parametrize("name, p, m, v", GRID)
+def test_every_schedule_is_valid_and_plays_without_deadlock(name, p, m, v):
+    s = make_schedule(name, p, m, v)
+    validate(s)
+    _play_by_message_matching(s)
+    n = p * v
+    for r in range(p):
+        kinds = [a.kind for a in s.compute(r)]
+        assert kinds.count("F") == m * v and kinds.count("B") == m * v
+        assert kinds.count("W") == (m if name == "zb-h1" else 0)
+        # one receive per F that is not on the first stage, one per B not on the last, none else
+        recv_f = sum(1 for a in s.actions[r] if a.kind == "recv_F")
+        assert recv_f == m * sum(1 for c in range(v) if s.stage(r, c) > 0)
+        assert sum(1 for a in s.actions[r] if a.kind == "send_B") == recv_f
+        assert sum(1 for a in s.actions[r] if a.kind == "recv_B") == m * sum(1 for c in range(v) if s.stage(r, c) < n - 1)
+
+
+@pytest.mark.parametrize("name, p, m, v", [g for g in GRID if g[2] >= g[1] or g[0] != "zb-h1"])
+def test_simulated_bubble_equals_the_closed_form_for_uniform_costs(name, p, m, v):
+    tl = simulate(make_schedule(name, p, m, v), Costs(1.0, 1.0, 1.0))
+    want = closed_form(name, p, m, v)
+    # derived by hand for the formulas: bubble/ideal x, idle/total x/(1+x)
+    x = {"gpipe": (p - 1) / m, "1f1b": (p - 1) / m, "interleaved": (p - 1) / (v * m), "zb-h1": (p - 1) / (3 * m)}[name]
+    assert want["bubble_over_ideal"] == pytest.approx(x)
+    assert tl.bubble_over_ideal == pytest.approx(x, abs=1e-12)
+    assert tl.bubble_over_total == pytest.approx(x / (1 + x), abs=1e-12)
+    assert tl.peak_in_flight[0] == want["peak_in_flight_rank0"]
+
+
+@pytest.mark.parametrize("p, m", [(2, 8), (4, 8), (4, 16), (8, 32)])
+def test_zb_h1_bubble_with_unequal_costs_and_gpipe_time(p, m):
+    # Qi et al. Table 2: ZB-H1 (p-1)(F+B-W) vs 1F1B (p-1)(F+B+W) per rank, with W <= F, B
+    f, b, w = 1.0, 1.0, 0.5
+    zb = simulate(make_schedule("zb-h1", p, m), Costs(f, b, w))
+    one = simulate(make_schedule("1f1b", p, m), Costs(f, b, w))
+    assert one.makespan == pytest.approx(m * (f + b + w) + (p - 1) * (f + b + w))
+    assert zb.makespan <= one.makespan
+    assert sum(zb.idle()) / p <= (p - 1) * (f + b + w) + 1e-9
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 3), (8, 16)])
+def test_peak_in_flight_1f1b_holds_p_gpipe_m(p, m):
+    assert in_flight(make_schedule("gpipe", p, m))[0] == [m] * p
+    assert in_flight(make_schedule("1f1b", p, m))[0] == [min(p - r, m) for r in range(p)]
+    until_b, held = in_flight(make_schedule("zb-h1", p, m))
+    assert until_b == [min(p - r, m) for r in range(p)]  # the same activation bound as 1F1B
+    assert all(h >= b for h, b in zip(held, until_b))  # deferred W keeps them longer in our executor
+
+
+def test_interleaved_memory_matches_korthikanti():
+    p, v, m = 4, 2, 16
+    peak = in_flight(make_schedule("interleaved", p, m, v))[0][0]  # chunks of 1/v of a stage
+    assert peak / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_held_bytes_plays_the_order():
+    s = make_schedule("1f1b", 2, 4)
+    assert held_bytes(s, [[10], [7]]) == [20, 7]
+    assert held_bytes(make_schedule("gpipe", 2, 4), [[10], [7]]) == [40, 28]
+
+
+def test_timing_with_costs_per_stage_and_comm():
+    # two stages, one micro-batch, by hand: rank 0 F [0, 1], its send (issued at 1) costs it 0.1;
+    # rank 1's receive (posted at 0) returns 0.5 after the send: F [1.5, 3.5], B (b + w: not split)
+    # [3.5, 7.5], sends at 7.5; rank 0's receive (posted at 1.1) returns at 8.0: B [8.0, 11.0]
+    tl = simulate(make_schedule("gpipe", 2, 1), Costs(f=[1.0, 2.0], b=[3.0, 4.0], w=0.0, comm=0.5, send=0.1))
+    got = {(x.rank, x.kind): (x.start, x.end) for x in tl.slots}
+    assert got == {(0, "F"): (0.0, 1.0), (1, "F"): (1.5, 3.5), (1, "B"): (3.5, 7.5), (0, "B"): (8.0, 11.0)}
+    assert tl.makespan == 11.0
+    assert tl.busy() == [4.0, 6.0]
+    assert tl.bubble_over_ideal == pytest.approx((7 + 5) / 10)
+
+
+def test_a_bad_order_deadlocks_and_is_named():
+    # rank 0 waits for the gradient of micro-batch 0 before sending micro-batch 0's activation
+    orders = [[("B", 0, 0), ("F", 0, 0)], [("F", 0, 0), ("B", 0, 0)]]
+    with pytest.raises(ValueError, match="expected"):
+        with_communication("bad", 2, 1, 1, False, orders)
+    acts = (
+        (Action("recv_B", 0, 0, 1), Action("F", 0), Action("send_F", 0, 0, 1), Action("B", 0)),
+        (Action("recv_F", 0, 0, 0), Action("F", 0), Action("B", 0), Action("send_B", 0, 0, 0)),
+    )
+    with pytest.raises(Deadlock, match="rank 0 waits in recv_B0@1, rank 1 waits in recv_F0@0"):
+        simulate(Schedule("bad", 2, 1, 1, False, acts))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: make_schedule("interleaved", 4, 6, 2), "m must be a multiple of p"),
+        (lambda: make_schedule("interleaved", 2, 4, 0), "v (chunks per rank) must be an integer >= 1"),
+        (lambda: make_schedule("1f1b", 2, 4, 2), "needs the 'interleaved' schedule"),
+        (lambda: make_schedule("pipedream", 2, 4), "unknown schedule"),
+        (lambda: make_schedule("1f1b", 0, 4), "p (pipeline stages) must be an integer >= 1"),
+        (lambda: equal_partition(2, 5), "use stages <= 4"),
+        (lambda: balanced_partition([1, 2], 3), "use 1 <= stages <= 2"),
+    ],
+)
+def test_bad_input_is_refused_clearly(call, message):
+    with pytest.raises(ValueError, match=None) as err:
+        call()
+    assert message in str(err.value)
+
+
+def test_partitions():
+    assert equal_partition(4, 2) == [(0, 3), (3, 6)]  # embedding + 2 blocks | 2 blocks + head
+    assert equal_partition(2, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    # a heavy head moves blocks to the first stage
+    assert balanced_partition([1, 2, 2, 2, 2, 5], 2) == [(0, 4), (4, 6)]
+    w = [3, 1, 4, 1, 5, 9, 2, 6]
+    best = min(max(sum(w[:i]), sum(w[i:j]), sum(w[j:])) for i in range(1, 7) for j in range(i + 1, 8))
+    got = balanced_partition(w, 3)
+    assert max(sum(w[a:b]) for a, b in got) == best
+
+
+def test_theory_imports_no_torch():
+    code = "import sys, playbook.theory.schedules; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
