@@ -51,11 +51,11 @@ def cmd_memory(args) -> int:
     cfg = ModelConfig.preset(args.model)
     train = training_memory(
         cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, dp=args.dp, zero=args.zero, tp=args.tp,
-        cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel, precision=args.precision,
+        cp=args.cp, ep=args.ep, pp=args.pp, sequence_parallel=args.sequence_parallel, precision=args.precision,
         recompute=args.recompute,
     ).as_dict()  # fmt: skip
     serve = inference_memory(
-        cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, ep=args.ep, dtype=args.serve_dtype
+        cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.serve_dtype
     ).as_dict()
     if args.json:
         print(json.dumps({"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}, indent=2))
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (training and serving)")
     p.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism")
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (training)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (training: 1F1B, the most loaded stage)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (mixture-of-experts presets)")
     p.add_argument("--precision", default="mixed", choices=["mixed", "fp32"])
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])

@@ -69,7 +69,9 @@ class RunReport:
             f"  parity vs {p['reference']}: loss {p['max_abs_loss_diff']:.2e} (abs), "
             f"grads {p['max_rel_grad_diff']:.2e}, params {p['max_rel_param_diff']:.2e} (rel)",
         ]
-        if self.native:
+        if self.native and "skipped" in self.native:
+            lines.append(f"  native: skipped ({self.native['skipped']})")
+        elif self.native:
             lines.append(f"  native ({self.native['reference']}): grads {self.native['max_rel_grad_diff']:.2e} (rel)")
         lines.append(f"  memory, rank 0 (bytes)   {'predicted':>12} {'measured':>12}")
         pred, meas = self.memory["predicted"], self.memory["measured"]

@@ -238,9 +238,10 @@ def training_memory(
 
     Degrees: ``dp`` with ``zero`` (ZeRO stages); one of ``tp`` (Megatron TP, with
     ``sequence_parallel``: ``playbook.theory.tp``), ``cp`` (ring attention: ``playbook.theory.cp``;
-    no recomputation yet) or ``ep`` (experts split: ``playbook.theory.moe``; MoE activations are
-    the even-routing estimate of ``theory.activations``) may exceed 1 at a time. ``pp`` and
-    combinations raise ``NotImplementedError`` naming the chapter that brings them.
+    no recomputation yet), ``ep`` (experts split: ``playbook.theory.moe``; MoE activations are
+    the even-routing estimate of ``theory.activations``) or ``pp`` (1F1B, the most loaded stage:
+    ``_pipeline_most_loaded``) may exceed 1 at a time; combinations raise ``NotImplementedError``
+    naming the chapter that brings them.
     """
     require_positive(seq_len=seq_len, micro_batch=micro_batch, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     _choice("zero", zero, ZERO_STAGES)
@@ -249,8 +250,6 @@ def training_memory(
     if not isinstance(sequence_parallel, bool):
         raise ValueError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
     split = {name: d for name, d in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)) if d != 1}
-    if "pp" in split:
-        raise NotImplementedError("pp>1 arrives with the pipeline-parallel chapter; use pp=1")
     if len(split) > 1:
         raise NotImplementedError(
             f"combining {' and '.join(split)} arrives with the hybrid-mesh chapter; set one of them > 1 at a time"
@@ -260,6 +259,8 @@ def training_memory(
 
     dtype_bytes = 2 if precision == "mixed" else 4
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    if pp > 1:  # 1F1B pipeline: the most loaded stage, holding p - i micro-batches in flight
+        return _pipeline_most_loaded(cfg, pp, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors, **sizes)
     if tp > 1:  # Megatron TP (+ SP): matrices split 1/t, norms replicated; exact activations of our TP model
         from playbook.theory.tp import check_tp, params_per_rank, tp_model_activation_bytes
 
@@ -281,6 +282,36 @@ def training_memory(
         state = model_state_bytes(cfg.num_params(), dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
         acts = model_activation_bytes(cfg, **sizes)
     return TrainingMemory(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=float(acts))
+
+
+def _pipeline_most_loaded(cfg, pp, *, dp, zero, precision, n_tensors, **sizes) -> TrainingMemory:
+    """The stage with the most bytes under a 1F1B schedule with m >= p micro-batches (Narayanan et
+    al. 2021, §2.2): layers split evenly (the first stages take the remainder), the embedding on
+    stage 0, final norm and head on the last; stage i holds p - i micro-batches of activations, so
+    stage 0 holds about as much as the whole model for one micro-batch (Korthikanti et al. §4.2.3).
+    Tied embeddings are counted on both end stages. ``n_tensors`` counts are kept whole on every stage."""
+    from playbook.theory.activations import block_activation_bytes, model_activation_breakdown
+
+    if pp > cfg.n_layers:
+        raise ValueError(f"pp={pp} exceeds n_layers={cfg.n_layers}: every stage needs a layer; try pp in 1..{cfg.n_layers}")
+    parts = model_activation_breakdown(cfg, **sizes)
+    block = block_activation_bytes(cfg, **sizes)
+    layers = [cfg.n_layers // pp + (1 if i < cfg.n_layers % pp else 0) for i in range(pp)]
+    embedding = cfg.vocab_size * cfg.hidden
+    best = None
+    for i, n in enumerate(layers):
+        params = n * cfg.layer_params(moe=cfg.is_moe and i * n >= cfg.n_dense_layers)
+        acts = n * block
+        if i == 0:
+            params += embedding
+            acts += parts["tokens (int64)"]
+        if i == pp - 1:
+            params += cfg.hidden + embedding  # final norm and head
+            acts += parts["final norm"] + parts["log-probabilities"] + parts["targets (int64)"] + parts["loss total_weight"]
+        state = model_state_bytes(params, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
+        here = TrainingMemory(state.params, state.grads, state.optimizer, float(acts * (pp - i)))
+        best = here if best is None or here.total > best.total else best
+    return best
 
 
 # ---- serving -----------------------------------------------------------------------------------
