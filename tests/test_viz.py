@@ -205,3 +205,14 @@ def test_dashboard_shows_refused_settings_instead_of_raising():
 
 def test_unit_scale():
     assert unit_scale("GB") == 1e9 and unit_scale("GiB") == 2**30
+
+
+def test_dashboard_follows_the_other_parallel_degrees():
+    box = memory_dashboard(model="llama-3.1-70b", seq_len=4096, dp=8, zero=0)
+    box.controls["tp"].value = 8
+    cfg = ModelConfig.preset("llama-3.1-70b")
+    want = training_memory(cfg, seq_len=4096, micro_batch=1, dp=8, tp=8)
+    assert traces_by_group(box.figure)["params"].y[0] == pytest.approx(want.params / 1e9)
+    assert "tp=8" in box.figure.layout.title.text
+    box.controls["cp"].value = 2  # tp and cp together: not yet, and said so
+    assert "hybrid-mesh chapter" in box.message.value

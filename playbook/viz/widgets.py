@@ -29,19 +29,26 @@ def memory_budgets(
     recompute: str = "none",
     zero: int = 0,
     dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    sequence_parallel: bool = False,
     serve_dtype: str = "bf16",
 ) -> dict[str, dict[str, float]]:
     """Bytes by category for one rank training ``cfg`` with Adam and one rank serving it.
 
     Training: :func:`~playbook.theory.memory.training_memory` (ZeRO stage ``zero`` over ``dp``
-    ranks, one micro-batch of activations). Serving: :func:`~playbook.theory.memory.inference_memory`
-    for ``micro_batch`` sequences of ``seq_len`` tokens with weights and KV cache in ``serve_dtype``.
+    ranks, one of tp/pp/cp/ep > 1, one micro-batch of activations). Serving:
+    :func:`~playbook.theory.memory.inference_memory` for ``micro_batch`` sequences of ``seq_len``
+    tokens with weights and KV cache in ``serve_dtype``, split by tp, pp and ep.
     Pure: feed the result to :func:`~playbook.viz.figures.memory_bars` for a static figure.
     """
     train = training_memory(
-        cfg, seq_len=seq_len, micro_batch=micro_batch, dp=dp, zero=zero, recompute=recompute, precision=precision
-    )
-    serve = inference_memory(cfg, batch=micro_batch, seq_len=seq_len, dtype=serve_dtype)
+        cfg, seq_len=seq_len, micro_batch=micro_batch, dp=dp, zero=zero, tp=tp, pp=pp, cp=cp, ep=ep,
+        sequence_parallel=sequence_parallel, recompute=recompute, precision=precision,
+    )  # fmt: skip
+    serve = inference_memory(cfg, batch=micro_batch, seq_len=seq_len, tp=tp, pp=pp, ep=ep, dtype=serve_dtype)
     return {TRAINING: train.as_dict(), SERVING: serve.as_dict()}
 
 
@@ -96,7 +103,8 @@ def memory_dashboard(
     Returns a ``VBox`` with three extra attributes: ``figure`` (the live ``go.FigureWidget``, built by
     :func:`~playbook.viz.figures.memory_bars` from :func:`memory_budgets`), ``controls`` (a dict from
     setting name to its widget: ``model``, ``seq_len``, ``micro_batch``, ``precision``,
-    ``recompute``, ``zero``, ``dp``, ``hardware``, ``unit``) and ``message`` (an ``HTML`` widget with
+    ``recompute``, ``zero``, ``dp``, ``tp``, ``pp``, ``cp``, ``ep``, ``sequence_parallel``,
+    ``hardware``, ``unit``) and ``message`` (an ``HTML`` widget with
     the summary, or a red error when the calculator refuses the settings).
     """
     style = {"description_width": "90px"}
@@ -106,6 +114,11 @@ def memory_dashboard(
         "seq_len": w.SelectionSlider(options=POWERS_OF_TWO(7, 17), value=seq_len, description="seq_len"),
         "micro_batch": w.IntSlider(min=1, max=64, value=micro_batch, description="micro_batch"),
         "dp": w.SelectionSlider(options=POWERS_OF_TWO(0, 10), value=dp, description="dp"),
+        "tp": w.SelectionSlider(options=POWERS_OF_TWO(0, 6), value=1, description="tp"),
+        "pp": w.SelectionSlider(options=POWERS_OF_TWO(0, 6), value=1, description="pp"),
+        "cp": w.SelectionSlider(options=POWERS_OF_TWO(0, 6), value=1, description="cp"),
+        "ep": w.SelectionSlider(options=POWERS_OF_TWO(0, 8), value=1, description="ep"),
+        "sequence_parallel": w.Checkbox(value=False, description="sequence parallel (with tp)"),
         "zero": w.ToggleButtons(options=[0, 1, 2, 3], value=zero, description="ZeRO stage"),
         "precision": w.ToggleButtons(options=["mixed", "fp32"], value=precision, description="precision"),
         "recompute": w.ToggleButtons(options=["none", "selective", "full"], value=recompute, description="recompute"),
@@ -125,7 +138,8 @@ def memory_dashboard(
             cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
             budgets = memory_budgets(
                 cfg, seq_len=v["seq_len"], micro_batch=v["micro_batch"], precision=v["precision"],
-                recompute=v["recompute"], zero=v["zero"], dp=v["dp"],
+                recompute=v["recompute"], zero=v["zero"], dp=v["dp"], tp=v["tp"], pp=v["pp"], cp=v["cp"],
+                ep=v["ep"], sequence_parallel=v["sequence_parallel"],
             )
         except (ValueError, NotImplementedError) as e:
             message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
@@ -134,7 +148,8 @@ def memory_dashboard(
             return
         new = memory_bars(
             budgets, unit=v["unit"], capacity=hw.memory_bytes, capacity_label=hw.name,
-            title=f"{cfg.name}: {_count(cfg.num_params())} params, ZeRO-{v['zero']} over dp={v['dp']}, "
+            title=f"{cfg.name}: {_count(cfg.num_params())} params, ZeRO-{v['zero']} over dp={v['dp']}"
+            + "".join(f", {d}={v[d]}" for d in ("tp", "pp", "cp", "ep") if v[d] > 1) + ", "
             f"seq {v['seq_len']:,} × micro-batch {v['micro_batch']}",
         )
         if [t.name for t in fig.data] != [t.name for t in new.data]:  # first call, or categories changed
@@ -153,8 +168,9 @@ def memory_dashboard(
     update()
 
     left = w.VBox([c["model"], c["hardware"], c["seq_len"], c["micro_batch"], c["dp"]])
+    middle = w.VBox([c["tp"], c["pp"], c["cp"], c["ep"], c["sequence_parallel"]])
     right = w.VBox([c["zero"], c["precision"], c["recompute"], c["unit"]])
-    box = w.VBox([w.HBox([left, right]), fig, message])
+    box = w.VBox([w.HBox([left, middle, right]), fig, message])
     box.figure, box.controls, box.message, box.update = fig, c, message, update
     return box
 
