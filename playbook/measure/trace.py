@@ -161,18 +161,31 @@ class Tracer:
         return dict(out)
 
 
+def _close(span: Span) -> None:
+    """End ``span`` now, unless an earlier end was already stamped."""
+    now = time.perf_counter()
+    span.end = now if span.end is None else min(span.end, now)
+
+
 class _TracedWork:
-    """Wraps the handle of an async op so that ``wait()`` closes its span."""
+    """Wraps the handle of an async op. Its span ends when the collective completes (stamped by a
+    callback on the op's future), not when somebody gets round to ``wait()``: that is what shows
+    communication overlapping compute."""
 
     def __init__(self, work, span: Span, tracer: Tracer):
         self._work, self._span, self._tracer = work, span, tracer
+        if hasattr(work, "get_future"):
+            try:
+                work.get_future().then(lambda _fut: _close(span))
+            except RuntimeError:  # a backend without futures: the end is taken at wait()
+                pass
 
     def wait(self, *args, **kwargs):
         self._tracer.on_status(f"waiting in {self._span.name} ({self._span.bytes} B, group {self._span.group})")
         try:
             return self._work.wait(*args, **kwargs)
         finally:
-            self._span.end = time.perf_counter()
+            _close(self._span)
             self._tracer.on_status("")
 
     def __getattr__(self, name):

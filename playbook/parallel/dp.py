@@ -43,7 +43,7 @@ from playbook.measure.memory import SavedActivations, gradient_bytes, optimizer_
 from playbook.measure.trace import Tracer, recording
 from playbook.model import GPT
 from playbook.parallel.registry import register
-from playbook.parallel.report import RunReport, compare
+from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.buckets import bucket_cap_bytes, bucket_plan, parameter_shapes
 from playbook.theory.comm import sent_bytes
@@ -101,7 +101,7 @@ class BucketedAllReduce:
 
     def _reset(self) -> None:
         self.missing = [len(b.names) for b in self.plan]  # gradients still to come, per bucket
-        self.works, self.finished, self.done_at, self.next = [], [], {}, 0
+        self.works, self.next = [], 0
 
     def _ready(self, name: str, param: torch.Tensor) -> None:
         if not self.sync:
@@ -118,19 +118,15 @@ class BucketedAllReduce:
             offset += k
         with recording(self.tracer) if self.tracer else nullcontext():  # hooks may run on autograd's own thread
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
-        self.works.append(work)  # the done time is stamped when the all-reduce completes, not when we wait:
-        self.finished.append(work.get_future().then(lambda _f, b=b: self.done_at.__setitem__(b, time.perf_counter())))
+        self.works.append(work)  # the tracer stamps its span's end when the all-reduce completes
 
     def wait(self) -> None:
         if self.next < len(self.plan):
             late = [n for b in self.plan[self.next :] for n in b.names if self.params[n].grad is None]
             raise RuntimeError(f"bucket {self.next} never filled: no gradient for {late or 'some parameters'}; "
                                "every parameter must get a gradient in every backward (DDP: find_unused_parameters)")  # fmt: skip
-        for b, (work, finished) in enumerate(zip(self.works, self.finished)):
-            finished.wait()
+        for b, work in enumerate(self.works):
             work.wait()
-            if hasattr(work, "_span"):  # the tracer's span: end it when the all-reduce finished
-                work._span.end = self.done_at[b]
             buffer, offset = self.buffers[b].div_(self.n), 0  # the sum -> the mean
             for name, k in zip(self.plan[b].names, self.plan[b].numels):
                 grad = self.params[name].grad
@@ -161,14 +157,7 @@ def traced_allreduce_hook(state: HookState, bucket):  # no annotations: DDP chec
     buffer = bucket.buffer().div_(dist.get_world_size(state.group))  # [bucket numel], flat
     with recording(state.tracer) if state.tracer else nullcontext():
         work = dist.all_reduce(buffer, group=state.group, async_op=True)
-    span = getattr(work, "_span", None)
-
-    def done(fut):
-        if span is not None:
-            span.end = time.perf_counter()
-        return fut.value()[0]
-
-    return work.get_future().then(done)
+    return work.get_future().then(lambda fut: fut.value()[0])  # the tracer stamps the span's end
 
 
 def wrap_ddp(model: torch.nn.Module, cap_bytes: int, group, tracer: Tracer | None) -> tuple[DDP, HookState]:
@@ -298,17 +287,7 @@ def measured_comm(result: DPResult, steps: int) -> dict[str, float]:
 
 
 # ---- parity and scaling -----------------------------------------------------------------------
-def rel_l2_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    """max over tensors of ‖got − want‖ / ‖want‖. After AdamW steps this is the robust check:
-    Adam's update g/(√v + ε) turns a gradient element that is pure rounding noise (|g| ~ ε = 1e-8,
-    one in ~10⁵ by chance) into a step of about lr, so a *max* elementwise difference of ~lr/|w|max
-    (1e-3 here) appears with any change of summation order, while a real bug moves every element."""
-    return max(float((got[n] - w).norm() / w.norm().clamp_min(1e-30)) for n, w in want.items())
-
-
-def parity(candidate: TrainResult, reference: TrainResult, name: str = "single process, same global batch") -> dict:
-    """:func:`report.compare` plus :func:`rel_l2_diff` of the parameters after the last step."""
-    return {**compare(candidate, reference, name), "max_rel_l2_param_diff": rel_l2_diff(candidate.params, reference.params)}
+parity = compare  # loss, gradients, parameters (worst element and relative L2): see report.compare
 
 
 def _median_after_first(values: list[float]) -> float:

@@ -25,14 +25,23 @@ def max_rel_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
     return worst
 
 
+def rel_l2_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    """max over tensors of ‖got − want‖ / ‖want‖. After AdamW steps this is the robust check:
+    Adam's update g/(√v + ε) turns a gradient element that is pure rounding noise (|g| ~ ε = 1e-8)
+    into a step of about lr, so a *worst-element* difference of ~lr/|w|max appears with any change
+    of summation order, while a real bug moves every element."""
+    return max(float((got[n] - w).norm() / w.norm().clamp_min(1e-30)) for n, w in want.items())
+
+
 def compare(candidate, reference, name: str = "single process, same global batch") -> dict:
     """Parity of two :class:`~playbook.parallel.training.TrainResult`: losses, first-step
-    gradients, and parameters after the last step."""
+    gradients, and parameters after the last step (worst element, and relative L2 per tensor)."""
     return {
         "reference": name,
         "max_abs_loss_diff": max(abs(a - b) for a, b in zip(candidate.losses, reference.losses, strict=True)),
         "max_rel_grad_diff": max_rel_diff(candidate.grads, reference.grads),
         "max_rel_param_diff": max_rel_diff(candidate.params, reference.params),
+        "max_rel_l2_param_diff": rel_l2_diff(candidate.params, reference.params),
     }
 
 
@@ -67,7 +76,8 @@ class RunReport:
             f"{self.strategy} on {self.world_size} rank(s), backend {self.backend}",
             f"  loss per step: {', '.join(f'{x:.4f}' for x in self.losses)}",
             f"  parity vs {p['reference']}: loss {p['max_abs_loss_diff']:.2e} (abs), "
-            f"grads {p['max_rel_grad_diff']:.2e}, params {p['max_rel_param_diff']:.2e} (rel)",
+            f"grads {p['max_rel_grad_diff']:.2e}, params {p['max_rel_param_diff']:.2e} (rel), "
+            f"{p.get('max_rel_l2_param_diff', float('nan')):.2e} (rel L2)",
         ]
         if self.native and "skipped" in self.native:
             lines.append(f"  native: skipped ({self.native['skipped']})")
