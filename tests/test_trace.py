@@ -81,3 +81,18 @@ def test_collectives_on_other_threads_are_recorded_too(ranks2):
         return ctx.tracer.counts_by_op()
 
     assert ranks2.run(from_a_thread) == [{"all_reduce": 1}] * 2
+
+
+def test_async_spans_record_completion_and_wait_separately(ranks2):
+    def late_wait(ctx):
+        import time
+
+        work = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
+        time.sleep(0.3)  # the all-reduce of 16 bytes completes long before we ask
+        work.wait()
+        return ctx.tracer.comm()[0]
+
+    for span in ranks2.run(late_wait):
+        assert span.start <= span.end <= span.waited
+        assert span.waited - span.start >= 0.3
+        assert span.end - span.start < 0.3  # completion was stamped when it happened, not at wait()

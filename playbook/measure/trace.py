@@ -42,6 +42,7 @@ class Span:
     group_size: int = 1
     group: str = "world"
     dtype: str = ""
+    waited: float | None = None  # async ops: when wait() returned (end is when the op completed)
 
     @property
     def duration(self) -> float:
@@ -186,6 +187,7 @@ class _TracedWork:
             return self._work.wait(*args, **kwargs)
         finally:
             _close(self._span)
+            self._span.waited = time.perf_counter()
             self._tracer.on_status("")
 
     def __getattr__(self, name):
