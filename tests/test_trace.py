@@ -53,7 +53,7 @@ def test_every_collective_is_recorded_once_with_its_bytes(ranks4):
         p2p = comm["batch_isend_irecv"][0]
         assert (p2p.bytes, p2p.sent_bytes) == (128, 64)  # 64 bytes out, 64 in
         assert all(s.group_size == n and s.end >= s.start for s in rank_spans if s.kind == "comm")
-        assert small.end >= next(s for s in rank_spans if s.name == "compute").end  # closed at wait()
+        assert small.waited >= next(s for s in rank_spans if s.name == "compute").end  # waited on after it
     assert len(ranks4.last_trace) == sum(len(s) for s in spans)
 
 
