@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a virtual environment (once) and then either open the notebooks or run every test.
 #
-#   ./setup.sh lab              JupyterLab on the chapters (the main job)
+#   ./setup.sh lab [ARGS...]    JupyterLab on the chapters (the main job; ARGS go to jupyter lab)
 #   ./setup.sh test [ARGS...]   every test, notebooks included (extra ARGS go to pytest)
 #
 # Without a GPU it installs PyTorch's CPU build first, so pip does not pull a multi-GB CUDA build.
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 venv="${PLAYBOOK_VENV:-.venv}"
 what="${1:-}"
-case "$what" in lab|test) shift ;; *) echo "usage: ./setup.sh lab | test [pytest args]" >&2; exit 2 ;; esac
+case "$what" in lab|test) shift ;; *) echo "usage: ./setup.sh lab [jupyter args] | test [pytest args]" >&2; exit 2 ;; esac
 
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
 # shellcheck disable=SC1091
@@ -25,6 +25,6 @@ fi
 pip install -e ".[dev]"
 
 if [ "$what" = lab ]; then
-  exec jupyter lab notebooks/
+  exec jupyter lab notebooks/ "$@"
 fi
 exec python -m pytest tests --nbmake notebooks --nbmake-timeout=300 "$@"
