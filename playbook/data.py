@@ -35,6 +35,19 @@ def _mix(*values: int) -> int:
     return state & 0xFFFFFFFF
 
 
+def rows_per_rank(global_batch: int, world_size: int) -> int:
+    """Sequences each data-parallel rank gets; the global batch must split evenly over the ranks."""
+    if global_batch <= 0 or world_size <= 0:
+        raise ValueError(f"global_batch and world_size must be positive, got {global_batch}, {world_size}")
+    if global_batch % world_size:
+        raise ValueError(
+            f"global_batch={global_batch} does not split evenly over world_size={world_size} ranks; "
+            f"use world_size in {{{', '.join(map(str, divisors(global_batch)))}}} or a global_batch "
+            f"that is a multiple of {world_size}"
+        )
+    return global_batch // world_size
+
+
 class SyntheticTask:
     """A first-order Markov chain over ``vocab_size`` tokens with ``n_successors`` successors each.
 
@@ -94,17 +107,11 @@ class SyntheticTask:
         targets[:, i] = the token after tokens[:, i]. Rows are the rank's contiguous slice of the
         global batch for ``step``; the two tensors are separate, contiguous storages.
         """
-        if global_batch <= 0 or seq_len <= 0:
+        if seq_len <= 0:
             raise ValueError(f"global_batch and seq_len must be positive, got {global_batch}, {seq_len}")
-        if world_size <= 0 or not 0 <= rank < world_size:
+        if world_size > 0 and not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if global_batch % world_size:
-            raise ValueError(
-                f"global_batch={global_batch} does not split evenly over world_size={world_size} ranks; "
-                f"use world_size in {{{', '.join(map(str, divisors(global_batch)))}}} or a global_batch "
-                f"that is a multiple of {world_size}"
-            )
-        local = global_batch // world_size
+        local = rows_per_rank(global_batch, world_size)
         seq = self.sequences(step, global_batch, seq_len + 1)[rank * local : (rank + 1) * local]  # [local, seq+1]
         tokens = seq[:, :-1].clone()  # [local, seq_len], its own storage
         targets = seq[:, 1:].clone()  # [local, seq_len], its own storage

@@ -11,7 +11,8 @@ from playbook.config import ModelConfig
 from playbook.parallel.fsdp2 import fsdp2_comm_per_step, train_fsdp2
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup, train
-from playbook.parallel.zero import MOMENTS, op_name, predicted_memory, train_zero
+from playbook.measure.trace import op_family as op_name
+from playbook.parallel.zero import MOMENTS, predicted_memory, train_zero
 from playbook.theory.memory import training_memory
 from playbook.theory.zero import (check_stage, fsdp2_state_bytes, padded, padding_elements, zero3_gathered_peak,
                                   zero_collectives_per_step, zero_comm_per_step, zero_memory_by_moment,

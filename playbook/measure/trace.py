@@ -150,16 +150,42 @@ class Tracer:
 
     def bytes_by_op(self, key: str = "sent_bytes") -> dict[str, float]:
         """Total ``sent_bytes`` (or ``bytes``) per collective op, over the recorded spans."""
-        out: dict[str, float] = defaultdict(float)
-        for s in self.comm():
-            out[s.name] += getattr(s, key)
-        return dict(out)
+        return bytes_by_op(self.spans, key)
 
     def counts_by_op(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for s in self.comm():
-            out[s.name] += 1
-        return dict(out)
+        return counts_by_op(self.spans)
+
+
+def op_family(name: str) -> str:
+    """The collective an op implements, as ``theory.comm`` names it: ``all_gather_single`` and
+    ``all_gather_into_tensor`` -> ``all_gather``, ``reduce_scatter_tensor`` -> ``reduce_scatter``."""
+    for suffix in ("_into_tensor", "_single", "_tensor"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _field(span, key: str):
+    return span[key] if isinstance(span, dict) else getattr(span, key)
+
+
+def bytes_by_op(spans, key: str = "sent_bytes", *, per: int = 1, family: bool = False) -> dict[str, float]:
+    """Sum of ``key`` over the comm spans (``Span`` objects or their dicts), per op name (or per
+    :func:`op_family`), divided by ``per`` (e.g. the number of steps the spans cover)."""
+    out: dict[str, float] = defaultdict(float)
+    for s in spans:
+        if _field(s, "kind") == "comm":
+            name = op_family(_field(s, "name")) if family else _field(s, "name")
+            out[name] += _field(s, key)
+    return {k: v / per for k, v in out.items()}  # sum first, then divide: no rounding per span
+
+
+def counts_by_op(spans, *, per: int = 1, family: bool = False) -> dict[str, int]:
+    """Number of comm spans per op name (or per :func:`op_family`), divided by ``per``."""
+    out: dict[str, int] = defaultdict(int)
+    for s in spans:
+        if _field(s, "kind") == "comm":
+            out[op_family(_field(s, "name")) if family else _field(s, "name")] += 1
+    return {k: v // per for k, v in out.items()}
 
 
 def _close(span: Span) -> None:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from playbook.cluster import default_backend, launch
 from playbook.measure.memory import SavedActivations, gradient_bytes, optimizer_bytes, parameter_bytes
+from playbook.measure.trace import bytes_by_op
 from playbook.model import GPT
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
@@ -135,9 +136,7 @@ def train_cp(setup: TrainSetup, *, group=None, variant: str = "ring", zigzag: bo
     tracer = trace.current()
     spans = tracer.spans if tracer is not None else []
     calls = cfg.n_layers * setup.steps
-    sent = {}
-    if tracer is not None:
-        sent = {op: v / setup.steps for op, v in tracer.bytes_by_op().items()}
+    sent = bytes_by_op(spans, per=setup.steps)
     return CPResult(
         losses, grads, {k: p.detach().cpu().clone() for k, p in model.named_parameters()}, memory,
         blocks=[b for b in log if b["pass_"] == "forward"][: len(log) // (2 * calls)] if log else [],

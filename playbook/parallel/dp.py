@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from playbook.cluster import default_backend, launch
 from playbook.config import divisors, require_positive
 from playbook.measure.memory import SavedActivations, gradient_bytes, optimizer_bytes, parameter_bytes
-from playbook.measure.trace import Tracer, recording
+from playbook.measure.trace import Tracer, bytes_by_op, counts_by_op, recording
 from playbook.model import GPT
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
@@ -277,12 +277,12 @@ def predicted_comm(setup: TrainSetup, world_size: int, variant: str, cap_bytes: 
 
 def measured_comm(result: DPResult, steps: int) -> dict[str, float]:
     """The same three numbers from a rank's tracer spans (calls: in the last step)."""
-    comm = [s for s in result.spans if s["kind"] == "comm" and s["name"] == "all_reduce"]
-    last = result.windows[-1]
+    first, last = result.windows[-1]
+    in_last_step = [s for s in result.spans if first <= s["start"] <= last]
     return {
-        "all_reduce": sum(s["sent_bytes"] for s in comm) / steps,
-        "all_reduce buffer": sum(s["bytes"] for s in comm) / steps,
-        "all_reduce calls": sum(1 for s in comm if last[0] <= s["start"] <= last[1]),
+        "all_reduce": bytes_by_op(result.spans, per=steps).get("all_reduce", 0.0),
+        "all_reduce buffer": bytes_by_op(result.spans, "bytes", per=steps).get("all_reduce", 0.0),
+        "all_reduce calls": counts_by_op(in_last_step).get("all_reduce", 0),
     }
 
 

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from playbook.config import ModelConfig, require_positive
-from playbook.data import SyntheticTask
+from playbook.data import SyntheticTask, rows_per_rank
 from playbook.measure.memory import measure_training_step
 from playbook.model import GPT
 from playbook.theory.memory import TrainingMemory, training_memory
@@ -44,8 +44,7 @@ class TrainSetup:
 
     def local_batch(self, world_size: int) -> int:
         """Rows per rank when the global batch is split over ``world_size`` data-parallel ranks."""
-        self.task().batch(0, self.global_batch, 1, 0, world_size)  # raises the clear error if it does not split
-        return self.global_batch // world_size
+        return rows_per_rank(self.global_batch, world_size)
 
     def predicted_memory(self, world_size: int = 1) -> TrainingMemory:
         """Exact bytes for our model on one rank: fp32 AdamW (with its step counters), and the

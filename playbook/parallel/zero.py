@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from playbook.cluster import default_backend, launch
 from playbook.measure.memory import SavedActivations, optimizer_bytes
-from playbook.measure.trace import Span
+from playbook.measure.trace import Span, bytes_by_op, counts_by_op
 from playbook.model import GPT, lm_loss
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
@@ -50,13 +50,6 @@ def storage_bytes(tensors) -> int:
         if t is not None and t.untyped_storage().nbytes():
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(seen.values())
-
-
-def op_name(name: str) -> str:
-    """``all_gather_single`` / ``all_gather_into_tensor`` -> ``all_gather``, and likewise for reduce-scatter."""
-    for suffix in ("_into_tensor", "_single", "_tensor"):
-        name = name.removesuffix(suffix)
-    return name
 
 
 class FlatUnit:
@@ -317,12 +310,7 @@ class ShardedResult(TrainResult):
 
 def comm_per_step(spans: list, steps: int) -> tuple[dict, dict]:
     """Bytes sent and calls per step by collective, from tracer spans."""
-    sent, calls = {}, {}
-    for s in spans:
-        if s.kind == "comm":
-            sent[op_name(s.name)] = sent.get(op_name(s.name), 0.0) + s.sent_bytes / steps
-            calls[op_name(s.name)] = calls.get(op_name(s.name), 0) + 1
-    return sent, {k: v // steps for k, v in calls.items()}
+    return bytes_by_op(spans, per=steps, family=True), counts_by_op(spans, per=steps, family=True)
 
 
 def train_zero(ctx, setup: TrainSetup, stage: int, prefetch: bool = True) -> ShardedResult:
