@@ -135,7 +135,8 @@ class RankContext:
     """What a rank function receives as its first argument: who it is and how to talk to the others.
 
     ``group`` is the world process group; pass it (or a subgroup) to collectives explicitly.
-    ``tracer`` records every collective this call issues and compute spans you mark with
+    ``mesh`` is the default 1-D layout (all ranks data-parallel); ``mesh_for(ParallelDims(...))``
+    gives any other, with a process group per axis. ``tracer`` records every collective this call issues and compute spans you mark with
     ``with ctx.tracer.span("forward"):``. ``progress(done, total)`` feeds the notebook's progress bar.
     """
 
@@ -147,6 +148,19 @@ class RankContext:
     tracer: Any
     _send: Callable | None = field(default=None, repr=False)
     _last_progress: float = field(default=0.0, repr=False)
+
+    @property
+    def mesh(self):
+        """The default mesh: every rank along one data-parallel axis (the world group)."""
+        from playbook.parallel.mesh import world_mesh
+
+        return world_mesh()
+
+    def mesh_for(self, dims):
+        """This rank's :class:`~playbook.parallel.mesh.Mesh` for a ``ParallelDims`` (built once per rank set)."""
+        from playbook.parallel.mesh import build_mesh
+
+        return build_mesh(dims)
 
     def progress(self, done: int, total: int, desc: str = "") -> None:
         now = time.monotonic()
@@ -239,7 +253,7 @@ def _rank_main(rank, world_size, backend, store_port, threads, conn, status, sin
         return
     import torch.distributed as dist
 
-    from playbook.measure.trace import Tracer, recording
+    from playbook.measure.trace import Tracer, label_groups, recording
 
     set_status("idle")
     send(("ready", rank))
@@ -251,6 +265,7 @@ def _rank_main(rank, world_size, backend, store_port, threads, conn, status, sin
         if payload == _STOP:
             break
         tracer = Tracer(rank, on_status=lambda text: set_status(text or "running user code (not in a collective)"))
+        label_groups({})  # a mesh used by an earlier call no longer names this call's groups
         ctx = RankContext(rank, world_size, backend, device, dist.group.WORLD, tracer, send)
         set_status("running user code (not in a collective)")
         try:

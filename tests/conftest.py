@@ -39,3 +39,8 @@ def ranks2(rank_sets) -> Ranks:
 @pytest.fixture
 def ranks4(rank_sets) -> Ranks:
     return rank_sets.setdefault(4, Ranks(4, backend="gloo", timeout=60)).start()
+
+
+@pytest.fixture
+def ranks8(rank_sets) -> Ranks:
+    return rank_sets.setdefault(8, Ranks(8, backend="gloo", timeout=60)).start()

@@ -43,6 +43,7 @@ class Span:
     group: str = "world"
     dtype: str = ""
     waited: float | None = None  # async ops: when wait() returned (end is when the op completed)
+    axis: str = ""  # the mesh axis the group belongs to ("tp", "dp", ...; see ``label_groups``)
 
     @property
     def duration(self) -> float:
@@ -65,6 +66,35 @@ def _group_of(group) -> tuple[int, str]:
         return dist.get_world_size(), "world"
     ranks = dist.get_process_group_ranks(group)
     return len(ranks), "ranks" + "-".join(map(str, ranks))
+
+
+_labels: dict[int, str] = {}  # id(process group) -> mesh axis, set by the runtime mesh in use
+
+
+def label_groups(labels: dict) -> None:
+    """Name the mesh axis of each process group (``{group: "tp", ...}``); replaces earlier names.
+    The runtime mesh (``playbook.parallel.mesh``) calls this whenever a mesh is taken into use."""
+    _labels.clear()
+    _labels.update({id(g): name for g, name in labels.items()})
+
+
+@contextmanager
+def on_axis(name: str):
+    """Label the collectives issued in this block with axis ``name`` whatever their group: for a
+    group that serves two axes at once (ep = dp: the all-to-all is "ep", the gradient sum "dp")."""
+    previous = getattr(_current, "axis", None)
+    _current.axis = name
+    try:
+        yield
+    finally:
+        _current.axis = previous
+
+
+def _axis_of(group) -> str:
+    forced = getattr(_current, "axis", None)
+    if forced:
+        return forced
+    return _labels.get(id(group if group is not None else dist.group.WORLD), "")
 
 
 def _first_tensor(args, kwargs, *names):
@@ -179,6 +209,15 @@ def bytes_by_op(spans, key: str = "sent_bytes", *, per: int = 1, family: bool = 
     return {k: v / per for k, v in out.items()}  # sum first, then divide: no rounding per span
 
 
+def bytes_by_axis(spans, key: str = "sent_bytes", *, per: int = 1) -> dict[str, float]:
+    """Sum of ``key`` over the comm spans per mesh axis (spans with no axis under ``"?"``)."""
+    out: dict[str, float] = defaultdict(float)
+    for s in spans:
+        if _field(s, "kind") == "comm":
+            out[_field(s, "axis") or "?"] += _field(s, key)
+    return {k: v / per for k, v in out.items()}
+
+
 def counts_by_op(spans, *, per: int = 1, family: bool = False) -> dict[str, int]:
     """Number of comm spans per op name (or per :func:`op_family`), divided by ``per``."""
     out: dict[str, int] = defaultdict(int)
@@ -255,7 +294,7 @@ def _wrap(op: str, fn):
         n, name = _group_of(group)
         rank_in_group = dist.get_rank(group) if group is not None else dist.get_rank()
         S, sent, dtype = _measure(op, args, kwargs, n, rank_in_group)
-        span = Span(tracer.rank, "comm", op, time.perf_counter(), None, S, sent, n, name, dtype)
+        span = Span(tracer.rank, "comm", op, time.perf_counter(), None, S, sent, n, name, dtype, axis=_axis_of(group))
         tracer.spans.append(span)
         is_async = op in _ASYNC_ALWAYS or kwargs.get("async_op", False)
         if not is_async:

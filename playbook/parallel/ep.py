@@ -47,6 +47,7 @@ import torch.nn as nn
 from playbook.config import ModelConfig, divisors, require_divides
 from playbook.measure.memory import measure_training_step
 from playbook.moe import AUX_ALPHA, MoEMLP, build, moe_layers
+from playbook.parallel.comm import AllToAll, GatherRows, ScatterSumRows, all_reduce_flat, all_to_all  # noqa: F401
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, max_rel_diff
 from playbook.parallel.training import TrainResult, TrainSetup
@@ -55,67 +56,6 @@ from playbook.theory.moe import (
     param_tensors_per_rank, routing_report,
 )  # fmt: skip
 from playbook.theory.moe import step_comm_bytes as predicted_comm  # the chapter calls it by this name
-
-
-# ---- collectives with gradients ----------------------------------------------------------------
-class AllToAll(torch.autograd.Function):
-    """Rows [sum(send), ...] -> rows [sum(recv), ...]: ``send[i]`` rows go to rank i of the group,
-    ``recv[i]`` arrive from it, in rank order. Backward: the same exchange with the splits swapped."""
-
-    @staticmethod
-    def forward(ctx, x, send: list[int], recv: list[int], group):
-        ctx.send, ctx.recv, ctx.group = send, recv, group
-        out = x.new_empty((sum(recv), *x.shape[1:]))  # [R, h]
-        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))  # [S, h]
-        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
-        return out, None, None, None
-
-
-def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group, native: bool = False) -> torch.Tensor:
-    """Our :class:`AllToAll`, or PyTorch's own differentiable one (functional collectives), which
-    the tracer does not see."""
-    if native:
-        from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
-
-        return wait_tensor(all_to_all_single_autograd(x.contiguous(), recv, send, group))
-    return AllToAll.apply(x, send, recv, group)
-
-
-class GatherRows(torch.autograd.Function):
-    """All-gather along rows (every rank the same count); backward: reduce-scatter (sum)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group, n = group, dist.get_world_size(group)
-        out = x.new_empty((n * x.shape[0], *x.shape[1:]))  # [n*T, h]
-        dist.all_gather_single(out, x.contiguous(), group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out = grad.new_empty((grad.shape[0] // dist.get_world_size(ctx.group), *grad.shape[1:]))  # [T, h]
-        dist.reduce_scatter_single(out, grad.contiguous(), group=ctx.group)
-        return out, None
-
-
-class ScatterSumRows(torch.autograd.Function):
-    """Reduce-scatter (sum) along rows; backward: all-gather."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        out = x.new_empty((x.shape[0] // dist.get_world_size(group), *x.shape[1:]))  # [T, h]
-        dist.reduce_scatter_single(out, x.contiguous(), group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return GatherRows.apply(grad, ctx.group), None
 
 
 # ---- the expert-parallel MoE layer -------------------------------------------------------------
@@ -237,24 +177,16 @@ def parallelize(model: nn.Module, lay: Layout) -> nn.Module:
     return model
 
 
-def _flat_all_reduce(tensors: list[torch.Tensor], group) -> None:
-    """One SUM all-reduce for a list of tensors (one bucket: ~5 ms per gloo call, FEASIBILITY.md)."""
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=group)
-    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
-        t.copy_(part.view_as(t))
-
-
 def sync_grads(model: nn.Module, lay: Layout) -> None:
     """Dense gradients: average over all n ranks. Expert gradients: already the sum over the
     ranks whose tokens reached them; sum over the replicas (EP+DP), then divide by n."""
     dense = [p for name, p in model.named_parameters() if not is_expert(name)]
     experts = [p for name, p in model.named_parameters() if is_expert(name)]
-    _flat_all_reduce([p.grad for p in dense], lay.world)
+    all_reduce_flat([p.grad for p in dense], lay.world)
     if lay.replica_group is not None:  # a replica whose expert got no token has no grad: send zeros + a flag
         had = torch.tensor([p.grad is not None for p in experts], dtype=torch.float32, device=experts[0].device)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in experts]
-        _flat_all_reduce(grads + [had], lay.replica_group)
+        all_reduce_flat(grads + [had], lay.replica_group)
         for p, g, flag in zip(experts, grads, had):
             p.grad = g if flag > 0 else None
     for p in dense + experts:

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from playbook.measure import trace
+from playbook.parallel.comm import _neighbours, _wait, gather_shards, ring_pass
 from playbook.theory.cp import check_layout, check_ulysses, shard_chunks, shard_positions
 
 
@@ -70,26 +71,6 @@ def attention(q, k, v, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool = 
 def _span(name: str):
     tracer = trace.current()
     return tracer.span(name) if tracer is not None else nullcontext()
-
-
-def _neighbours(group) -> tuple[int, int, int, int]:
-    """(rank in group, group size, global rank of the next rank, of the previous rank) on the ring."""
-    r, n = dist.get_rank(group), dist.get_world_size(group)
-    return r, n, dist.get_global_rank(group, (r + 1) % n), dist.get_global_rank(group, (r - 1) % n)
-
-
-def ring_pass(send: torch.Tensor, group):
-    """Start sending ``send`` to the next rank and receiving the previous rank's into a new buffer.
-    Returns (buffer, works): wait on the works before reading the buffer."""
-    _, _, nxt, prv = _neighbours(group)
-    recv = torch.empty_like(send)
-    ops = [dist.P2POp(dist.isend, send, nxt, group), dist.P2POp(dist.irecv, recv, prv, group)]
-    return recv, dist.batch_isend_irecv(ops)
-
-
-def _wait(works) -> None:
-    for w in works:
-        w.wait()
 
 
 # ---- ring attention ------------------------------------------------------------------------------
@@ -205,26 +186,6 @@ def ring_attention(q, k, v, group, *, zigzag: bool, causal: bool = True, log: li
 
 
 # ---- all-gather K/V ------------------------------------------------------------------------------
-class GatherShards(torch.autograd.Function):
-    """x [...] on each rank -> [n, ...] in rank order (all-gather); backward: reduce-scatter the
-    gradient, so each rank gets the sum of every rank's gradient for its own shard."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group, ctx.shape = group, x.shape
-        n = dist.get_world_size(group)
-        out = torch.empty(n * x.numel(), dtype=x.dtype, device=x.device)  # [n·numel]: flat, rank-major
-        dist.all_gather_single(out, x.contiguous().view(-1), group=group)
-        return out.view(n, *x.shape)  # [n, ...]
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().view(-1)  # the trap FEASIBILITY.md found: never hand a strided grad to a collective
-        mine = torch.empty(grad.numel() // dist.get_world_size(ctx.group), dtype=grad.dtype, device=grad.device)
-        dist.reduce_scatter_single(mine, grad, group=ctx.group)  # sum over ranks, my slice
-        return mine.view(ctx.shape), None
-
-
 def global_positions(seq_len: int, n: int, zigzag: bool, device=None) -> torch.Tensor:
     """Positions of the tokens of all ranks concatenated in rank order: what a gather produces."""
     return torch.tensor([p for r in range(n) for p in shard_positions(seq_len, n, r, zigzag)], device=device)
@@ -236,7 +197,7 @@ def allgather_attention(q, k, v, group, *, zigzag: bool, causal: bool = True) ->
     b, g, sl, d = k.shape
     s = sl * n
     check_layout(s, n, zigzag)
-    everyone = GatherShards.apply(torch.stack([k, v]), group)  # [n, 2, b, g, s/n, d]
+    everyone = gather_shards(torch.stack([k, v]), group)  # [n, 2, b, g, s/n, d]
     kv = everyone.permute(1, 2, 3, 0, 4, 5).reshape(2, b, g, s, d)  # [2, b, g, s, d], rank-major tokens
     q_pos = torch.tensor(shard_positions(s, n, rank, zigzag), device=q.device)  # [s/n]
     with _span("attention"):

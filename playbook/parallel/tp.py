@@ -52,107 +52,16 @@ from playbook.cluster import default_backend, launch
 from playbook.measure import trace
 from playbook.measure.memory import measure_training_step
 from playbook.model import GPT, RECOMPUTE_MODES, causal_attention
+from playbook.parallel.comm import (  # noqa: F401  (the chapter imports these from here)
+    CopyToModelParallelRegion, GatherFromSequenceParallelRegion, ReduceFromModelParallelRegion,
+    ReduceScatterToSequenceParallelRegion, all_gather, all_reduce, f, g, reduce_scatter,
+)
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.tp import check_tp, step_collectives, summarize, tp_training_memory
 
 
-# ---- collectives on traced dist.* calls ---------------------------------------------------------
-def _region(label: str, phase: str):
-    """A labelled span around one collective. A forward collective issued while autograd runs a
-    backward pass is activation recomputation (``recompute="full"``): labelled "recompute" (told by
-    ``torch._C._current_graph_task_id``, private, the same test ``torch.utils.checkpoint`` uses)."""
-    tracer = trace.current()
-    if tracer is None:
-        return nullcontext()
-    if phase == "forward" and getattr(torch._C, "_current_graph_task_id", lambda: -1)() != -1:
-        phase = "recompute"
-    return tracer.span(f"tp:{label}:{phase}")
-
-
-def all_reduce(x, group, label, phase, op=dist.ReduceOp.SUM):
-    """Sum (or ``op``) of ``x`` over the group, into a new tensor."""
-    out = x.contiguous().clone()
-    with _region(label, phase):
-        dist.all_reduce(out, op=op, group=group)
-    return out
-
-
-def all_gather(x, dim, group, label, phase):
-    """Concatenate every rank's ``x`` along ``dim`` (rank order)."""
-    t = dist.get_world_size(group)
-    x = x.movedim(dim, 0).contiguous()  # [n, ...]: all_gather_single gathers along dim 0
-    out = x.new_empty((t * x.shape[0], *x.shape[1:]))  # [t*n, ...]
-    with _region(label, phase):
-        dist.all_gather_single(out, x, group=group)
-    return out.movedim(0, dim).contiguous()  # one [b, s, h] tensor, so q, k and v share one saved input
-
-
-def reduce_scatter(x, dim, group, label, phase):
-    """Sum ``x`` over the group and keep this rank's 1/t slice along ``dim``."""
-    t = dist.get_world_size(group)
-    x = x.movedim(dim, 0).contiguous()  # [t*n, ...]
-    out = x.new_empty((x.shape[0] // t, *x.shape[1:]))  # [n, ...]
-    with _region(label, phase):
-        dist.reduce_scatter_single(out, x, group=group)
-    return out.movedim(0, dim).contiguous()
-
-
-# ---- the conjugate operators (names as in Megatron-LM's mappings.py) ----------------------------
-class CopyToModelParallelRegion(torch.autograd.Function):
-    """Megatron's f: identity forward, all-reduce of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, label):
-        ctx.group, ctx.label = group, label
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_reduce(grad, ctx.group, ctx.label, "backward"), None, None
-
-
-class ReduceFromModelParallelRegion(torch.autograd.Function):
-    """Megatron's g: all-reduce forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, label):
-        return all_reduce(x, group, label, "forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None, None
-
-
-class GatherFromSequenceParallelRegion(torch.autograd.Function):
-    """Korthikanti's g (SP): all-gather the sequence forward, reduce-scatter the gradient backward.
-    Sequence is dim 1 of our [batch, seq, hidden] activations."""
-
-    @staticmethod
-    def forward(ctx, x, group, label):
-        ctx.group, ctx.label = group, label
-        return all_gather(x, 1, group, label, "forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter(grad, 1, ctx.group, ctx.label, "backward"), None, None
-
-
-class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
-    """Korthikanti's ḡ (SP): reduce-scatter to sequence shards forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, label):
-        ctx.group, ctx.label = group, label
-        return reduce_scatter(x, 1, group, label, "forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather(grad, 1, ctx.group, ctx.label, "backward"), None, None
-
-
-f, g = CopyToModelParallelRegion.apply, ReduceFromModelParallelRegion.apply
 
 
 class LinearsWithSequenceParallelRegather(torch.autograd.Function):
