@@ -17,7 +17,7 @@ Pieces and where they come from:
 Written for the later chapters, which cut this model apart:
 - tensor parallel splits heads (``Attention`` keeps the per-head reshape explicit) and the MLP's
   ``ffn_hidden`` (``SwiGLU``);
-- context parallel replaces ``causal_attention`` (plain matmul + softmax, so every tensor autograd
+- context parallel replaces ``Attention.core`` (``causal_attention``: plain matmul + softmax, so every tensor autograd
   saves is visible and countable: ``playbook.theory.activations`` counts them op by op);
 - pipeline parallel cuts ``GPT.blocks`` into stages and reuses ``GPT.embed``, ``GPT.head`` and
   ``lm_loss``.
@@ -131,18 +131,25 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden, bias=False)
         self.rope = RotaryEmbedding(self.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.recompute_core = False  # selective recomputation: keep q, k, v, redo the attention core in backward
+        self.core = causal_attention  # (q, k, v) -> [b, heads, s, d]; context parallelism swaps in a ring
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [b, s, heads*head_dim], k and v [b, s, kv_heads*head_dim]. Tensor parallelism replaces
+        this with column-parallel shards entered once (``playbook.parallel.tp``)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        batch, seq, _ = x.shape  # [batch, seq, hidden]
+        q, k, v = self.project(x)  # [batch, seq, (heads or kv_heads)*head_dim]
+        batch, seq = q.shape[:2]  # (with sequence parallelism x holds s/t tokens and q all s)
         # heads read their own slice of the projection's output channels; [b, s, a*d] -> [b, a, s, d]
-        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)  # [batch, heads, seq, head_dim]
-        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [batch, kv_heads, seq, head_dim]
-        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [batch, kv_heads, seq, head_dim]
+        q = q.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)  # [batch, heads, seq, head_dim]
+        k = k.view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [batch, kv_heads, seq, head_dim]
+        v = v.view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [batch, kv_heads, seq, head_dim]
         q, k = self.rope(q, positions), self.rope(k, positions)
         if self.recompute_core and torch.is_grad_enabled():
-            y = checkpoint(causal_attention, q, k, v, use_reentrant=False)  # [batch, heads, seq, head_dim]
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)  # [batch, heads, seq, head_dim]
         else:
-            y = causal_attention(q, k, v)  # [batch, heads, seq, head_dim]
+            y = self.core(q, k, v)  # [batch, heads, seq, head_dim]
         y = y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim)  # [batch, seq, heads*head_dim]
         return self.o_proj(y)  # [batch, seq, hidden]
 
@@ -288,9 +295,13 @@ class GPT(nn.Module):
         logits = self.head(x)  # [batch, seq, vocab]
         if targets is None:
             return logits
+        return logits, self.loss(logits, targets)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The training loss of a forward's logits: ``lm_loss``, plus the experts' balancing loss."""
         if self.cfg.is_moe:
-            return logits, lm_loss(logits, targets) + self.aux_loss()
-        return logits, lm_loss(logits, targets)
+            return lm_loss(logits, targets) + self.aux_loss()
+        return lm_loss(logits, targets)
 
     def aux_loss(self) -> torch.Tensor | float:
         """Sum of the MoE layers' load-balancing losses from the last forward (0.0 if dense)."""

@@ -53,26 +53,18 @@ def cp_attention_fn(variant: str, group, *, zigzag: bool, causal: bool = True, p
     return lambda q, k, v: VARIANTS[variant](q, k, v, group, zigzag=zigzag, causal=causal, **extra)
 
 
-def attention_block(attn, x: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
-    """``model.Attention.forward`` with ``attend`` in place of ``causal_attention``."""
-    b, s, _ = x.shape  # [batch, s/n, hidden]
-    q = attn.q_proj(x).view(b, s, attn.n_heads, attn.head_dim).transpose(1, 2)  # [b, heads, s/n, head_dim]
-    k = attn.k_proj(x).view(b, s, attn.kv_heads, attn.head_dim).transpose(1, 2)  # [b, kv_heads, s/n, head_dim]
-    v = attn.v_proj(x).view(b, s, attn.kv_heads, attn.head_dim).transpose(1, 2)  # [b, kv_heads, s/n, head_dim]
-    q, k = attn.rope(q, positions), attn.rope(k, positions)  # rotated by global positions
-    y = attend(q, k, v)  # [b, heads, s/n, head_dim]
-    return attn.o_proj(y.transpose(1, 2).reshape(b, s, attn.n_heads * attn.head_dim))  # [b, s/n, hidden]
-
-
-def cp_loss(model: GPT, tokens, targets, positions, attend, total_tokens: int) -> torch.Tensor:
+def cp_loss(model: GPT, tokens, targets, positions, total_tokens: int) -> torch.Tensor:
     """This rank's share of the global mean loss: Σ cross-entropy over its tokens / all tokens.
-    tokens, targets [batch, s/n] int64; positions [s/n] int64 (global)."""
-    x = model.embed(tokens)  # [batch, s/n, hidden]
-    for block in model.blocks:
-        x = x + attention_block(block.attn, block.attn_norm(x), positions, attend)  # [batch, s/n, hidden]
-        x = x + block.mlp(block.mlp_norm(x))  # [batch, s/n, hidden]
-    logits = model.head(x)  # [batch, s/n, vocab]
+    tokens, targets [batch, s/n] int64; positions [s/n] int64 (global). The model's attention
+    cores must already be the CP ones (``use_attention``)."""
+    logits = model(tokens, positions=positions)  # [batch, s/n, vocab]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / total_tokens
+
+
+def use_attention(model, attend) -> None:
+    """Swap every block's attention core (q, k, v) -> out for ``attend``, in place."""
+    for block in model.blocks:
+        block.attn.core = attend
 
 
 def sum_over(group, model: torch.nn.Module) -> None:
@@ -111,14 +103,14 @@ def train_cp(setup: TrainSetup, *, group=None, variant: str = "ring", zigzag: bo
     optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr)
     positions = torch.tensor(theory.shard_positions(setup.seq_len, n, rank, zigzag), device=device)  # [s/n]
     log: list[dict] = []
-    attend = cp_attention_fn(variant, group, zigzag=zigzag, causal=causal, positions=positions, log=log)
+    use_attention(model, cp_attention_fn(variant, group, zigzag=zigzag, causal=causal, positions=positions, log=log))
     losses, grads, memory = [], {}, {}
     for step in range(setup.steps):
         tokens, targets = setup.task().batch(step, setup.global_batch, setup.seq_len, device=device)  # [B, s]
         tokens, targets = tokens[:, positions], targets[:, positions]  # [B, s/n]: this rank's tokens
         optimizer.zero_grad(set_to_none=True)
         with SavedActivations(model) if step == 0 else nullcontext() as saved:
-            loss = cp_loss(model, tokens, targets, positions, attend, setup.global_batch * setup.seq_len)
+            loss = cp_loss(model, tokens, targets, positions, setup.global_batch * setup.seq_len)
         loss.backward()
         loss = loss.detach()
         if group is not None:

@@ -63,7 +63,8 @@ class PipelineSetup(TrainSetup):
 # ---- the model in pieces -----------------------------------------------------------------------
 class Chunk(nn.Module):
     """Pieces [start, end) of a GPT: 0 the embedding, 1..L the blocks, L+1 the final norm and head.
-    Holds the GPT's own modules (not copies), so parameter names map back to the full model."""
+    Holds the GPT's own modules (not copies), so parameter names map back to the full model, and
+    calls the model's own ``embed``, ``head`` and ``loss``: a tensor-parallel GPT is chunked alike."""
 
     def __init__(self, model: GPT, start: int, end: int):
         super().__init__()
@@ -73,16 +74,17 @@ class Chunk(nn.Module):
         self.blocks = nn.ModuleList(model.blocks[i - 1] for i in range(max(start, 1), min(end, L + 1)))
         self.norm = model.norm if self.last else None
         self.lm_head = model.lm_head if self.last else None
+        self.embed, self.head, self.loss = model.embed, model.head, model.loss  # bound methods, not modules
         full = {id(p): n for n, p in model.named_parameters()}
         self.names = {n: full[id(p)] for n, p in self.named_parameters()}  # chunk name -> GPT name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            x = self.tok_emb(x)  # tokens [b, s] -> [b, s, hidden]
+            x = self.embed(x)  # tokens [b, s] -> [b, s, hidden]
         for block in self.blocks:
             x = block(x)  # [b, s, hidden]
         if self.last:
-            x = self.lm_head(self.norm(x))  # [b, s, vocab]
+            x = self.head(x)  # [b, s, vocab]
         return x
 
 
@@ -184,8 +186,8 @@ def run_step(schedule: Schedule, rank: int, chunks: list[Chunk], tokens: list[to
         t0 = time.perf_counter()
         if peer == rank:
             mailbox[tag] = t
-        else:
-            sends.append(dist.isend(t.contiguous(), dst=peer, group=group, tag=tag))
+        else:  # torch reads dst as a global rank: translate the pipeline-local peer
+            sends.append(dist.isend(t.contiguous(), dst=dist.get_global_rank(group, peer), group=group, tag=tag))
         log.sends.append((tag, t0, time.perf_counter()))
 
     # Post every receive of the step up front (irecv): gloo moves a payload once the receiver has
@@ -195,7 +197,7 @@ def run_step(schedule: Schedule, rank: int, chunks: list[Chunk], tokens: list[to
         if a.kind.startswith("recv") and a.peer != rank:
             tag = _tag(a.mb, schedule.stage(rank, a.chunk), n, a.kind == "recv_B")
             buf = torch.empty(shape, device=device)  # [micro_batch, seq, hidden]
-            posted[tag] = (buf, dist.irecv(buf, src=a.peer, group=group, tag=tag))
+            posted[tag] = (buf, dist.irecv(buf, src=dist.get_global_rank(group, a.peer), group=group, tag=tag))
 
     def recv(peer: int, tag: int) -> torch.Tensor:
         if peer == rank:
@@ -206,7 +208,7 @@ def run_step(schedule: Schedule, rank: int, chunks: list[Chunk], tokens: list[to
             work.wait()  # blocks here, where the schedule says the data is needed
         else:
             buf = torch.empty(shape, device=device)  # [micro_batch, seq, hidden]
-            dist.recv(buf, src=peer, group=group, tag=tag)
+            dist.recv(buf, src=dist.get_global_rank(group, peer), group=group, tag=tag)
         log.recvs.append((tag, t0, time.perf_counter()))
         return buf
 
@@ -250,7 +252,7 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
             x = tokens if first else st["input"]
             y = chunk(x)  # [b, s, hidden] or logits [b, s, vocab]
             if chunk.last:
-                y = lm_loss(y, targets) / m  # this micro-batch's share of the global mean loss
+                y = chunk.loss(y, targets) / m  # this micro-batch's share of the global mean loss
                 log.loss += float(y.detach())
         for h in hooks:
             h.remove()

@@ -51,7 +51,7 @@ from torch.utils.checkpoint import checkpoint
 from playbook.cluster import default_backend, launch
 from playbook.measure import trace
 from playbook.measure.memory import measure_training_step
-from playbook.model import GPT, RECOMPUTE_MODES, causal_attention
+from playbook.model import GPT, RECOMPUTE_MODES, Attention
 from playbook.parallel.comm import (  # noqa: F401  (the chapter imports these from here)
     CopyToModelParallelRegion, GatherFromSequenceParallelRegion, ReduceFromModelParallelRegion,
     ReduceScatterToSequenceParallelRegion, all_gather, all_reduce, f, g, reduce_scatter,
@@ -202,32 +202,24 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 # ---- the model, cut from the reference GPT ------------------------------------------------------
-class TPAttention(nn.Module):
-    """Heads split over ranks: a/t query heads and g/t key/value heads each (t must divide g)."""
+class TPAttention(Attention):
+    """Heads split over ranks: a/t query heads and g/t key/value heads each (t must divide g).
+    The reference ``Attention.forward`` runs unchanged on the local head counts; only ``project``
+    differs: q, k and v enter the parallel region once."""
 
     def __init__(self, ref, rank, t, region: Region):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim, self.region = ref.n_heads // t, ref.kv_heads // t, ref.head_dim, region
+        nn.Module.__init__(self)
+        self.n_heads, self.kv_heads, self.head_dim, self.region = ref.n_heads // t, ref.kv_heads // t, ref.head_dim, region
         self.q_proj = ColumnParallelLinear(shard(ref.q_proj.weight, 0, rank, t))  # [a/t*d, h]
         self.k_proj = ColumnParallelLinear(shard(ref.k_proj.weight, 0, rank, t))  # [g/t*d, h]
         self.v_proj = ColumnParallelLinear(shard(ref.v_proj.weight, 0, rank, t))  # [g/t*d, h]
         self.o_proj = RowParallelLinear(shard(ref.o_proj.weight, 1, rank, t), region)  # [h, a/t*d]
         self.rope = copy.deepcopy(ref.rope)
-        self.recompute_core = False  # selective recomputation, as in the reference model
+        self.recompute_core, self.core = False, ref.core
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = self.region.columns(x, self.q_proj, self.k_proj, self.v_proj)  # [b, s, (a or g)/t*d]
-        b, s = q.shape[:2]
-        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)  # [b, a/t, s, d]
-        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)  # [b, g/t, s, d]
-        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)  # [b, g/t, s, d]
-        q, k = self.rope(q), self.rope(k)
-        if self.recompute_core and torch.is_grad_enabled():  # keep q, k, v; redo the core in backward
-            y = checkpoint(causal_attention, q, k, v, use_reentrant=False)  # [b, a/t, s, d]
-        else:
-            y = causal_attention(q, k, v)  # [b, a/t, s, d]
-        y = y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)  # [b, s, a/t*d]
-        return self.o_proj(y)  # [b, s or s/t, h], summed over ranks
+        return q, k, v
 
 
 class TPSwiGLU(nn.Module):
@@ -255,8 +247,8 @@ class TPBlock(nn.Module):
         self.attn = TPAttention(ref.attn, rank, t, Region(label=f"layer{i}.attn", **mode))
         self.mlp = TPSwiGLU(ref.mlp, rank, t, Region(label=f"layer{i}.mlp", **mode))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), positions)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -295,18 +287,31 @@ class TPGPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight  # both split by vocabulary rows: tying still holds
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None):
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [b, s] -> [b, s, h] (TP) or [b, s/t, h] (SP)."""
         check_tp(self.cfg, dist.get_world_size(self.group), seq_len=tokens.shape[1], sequence_parallel=self.sp)
-        x = self.tok_emb(tokens)  # [b, s, h] (TP) or [b, s/t, h] (SP)
+        return self.tok_emb(tokens)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and the column-parallel head: logit shard [b, s, V/t]."""
+        (logits,) = self.head_region.columns(self.norm(x), self.lm_head)  # [b, s, V/t]
+        return logits
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy from the logit shards (vocab-parallel): the same on every rank."""
+        return VocabParallelCrossEntropy.apply(logits, targets, self.vocab_start, self.group)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, positions=None):
+        x = self.embed(tokens)  # [b, s, h] (TP) or [b, s/t, h] (SP)
         for block in self.blocks:
             if self.recompute == "full" and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)  # same shape
+                x = checkpoint(block, x, positions, use_reentrant=False)  # same shape
             else:
-                x = block(x)  # same shape
-        (logits,) = self.head_region.columns(self.norm(x), self.lm_head)  # [b, s, V/t]
+                x = block(x, positions)  # same shape
+        logits = self.head(x)  # [b, s, V/t]
         if targets is None:
             return logits
-        return logits, VocabParallelCrossEntropy.apply(logits, targets, self.vocab_start, self.group)
+        return logits, self.loss(logits, targets)
 
 
 def shard_dims(model: nn.Module) -> dict[str, int | None]:

@@ -33,7 +33,7 @@ import torch.nn as nn
 from playbook.cluster import default_backend, launch
 from playbook.measure.memory import SavedActivations, optimizer_bytes
 from playbook.measure.trace import Span, bytes_by_op, counts_by_op
-from playbook.model import GPT, lm_loss
+from playbook.model import GPT
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
@@ -150,7 +150,7 @@ class Zero:
             x = self._run(i + 1, block, x)  # [batch, seq, hidden]
         logits = self._run(len(self.units) - 1, self.model.head, x)  # [batch, seq, vocab]
         self.phase = "backward"
-        return lm_loss(logits, targets)
+        return self.model.loss(logits, targets)
 
     def _run(self, k: int, fn, x: torch.Tensor) -> torch.Tensor:
         if self.stage < 3:
