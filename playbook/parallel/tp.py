@@ -39,7 +39,6 @@ PyTorch's own DTensor version is in ``playbook/parallel/tp_dtensor.py``.
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -49,8 +48,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from playbook.cluster import default_backend, launch
-from playbook.measure import trace
-from playbook.measure.memory import measure_training_step
 from playbook.model import GPT, RECOMPUTE_MODES, Attention
 from playbook.parallel.comm import (  # noqa: F401  (the chapter imports these from here)
     CopyToModelParallelRegion, GatherFromSequenceParallelRegion, ReduceFromModelParallelRegion,
@@ -335,37 +332,10 @@ def unshard(per_rank: list[dict[str, torch.Tensor]], dims: dict[str, int | None]
 
 
 # ---- training on real ranks ---------------------------------------------------------------------
-def train_loop(model, setup: TrainSetup, device, *, after_backward=None, context=nullcontext, collect=None,
-               measure: bool = True, progress=None) -> TrainResult:  # fmt: skip
-    """``parallel.training.train``'s loop for a model built elsewhere: same data, AdamW, gradients
-    after the first backward, parameters after the last step. Every tensor-parallel rank sees the
-    whole global batch. ``measure``: measure step 0's memory by category (plain tensors only);
-    ``context()`` wraps each step (DTensor's ``loss_parallel``); ``collect(tensor)`` turns a
-    parameter or gradient into what is returned (default: a CPU copy of this rank's slice)."""
-    collect = collect or (lambda x: x.detach().cpu().clone())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr)
-    task, tracer = setup.task(), trace.current()
-    losses, grads, memory = [], {}, {}
-    for step in range(setup.steps):
-        tokens, targets = task.batch(step, setup.global_batch, setup.seq_len, device=device)
-        with context(), (tracer.span(f"step {step}") if tracer else nullcontext()):
-            if step == 0 and measure:
-                snapshot = measure_training_step(model, optimizer, tokens, targets, after_backward=after_backward)
-                loss, memory = snapshot.loss, snapshot.as_dict()
-                grads = {n: collect(p.grad) for n, p in model.named_parameters()}
-            else:
-                optimizer.zero_grad(set_to_none=True)
-                _, loss = model(tokens, targets)
-                loss.backward()
-                if after_backward is not None:
-                    after_backward(model)
-                if step == 0:
-                    grads = {n: collect(p.grad) for n, p in model.named_parameters()}
-                optimizer.step()
-        losses.append(float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()))
-        if progress is not None:
-            progress(step + 1, setup.steps)
-    return TrainResult(losses, grads, {n: collect(p) for n, p in model.named_parameters()}, memory)
+def train_loop(model, setup: TrainSetup, device, *, after_backward=None, **hooks) -> TrainResult:
+    """``parallel.training.train`` on a model built elsewhere, every tensor-parallel rank seeing the
+    whole global batch; ``after_backward`` is its ``sync_grads`` (kept for the chapter's calls)."""
+    return train(setup, model=model, device=device, sync_grads=after_backward, **hooks)
 
 
 _OP = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",

@@ -8,6 +8,7 @@ which rows of the global batch this rank sees (``rank``/``world_size``).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -15,6 +16,7 @@ import torch
 
 from playbook.config import ModelConfig, require_positive
 from playbook.data import SyntheticTask, rows_per_rank
+from playbook.measure import trace
 from playbook.measure.memory import measure_training_step
 from playbook.model import GPT
 from playbook.theory.memory import TrainingMemory, training_memory
@@ -76,36 +78,72 @@ def train(
     rank: int = 0,
     world_size: int = 1,
     device: torch.device | str = "cpu",
+    model: torch.nn.Module | None = None,
+    optimizer=None,
+    batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    forward_backward: Callable | None = None,
     sync_grads: Callable[[torch.nn.Module], None] | None = None,
     sync_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    collect: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    context: Callable = nullcontext,
+    measure: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> TrainResult:
-    """Train ``setup.steps`` AdamW steps on this rank's slice of each global batch.
+    """The one training loop: ``setup.steps`` AdamW steps, for the reference and every strategy.
 
-    ``sync_grads(model)`` runs after each backward (data parallelism averages gradients there);
-    ``sync_loss(loss)`` turns the local loss into the global batch's loss for reporting.
+    Without hooks it is the single-process reference on rows ``rank/world_size`` of each global
+    batch. A strategy plugs in where it differs:
+
+    - ``model``: the (parallelized) model; default ``GPT(setup.config(), setup.seed)``;
+    - ``optimizer``: anything with ``zero_grad`` and ``step`` (ZeRO's sharded one); default AdamW;
+    - ``batch(step) -> (tokens, targets)``: which rows and tokens this rank sees;
+    - ``forward_backward(model, tokens, targets) -> loss``: forward and backward (a pipeline
+      executor replaces it); default ``model(tokens, targets)`` then ``loss.backward()``;
+    - ``sync_grads(model)``: where gradients are reduced (after every backward);
+    - ``sync_loss(loss)``: the global batch's loss, for reporting;
+    - ``collect(tensor)``: what is returned for a parameter or gradient (default a CPU copy);
+    - ``context()``: wraps each step (DTensor's ``loss_parallel``).
+
+    Step 0 is measured by category (``measure``) when the default forward is used; gradients are
+    taken after the first synchronised backward, parameters after the last step.
     """
-    cfg = setup.config()
-    model = GPT(cfg, seed=setup.seed).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr)
-    task = setup.task()
+    model = model if model is not None else GPT(setup.config(), seed=setup.seed).to(device)
+    optimizer = optimizer if optimizer is not None else torch.optim.AdamW(model.parameters(), lr=setup.lr)
+    collect = collect or (lambda x: x.detach().cpu().clone())
+    if batch is None:
+        task = setup.task()
+
+        def batch(step):
+            return task.batch(step, setup.global_batch, setup.seq_len, rank, world_size, device=device)
+
+    tracer = trace.current()
     losses, grads, memory = [], {}, {}
     for step in range(setup.steps):
-        tokens, targets = task.batch(step, setup.global_batch, setup.seq_len, rank, world_size, device=device)
-        if step == 0:  # the first step is measured by category
-            snapshot = measure_training_step(model, optimizer, tokens, targets, after_backward=sync_grads)
-            loss, memory = snapshot.loss, snapshot.as_dict()
-            grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
-        else:
-            optimizer.zero_grad(set_to_none=True)
-            _, loss = model(tokens, targets)
-            loss.backward()
-            if sync_grads is not None:
-                sync_grads(model)
-            optimizer.step()
-        losses.append(float(sync_loss(loss.detach()) if sync_loss else loss.detach()))
+        tokens, targets = batch(step)
+        with context(), (tracer.span(f"step {step}") if tracer else nullcontext()):
+            if step == 0 and measure and forward_backward is None:  # the first step, measured by category
+                snapshot = measure_training_step(model, optimizer, tokens, targets, after_backward=sync_grads)
+                loss, memory = snapshot.loss, snapshot.as_dict()
+                grads = {n: collect(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                if forward_backward is None:
+                    _, loss = model(tokens, targets)
+                    loss.backward()
+                else:
+                    loss = forward_backward(model, tokens, targets)
+                if sync_grads is not None:
+                    sync_grads(model)
+                if step == 0:
+                    grads = {n: collect(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+                optimizer.step()
+        loss = loss.detach()
+        losses.append(float(sync_loss(loss) if sync_loss else _full(loss)))
         if progress is not None:
             progress(step + 1, setup.steps)
-    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+    params = {n: collect(p) for n, p in model.named_parameters()}
     return TrainResult(losses, grads, params, memory)
 
+
+def _full(loss):
+    return loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # a DTensor loss (loss_parallel)
