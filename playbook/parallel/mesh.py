@@ -24,7 +24,7 @@ import torch.distributed as dist
 from playbook.dims import GROUP_AXES, ParallelDims
 from playbook.measure import trace
 
-_groups: dict[tuple[int, ...], object] = {}  # per process: rank list -> process group
+_groups: dict[tuple, object] = {}  # per process: rank list (or ("ep", *ranks)) -> process group
 _meshes: dict[ParallelDims, Mesh] = {}
 
 
@@ -46,6 +46,20 @@ def axis_label(dims: ParallelDims, axis: str) -> str:
     if axis == "ep_replica":
         return "ep_replica" if dims.ep > 1 else axis_label(dims, "dp_cp")
     return axis
+
+
+def _expert_group(dims: ParallelDims, rank: int):
+    """The ``ep`` group: its own process group even where its ranks are those of ``dp_cp`` (ep = dp·cp),
+    so that the trace tells the all-to-alls (ep) from the gradient sums (dp). Created by every rank
+    of the world, group by group in one order (a second group on the same ranks cannot be made by
+    its members alone: torch names such groups after their ranks)."""
+    mine = None
+    for ranks in dims.groups("ep"):
+        key = ("ep", *ranks)
+        if key not in _groups:
+            _groups[key] = dist.new_group(ranks)
+        mine = _groups[key] if rank in ranks else mine
+    return mine
 
 
 class Mesh:
@@ -117,7 +131,8 @@ def build_mesh(dims: ParallelDims) -> Mesh:
                          f"start {dims.world} ranks or choose degrees whose product is {world}")  # fmt: skip
     if dims not in _meshes:
         rank = dist.get_rank()
-        groups = {axis: _group(dims.ranks_along(axis, rank)) for axis in GROUP_AXES}
+        groups = {axis: _group(dims.ranks_along(axis, rank)) for axis in GROUP_AXES if axis != "ep"}
+        groups["ep"] = _expert_group(dims, rank) if dims.ep > 1 else _group([rank])
         _meshes[dims] = Mesh(dims, rank, groups)
     return _meshes[dims].activate()
 

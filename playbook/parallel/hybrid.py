@@ -1,0 +1,215 @@
+"""The hybrid mesh: data, tensor, pipeline, context and expert parallelism at once. ``playbook run hybrid``.
+
+One layout (``ParallelDims``), one runtime mesh (a process group per axis), one model and one
+training loop. ``parallelize(model, mesh, plan)`` applies the strategies in a fixed order, as
+torchtitan's ``parallelize_llama`` and Megatron-LM do:
+
+    1. tensor parallelism (+ sequence parallelism): the GPT cut into Megatron shards over ``tp``;
+    2. context parallelism: every attention core swapped for ring attention over ``cp``, RoPE at
+       this rank's global positions;
+    3. expert parallelism: every MoE layer's experts split over ``ep``;
+    4. pipeline parallelism: this rank's chunk of the (already parallel) model, played by the
+       schedule executor of ``parallel.pp`` over ``pp``;
+    5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
+       replicas, or ZeRO's sharded optimizer over ``dp``.
+
+Why this order: each step changes what the next one sees. TP changes the modules and their
+shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
+are the parameters a rank owns known, and data parallelism (or ZeRO) reduces exactly those.
+
+Every rank reads rows ``dp_i`` of the global batch (split over dp), the tokens of its cp shard,
+and computes the mean loss of what it holds; averaging over ``dp×cp`` gives the gradient of the
+global batch's mean loss, which the single process computes on the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from playbook.dims import ParallelDims
+from playbook.measure import trace
+from playbook.model import GPT
+from playbook.parallel.comm import all_reduce_flat
+from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.theory.schedules import check_pipeline
+
+CP_VARIANTS = ("ring", "allgather", "ulysses")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything about a layout beyond its degrees: which variant of each strategy."""
+
+    dims: ParallelDims
+    zero: int = 0
+    sequence_parallel: bool = False
+    cp_variant: str = "ring"
+    zigzag: bool = False
+    schedule: str = "1f1b"
+    microbatches: int = 0  # 0: as many as pipeline stages
+
+    @property
+    def m(self) -> int:
+        return self.microbatches or (self.dims.pp if self.dims.pp > 1 else 1)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "dims": asdict(self.dims)}
+
+    def check(self, setup: TrainSetup) -> None:
+        """Every constraint, before any rank starts: one ``ValueError`` naming it and what would work."""
+        cfg, d = setup.config(), self.dims
+        d.check(cfg, seq_len=setup.seq_len, global_batch=setup.global_batch, zigzag=self.zigzag,
+                microbatches=self.m if d.pp > 1 else None)  # fmt: skip
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.sequence_parallel and d.tp == 1:
+            raise ValueError("sequence parallelism splits the sequence over the tp ranks: it needs tp > 1")
+        if self.cp_variant not in CP_VARIANTS:
+            raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
+        not_yet = [
+            (self.zero and (d.pp > 1 or d.cp > 1 or d.ep > 1 or self.sequence_parallel),
+             "ZeRO here shards over dp with tp inside; combine it with pp, cp, ep or sequence parallelism later"),
+            (d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1), "expert parallelism here lives inside dp alone (tp=pp=cp=1)"),
+            (d.cp > 1 and d.pp > 1, "context parallelism inside a pipeline is not composed yet; use pp=1 with cp"),
+            (d.cp > 1 and self.sequence_parallel, "sequence parallelism with context parallelism is not composed yet"),
+            (d.pp > 1 and self.sequence_parallel, "sequence parallelism inside a pipeline is not composed yet"),
+        ]  # fmt: skip
+        for refused, why in not_yet:
+            if refused:
+                raise ValueError(f"layout {d}: {why}")
+        if d.pp > 1:
+            check_pipeline(d.pp, self.m, 1, name=self.schedule, n_layers=cfg.n_layers)
+            if cfg.n_layers % d.pp:
+                raise ValueError(f"pp={d.pp} must divide n_layers={cfg.n_layers} (equal stages); try pp in "
+                                 f"{{{', '.join(str(k) for k in range(1, cfg.n_layers + 1) if cfg.n_layers % k == 0)}}}")
+            if cfg.tie_embeddings:
+                raise ValueError("a tied embedding sits on the first and the last stage; use an untied preset")
+        if d.cp > 1 and self.cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp:
+            raise ValueError(f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})")
+
+
+# ---- 1-3: parallelize the one GPT --------------------------------------------------------------
+def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = None):
+    """Apply TP (+SP), the CP attention core and EP to ``model`` for this rank of ``mesh``, in that
+    order; returns the model to train (a new module for TP, the same one otherwise). The pipeline
+    (step 4) and the gradient reduction (step 5) belong to the training loop: see ``train_hybrid``."""
+    d = mesh.dims
+    if d.tp > 1:
+        from playbook.parallel.tp import TPGPT
+
+        model = TPGPT(model, mesh.group("tp"), sequence_parallel=plan.sequence_parallel)
+    if d.cp > 1:
+        from playbook.parallel.cp import cp_attention_fn, use_attention
+
+        use_attention(model, cp_attention_fn(plan.cp_variant, mesh.group("cp"), zigzag=plan.zigzag, positions=positions))
+    if d.ep > 1:
+        from playbook.moe import MoEMLP
+        from playbook.parallel.ep import ExpertParallelMoE
+
+        for block in model.blocks:
+            if isinstance(block.mlp, MoEMLP):
+                block.mlp = ExpertParallelMoE(block.mlp, ep_group=mesh.group("ep"), data_group=mesh.group("dp_cp"),
+                                              ep=d.ep, ep_rank=mesh.index("ep"), data_rank=mesh.index("dp_cp"),
+                                              n_data=d.dp * d.cp)  # fmt: skip
+    return model
+
+
+# ---- 5: where gradients are reduced ------------------------------------------------------------
+def sync_gradients(model, mesh, sequence_parallel: bool) -> None:
+    """SP: the norms saw s/t tokens each, sum over tp. Then average over dp×cp in one flat
+    all-reduce; expert weights (their gradient already summed over the tokens that reached them)
+    are summed over their replicas and divided by dp·cp too (``parallel.ep``)."""
+    if sequence_parallel:
+        from playbook.parallel.tp import sync_replicated_grads
+
+        sync_replicated_grads(model, mesh.group("tp"))
+    n = mesh.size("dp_cp")
+    if n == 1:
+        return
+    named = [(k, p) for k, p in model.named_parameters() if p.grad is not None]
+    dense = [p.grad for k, p in named if ".mlp.experts." not in k]
+    experts = [p.grad for k, p in named if ".mlp.experts." in k]
+    all_reduce_flat(dense, mesh.group("dp_cp"), divide_by=n)
+    if experts and mesh.size("ep_replica") > 1:
+        all_reduce_flat(experts, mesh.group("ep_replica"))
+    for g in experts:
+        g /= n
+
+
+def global_loss(loss: torch.Tensor, mesh) -> torch.Tensor:
+    """The global batch's loss for reporting, outside the step's accounting (axis "report"): the
+    last stage's loss to every stage, then the mean over dp×cp."""
+    with trace.on_axis("report"):
+        loss = loss.clone()
+        if mesh.size("pp") > 1:
+            dist.all_reduce(loss, group=mesh.group("pp"))  # only the last stage holds a non-zero loss
+        if mesh.size("dp_cp") > 1:
+            dist.all_reduce(loss, group=mesh.group("dp_cp"))
+            loss /= mesh.size("dp_cp")
+    return loss
+
+
+# ---- the rank function ---------------------------------------------------------------------------
+def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
+    """Train ``setup`` on this rank's share of ``plan``'s layout; return its result, its coordinates,
+    which of its tensors are tensor-parallel shards, its comm spans and (MoE) the routing."""
+    mesh = ctx.mesh_for(plan.dims)
+    d, cfg = plan.dims, setup.config()
+    positions = None
+    if d.cp > 1:
+        from playbook.theory.cp import shard_positions
+
+        positions = torch.tensor(shard_positions(setup.seq_len, d.cp, mesh.coords["cp"], plan.zigzag), device=ctx.device)
+    if cfg.is_moe:
+        from playbook.moe import build
+
+        model = build(cfg, setup.seed)
+    else:
+        model = GPT(cfg, seed=setup.seed)
+    model = parallelize(model.to(ctx.device), mesh, plan, positions)
+    task, rows = setup.task(), setup.global_batch // d.dp
+
+    def batch(step):
+        tokens, targets = task.batch(step, setup.global_batch, setup.seq_len, mesh.coords["dp"], d.dp, device=ctx.device)
+        if positions is not None:
+            tokens, targets = tokens[:, positions], targets[:, positions]  # [rows, s/cp]: this rank's tokens
+        return tokens, targets
+
+    hooks = dict(batch=batch, sync_loss=lambda loss: global_loss(loss, mesh), progress=ctx.progress, device=ctx.device)
+    pipeline_logs: list = []
+    if d.pp > 1:
+        from playbook.parallel.hybrid_pp import pipeline_hooks
+
+        model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs)
+        hooks.update(more, sync_grads=lambda m: sync_gradients(m, mesh, False))
+    elif plan.zero:
+        from playbook.parallel.hybrid_zero import zero_hooks
+
+        hooks.update(zero_hooks(model, mesh, plan, setup, ctx.tracer))
+    else:
+        if positions is not None:  # RoPE at this rank's global positions
+            forward = model.forward
+            model.forward = lambda tokens, targets=None: forward(tokens, targets, positions=positions)
+        hooks.update(model=model, sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
+    routing: list = []
+    if cfg.is_moe:  # the routing of every step, for the all-to-all prediction
+        from playbook.moe import moe_layers
+
+        sync = hooks["sync_grads"]
+        hooks["sync_grads"] = lambda m: (routing.append([x.stats.as_dict() for x in moe_layers(m)]), sync(m))
+    finish = hooks.pop("finish", None)
+    first = len(ctx.tracer.spans)
+    result: TrainResult = train(setup, **hooks)
+    if finish is not None:
+        result = finish(result)
+    spans = [s.as_dict() for s in ctx.tracer.spans[first:] if s.kind == "comm"]
+    from playbook.parallel.tp import shard_dims
+
+    out = {"rank": ctx.rank, "coords": mesh.coords, "result": result, "spans": spans,
+           "shard_dims": {k: v for k, v in shard_dims(model).items()} if d.tp > 1 else {}}  # fmt: skip
+    if routing:
+        out["routing"] = routing
+    return out

@@ -1,0 +1,127 @@
+"""``playbook run hybrid``: a layout on real ranks, against the single process on the same batch.
+
+The report gives parity (loss, every gradient, parameters after the last step), bytes per rank per
+step on every mesh axis (predicted by ``theory.hybrid``, measured by the tracer), and each rank's
+memory by category as measured.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from playbook.cluster import default_backend, launch
+from playbook.dims import ParallelDims
+from playbook.measure.trace import bytes_by_axis
+from playbook.parallel.hybrid import CP_VARIANTS, Plan, train_hybrid
+from playbook.parallel.registry import register
+from playbook.parallel.report import RunReport, compare
+from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.theory.hybrid import comm_per_axis
+from playbook.theory.schedules import SCHEDULES
+
+
+def merge(answers: list[dict], tp: int) -> TrainResult:
+    """One TrainResult with whole tensors: for each name, the copy of the first rank that holds it
+    at each tp index (replicas over dp, cp and the other stages hold the same), and tensor-parallel
+    shards concatenated along their dim in tp order."""
+    dims: dict = {}
+    by_tp: dict[int, dict] = defaultdict(lambda: {"grads": {}, "params": {}})
+    for a in sorted(answers, key=lambda a: a["rank"]):
+        dims |= a["shard_dims"]
+        for kind in ("grads", "params"):
+            for name, t in getattr(a["result"], kind).items():
+                by_tp[a["coords"]["tp"]][kind].setdefault(name, t)
+    out = {}
+    for kind in ("grads", "params"):
+        names = by_tp[0][kind]
+        out[kind] = {n: names[n] if tp == 1 or dims.get(n) is None else
+                     torch.cat([by_tp[i][kind][n] for i in range(tp)], dims[n]) for n in names}  # fmt: skip
+    first = min(answers, key=lambda a: a["rank"])["result"]
+    return TrainResult(first.losses, out["grads"], out["params"], first.memory)
+
+
+def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]:
+    """Per rank: bytes sent per step on each axis, predicted and measured (the loss report excluded)."""
+    routing = next((a["routing"] for a in answers if "routing" in a), None)
+    rows = []
+    for a in sorted(answers, key=lambda a: a["rank"]):
+        measured = bytes_by_axis([s for s in a["spans"] if s["axis"] != "report"], per=setup.steps)
+        predicted = comm_per_axis(setup.config(), plan.dims, rank=a["rank"], global_batch=setup.global_batch,
+                                  seq_len=setup.seq_len, zero=plan.zero, sequence_parallel=plan.sequence_parallel,
+                                  cp_variant=plan.cp_variant, schedule=plan.schedule, microbatches=plan.m,
+                                  routing=routing)  # fmt: skip
+        rows.append({"rank": a["rank"], "coords": a["coords"], "predicted": predicted, "measured": measured})
+    return rows
+
+
+def reference(setup: TrainSetup) -> TrainResult:
+    """The single process on the whole global batch (the MoE model built as its chapter builds it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # like one rank: several threads on a busy 2-core machine run 10-30x slower
+    try:
+        if setup.config().is_moe:
+            from playbook.moe import build
+
+            return train(setup, model=build(setup.config(), setup.seed))
+        return train(setup)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@dataclass
+class HybridReport(RunReport):
+    """``RunReport`` plus the layout and, per rank, bytes per axis and memory by category."""
+
+    layout: dict = field(default_factory=dict)
+    per_rank: list = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [super().summary(), f"  layout {self.layout['name']}: bytes per rank per step, by axis (predicted / measured)"]
+        for row in self.per_rank:
+            axes = sorted(set(row["predicted"]) | set(row["measured"]))
+            cells = ", ".join(f"{ax} {row['predicted'].get(ax, 0):,.0f} / {row['measured'].get(ax, 0):,.0f}" for ax in axes)
+            lines.append(f"    rank {row['rank']}: {cells or 'no communication'}")
+        return "\n".join(lines)
+
+
+def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto") -> HybridReport:
+    """Check ``plan``, run it on ``plan.dims.world`` fresh ranks, and compare with the single process."""
+    plan.check(setup)
+    world = plan.dims.world
+    backend = default_backend(world) if backend == "auto" else backend
+    answers = launch(train_hybrid, world, setup, plan, backend=backend)
+    ours = merge(answers, plan.dims.tp)
+    table = comm_table(answers, setup, plan)
+    mine = table[0]
+    return HybridReport(
+        strategy="hybrid", world_size=world, backend=backend, parity=compare(ours, reference(setup)),
+        memory={"predicted": {}, "measured": {k: v for k, v in answers[0]["result"].memory.items() if k != "peak"}},
+        comm={"predicted": mine["predicted"], "measured": mine["measured"]},
+        setup={**setup.as_dict(), **plan.as_dict()}, losses=ours.losses,
+        layout={"name": str(plan.dims), "groups": plan.dims.describe()},
+        per_rank=[{**row, "memory": a["result"].memory} for row, a in zip(table, sorted(answers, key=lambda a: a["rank"]))],
+    )  # fmt: skip
+
+
+def add_arguments(parser) -> None:
+    for axis, what in (("dp", "data"), ("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"), ("ep", "expert")):
+        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{what}-parallel degree")
+    parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp")
+    parser.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism")
+    parser.add_argument("--cp-variant", default="ring", choices=list(CP_VARIANTS))
+    parser.add_argument("--zigzag", action="store_true", help="with --cp: zig-zag causal balance")
+    parser.add_argument("--schedule", default="1f1b", choices=list(SCHEDULES))
+    parser.add_argument("--microbatches", type=int, default=0, help="with --pp: micro-batches per step (0: pp)")
+    parser.set_defaults(world_size=0)  # implied by the degrees
+
+
+@register("hybrid", help="every strategy at once on one mesh: --dp --tp --pp --cp --ep [--zero K]", arguments=add_arguments)
+def run_hybrid(setup: TrainSetup, *, world_size: int = 0, backend: str = "auto", dp: int = 1, tp: int = 1, pp: int = 1,
+               cp: int = 1, ep: int = 1, **plan) -> HybridReport:  # fmt: skip
+    dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    if world_size and world_size != dims.world:
+        raise ValueError(f"--world-size {world_size} but the degrees {dims} need {dims.world} ranks; omit --world-size")
+    return run_layout(setup, Plan(dims, **plan), backend)

@@ -1,0 +1,45 @@
+"""Step 5 of ``parallelize`` with ZeRO: the optimizer sharded over the mesh's ``dp`` axis, tensor
+parallelism inside (each tp rank shards its own slices). ``parallel.zero.Zero`` does the work; these
+are the one training loop's hooks for it."""
+
+from __future__ import annotations
+
+from playbook.measure import trace
+from playbook.parallel.zero import Zero
+
+
+class _Optimizer:
+    """Zero's ``zero_grad`` and ``step`` under the names the loop calls."""
+
+    def __init__(self, zero: Zero):
+        self.zero = zero
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.zero.zero_grad()
+
+    def step(self) -> None:
+        self.zero.step()
+
+
+def zero_hooks(model, mesh, plan, setup, tracer) -> dict:
+    zero = Zero(model, stage=plan.zero, group=mesh.group("dp"), lr=setup.lr, prefetch=True, tracer=tracer)
+    first: list = []
+
+    def forward_backward(_, tokens, targets):
+        loss = zero.loss(tokens, targets)
+        loss.backward()
+        return loss
+
+    def sync(_):
+        zero.sync()
+        if not first:  # the first step's gradient slices, after the reduce-scatter
+            first.extend(u.opt_param.grad.clone() for u in zero.units)
+
+    def finish(result):
+        with trace.on_axis("report"):  # gathering whole tensors for the parity check is not the step's traffic
+            result.grads = {k: v.cpu() for k, v in zero.gather(first).items()}
+            result.params = {k: v.cpu() for k, v in zero.gather([u.opt_param for u in zero.units]).items()}
+        return result
+
+    return {"model": model, "optimizer": _Optimizer(zero), "forward_backward": forward_backward, "sync_grads": sync,
+            "finish": finish}

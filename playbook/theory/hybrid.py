@@ -1,0 +1,112 @@
+"""Bytes per rank per step on each mesh axis, for a layout that combines strategies.
+
+Each axis carries what one chapter derived, computed on this rank's *local* shapes:
+
+- ``tp``: Megatron's two all-reduces per layer forward and two backward, or the sequence-parallel
+  all-gather/reduce-scatter pairs, plus the vocab-parallel loss (``theory.tp.step_collectives``),
+  for the layers of this rank's pipeline stage and this rank's rows;
+- ``cp``: ring attention's K/V blocks and their gradients (``theory.cp.comm_bytes_per_layer``);
+- ``pp``: one activation [b/m, s, h] per forward send and one gradient per backward send, as many
+  as this rank's list of the schedule has (``theory.schedules``);
+- the data axis (``dp``, ``cp`` or ``dp×cp``, whichever holds replicated weights): one all-reduce of
+  this rank's dense gradients (ring, 2S(n−1)/n), or ZeRO's reduce-scatters and all-gathers of its
+  padded flat units (Rajbhandari et al. 2019, §7), and expert parallelism's routing counts;
+- ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
+- ``ep_replica``: the expert gradients over the ranks that hold the same experts.
+
+Sizes in bytes (fp32). The loss reported to the user is not counted: it travels outside the step.
+"""
+
+from __future__ import annotations
+
+from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
+from playbook.theory.comm import sent_bytes
+from playbook.theory.moe import params_per_rank as moe_params
+from playbook.theory.schedules import make_schedule
+from playbook.theory.tp import step_collectives
+from playbook.theory.zero import padded
+
+FP32 = 4
+
+
+def data_axis(dims: ParallelDims) -> str:
+    """The name of the axis that holds replicated weights (dp, cp, or dp×cp; dp when neither splits)."""
+    parts = [a for a in ("dp", "cp") if dims.size(a) > 1]
+    return "×".join(parts) if len(parts) == 2 else (parts[0] if parts else "dp")
+
+
+def stage_layers(cfg: ModelConfig, pp: int, stage: int) -> range:
+    """The blocks of pipeline stage ``stage`` (equal counts, as ``parallel.pp.equal_partition``)."""
+    per = cfg.n_layers // pp
+    return range(stage * per, (stage + 1) * per)
+
+
+def local_units(cfg: ModelConfig, dims: ParallelDims, stage: int = 0) -> list[tuple[str, int, int]]:
+    """This rank's parameters by unit, as (name, split elements, replicated elements) under TP:
+    the embedding (first stage), each block of the stage, the final norm and head (last stage).
+    Split matrices hold 1/tp; norms are whole on every tensor-parallel rank."""
+    t, h = dims.tp, cfg.hidden
+    units = []
+    if stage == 0:
+        units.append(("embed", cfg.vocab_size * h // t, 0))
+    for i in stage_layers(cfg, dims.pp, stage):
+        units.append((f"block{i}", (cfg.layer_params() - 2 * h) // t, 2 * h))
+    if stage == dims.pp - 1:
+        units.append(("head", cfg.vocab_size * h // t, h))
+    return units
+
+
+def comm_per_axis(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_batch: int, seq_len: int,
+                  zero: int = 0, sequence_parallel: bool = False, cp_variant: str = "ring",
+                  schedule: str = "1f1b", microbatches: int = 1, routing: list | None = None) -> dict[str, float]:
+    """Bytes ``rank`` sends per training step on each axis of ``dims`` (see the module docstring).
+    ``routing``: for expert parallelism, the routing stats of the run (``[step][layer]`` dicts with
+    ``counts_by_rank`` and ``capacity``), from which the all-to-all bytes follow (mean per step)."""
+    c = dims.coords(rank)
+    stage, rows = c["pp"], global_batch // dims.dp
+    out: dict[str, float] = {}
+
+    def add(axis, value):
+        if value:
+            out[axis] = out.get(axis, 0.0) + float(value)
+
+    if dims.tp > 1:
+        layers = {f"layer{i}" for i in stage_layers(cfg, dims.pp, stage)}
+        keep = layers | ({"embedding"} if stage == 0 else set()) | ({"head", "loss"} if stage == dims.pp - 1 else set())
+        for col in step_collectives(cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp,
+                                    sequence_parallel=sequence_parallel):
+            if col.region.split(".")[0] in keep or col.region == "grad sync":
+                add("tp", col.sent_bytes)
+    if dims.cp > 1:
+        from playbook.theory.cp import comm_bytes_per_layer
+
+        per_layer = comm_bytes_per_layer(cfg, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
+        add("cp", cfg.n_layers * sum(per_layer.values()))
+    if dims.pp > 1:
+        plan = make_schedule(schedule, dims.pp, microbatches)
+        message = FP32 * (rows // microbatches) * (seq_len // (dims.tp if sequence_parallel else 1)) * cfg.hidden
+        sends = [a for a in plan.actions[stage] if a.kind.startswith("send") and a.peer != stage]
+        add("pp", len(sends) * message)
+    n = dims.dp * dims.cp
+    units = local_units(cfg, dims, stage)
+    if zero and n > 1:
+        total = sum(padded(split + rep, dims.dp) for _, split, rep in units)  # flat units, padded over dp
+        add("dp", sent_bytes("reduce_scatter", FP32 * total, dims.dp))
+        add("dp", (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, dims.dp))
+    elif n > 1:
+        dense = sum(split + rep for _, split, rep in units)
+        if cfg.is_moe:
+            dense = moe_params(cfg, dims.ep)["dense"]
+            add(data_axis(dims), cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n))  # counts
+        add(data_axis(dims), sent_bytes("all_reduce", FP32 * dense, n))
+    if cfg.is_moe and dims.ep > 1 and n > dims.ep:
+        p = moe_params(cfg, dims.ep)
+        tensors = 3 * cfg.n_experts // dims.ep * cfg.n_moe_layers  # one "had a gradient" flag per tensor
+        add("ep_replica", sent_bytes("all_reduce", FP32 * (p["experts"] + tensors), n // dims.ep))
+    if routing is not None and dims.ep > 1:
+        from playbook.theory.moe import alltoall_bytes_from_routing
+
+        per_step = alltoall_bytes_from_routing(routing, dims.ep, cfg.hidden)  # [step][data rank]
+        add("ep", sum(s[dims.data_index(rank)] for s in per_step) / len(per_step))
+    return out
