@@ -294,11 +294,12 @@ def _wrap(op: str, fn):
         n, name = _group_of(group)
         rank_in_group = dist.get_rank(group) if group is not None else dist.get_rank()
         S, sent, dtype = _measure(op, args, kwargs, n, rank_in_group)
-        span = Span(tracer.rank, "comm", op, time.perf_counter(), None, S, sent, n, name, dtype, axis=_axis_of(group))
+        axis = _axis_of(group)
+        span = Span(tracer.rank, "comm", op, time.perf_counter(), None, S, sent, n, name, dtype, axis=axis)
         tracer.spans.append(span)
         is_async = op in _ASYNC_ALWAYS or kwargs.get("async_op", False)
         if not is_async:
-            tracer.on_status(f"waiting in {op} ({S} B, group {name})")
+            tracer.on_status(f"waiting in {op} ({S} B, group {name}{f', axis {axis}' if axis else ''})")
         _current.depth = 1
         try:
             result = fn(*args, **kwargs)

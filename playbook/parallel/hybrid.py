@@ -129,14 +129,19 @@ def sync_gradients(model, mesh, sequence_parallel: bool) -> None:
     n = mesh.size("dp_cp")
     if n == 1:
         return
-    named = [(k, p) for k, p in model.named_parameters() if p.grad is not None]
-    dense = [p.grad for k, p in named if ".mlp.experts." not in k]
-    experts = [p.grad for k, p in named if ".mlp.experts." in k]
+    named = list(model.named_parameters())
+    dense = [p.grad for k, p in named if ".mlp.experts." not in k and p.grad is not None]
+    experts = [p for k, p in named if ".mlp.experts." in k]
     all_reduce_flat(dense, mesh.group("dp_cp"), divide_by=n)
-    if experts and mesh.size("ep_replica") > 1:
-        all_reduce_flat(experts, mesh.group("ep_replica"))
-    for g in experts:
-        g /= n
+    if experts and mesh.size("ep_replica") > 1:  # an expert that got no token here has no grad: zeros + a flag
+        had = torch.tensor([p.grad is not None for p in experts], dtype=torch.float32, device=experts[0].device)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in experts]
+        all_reduce_flat(grads + [had], mesh.group("ep_replica"))
+        for p, g, flag in zip(experts, grads, had):
+            p.grad = g if flag > 0 else None
+    for p in experts:
+        if p.grad is not None:
+            p.grad /= n
 
 
 def global_loss(loss: torch.Tensor, mesh) -> torch.Tensor:
@@ -170,6 +175,11 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     else:
         model = GPT(cfg, seed=setup.seed)
     model = parallelize(model.to(ctx.device), mesh, plan, positions)
+    split = {}
+    if d.tp > 1:  # which tensors are tensor-parallel shards (before ZeRO-3 takes the parameters away)
+        from playbook.parallel.tp import shard_dims
+
+        split = shard_dims(model)
     task, rows = setup.task(), setup.global_batch // d.dp
 
     def batch(step):
@@ -206,10 +216,7 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     if finish is not None:
         result = finish(result)
     spans = [s.as_dict() for s in ctx.tracer.spans[first:] if s.kind == "comm"]
-    from playbook.parallel.tp import shard_dims
-
-    out = {"rank": ctx.rank, "coords": mesh.coords, "result": result, "spans": spans,
-           "shard_dims": {k: v for k, v in shard_dims(model).items()} if d.tp > 1 else {}}  # fmt: skip
+    out = {"rank": ctx.rank, "coords": mesh.coords, "result": result, "spans": spans, "shard_dims": split}
     if routing:
         out["routing"] = routing
     return out

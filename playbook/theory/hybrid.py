@@ -5,7 +5,8 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
 - ``tp``: Megatron's two all-reduces per layer forward and two backward, or the sequence-parallel
   all-gather/reduce-scatter pairs, plus the vocab-parallel loss (``theory.tp.step_collectives``),
   for the layers of this rank's pipeline stage and this rank's rows;
-- ``cp``: ring attention's K/V blocks and their gradients (``theory.cp.comm_bytes_per_layer``);
+- ``cp``: ring attention's K/V blocks and their gradients (``theory.cp.comm_bytes_per_layer``), of
+  this rank's kv_heads/tp heads;
 - ``pp``: one activation [b/m, s, h] per forward send and one gradient per backward send, as many
   as this rank's list of the schedule has (``theory.schedules``);
 - the data axis (``dp``, ``cp`` or ``dp×cp``, whichever holds replicated weights): one all-reduce of
@@ -81,7 +82,8 @@ def comm_per_axis(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_bat
     if dims.cp > 1:
         from playbook.theory.cp import comm_bytes_per_layer
 
-        per_layer = comm_bytes_per_layer(cfg, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
+        local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
+        per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
         add("cp", cfg.n_layers * sum(per_layer.values()))
     if dims.pp > 1:
         plan = make_schedule(schedule, dims.pp, microbatches)

@@ -1,0 +1,100 @@
+"""The hybrid mesh on real ranks: every composition against the single process on the same global
+batch (loss and every gradient to 1e-5 relative, parameters after 3 AdamW steps to 1e-5 relative L2
+per tensor), and bytes per rank per step on every mesh axis measured == predicted."""
+
+import pytest
+
+from playbook.cluster import RankTimeout
+from playbook.dims import ParallelDims
+from playbook.parallel.hybrid import Plan, train_hybrid
+from playbook.parallel.hybrid_run import comm_table, merge, reference
+from playbook.parallel.report import compare
+from playbook.parallel.training import TrainSetup
+
+DENSE, MOE = TrainSetup(), TrainSetup(model="gpt-tiny-moe")
+_references: dict = {}
+
+
+def check(ranks, setup: TrainSetup, plan: Plan):
+    plan.check(setup)
+    answers = ranks.run(train_hybrid, setup, plan)
+    if setup not in _references:
+        _references[setup] = reference(setup)
+    parity = compare(merge(answers, plan.dims.tp), _references[setup])
+    assert parity["max_abs_loss_diff"] < 1e-5 * 4  # losses ~4 nats: 1e-5 relative
+    assert parity["max_rel_grad_diff"] < 1e-5
+    assert parity["max_rel_l2_param_diff"] < 1e-5
+    for row in comm_table(answers, setup, plan):
+        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
+    return answers, parity
+
+
+FOUR = [
+    ("dp2×tp2", DENSE, Plan(ParallelDims(dp=2, tp=2)), {"dp", "tp"}),
+    ("tp2×pp2", DENSE, Plan(ParallelDims(tp=2, pp=2)), {"tp", "pp"}),
+    ("dp2×pp2", DENSE, Plan(ParallelDims(dp=2, pp=2)), {"dp", "pp"}),
+    ("dp2×cp2", DENSE, Plan(ParallelDims(dp=2, cp=2)), {"cp", "dp×cp"}),
+    ("tp2×cp2", DENSE, Plan(ParallelDims(tp=2, cp=2)), {"tp", "cp"}),
+    ("ZeRO-1 over dp in dp2×tp2", DENSE, Plan(ParallelDims(dp=2, tp=2), zero=1), {"dp", "tp"}),
+    ("ZeRO-3 over dp in dp2×tp2", DENSE, Plan(ParallelDims(dp=2, tp=2), zero=3), {"dp", "tp"}),
+    ("dp2×tp2 with sequence parallelism", DENSE, Plan(ParallelDims(dp=2, tp=2), sequence_parallel=True), {"dp", "tp"}),
+    ("dp2×cp2 zig-zag", DENSE, Plan(ParallelDims(dp=2, cp=2), zigzag=True), {"cp", "dp×cp"}),
+    ("tp2×cp2 all-gather", DENSE, Plan(ParallelDims(tp=2, cp=2), cp_variant="allgather"), {"tp", "cp"}),
+    ("ep2 inside dp4 (replicas)", MOE, Plan(ParallelDims(dp=4, ep=2)), {"dp", "ep", "ep_replica"}),
+]
+
+
+@pytest.mark.parametrize("name, setup, plan, axes", FOUR, ids=[c[0] for c in FOUR])
+def test_four_rank_layouts_match_the_single_process_with_bytes_per_axis_as_predicted(ranks4, name, setup, plan, axes):
+    answers, _ = check(ranks4, setup, plan)
+    assert {ax for a in answers for s in a["spans"] if s["axis"] != "report" for ax in [s["axis"]]} == axes
+
+
+def test_ep2_inside_dp2_moe(ranks2):
+    answers, _ = check(ranks2, MOE, Plan(ParallelDims(dp=2, ep=2)))
+    axes = {s["axis"] for a in answers for s in a["spans"]}
+    assert {"dp", "ep"} <= axes  # the all-to-alls on their own group, though its ranks are dp's
+
+
+def test_dp2_tp2_pp2_on_eight_ranks(ranks8):
+    answers, _ = check(ranks8, DENSE, Plan(ParallelDims(dp=2, tp=2, pp=2)))
+    sends = [s for a in answers for s in a["spans"] if s["name"] == "isend"]
+    assert sends and all(s["axis"] == "pp" for s in sends)
+
+
+def test_a_pipeline_inside_a_subgroup_talks_to_its_own_stage_peers(ranks4):
+    """dp2×pp2: the pipelines are ranks {0, 2} and {1, 3}. Sending to the pipeline-local peer
+    index as if it were global (the old bug) would pair rank 0 with rank 1 and rank 2 with rank 0."""
+    answers, _ = check(ranks4, DENSE, Plan(ParallelDims(dp=2, pp=2), schedule="gpipe", microbatches=2))
+    for a in answers:
+        groups = {s["group"] for s in a["spans"] if s["name"] in ("isend", "irecv")}
+        assert groups == {"ranks0-2" if a["rank"] in (0, 2) else "ranks1-3"}
+
+
+def wrong_group(ctx):
+    import torch
+    import torch.distributed as dist
+
+    mesh = ctx.mesh_for(ParallelDims(dp=2, tp=2))
+    t = torch.ones(1)
+    dist.all_reduce(t, group=mesh.group("tp" if ctx.rank == 0 else "dp"))  # rank 0 in the wrong group
+    return t.item()
+
+
+def test_a_collective_on_the_wrong_axis_ends_in_a_report_naming_rank_axis_and_collective(ranks4):
+    with pytest.raises(RankTimeout) as err:
+        ranks4.run(wrong_group, timeout=4)
+    text = str(err.value)
+    assert "all_reduce" in text and "axis tp" in text and "axis dp" in text
+
+
+@pytest.mark.parametrize("plan, words", [
+    (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO here shards over dp"),
+    (Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), "sequence parallelism inside a pipeline"),
+    (Plan(ParallelDims(dp=2), sequence_parallel=True), "needs tp > 1"),
+    (Plan(ParallelDims(tp=4)), r"tp=4 must divide kv_heads=2"),
+    (Plan(ParallelDims(dp=3)), "global_batch=8 does not split over dp=3"),
+])
+def test_bad_layouts_are_refused_before_any_rank_starts(plan, words):
+    with pytest.raises(ValueError, match=words):
+        plan.check(DENSE)
