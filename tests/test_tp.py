@@ -16,13 +16,15 @@ from playbook.cli import main
 from playbook.config import ModelConfig
 from playbook.model import GPT
 from playbook.parallel.report import compare
-from playbook.parallel.tp import (
+from playbook.parallel.comm import (
     CopyToModelParallelRegion,
     GatherFromSequenceParallelRegion,
     ReduceFromModelParallelRegion,
     ReduceScatterToSequenceParallelRegion,
+)
+from playbook.parallel.tp import (
     TPGPT,
-    _on_rank,
+    on_rank,
     gather_result,
     matmul_throughput,
     run_tp,
@@ -185,7 +187,8 @@ def run_case(request, t, sp, regather=False, recompute="none"):
     if key not in _RUNS:
         native = not regather and recompute == "none"
         ranks = request.getfixturevalue(f"ranks{t}")
-        _RUNS[key] = ranks.run(_on_rank, SETUPS[t], sp, native, regather, recompute, progress=False)
+        _RUNS[key] = ranks.run(on_rank, SETUPS[t], sequence_parallel=sp, native=native, regather=regather,
+                               recompute=recompute, progress=False)
     if t not in _REFERENCES:
         _REFERENCES[t] = train(SETUPS[t])
     return _RUNS[key], _REFERENCES[t]

@@ -39,7 +39,6 @@ PyTorch's own DTensor version is in ``playbook/parallel/tp_dtensor.py``.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -49,153 +48,15 @@ from torch.utils.checkpoint import checkpoint
 
 from playbook.cluster import default_backend, launch
 from playbook.model import GPT, RECOMPUTE_MODES, Attention
-from playbook.parallel.comm import (  # noqa: F401  (the chapter imports these from here)
-    CopyToModelParallelRegion, GatherFromSequenceParallelRegion, ReduceFromModelParallelRegion,
-    ReduceScatterToSequenceParallelRegion, all_gather, all_reduce, f, g, reduce_scatter,
+from playbook.measure.matmul import matmul_throughput  # noqa: F401  (the chapter imports it from here)
+from playbook.parallel.comm import all_reduce, f, g  # noqa: F401  (f, g: the chapter imports them from here)
+from playbook.parallel.tp_layers import (  # noqa: F401  (layers, re-exported for the chapter and tests)
+    ColumnParallelLinear, Region, RowParallelLinear, VocabParallelCrossEntropy, VocabParallelEmbedding, shard,
 )
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.tp import check_tp, step_collectives, summarize, tp_training_memory
-
-
-
-
-class LinearsWithSequenceParallelRegather(torch.autograd.Function):
-    """SP as Megatron-LM runs it (Korthikanti et al. 2022, §4.2.2 and Table 2's TP+SP row): all-gather
-    the sequence shard, apply the column-parallel weights, but save only the *shard*; backward
-    all-gathers it again for the weight gradients, then reduce-scatters the input gradient. One more
-    all-gather per region in backward buys s/t instead of s tokens of saved region input."""
-
-    @staticmethod
-    def forward(ctx, x, region, *weights):
-        full = all_gather(x, 1, region.group, region.label, "forward")  # [b, s, h], not saved
-        ctx.region = region
-        ctx.save_for_backward(x, *weights)  # x: [b, s/t, h]
-        return tuple(F.linear(full, w) for w in weights)  # each [b, s, out/t]
-
-    @staticmethod
-    def backward(ctx, *grads):
-        x, *weights = ctx.saved_tensors
-        full = all_gather(x, 1, ctx.region.group, ctx.region.label, "backward")  # [b, s, h] again
-        flat = full.reshape(-1, full.shape[-1])  # [b*s, h]
-        grad_w = [gy.reshape(-1, gy.shape[-1]).t() @ flat for gy in grads]  # each [out/t, h]
-        grad_full = sum(gy @ w for gy, w in zip(grads, weights))  # [b, s, h], this rank's share
-        return reduce_scatter(grad_full, 1, ctx.region.group, ctx.region.label, "backward"), None, *grad_w
-
-
-@dataclass(frozen=True)
-class Region:
-    """One parallel region (a layer's attention or MLP, or the head): how it is entered and left.
-    ``sequence_parallel``: all-gather / reduce-scatter instead of f / g; ``regather``: with SP, save
-    only the sequence shard of the region's input and all-gather it again in backward."""
-
-    group: object
-    sequence_parallel: bool
-    regather: bool
-    label: str
-
-    def columns(self, x: torch.Tensor, *layers) -> list[torch.Tensor]:
-        """Enter the region once and apply every column-parallel layer that reads its input
-        (q, k, v; gate, up; the head): their input gradients are summed before f's all-reduce."""
-        if self.sequence_parallel and self.regather:
-            return list(LinearsWithSequenceParallelRegather.apply(x, self, *[layer.weight for layer in layers]))
-        op = GatherFromSequenceParallelRegion if self.sequence_parallel else CopyToModelParallelRegion
-        x = op.apply(x, self.group, self.label)  # [b, s, h] on every rank
-        return [layer(x) for layer in layers]  # each [b, s, out/t]
-
-    def leave(self, y: torch.Tensor) -> torch.Tensor:
-        """g (TP), or reduce-scatter to sequence shards (SP): partial [b, s, h] -> [b, s or s/t, h]."""
-        op = ReduceScatterToSequenceParallelRegion if self.sequence_parallel else ReduceFromModelParallelRegion
-        return op.apply(y, self.group, self.label)
-
-
-# ---- parallel layers ----------------------------------------------------------------------------
-def shard(weight: torch.Tensor, dim: int, rank: int, t: int) -> torch.Tensor:
-    """This rank's contiguous 1/t of ``weight`` along ``dim`` (a copy)."""
-    return weight.detach().chunk(t, dim)[rank].clone()
-
-
-class ColumnParallelLinear(nn.Module):
-    """Y_i = X A_iᵀ with this rank's out_features/t rows of the [out, in] weight. No communication:
-    ``Region.columns`` enters the region once for all column layers that share an input (q, k, v;
-    gate, up), so their input gradients are summed locally and all-reduced once."""
-
-    shard_dim = 0
-
-    def __init__(self, weight_shard: torch.Tensor):
-        super().__init__()
-        self.weight = nn.Parameter(weight_shard)  # [out/t, in]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)  # [..., out/t]
-
-
-class RowParallelLinear(nn.Module):
-    """Z = Σ_i Y_i B_iᵀ with this rank's in_features/t columns; the partial sum leaves the region
-    through g (all-reduce) or, with SP, a reduce-scatter to sequence shards."""
-
-    shard_dim = 1
-
-    def __init__(self, weight_shard: torch.Tensor, region: Region):
-        super().__init__()
-        self.weight = nn.Parameter(weight_shard)  # [out, in/t]
-        self.region = region
-
-    def forward(self, y: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(y, self.weight)  # [b, s, out], this rank's share of the sum
-        return self.region.leave(partial)  # [b, s or s/t, out]
-
-
-class VocabParallelEmbedding(nn.Module):
-    """Rows [start, start + V/t) of the embedding. A rank looks up the tokens it owns, writes zeros
-    for the others, and the sum over ranks (g, or a reduce-scatter with SP) is the full embedding."""
-
-    shard_dim = 0
-
-    def __init__(self, weight_shard: torch.Tensor, start: int, region: Region):
-        super().__init__()
-        self.weight = nn.Parameter(weight_shard)  # [V/t, h]
-        self.start, self.region = start, region
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        outside = (tokens < self.start) | (tokens >= self.start + self.weight.shape[0])  # [b, s] bool
-        local = (tokens - self.start).masked_fill(outside, 0)  # [b, s] row index in this shard
-        x = F.embedding(local, self.weight).masked_fill(outside[..., None], 0.0)  # [b, s, h]
-        return self.region.leave(x)  # [b, s or s/t, h]
-
-
-class VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy from logit shards [b, s, V/t] (Megatron-LM's vocab-parallel loss).
-
-    loss = log Σ_v exp(z_v − m) − (z_target − m), with the max m, the sum and the target logit each
-    combined over ranks by all-reduce (max; then one sum of [Σexp, target logit]). Backward needs no
-    communication: d loss / d z = (softmax − onehot) / (b·s) on this rank's slice.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, targets, start, group):
-        n = logits.shape[-1]  # V/t
-        m = all_reduce(logits.amax(-1), group, "loss", "forward", op=dist.ReduceOp.MAX)  # [b, s]
-        shifted = logits - m[..., None]  # [b, s, V/t]
-        exp = shifted.exp()  # [b, s, V/t]
-        outside = (targets < start) | (targets >= start + n)  # [b, s]
-        local = (targets - start).masked_fill(outside, 0)  # [b, s]
-        target_logit = shifted.gather(-1, local[..., None])[..., 0].masked_fill(outside, 0.0)  # [b, s]
-        sums = all_reduce(torch.stack([exp.sum(-1), target_logit]), group, "loss", "forward")  # [2, b, s]
-        probs = exp.div_(sums[0][..., None])  # [b, s, V/t], softmax over the whole vocabulary
-        ctx.save_for_backward(probs, targets)
-        ctx.start = start
-        return (sums[0].log() - sums[1]).mean()
-
-    @staticmethod
-    def backward(ctx, grad):
-        probs, targets = ctx.saved_tensors
-        n = probs.shape[-1]
-        inside = ((targets >= ctx.start) & (targets < ctx.start + n)).to(probs.dtype)  # [b, s]
-        local = (targets - ctx.start).clamp(0, n - 1)  # [b, s]
-        dz = probs.clone().scatter_add_(-1, local[..., None], -inside[..., None])  # [b, s, V/t]
-        return dz * (grad / targets.numel()), None, None, None
 
 
 # ---- the model, cut from the reference GPT ------------------------------------------------------
@@ -360,13 +221,21 @@ def measured_collectives(spans, step: int = 0) -> list[dict]:
     return out
 
 
-def train_tp(ctx, setup: TrainSetup, sequence_parallel: bool = False, regather: bool = False,
+def tp_group(ctx):
+    """The chapter's layout: every rank on one tensor-parallel axis."""
+    from playbook.dims import ParallelDims
+
+    return ctx.mesh_for(ParallelDims(tp=ctx.world_size)).group("tp")
+
+
+def train_tp(ctx, setup: TrainSetup, *, sequence_parallel: bool = False, regather: bool = False,
              recompute: str = "none"):  # fmt: skip
     """Rank function: build this rank's shard from the reference GPT, train, and return
     (TrainResult of this rank's slices, shard dims, the collectives of step 0)."""
-    model = TPGPT(GPT(setup.config(), seed=setup.seed).to(ctx.device), ctx.group,
+    group = tp_group(ctx)
+    model = TPGPT(GPT(setup.config(), seed=setup.seed).to(ctx.device), group,
                   sequence_parallel=sequence_parallel, regather=regather, recompute=recompute)  # fmt: skip
-    sync = (lambda m: sync_replicated_grads(m, ctx.group)) if sequence_parallel else None
+    sync = (lambda m: sync_replicated_grads(m, group)) if sequence_parallel else None
     result = train_loop(model, setup, ctx.device, after_backward=sync, progress=ctx.progress)
     return result, shard_dims(model), measured_collectives(ctx.tracer.spans)
 
@@ -378,16 +247,18 @@ def gather_result(per_rank) -> TrainResult:
                        unshard([r.params for r in results], dims), results[0].memory)  # fmt: skip
 
 
-def _on_rank(ctx, setup, sequence_parallel, native, regather=False, recompute="none"):
-    ours = train_tp(ctx, setup, sequence_parallel, regather, recompute)
+def on_rank(ctx, setup: TrainSetup, *, sequence_parallel: bool = False, native: bool = False, regather: bool = False,
+            recompute: str = "none"):  # fmt: skip
+    """Rank function of ``playbook run tp``: ours, and (``native``) DTensor's on the same setup."""
+    ours = train_tp(ctx, setup, sequence_parallel=sequence_parallel, regather=regather, recompute=recompute)
     if not native:
         return ours, None
     from playbook.parallel.tp_dtensor import train_dtensor
 
-    return ours, train_dtensor(ctx, setup, sequence_parallel)
+    return ours, train_dtensor(ctx, setup, sequence_parallel=sequence_parallel)
 
 
-def _add_arguments(parser) -> None:
+def add_arguments(parser) -> None:
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism (Korthikanti et al. 2022)")
     parser.add_argument("--regather", action="store_true",
                         help="with --sequence-parallel: save sequence shards, all-gather again in backward (Megatron-LM)")
@@ -397,14 +268,15 @@ def _add_arguments(parser) -> None:
 
 
 @register("tp", help="Megatron tensor parallelism (+ --sequence-parallel), from scratch and with DTensor",
-          arguments=_add_arguments)
+          arguments=add_arguments)
 def run_tp(setup: TrainSetup, *, world_size: int, backend: str = "auto", sequence_parallel: bool = False,
            regather: bool = False, recompute: str = "none", native: bool = True) -> RunReport:  # fmt: skip
     """t = world_size tensor-parallel ranks on the whole global batch, against the single process."""
     cfg = setup.config()
     check_tp(cfg, world_size, seq_len=setup.seq_len, sequence_parallel=sequence_parallel, regather=regather)
     backend = default_backend(world_size) if backend == "auto" else backend
-    answers = launch(_on_rank, world_size, setup, sequence_parallel, native, regather, recompute, backend=backend)
+    answers = launch(on_rank, world_size, setup, sequence_parallel=sequence_parallel, native=native, regather=regather,
+                     recompute=recompute, backend=backend)  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like one rank: several threads on a busy 2-core machine run 10-30x slower
     try:
@@ -429,37 +301,3 @@ def run_tp(setup: TrainSetup, *, world_size: int, backend: str = "auto", sequenc
         setup={**setup.as_dict(), "sequence_parallel": sequence_parallel, "regather": regather, "recompute": recompute},
         losses=ours.losses,
     )  # fmt: skip
-
-
-# ---- when TP hurts: smaller local matmuls ---------------------------------------------------------
-def matmul_throughput(tokens: int, hidden: int, ffn: int, tps=(1, 2, 4, 8), *, repeats: int = 10,
-                      dtype=torch.float32, device="cpu", threads: int | None = 1) -> list[dict]:  # fmt: skip
-    """Time one rank's column-parallel matmul [tokens, h] @ [h, f/t]ᵀ for each t (median of
-    ``repeats``) and return ``[{tp, shape, seconds, flops_per_s}, ...]``; FLOPs = 2·tokens·h·f/t.
-    ``threads``: CPU threads while timing (1, like one rank on this machine; None leaves it)."""
-    import time
-
-    saved = torch.get_num_threads()
-    if threads and torch.device(device).type == "cpu":
-        torch.set_num_threads(threads)
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    out = []
-    try:
-        x = torch.randn(tokens, hidden, dtype=dtype, device=device)  # [tokens, h]
-        for t in tps:
-            w = torch.randn(ffn // t, hidden, dtype=dtype, device=device)  # [f/t, h], this rank's slice
-            for _ in range(2):
-                F.linear(x, w)  # warm up
-            times = []
-            for _ in range(repeats):
-                sync()
-                t0 = time.perf_counter()
-                F.linear(x, w)  # [tokens, f/t]
-                sync()
-                times.append(time.perf_counter() - t0)
-            seconds = sorted(times)[len(times) // 2]
-            out.append({"tp": t, "shape": (tokens, hidden, ffn // t), "seconds": seconds,
-                        "flops_per_s": 2 * tokens * hidden * (ffn // t) / seconds})  # fmt: skip
-    finally:
-        torch.set_num_threads(saved)
-    return out

@@ -73,13 +73,13 @@ def _full(x):
     return (x.full_tensor() if isinstance(x, DTensor) else x).detach().cpu().clone()
 
 
-def train_dtensor(ctx, setup: TrainSetup, sequence_parallel: bool = False):
+def train_dtensor(ctx, setup: TrainSetup, *, sequence_parallel: bool = False):
     """Rank function: the reference GPT parallelized by DTensor, trained by the same loop as ours,
     the whole step inside ``loss_parallel()``; returns a TrainResult of full tensors."""
-    from playbook.parallel.tp import train_loop
+    from playbook.parallel.tp import tp_group, train_loop
 
     check_tp(setup.config(), ctx.world_size, seq_len=setup.seq_len, sequence_parallel=sequence_parallel)
-    model = dtensor_gpt(GPT(setup.config(), seed=setup.seed).to(ctx.device), ctx.group, ctx.device.type,
+    model = dtensor_gpt(GPT(setup.config(), seed=setup.seed).to(ctx.device), tp_group(ctx), ctx.device.type,
                         sequence_parallel=sequence_parallel)  # fmt: skip
     return train_loop(model, setup, ctx.device, context=loss_parallel, measure=False,
                       collect=_full, progress=ctx.progress)  # fmt: skip
