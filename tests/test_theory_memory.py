@@ -407,6 +407,20 @@ def test_training_memory_recompute_order_and_zero():
     assert base.params + base.grads + base.optimizer == 128_484_179_968
 
 
+def test_korthikanti_beside_our_exact_block_for_llama_8b():
+    from playbook.theory.activations import korthikanti_vs_exact
+
+    (row,) = korthikanti_vs_exact(LLAMA_8B, [4096])  # s = 4096, b = 1, 16-bit
+    # Korthikanti Table 2: sbh(34 + 5as/h) with sbh = 4096·1·4096 and 5as/h = 5·32·4096/4096 = 160
+    assert row["korthikanti"] == 4096 * 4096 * 194 == 3_254_779_904
+    # ours: 2·(6bsh + 2bs + 4·b·a·s·d + b·a·s² + 4·b·s·f) + s², d = 128, f = 14336
+    ours = 2 * (6 * 4096 * 4096 + 2 * 4096 + 4 * 32 * 4096 * 128 + 32 * 4096**2 + 4 * 4096 * 14336) + 4096**2
+    assert row["ours"] == ours == 1_895_841_792
+    # selective: minus the probabilities, the mask and the (a - g) = 24 extra heads of repeated k and v
+    assert row["ours_selective"] == ours - 2 * 32 * 4096**2 - 4096**2 - 2 * 24 * 4096 * 128 * 2
+    assert row["ratio"] == pytest.approx(ours / 3_254_779_904)
+
+
 # ---- serving -----------------------------------------------------------------------------------
 def test_kv_cache_per_token():
     # vLLM §3 with GQA: 2 (K and V) · layers · kv_heads · head_dim · bytes

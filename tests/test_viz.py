@@ -227,3 +227,15 @@ def test_dashboard_follows_the_other_parallel_degrees():
     assert "tp=8" in box.figure.layout.title.text
     box.controls["cp"].value = 2  # tp and cp together: not yet, and said so
     assert "hybrid-mesh chapter" in box.message.value
+
+
+def test_activation_formulas_figure_carries_the_rows():
+    from playbook.theory.activations import korthikanti_vs_exact
+    from playbook.viz.activations import SERIES, activation_formulas_figure
+
+    rows = korthikanti_vs_exact(ModelConfig.preset("llama-3.1-8b"), [1024, 4096])
+    fig = activation_formulas_figure(rows, unit="GiB", title="t")
+    assert [t.name for t in fig.data] == list(SERIES.values())
+    for trace, key in zip(fig.data, SERIES):
+        assert list(trace.x) == [1024, 4096]
+        assert list(trace.y) == [r[key] / 2**30 for r in rows]
