@@ -52,7 +52,7 @@ def cmd_memory(args) -> int:
     train = training_memory(
         cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, dp=args.dp, zero=args.zero, tp=args.tp,
         cp=args.cp, ep=args.ep, pp=args.pp, sequence_parallel=args.sequence_parallel, precision=args.precision,
-        recompute=args.recompute,
+        recompute=args.recompute, fp32_grad_accum=args.fp32_grad_accum,
     ).as_dict()  # fmt: skip
     serve = inference_memory(
         cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.serve_dtype
@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (mixture-of-experts presets)")
     p.add_argument("--precision", default="mixed", choices=["mixed", "fp32"])
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    p.add_argument("--fp32-grad-accum", action="store_true",
+                   help="with --precision mixed: an fp32 gradient-accumulation buffer, 4 more bytes per parameter")
     p.add_argument("--serve-dtype", default="bf16")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_memory)

@@ -41,6 +41,18 @@ def test_memory_command_prints_json(capsys):
     assert report["training"]["params"] == 2 * 70_553_706_496  # mixed precision, no sharding
 
 
+def test_memory_command_fp32_grad_accum(capsys):
+    # Llama 3.1 70B, 70,553,706,496 parameters: the fp32 buffer adds 4 bytes each to the 2-byte grads,
+    # sharded over dp=8 under ZeRO-2 like the gradients: (2 + 4) · Ψ / 8
+    psi = 70_553_706_496
+    code, out, _ = run_cli(capsys, "memory", "--model", "llama-3.1-70b", "--seq-len", "1024", "--dp", "8",
+                           "--zero", "2", "--fp32-grad-accum", "--json")  # fmt: skip
+    assert code == 0
+    assert json.loads(out)["training"]["grads"] == 6 * psi / 8
+    code, out, err = run_cli(capsys, "memory", "--precision", "fp32", "--fp32-grad-accum")
+    assert code == 2 and "fp32_grad_accum needs precision='mixed'" in err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -2,6 +2,7 @@
 model against the single process, and bytes, memory and work measured == predicted."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -138,6 +139,73 @@ def test_attention_parity_every_variant(n, ranks2, ranks4):
     worst = [max(r[i] for r in results) for i in range(len(cases))]
     for case, err in zip(cases, worst):
         assert err < 1e-12, case  # float64: exact up to rounding (fp32 statistics would show ~1e-7)
+
+
+def _ring_on_large_scores(ctx, zigzag, causal):
+    """Ring attention in float64 on scores around 1000 (q·kᵀ/√d = 1000 + O(1)): exp(1000) overflows
+    float64 (max ~709), so only a log-sum-exp merge that subtracts the running max survives."""
+    from playbook.parallel.ring_attention import attention, ring_attention
+    from playbook.theory.cp import shard_positions
+
+    gen = torch.Generator().manual_seed(2)
+    b, a, g, s, d = 2, 4, 2, 16, 8
+    q, dout = (torch.randn(b, a, s, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(b, g, s, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    big = math.sqrt(1000 * math.sqrt(d))  # q₀ = k₀ = big: every score gets big²/√d = 1000 on top
+    q[..., 0], k[..., 0] = big, big
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = attention(*full, torch.arange(s), torch.arange(s), causal)
+    want.backward(dout)
+    mine = torch.tensor(shard_positions(s, ctx.world_size, ctx.rank, zigzag))
+    local = [t[:, :, mine].clone().requires_grad_() for t in (q, k, v)]
+    got = ring_attention(*local, ctx.group, zigzag=zigzag, causal=causal)
+    got.backward(dout[:, :, mine])
+    scores = (q @ k.repeat_interleave(2, 1).transpose(-2, -1)) / math.sqrt(d)
+    return (float(scores.min()), float(scores.max()), [(got.detach(), want.detach()[:, :, mine])]
+            + [(x.grad, f.grad[:, :, mine]) for x, f in zip(local, full)])  # fmt: skip
+
+
+@pytest.mark.parametrize("zigzag,causal", [(False, True), (True, True), (False, False)])
+def test_ring_attention_in_float64_on_scores_near_1000(zigzag, causal, ranks2):
+    for lo, hi, pairs in ranks2.run(_ring_on_large_scores, zigzag, causal):
+        assert 950 < lo and hi < 1050  # the setting: every score near 1e3
+        for got, want in pairs:  # output, dq, dk, dv
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def _ring_in_bf16(ctx, b, s):
+    """One forward and backward of ring attention on bf16 shards, TINY's head layout (4 heads, 2 kv, d 16)."""
+    from playbook.parallel.ring_attention import ring_attention
+
+    gen = torch.Generator().manual_seed(3)
+    sl = s // ctx.world_size
+    q = torch.randn(b, 4, sl, 16, generator=gen).to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(b, 2, sl, 16, generator=gen).to(torch.bfloat16).requires_grad_() for _ in range(2))
+    out = ring_attention(q, k, v, ctx.group, zigzag=True)
+    lse = out.grad_fn.saved_tensors[-1]  # RingAttention saves (q, k, v, out, lse)
+    out.float().sum().backward()
+    return out.dtype, lse.dtype, lse.shape, (q.grad.dtype, k.grad.dtype, v.grad.dtype)
+
+
+def test_ring_attention_in_bf16_sends_2_byte_kv_and_keeps_fp32_statistics(ranks2):
+    b, s, n = 4, 32, 2
+    results = ranks2.run(_ring_in_bf16, b, s)
+    for out_dtype, lse_dtype, lse_shape, grads in results:
+        assert out_dtype == torch.bfloat16 and grads == (torch.bfloat16,) * 3
+        # the running log-sum-exp (one per query row) is fp32: in bf16 a value near 5 is off by up to 1/64
+        assert lse_dtype == torch.float32 and lse_shape == (b, 4, s // n)
+    kv_bf16 = 2 * b * 2 * (s // n) * 16 * 2  # K and V of one shard at 2 bytes: 2 kv heads, head_dim 16
+    assert th.kv_shard_bytes(TINY, seq_len=s, micro_batch=b, cp=n, dtype_bytes=2) == kv_bf16
+    for r in range(n):
+        spans = [x for x in ranks2.last_trace if x["kind"] == "comm" and x["rank"] == r]
+        sent = {}
+        for x in spans:
+            sent[x["dtype"]] = sent.get(x["dtype"], 0) + x["sent_bytes"]
+        # K/V go round the ring n-1 times forward and n-1 times backward, in bf16; their gradients, fp32
+        assert sent == {"torch.bfloat16": 2 * (n - 1) * kv_bf16, "torch.float32": (n - 1) * 2 * kv_bf16}
+        assert sum(sent.values()) == th.comm_bytes_per_layer(TINY, seq_len=s, micro_batch=b, cp=n, variant="ring",
+                                                             dtype_bytes=2)["batch_isend_irecv"]  # fmt: skip
 
 
 # ---- the whole model -----------------------------------------------------------------------------

@@ -157,3 +157,80 @@ def test_cli_json_has_the_routing_block():
             assert sum(layer["tokens_per_expert"]) == tokens and layer["capacity"] == 64  # ceil(256 / 4 * 1.0)
             assert sum(layer["kept_per_expert"]) == tokens - layer["dropped"] == sum(layer["load_per_rank"])
     assert report["comm"]["predicted"] == pytest.approx(report["comm"]["measured"], rel=1e-12)
+
+
+# ---- an expert that receives no token ----------------------------------------------------------
+@contextlib.contextmanager
+def _silent_expert(silent: int):
+    """While active, ``train_moe`` builds models whose routers score expert ``silent`` 1e4 lower (it
+    never makes the top-k, on any rank), and every AdamW it creates is kept in ``seen``."""
+    import playbook.parallel.ep as ep
+    from playbook.moe import moe_layers
+
+    seen, real_build, real_adamw = {}, ep.build, torch.optim.AdamW
+
+    def build(cfg, *args, **kwargs):
+        model = real_build(cfg, *args, **kwargs)
+        mask = torch.zeros(cfg.n_experts)
+        mask[silent] = 1e4
+        for layer in moe_layers(model):
+            layer.router.register_forward_hook(lambda module, inputs, out: out - mask)
+        seen["model"] = model
+        return model
+
+    class Recorded(real_adamw):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen["optimizer"] = self
+
+    ep.build, torch.optim.AdamW = build, Recorded
+    try:
+        yield seen
+    finally:
+        ep.build, torch.optim.AdamW = real_build, real_adamw
+
+
+def _optimizer_state(seen) -> dict[str, dict[str, torch.Tensor]]:
+    state = seen["optimizer"].state
+    return {name: {k: v.detach().clone() for k, v in state[p].items()}
+            for name, p in seen["model"].named_parameters() if p in state}  # fmt: skip
+
+
+def _train_with_a_silent_expert(ctx, setup, cfg, silent, ep_degree):
+    with _silent_expert(silent) as seen:
+        run = E.train_moe(setup, cfg, ctx=ctx, ep=ep_degree)
+    return run, _optimizer_state(seen)
+
+
+def test_an_expert_without_tokens_inside_ep_x_dp_matches_the_reference(ranks4):
+    """EP = 2 inside DP = 4: expert 1 lives on ranks 0 and 2 (replicas) and gets no token anywhere.
+    The single process leaves its gradient None, so AdamW neither moves it (no weight decay either)
+    nor creates its state; EP must do the same, not all-reduce zeros into a gradient."""
+    silent = 1
+    with _silent_expert(silent) as seen:
+        ref = E.train_moe(SETUP, CFG)
+    ref_state = _optimizer_state(seen)
+    answers = ranks4.run(_train_with_a_silent_expert, SETUP, CFG, silent, 2, progress=False)
+    results, states = [a[0] for a in answers], [a[1] for a in answers]
+    whole = E.combine(results)
+    for run_ in (ref, whole):
+        assert all(layer["counts"][silent] == 0 for step in run_.routing for layer in step)
+    names = {k for k in ref.params if f".mlp.experts.{silent}." in k}
+    assert len(names) == 2 * 3  # 2 MoE layers, gate/up/down
+    assert names.isdisjoint(ref.grads) and names.isdisjoint(whole.grads)  # None, as in the reference
+    assert names.isdisjoint(ref_state)
+    p = E.parity(whole, ref)
+    assert p["max_abs_loss_diff"] < LOSS and p["max_rel_grad_diff"] < GRAD and p["max_rel_param_diff"] < PARAM, p
+    for name in names:  # never touched: still the initial weights, bit for bit
+        initial = dict(E.build(CFG, SETUP.seed).named_parameters())[name]
+        assert torch.equal(whole.params[name], initial.detach()) and torch.equal(ref.params[name], initial.detach())
+    # optimizer state of every parameter, from the first rank that holds it, as in E.combine
+    got: dict[str, dict[str, torch.Tensor]] = {}
+    for st in states:
+        got.update({k: v for k, v in st.items() if k not in got})
+    assert set(got) == set(ref_state)  # the silent expert has no state on any rank
+    for name, want in ref_state.items():
+        assert float(got[name]["step"]) == float(want["step"]) == SETUP.steps
+        for key in ("exp_avg", "exp_avg_sq"):
+            w, g = want[key], got[name][key]
+            assert (g - w).abs().max() <= 1e-4 * w.abs().max() + 1e-12, (name, key)

@@ -10,8 +10,8 @@ from playbook.config import Hardware, ModelConfig
 from playbook.model import GPT
 from playbook.theory.buckets import (MIB, Bucket, bucket_cap_bytes, bucket_plan, check_plan, parameter_shapes,
                                      predict_dp_step)  # fmt: skip
-from playbook.theory.flops import (StepTime, achieved_mfu, compute_seconds, flops_per_token, link_bandwidth,
-                                   matmul_params, predict_step_time, step_flops)  # fmt: skip
+from playbook.theory.flops import (StepTime, achieved_mfu, attention_flops_per_token, compute_seconds, flops_per_token,
+                                   link_bandwidth, matmul_params, predict_step_time, step_flops)  # fmt: skip
 
 TINY = ModelConfig.preset("gpt-tiny")  # vocab 64, hidden 64, 2 layers, 4 heads (2 kv), ffn 176
 # Hand count of gpt-tiny: per layer 2 norms (2·64) + q, o (64·64 each) + k, v (64·32 each) + 3·64·176
@@ -41,6 +41,22 @@ def test_llama_8b_flops_per_token():
     cfg = ModelConfig.preset("llama-3.1-8b")  # 32 layers, 32 heads of 128, vocab 128256, hidden 4096
     n = cfg.num_params() - 128256 * 4096
     assert flops_per_token(cfg, 4096) == 6 * n + 12 * 32 * 32 * 128 * 4096
+
+
+def test_mla_attention_flops_use_the_query_key_and_value_head_sizes():
+    # DeepSeek-V3 (config.json): 61 layers, 128 heads; q·kᵀ over qk_nope 128 + qk_rope 64 = 192,
+    # probs·v over v_head_dim 128 (DeepSeek-V2 §2.1), not hidden/heads = 7168/128 = 56.
+    cfg = ModelConfig.preset("deepseek-v3")
+    T = 4096
+    qk_matmul = 2 * 61 * 128 * T * 192  # forward FLOPs per token: H·T·192 multiply-adds per layer
+    pv_matmul = 2 * 61 * 128 * T * 128
+    assert attention_flops_per_token(cfg, T, training=False) == qk_matmul + pv_matmul
+    assert attention_flops_per_token(cfg, T) == 3 * (qk_matmul + pv_matmul)  # backward is twice forward
+    # the old count, 12·L·H·(h/H)·T, was about 2.9× too small: (192 + 128) / (2 · 56)
+    assert attention_flops_per_token(cfg, T) / (12 * 61 * 128 * 56 * T) == pytest.approx(320 / 112)
+    # GQA presets are unchanged: both matmuls at head_dim 128 for Llama 3.1 8B
+    llama = ModelConfig.preset("llama-3.1-8b")
+    assert attention_flops_per_token(llama, T, training=False) == 4 * 32 * 32 * 128 * T
 
 
 def test_compute_time_and_mfu():

@@ -102,6 +102,31 @@ def test_bubble_report_has_both_definitions(ranks2):
         assert order == [(a.kind, a.mb) for a in make_schedule("1f1b", 2, 4).compute(r)]
 
 
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
+def test_bubble_prediction_replays_the_measured_busy_time(name, ranks2):
+    """compare_bubble simulates the schedule with the run's own mean F, B (and W) per stage
+    (measured_costs): then every rank's simulated busy time is its measured busy time, averaged over
+    the steps compared, and the two bubbles differ only by waiting. By hand: rank r's busy time is
+    Σ over its stages of m·(f + b + w), and m·mean = the sum of that stage's slots in one step, on average."""
+    from playbook.parallel.pp import measured_costs
+    from playbook.theory.schedules import simulate
+
+    schedule = make_schedule(name, 2, 4)
+    results = ranks2.run(train_pipeline, TINY, name, 4, 1, progress=False)
+    steps = range(1, TINY.steps)  # compare_bubble's default: every step after the first
+    measured = [sum(measured_timeline(results, st).busy()[r] for st in steps) / len(steps) for r in range(2)]
+    by_hand = [sum(s.end - s.start for st in steps for s in results[r]["logs"][st].slots) / len(steps) for r in range(2)]
+    assert measured == pytest.approx(by_hand, rel=1e-12)
+    predicted = simulate(schedule, measured_costs(results, schedule)).busy()
+    assert predicted == pytest.approx(measured, rel=1e-9)  # per rank, to float rounding
+    # and compare_bubble's own numbers obey it: Σ busy = p · makespan · (1 − idle/total)
+    rep = compare_bubble(results, schedule)
+    total_busy = 2 * rep["makespan_predicted_s"] * (1 - rep["bubble_predicted"]["idle_over_total"])
+    assert total_busy == pytest.approx(sum(measured), rel=1e-9)
+    assert rep["bubble_predicted"]["bubble_over_ideal"] == pytest.approx(
+        (2 * rep["makespan_predicted_s"] - sum(measured)) / sum(measured), rel=1e-9)
+
+
 def test_split_backward_on_one_process_equals_full_backward():
     """B (input and module-output gradients) + W (weights, one node deep) == loss.backward()."""
     setup = TINY

@@ -163,6 +163,16 @@ def test_hardware_units_are_bytes_and_flops():
     assert h100.memory_bandwidth == pytest.approx(3.35e12)
 
 
+def test_cpu_laptop_peak_is_per_device():
+    # Profiles give one device's numbers (compute_seconds divides a rank's FLOPs by it). The laptop
+    # runs one rank per core on devices_per_node = 2 cores: by hand, one core at about 3 GHz doing
+    # 16 fp32 FLOP/cycle (one 8-lane AVX2 FMA per cycle, the profile's stated assumption) is 48 GFLOP/s,
+    # not the 96 GFLOP/s of both cores.
+    laptop = Hardware.preset("cpu-laptop")
+    assert laptop.devices_per_node == 2
+    assert laptop.peak_bf16_flops == pytest.approx(3e9 * 16, rel=0.1)
+
+
 def test_unknown_hardware_lists_known_ones():
     with pytest.raises(ValueError, match="unknown hardware profile 'tpu-v9'.*h100-sxm"):
         Hardware.preset("tpu-v9")

@@ -85,6 +85,43 @@ def test_zero_stages_by_category(precision, zero):
     assert got.as_dict()["total"] == got.total
 
 
+# fp32 gradient accumulation (Ultra-Scale Playbook, "BF16 w/ FP32 grad acc"): 4Ψ more with the grads,
+# sharded like them. By hand (GB), Ψ = 7.5e9, Nd = 64: grads 2Ψ + 4Ψ = 15 + 30 = 45; 45/64 = 0.703125.
+GRAD_ACC_TABLE = {
+    0: (15, 45, 90),  # 150 = 20Ψ
+    1: (15, 45, 1.40625),
+    2: (15, 0.703125, 1.40625),
+    3: (0.234375, 0.703125, 1.40625),
+}
+
+
+@pytest.mark.parametrize("zero", sorted(GRAD_ACC_TABLE))
+def test_fp32_grad_accumulation_buffer(zero):
+    p, g, o = GRAD_ACC_TABLE[zero]
+    got = model_state_bytes(PSI, dp=ND, zero=zero, fp32_grad_accum=True)
+    assert (got.params, got.grads, got.optimizer) == pytest.approx((p * GB, g * GB, o * GB), rel=1e-12)
+
+
+def test_fp32_grad_accumulation_reaches_every_training_memory_path():
+    tiny, moe = ModelConfig.preset("gpt-tiny"), ModelConfig.preset("gpt-tiny-moe")
+    sizes = dict(seq_len=32, micro_batch=4)
+    for cfg, degrees, held in [
+        (tiny, dict(dp=2, zero=2), 100_672 / 2),  # 100,672 parameters, grads sharded over 2
+        (tiny, dict(tp=2), (100_672 - 320) // 2 + 320),  # 5 norm weights of 64 stay whole
+        (tiny, dict(cp=2), 100_672),
+        (tiny, dict(pp=2), 2 * 64 + 4 * 64 * 64 - 64 * 64 + 3 * 64 * 176 + 64 * 64),  # stage 0: a layer + embedding
+        (moe, dict(ep=2, dp=2), 131_904 - 2 * 4 * 3 * 64 * 64 // 2),  # dense part + half the experts
+    ]:
+        plain = training_memory(cfg, **sizes, **degrees)
+        acc = training_memory(cfg, **sizes, **degrees, fp32_grad_accum=True)
+        assert acc.grads - plain.grads == 4 * held, degrees
+        assert (acc.params, acc.optimizer, acc.activations) == (plain.params, plain.optimizer, plain.activations)
+    with pytest.raises(ValueError, match="fp32_grad_accum needs precision='mixed'"):
+        training_memory(tiny, **sizes, precision="fp32", fp32_grad_accum=True)
+    with pytest.raises(ValueError, match="fp32_grad_accum must be True or False"):
+        model_state_bytes(PSI, fp32_grad_accum="yes")
+
+
 def test_zero_with_one_rank_shards_nothing():
     for zero in range(4):
         assert model_state_bytes(1000, dp=1, zero=zero).total == 16_000
@@ -244,6 +281,87 @@ def test_training_memory_with_expert_parallelism():
         training_memory(moe, seq_len=32, micro_batch=4, ep=3, dp=3)  # 3 does not divide 4 experts
 
 
+# gpt-tiny-moe by hand, fp32 (B = 4), b·s = T tokens: h 64, 4 heads of 16 (2 kv), vocab 64, 2 layers,
+# both MoE with E = 4 experts, k = 2, expert width 64. Attention and norms of one block (module
+# docstring of theory/activations.py): 10·T·h + 2·T + b·a·s² elements, plus the s² bool mask.
+# MoE MLP (theory/moe.moe_mlp_activation_terms, read from playbook/moe.py) at even routing,
+# S = R = k·T: router probs T·E·B, top-k ids 8·k·T, f E·B, token ids and order 8·S each, gates S·B,
+# three S·h·B copies, expert SwiGLU 4·R·64·B, top-k probs k·T·B and their sum T·B.
+def _tiny_moe_block(b, s):
+    T, S, B = b * s, 2 * b * s, 4
+    attention = (10 * T * 64 + 2 * T + b * 4 * s * s) * B + s * s
+    mlp = T * 4 * B + 8 * 2 * T + 4 * B + 2 * 8 * S + S * B + 3 * S * 64 * B + 4 * S * 64 * B + 2 * T * B + T * B
+    return attention + mlp
+
+
+def _tiny_ends(b, s):  # int64 tokens (first stage) | final norm, log-probs, int64 targets, total_weight (last)
+    T = b * s
+    return 8 * T, (3 * T * 64 + T) * 4 + T * 64 * 4 + 8 * T + 4
+
+
+def test_training_memory_counts_moe_activations_exactly():
+    moe = ModelConfig.preset("gpt-tiny-moe")
+    # global batch 8 of 32 tokens on one rank: 2 blocks of 1,728,528 + 2,048 + 265,220 = 3,724,324
+    assert _tiny_moe_block(8, 32) == 1_728_528
+    first, last = _tiny_ends(8, 32)
+    alone = training_memory(moe, seq_len=32, micro_batch=8, precision="fp32")
+    assert alone.activations == 2 * _tiny_moe_block(8, 32) + first + last == 3_724_324
+    # ep = 2 inside dp = 2: 4 sequences per rank; at even routing a rank's 2 experts still receive k·T rows
+    first, last = _tiny_ends(4, 32)
+    split = training_memory(moe, seq_len=32, micro_batch=4, ep=2, dp=2, precision="fp32")
+    assert split.activations == 2 * _tiny_moe_block(4, 32) + first + last == 1_863_204
+    # and it is the count theory.moe makes for our MoE layer given those even routing counts
+    from playbook.theory.moe import model_activation_bytes_moe
+
+    even = [{"counts_by_rank": [[64] * 4, [64] * 4], "capacity": None, "tokens": 128}] * 2
+    assert split.activations == model_activation_bytes_moe(moe, seq_len=32, micro_batch=4, layers=even, ep=2)
+
+
+def test_pipeline_counts_moe_activations_as_at_pp_1():
+    moe = ModelConfig.preset("gpt-tiny-moe")
+    got = training_memory(moe, seq_len=32, micro_batch=8, pp=2, precision="fp32")
+    first, last = _tiny_ends(8, 32)
+    # stage 0: one MoE block and the tokens, 2 micro-batches in flight; stage 1 holds 64 more
+    # parameters (final norm: 16·64 = 1 KiB) but only 1 micro-batch of ~2 MB: stage 0 is the busiest
+    assert got.activations == 2 * (_tiny_moe_block(8, 32) + first) == 3_461_152
+    # Mixtral at pp = 2: both stages hold MoE layers; one micro-batch through all stages = pp = 1
+    from playbook.theory.stages import pipeline_stage_memory
+
+    mixtral = ModelConfig.preset("mixtral-8x7b")
+    stages = pipeline_stage_memory(mixtral, pp=2, seq_len=4096, micro_batch=1)
+    assert [st.n_moe_layers for st in stages] == [16, 16]
+    one_pass = sum(st.memory.activations / st.in_flight for st in stages)
+    assert one_pass == training_memory(mixtral, seq_len=4096, micro_batch=1).activations
+
+
+def test_pipeline_stages_classify_dense_and_moe_layer_by_layer():
+    from playbook.theory.stages import most_loaded_stage, pipeline_stage_memory
+
+    ds = ModelConfig.preset("deepseek-v3")  # 61 layers: 0..2 dense, 3..60 MoE (first_k_dense_replace 3)
+    h = 7168
+    # MLA attention (DeepSeek-V2 §2.1): q down 7168·1536 + norm 1536 + q up 1536·128·192;
+    # kv down 7168·(512 + 64) + norm 512 + kv up 512·128·(128 + 128); output 128·128·7168
+    attention = h * 1536 + 1536 + 1536 * 128 * 192 + h * 576 + 512 + 512 * 128 * 256 + 128 * 128 * h
+    dense = 2 * h + attention + 3 * h * 18432
+    moe = 2 * h + attention + h * 256 + (256 + 1) * 3 * h * 2048  # router, 256 routed + 1 shared expert
+    table = 129280 * h
+    stage0 = table + 3 * dense + 28 * moe  # layers 0..30 (61 = 31 + 30)
+    stage1 = 30 * moe + h + table  # layers 31..60, final norm, head
+    assert round(stage0 / 1e9, 1) == 324.9 and round(stage1 / 1e9, 1) == 346.1
+    stages = pipeline_stage_memory(ds, pp=2, seq_len=8192, micro_batch=1)
+    assert [(st.first_layer, st.n_layers, st.n_moe_layers) for st in stages] == [(0, 31, 28), (31, 30, 30)]
+    assert [st.params for st in stages] == [stage0, stage1]
+    assert (stages[0].embedding, stages[0].head, stages[1].embedding, stages[1].head) == (True, False, False, True)
+    # Which stage is busiest at s = 8192? Stage 1 has 16·(stage1 − stage0) = 340 GB more model state;
+    # stage 0 holds 2 micro-batches of 31 blocks against stage 1's 1 of 30, and every block keeps at
+    # least its bf16 probabilities, 128·8192²·2 = 17.2 GB: (62 − 30)·17.2 = 550 GB > 340 GB + stage 1's
+    # log-probabilities (8192·129280·2 = 2.1 GB) and final norm. So stage 0.
+    assert 32 * 128 * 8192**2 * 2 > 16 * (stage1 - stage0) + 8192 * 129280 * 2 + 4 * 8192 * h * 2
+    assert most_loaded_stage(stages) == 0
+    assert training_memory(ds, seq_len=8192, micro_batch=1, pp=2) == stages[0].memory
+    assert training_memory(ds, seq_len=8192, micro_batch=1, pp=2).params == 2 * stage0
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
@@ -287,6 +405,20 @@ def test_training_memory_recompute_order_and_zero():
     # Llama 3.1 8B, mixed, no sharding: 16 bytes × 8,030,261,248 = 128,484,179,968 bytes of model state
     base = training_memory(LLAMA_8B, seq_len=2048, micro_batch=1)
     assert base.params + base.grads + base.optimizer == 128_484_179_968
+
+
+def test_korthikanti_beside_our_exact_block_for_llama_8b():
+    from playbook.theory.activations import korthikanti_vs_exact
+
+    (row,) = korthikanti_vs_exact(LLAMA_8B, [4096])  # s = 4096, b = 1, 16-bit
+    # Korthikanti Table 2: sbh(34 + 5as/h) with sbh = 4096·1·4096 and 5as/h = 5·32·4096/4096 = 160
+    assert row["korthikanti"] == 4096 * 4096 * 194 == 3_254_779_904
+    # ours: 2·(6bsh + 2bs + 4·b·a·s·d + b·a·s² + 4·b·s·f) + s², d = 128, f = 14336
+    ours = 2 * (6 * 4096 * 4096 + 2 * 4096 + 4 * 32 * 4096 * 128 + 32 * 4096**2 + 4 * 4096 * 14336) + 4096**2
+    assert row["ours"] == ours == 1_895_841_792
+    # selective: minus the probabilities, the mask and the (a - g) = 24 extra heads of repeated k and v
+    assert row["ours_selective"] == ours - 2 * 32 * 4096**2 - 4096**2 - 2 * 24 * 4096 * 128 * 2
+    assert row["ratio"] == pytest.approx(ours / 3_254_779_904)
 
 
 # ---- serving -----------------------------------------------------------------------------------

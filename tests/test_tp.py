@@ -24,6 +24,7 @@ from playbook.parallel.comm import (
 )
 from playbook.parallel.tp import (
     TPGPT,
+    VocabParallelCrossEntropy,
     on_rank,
     gather_result,
     matmul_throughput,
@@ -117,6 +118,34 @@ def test_conjugate_operators_match_one_process(t, request):
         y, gx = out["reduce_scatter"]  # forward sums, keeps shard r; backward gathers every shard's gradient
         torch.testing.assert_close(y, (coef * full).chunk(t, 1)[r])
         torch.testing.assert_close(gx, torch.cat([w.chunk(t, 1)[i] for i, w in enumerate(weights)], 1))
+
+
+def _vocab_parallel_loss_on_large_logits(ctx, shift):
+    """The loss and this rank's logit gradient, from the rank's vocabulary slice of logits + shift."""
+    gen = torch.Generator().manual_seed(1)
+    V = 8 * ctx.world_size
+    full = torch.randn(3, 5, V, generator=gen) * 4 + shift  # [b, s, V], the same on every rank
+    targets = torch.randint(0, V, (3, 5), generator=gen)  # every rank's slice holds some targets
+    n = V // ctx.world_size
+    piece = full[..., ctx.rank * n : (ctx.rank + 1) * n].clone().requires_grad_()
+    loss = VocabParallelCrossEntropy.apply(piece, targets, ctx.rank * n, ctx.group)
+    loss.backward()
+    return full, targets, loss.detach(), piece.grad
+
+
+def test_vocab_parallel_cross_entropy_on_shifted_logits(ranks2):
+    """Logits around 200 (fp32): exp(200) overflows, so the loss must subtract the global max, an
+    all-reduce with MAX. Summing the ranks' maxes instead (about 400) makes every exp(z - m) underflow
+    to 0 and the loss infinite, though the formula is shift-invariant on paper."""
+    answers = ranks2.run(_vocab_parallel_loss_on_large_logits, 200.0, progress=False)
+    full, targets, _, _ = answers[0]
+    x = full.clone().requires_grad_()
+    want = torch.nn.functional.cross_entropy(x.flatten(0, 1), targets.flatten())
+    want.backward()
+    n = full.shape[-1] // 2
+    for r, (_, _, loss, grad) in enumerate(answers):
+        torch.testing.assert_close(loss, want.detach())
+        torch.testing.assert_close(grad, x.grad[..., r * n : (r + 1) * n])
 
 
 # ---- outputs ------------------------------------------------------------------------------------

@@ -177,6 +177,17 @@ def test_dashboard_defaults_and_in_place_updates():
     assert "GiB" in fig.layout.yaxis.title.text
 
 
+def test_dashboard_fp32_grad_accum_checkbox():
+    box = memory_dashboard(model="llama-3.1-8b", seq_len=1024, dp=8, zero=2)
+    psi = 8_030_261_248
+    assert traces_by_group(box.figure)["grads"].y[0] == pytest.approx(2 * psi / 8 / 1e9)  # bf16 grads, ZeRO-2 over 8
+    box.controls["fp32_grad_accum"].value = True
+    assert traces_by_group(box.figure)["grads"].y[0] == pytest.approx((2 + 4) * psi / 8 / 1e9)  # + the fp32 buffer
+    assert "20Ψ" in box.message.value
+    box.controls["precision"].value = "fp32"  # fp32 grads need no second fp32 copy: refused, and said so
+    assert "fp32_grad_accum needs precision=&#x27;mixed&#x27;" in box.message.value
+
+
 def test_dashboard_small_model_fits():
     box = memory_dashboard(seq_len=128, dp=1, hardware="a100-80gb")
     assert box.figure.layout.shapes  # 70B: the capacity line is drawn
@@ -216,3 +227,15 @@ def test_dashboard_follows_the_other_parallel_degrees():
     assert "tp=8" in box.figure.layout.title.text
     box.controls["cp"].value = 2  # tp and cp together: not yet, and said so
     assert "hybrid-mesh chapter" in box.message.value
+
+
+def test_activation_formulas_figure_carries_the_rows():
+    from playbook.theory.activations import korthikanti_vs_exact
+    from playbook.viz.activations import SERIES, activation_formulas_figure
+
+    rows = korthikanti_vs_exact(ModelConfig.preset("llama-3.1-8b"), [1024, 4096])
+    fig = activation_formulas_figure(rows, unit="GiB", title="t")
+    assert [t.name for t in fig.data] == list(SERIES.values())
+    for trace, key in zip(fig.data, SERIES):
+        assert list(trace.x) == [1024, 4096]
+        assert list(trace.y) == [r[key] / 2**30 for r in rows]

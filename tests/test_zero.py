@@ -192,6 +192,16 @@ def test_fsdp2_matches_reference_and_prediction(rank_sets, reference, n):
         assert r.moments["after backward"] == {"params": want.params, "grads": want.grads, "optimizer": want.optimizer}
         assert r.memory["activations"] == SETUP.predicted_memory(n).activations
         assert r.comm == pytest.approx(fsdp2_comm_per_step(SETUP, n), rel=1e-12)
+        # calls per step, counted as for our ZeRO-3 (whose units split the root in two: 4, not 3):
+        # L + 1 groups (2 blocks, the root), each gathered before its forward and its backward and
+        # reduce-scattered once, plus the loss. One group for the whole model (blocks not wrapped)
+        # would send the same bytes in 2 gathers and 1 reduce-scatter.
+        L = TINY.n_layers
+        assert r.counts == {"all_gather": 2 * (L + 1), "reduce_scatter": L + 1, "all_reduce": 1}
+        # each gather is one group's fp32 weights: a block 46,208 parameters, the root 2·64·64 + 64
+        block, root = 4 * (2 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176), 4 * (2 * 64 * 64 + 64)
+        gathers = sorted(x["bytes"] for x in r.spans if x["name"] in ("all_gather_single", "all_gather_into_tensor"))
+        assert gathers == [root] * 2 + [block] * 2 * L
 
 
 # ---- the command line ----------------------------------------------------------------------------

@@ -200,3 +200,24 @@ def model_activation_bytes(
         ).values()
     )
 
+
+
+def korthikanti_vs_exact(
+    cfg: ModelConfig, seq_lens: list[int], *, micro_batch: int = 1, dtype_bytes: int = 2
+) -> list[dict[str, float]]:
+    """Per layer, for each sequence length: Korthikanti et al. 2022 (arXiv:2205.05198, Table 2, no
+    parallelism) for a GPT-3 block, sbh·(34 + 5as/h) = 34·s·b·h + 5·a·s²·b bytes with 16-bit
+    activations and 1-byte dropout masks (``theory.memory.activation_bytes_per_layer``), beside the
+    exact count for our dropout-free Llama-style block (:func:`block_activation_bytes`), with and
+    without selective recomputation. Bytes; rows of plain numbers for a table or a figure."""
+    from playbook.theory.memory import activation_bytes_per_layer
+
+    rows = []
+    for s in seq_lens:
+        sizes = dict(seq_len=s, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
+        paper = activation_bytes_per_layer(seq_len=s, micro_batch=micro_batch, hidden=cfg.hidden, heads=cfg.n_heads)
+        ours = block_activation_bytes(cfg, **sizes)
+        rows.append({"seq_len": s, "korthikanti": float(paper), "ours": float(ours),
+                     "ours_selective": float(block_activation_bytes(cfg, **sizes, recompute="selective")),
+                     "ratio": ours / paper})  # fmt: skip
+    return rows

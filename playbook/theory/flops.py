@@ -4,12 +4,26 @@ FLOPs per token (a multiply-add counts as 2 FLOPs), for a decoder with N paramet
 is multiplied by, L layers, H query heads of dimension Q, and sequence length T:
 
     training:  6·N + 12·L·H·Q·T     (Chowdhery et al. 2022, "PaLM", arXiv:2204.02311, Appendix B)
-    forward:   2·N +  4·L·H·Q·T     (Kaplan et al. 2020, arXiv:2001.08361, §2.1: C_forward ≈ 2N + 2·n_layer·n_ctx·d_attn)
+    forward:   2·N +  4·L·H·Q·T     (the same count without the backward pass: one third)
 
 The 6N is forward (2N) plus backward (4N: gradients for the activations and for the weights);
-the second term is attention's two [T, T] matmuls (q·kᵀ and probs·v), which no weight counts.
-Our ``causal_attention`` computes the full [T, T] scores and then masks them, so the full T is
-what it really executes (a fused causal kernel would do about half).
+the second term is attention's two [T, T] matmuls, which no weight counts: per token and layer,
+q·kᵀ is H·T·Q multiply-adds (2·H·Q·T FLOPs) and probs·v as many again, 4·H·Q·T forward, three
+times that for training. This is PaLM's convention, and the one this module follows.
+
+Kaplan et al. 2020 (arXiv:2001.08361, §2.1, Table 1) write C_forward ≈ 2N + 2·n_layer·n_ctx·d_attn
+(d_attn = H·Q): their attention term is **half** of ours. Their table has a single attention row of
+2·n_layer·n_ctx·d_attn, one [T, T] matmul's worth over the full context (or equally both matmuls
+over the n_ctx/2 positions a causal token sees on average). We count both matmuls over the full T
+because our ``causal_attention`` computes the full [T, T] scores and then masks them, so the full T
+is what it really executes (a fused causal kernel would do about half), and because PaLM's count
+is the one model-FLOPs-utilisation (MFU) figures are usually reported with.
+
+Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, §2.1; DeepSeek-V3 arXiv:2412.19437)
+uses different head sizes for the two matmuls: q·kᵀ over ``qk_nope_head_dim + qk_rope_head_dim``
+(128 + 64 = 192 for DeepSeek-V3) and probs·v over ``v_head_dim`` (128), not hidden / heads (56).
+Writing Q_qk and Q_v for the two, the term is 6·L·H·T·(Q_qk + Q_v) for training and
+2·L·H·T·(Q_qk + Q_v) forward, which is 12·L·H·Q·T and 4·L·H·Q·T when Q_qk = Q_v = Q.
 
 N here is :func:`matmul_params`: every weight a token meets in a matmul, so the input embedding
 (a table lookup, no arithmetic) is left out unless it is tied to the output head; MoE configs count
@@ -43,10 +57,21 @@ def matmul_params(cfg: ModelConfig) -> int:
     return cfg.active_params() - lookup
 
 
+def attention_head_dims(cfg: ModelConfig) -> tuple[int, int]:
+    """(Q_qk, Q_v): the head size of q·kᵀ and of probs·v. GQA/MHA: both ``cfg.dim_head``; MLA
+    (DeepSeek-V2 §2.1): ``qk_nope_head_dim + qk_rope_head_dim`` and ``v_head_dim``."""
+    if cfg.attention == "mla":
+        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+    return cfg.dim_head, cfg.dim_head
+
+
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int, *, training: bool = True) -> float:
-    """The 12·L·H·Q·T term (4·L·H·Q·T forward only): q·kᵀ and probs·v over T positions."""
+    """PaLM's attention term (Appendix B): 6·L·H·T·(Q_qk + Q_v) for training (= 12·L·H·Q·T when
+    both head sizes are Q), a third of it, 2·L·H·T·(Q_qk + Q_v), for a forward: q·kᵀ and probs·v
+    over all T positions. Twice Kaplan et al.'s 2·n_layer·n_ctx·d_attn (module docstring)."""
     require_positive(seq_len=seq_len)
-    return (12 if training else 4) * cfg.n_layers * cfg.n_heads * cfg.dim_head * seq_len
+    qk, v = attention_head_dims(cfg)
+    return (6 if training else 2) * cfg.n_layers * cfg.n_heads * seq_len * (qk + v)
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int, *, training: bool = True) -> float:
@@ -127,6 +152,7 @@ __all__ = [
     "StepTime",
     "achieved_mfu",
     "attention_flops_per_token",
+    "attention_head_dims",
     "compute_seconds",
     "flops_per_token",
     "link_bandwidth",

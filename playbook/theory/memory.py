@@ -99,9 +99,17 @@ def _require_count(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
+def _check_grad_accum(fp32_grad_accum, precision: str) -> None:
+    if not isinstance(fp32_grad_accum, bool):
+        raise ValueError(f"fp32_grad_accum must be True or False, got {fp32_grad_accum!r}")
+    if fp32_grad_accum and precision != "mixed":
+        raise ValueError(f"fp32_grad_accum needs precision='mixed': with precision={precision!r} the gradients already are fp32")
+
+
 # ---- model state (ZeRO) ------------------------------------------------------------------------
 def model_state_bytes(
-    num_params: float, *, dp: int = 1, zero: int = 0, precision: str = "mixed", n_tensors: int = 0
+    num_params: float, *, dp: int = 1, zero: int = 0, precision: str = "mixed", n_tensors: int = 0,
+    fp32_grad_accum: bool = False,
 ) -> TrainingMemory:
     """Bytes of weights, gradients and Adam optimizer states held by one data-parallel rank.
 
@@ -123,8 +131,12 @@ def model_state_bytes(
     paper's Figure 1: 120 GB, 31.4 GB, 16.6 GB and 1.9 GB. A real partition rounds each shard up
     to whole elements (and often pads for alignment), a few bytes more on some ranks.
 
-    Not counted: the fp32 gradient-accumulation buffer some frameworks keep (4Ψ, ÷Nd when sharded,
-    see the Ultra-Scale Playbook), temporary buffers, and allocator fragmentation.
+    ``fp32_grad_accum=True`` (mixed precision only): an fp32 gradient-accumulation buffer, 4Ψ more
+    bytes counted with the gradients (2Ψ + 4Ψ) and sharded like them (÷Nd from stage 2 on): the
+    "BF16 w/ FP32 grad acc" column of the Ultra-Scale Playbook (Tazi et al. 2025, Hugging Face, its
+    memory-usage section), 20Ψ in all unsharded. Frameworks that accumulate micro-batch gradients in fp32
+    keep it (Megatron-LM's ``main_grad``). In ``"fp32"`` precision the gradients already are fp32, so
+    the flag is refused there. Not counted: temporary buffers and allocator fragmentation.
 
     ``n_tensors``: PyTorch's ``Adam``/``AdamW`` also keeps a scalar fp32 ``step`` tensor for every
     parameter tensor, 4 bytes each. ``n_tensors=0`` reproduces the paper; ``n_tensors=
@@ -142,8 +154,11 @@ def model_state_bytes(
     _choice("precision", precision, tuple(_STATE_BYTES))
     if isinstance(n_tensors, bool) or not isinstance(n_tensors, int) or n_tensors < 0:
         raise ValueError(f"n_tensors must be a non-negative integer (the number of parameter tensors), got {n_tensors!r}")
+    _check_grad_accum(fp32_grad_accum, precision)
 
     p, g, o = (b * num_params for b in _STATE_BYTES[precision])
+    if fp32_grad_accum:
+        g += 4 * num_params
     if zero >= 1:
         o /= dp
     if zero >= 2:
@@ -221,6 +236,7 @@ def training_memory(
     recompute: str = "none",
     precision: str = "mixed",
     n_tensors: int = 0,
+    fp32_grad_accum: bool = False,
 ) -> TrainingMemory:
     """Bytes held by the most loaded rank while training ``cfg`` with Adam, by category.
 
@@ -229,19 +245,22 @@ def training_memory(
     held, not only the active ones). The paper's K = 12 is used; PyTorch's per-tensor ``step``
     scalars (4 bytes each) are added only when ``n_tensors`` says how many tensors there are
     (``cfg.num_param_tensors()`` for our model: then the prediction matches AdamW to the byte).
+    ``fp32_grad_accum`` adds an fp32 gradient-accumulation buffer to the gradients (4 bytes per
+    parameter, sharded like them; :func:`model_state_bytes`).
 
     Activations are the exact count for our Llama-style model (RMSNorm, SwiGLU, no dropout) for one
-    micro-batch of ``micro_batch`` sequences of ``seq_len`` tokens, from
-    ``playbook.theory.activations.model_activation_bytes``, stored in 16 bits for ``"mixed"``
-    and 32 bits for ``"fp32"``. Compare with Korthikanti et al. 2022, Table 2
-    (:func:`activation_bytes_per_layer` × ``cfg.n_layers``), which counts a GPT block.
+    micro-batch of ``micro_batch`` sequences of ``seq_len`` tokens, stored in 16 bits for
+    ``"mixed"`` and 32 bits for ``"fp32"``: ``playbook.theory.activations`` for dense blocks,
+    ``playbook.theory.moe.moe_block_activation_bytes`` (even routing, no drops) for MoE blocks, at
+    every ``pp`` and ``ep`` (``playbook.theory.stages.activation_bytes``). Compare with Korthikanti
+    et al. 2022, Table 2 (:func:`activation_bytes_per_layer` × ``cfg.n_layers``), which counts a GPT block.
 
     Degrees: ``dp`` with ``zero`` (ZeRO stages); one of ``tp`` (Megatron TP, with
     ``sequence_parallel``: ``playbook.theory.tp``), ``cp`` (ring attention: ``playbook.theory.cp``;
-    no recomputation yet), ``ep`` (experts split: ``playbook.theory.moe``; MoE activations are
-    the even-routing estimate of ``theory.activations``) or ``pp`` (1F1B, the most loaded stage:
-    ``_pipeline_most_loaded``) may exceed 1 at a time; combinations raise ``NotImplementedError``
-    naming the chapter that brings them.
+    no recomputation yet), ``ep`` (experts split: ``playbook.theory.moe``) or ``pp`` (1F1B: the
+    most loaded stage of ``playbook.theory.stages.pipeline_stage_memory``, which also gives every
+    stage's bytes) may exceed 1 at a time; combinations raise ``NotImplementedError`` naming the
+    chapter that brings them.
     """
     require_positive(seq_len=seq_len, micro_batch=micro_batch, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     _choice("zero", zero, ZERO_STAGES)
@@ -255,63 +274,36 @@ def training_memory(
             f"combining {' and '.join(split)} arrives with the hybrid-mesh chapter; set one of them > 1 at a time"
         )
 
-    from playbook.theory.activations import model_activation_bytes  # imported lazily: no cycles
+    _check_grad_accum(fp32_grad_accum, precision)
+    from playbook.theory.stages import activation_bytes, most_loaded_stage, pipeline_stage_memory  # lazily: no cycles
 
     dtype_bytes = 2 if precision == "mixed" else 4
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    common = dict(dp=dp, zero=zero, precision=precision, n_tensors=n_tensors, fp32_grad_accum=fp32_grad_accum)
     if pp > 1:  # 1F1B pipeline: the most loaded stage, holding p - i micro-batches in flight
-        return _pipeline_most_loaded(cfg, pp, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors, **sizes)
+        stages = pipeline_stage_memory(cfg, pp=pp, seq_len=seq_len, micro_batch=micro_batch, recompute=recompute, **common)
+        return stages[most_loaded_stage(stages)].memory
     if tp > 1:  # Megatron TP (+ SP): matrices split 1/t, norms replicated; exact activations of our TP model
         from playbook.theory.tp import check_tp, params_per_rank, tp_model_activation_bytes
 
         check_tp(cfg, tp, seq_len=seq_len, sequence_parallel=sequence_parallel)
         held = params_per_rank(cfg, tp)
-        state = model_state_bytes(held["split"] + held["replicated"], dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
+        state = model_state_bytes(held["split"] + held["replicated"], **common)
         acts = tp_model_activation_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, **sizes)
     elif cp > 1:  # ring attention: weights replicated, every activation at s/cp tokens
         from playbook.theory.cp import cp_activation_bytes
 
-        state = model_state_bytes(cfg.num_params(), dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
+        state = model_state_bytes(cfg.num_params(), **common)
         acts = cp_activation_bytes(cfg, cp=cp, variant="ring", **sizes)
     elif ep > 1:  # routed experts split over ep ranks (DeepSpeed-MoE); activations at even routing
         from playbook.theory.moe import moe_model_state_bytes
 
-        state = moe_model_state_bytes(cfg, ep=ep, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
-        acts = model_activation_bytes(cfg, **sizes)
+        state = moe_model_state_bytes(cfg, ep=ep, **common)
+        acts = activation_bytes(cfg, **sizes)
     else:
-        state = model_state_bytes(cfg.num_params(), dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
-        acts = model_activation_bytes(cfg, **sizes)
+        state = model_state_bytes(cfg.num_params(), **common)
+        acts = activation_bytes(cfg, **sizes)
     return TrainingMemory(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=float(acts))
-
-
-def _pipeline_most_loaded(cfg, pp, *, dp, zero, precision, n_tensors, **sizes) -> TrainingMemory:
-    """The stage with the most bytes under a 1F1B schedule with m >= p micro-batches (Narayanan et
-    al. 2021, §2.2): layers split evenly (the first stages take the remainder), the embedding on
-    stage 0, final norm and head on the last; stage i holds p - i micro-batches of activations, so
-    stage 0 holds about as much as the whole model for one micro-batch (Korthikanti et al. §4.2.3).
-    Tied embeddings are counted on both end stages. ``n_tensors`` counts are kept whole on every stage."""
-    from playbook.theory.activations import block_activation_bytes, model_activation_breakdown
-
-    if pp > cfg.n_layers:
-        raise ValueError(f"pp={pp} exceeds n_layers={cfg.n_layers}: every stage needs a layer; try pp in 1..{cfg.n_layers}")
-    parts = model_activation_breakdown(cfg, **sizes)
-    block = block_activation_bytes(cfg, **sizes)
-    layers = [cfg.n_layers // pp + (1 if i < cfg.n_layers % pp else 0) for i in range(pp)]
-    embedding = cfg.vocab_size * cfg.hidden
-    best = None
-    for i, n in enumerate(layers):
-        params = n * cfg.layer_params(moe=cfg.is_moe and i * n >= cfg.n_dense_layers)
-        acts = n * block
-        if i == 0:
-            params += embedding
-            acts += parts["tokens (int64)"]
-        if i == pp - 1:
-            params += cfg.hidden + embedding  # final norm and head
-            acts += parts["final norm"] + parts["log-probabilities"] + parts["targets (int64)"] + parts["loss total_weight"]
-        state = model_state_bytes(params, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors)
-        here = TrainingMemory(state.params, state.grads, state.optimizer, float(acts * (pp - i)))
-        best = here if best is None or here.total > best.total else best
-    return best
 
 
 # ---- serving -----------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def param_tensors_per_rank(cfg: ModelConfig, ep: int = 1) -> int:
 
 def moe_model_state_bytes(
     cfg: ModelConfig, *, ep: int = 1, dp: int = 1, zero: int = 0, precision: str = "mixed", n_tensors: int = 0,
-    expert_tp: int = 1,
+    expert_tp: int = 1, fp32_grad_accum: bool = False,
 ) -> TrainingMemory:
     """Bytes of weights, gradients and Adam states on one rank with expert parallelism.
 
@@ -136,7 +136,8 @@ def moe_model_state_bytes(
 
         per rank = state(Ψ_d, dp) + state(Ψ_e / ep, dp / ep)
 
-    ``n_tensors`` adds 4 bytes per parameter tensor (AdamW's ``step``), as in ``model_state_bytes``.
+    ``n_tensors`` adds 4 bytes per parameter tensor (AdamW's ``step``), and ``fp32_grad_accum`` an
+    fp32 gradient buffer sharded like the gradients, as in ``model_state_bytes``.
     ``expert_tp``: tensor parallelism inside each expert as well (a 1/expert_tp slice of every
     expert; the slices' replicas are dp/(ep·expert_tp) ranks). With ep = 1 and dp = 1 this is the
     plain 16Ψ (mixed) or 16Ψ (fp32: 4+4+8). This is ``training_memory(..., ep=e)``'s model state.
@@ -146,9 +147,10 @@ def moe_model_state_bytes(
         raise ValueError(f"ep·expert_tp={ep * expert_tp} must divide dp={dp}; try expert_tp in "
                          f"{{{', '.join(str(t) for t in divisors(dp // ep))}}}")  # fmt: skip
     p = params_per_rank(cfg, ep, expert_tp)
-    dense = model_state_bytes(p["dense"], dp=dp, zero=zero, precision=precision)
+    acc = dict(zero=zero, precision=precision, fp32_grad_accum=fp32_grad_accum)
+    dense = model_state_bytes(p["dense"], dp=dp, **acc)
     if p["experts"]:
-        experts = model_state_bytes(p["experts"], dp=dp // (ep * expert_tp), zero=zero, precision=precision)
+        experts = model_state_bytes(p["experts"], dp=dp // (ep * expert_tp), **acc)
     else:
         experts = TrainingMemory(0.0, 0.0, 0.0)
     return TrainingMemory(
@@ -361,6 +363,31 @@ def moe_mlp_activation_terms(
     if cfg.n_shared_experts:
         terms["shared experts' SwiGLU tensors"] = 4 * (T if shared_tokens is None else shared_tokens) * fe * cfg.n_shared_experts * B
     return terms
+
+
+def moe_block_activation_bytes(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+) -> int:
+    """Exact bytes one MoE block of our model saves for backward on one rank when routing is even
+    and nothing is dropped: the block's attention and norms (``theory.activations``) plus
+    :func:`moe_mlp_activation_terms` with T = b·s tokens, S = k·T slots sent and R = k·T rows
+    received. R = k·T holds at any ep: each of the ep ranks of a group sends k·T/E slots to each
+    expert, and a rank's E/ep experts receive ep · (E/ep) · k·T/E = k·T rows. ``training_memory``
+    uses this for every MoE layer, at every pp and ep; a real router's uneven counts move R (and,
+    with a capacity factor, S) around it: see :func:`model_activation_bytes_moe`.
+
+    ``recompute="full"`` keeps the block input only, as for a dense block; ``"selective"``
+    recomputes attention and leaves the MLP terms as they are."""
+    from playbook.theory.activations import block_activation_breakdown
+
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    block = block_activation_breakdown(cfg, **sizes, moe=True)
+    if recompute == "full":
+        return sum(block.values())
+    rest = sum(v for k, v in block.items() if "(estimate)" not in k)
+    T = micro_batch * seq_len
+    slots = cfg.top_k * T
+    return rest + sum(moe_mlp_activation_terms(cfg, tokens=T, slots=slots, rows=slots, dtype_bytes=dtype_bytes).values())
 
 
 def rank_rows(counts_by_rank: list[list[int]], capacity: int | None, rank: int, ep: int) -> tuple[int, int]:

@@ -35,18 +35,20 @@ def memory_budgets(
     ep: int = 1,
     sequence_parallel: bool = False,
     serve_dtype: str = "bf16",
+    fp32_grad_accum: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Bytes by category for one rank training ``cfg`` with Adam and one rank serving it.
 
     Training: :func:`~playbook.theory.memory.training_memory` (ZeRO stage ``zero`` over ``dp``
-    ranks, one of tp/pp/cp/ep > 1, one micro-batch of activations). Serving:
+    ranks, one of tp/pp/cp/ep > 1, one micro-batch of activations; ``fp32_grad_accum`` adds the fp32
+    gradient-accumulation buffer to the gradients, mixed precision only). Serving:
     :func:`~playbook.theory.memory.inference_memory` for ``micro_batch`` sequences of ``seq_len``
     tokens with weights and KV cache in ``serve_dtype``, split by tp, pp and ep.
     Pure: feed the result to :func:`~playbook.viz.figures.memory_bars` for a static figure.
     """
     train = training_memory(
         cfg, seq_len=seq_len, micro_batch=micro_batch, dp=dp, zero=zero, tp=tp, pp=pp, cp=cp, ep=ep,
-        sequence_parallel=sequence_parallel, recompute=recompute, precision=precision,
+        sequence_parallel=sequence_parallel, recompute=recompute, precision=precision, fp32_grad_accum=fp32_grad_accum,
     )  # fmt: skip
     serve = inference_memory(cfg, batch=micro_batch, seq_len=seq_len, tp=tp, pp=pp, ep=ep, dtype=serve_dtype)
     return {TRAINING: train.as_dict(), SERVING: serve.as_dict()}
@@ -60,7 +62,8 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _summary(cfg: ModelConfig, budgets: dict, hw: Hardware, unit: str, precision: str, seq_len: int) -> str:
+def _summary(cfg: ModelConfig, budgets: dict, hw: Hardware, unit: str, precision: str, seq_len: int,
+             grad_accum: bool = False) -> str:  # fmt: skip
     s = unit_scale(unit)
     fmt = lambda b: f"{format_value(b / s)} {unit}"  # noqa: E731
     cap, psi = hw.memory_bytes, cfg.num_params()
@@ -71,12 +74,13 @@ def _summary(cfg: ModelConfig, budgets: dict, hw: Hardware, unit: str, precision
         return f"<span style='color:#c62828'>does not fit one {hw.name} ({fmt(cap)}): {total / cap:.1f}× its memory</span>"
 
     train, serve = budgets[TRAINING]["total"], budgets[SERVING]["total"]
-    state = 16 * psi  # 2 + 2 + 12 bytes mixed, 4 + 4 + 8 in fp32: 16 either way
+    per = 20 if grad_accum else 16  # 2 + 2 + 12 bytes mixed (+ 4 for an fp32 grad buffer), 4 + 4 + 8 in fp32
+    extra = " with its fp32 gradient-accumulation buffer" if grad_accum else ""
     lines = [
         f"<b>Training</b>: {fmt(train)} per rank, {fits(train)}.",
         f"<b>Serving</b> in bf16: {fmt(serve)} per rank, {fits(serve)}.",
         f"Reminders for Ψ = {_count(psi)} parameters: weights alone are 2Ψ = {fmt(2 * psi)} in bf16; "
-        f"Adam in {precision} precision keeps 16Ψ = {fmt(state)} of model state before ZeRO shards it.",
+        f"Adam in {precision} precision{extra} keeps {per}Ψ = {fmt(per * psi)} of model state before ZeRO shards it.",
     ]
     if seq_len > cfg.max_seq_len:
         lines.append(
@@ -104,7 +108,7 @@ def memory_dashboard(
     :func:`~playbook.viz.figures.memory_bars` from :func:`memory_budgets`), ``controls`` (a dict from
     setting name to its widget: ``model``, ``seq_len``, ``micro_batch``, ``precision``,
     ``recompute``, ``zero``, ``dp``, ``tp``, ``pp``, ``cp``, ``ep``, ``sequence_parallel``,
-    ``hardware``, ``unit``) and ``message`` (an ``HTML`` widget with
+    ``fp32_grad_accum``, ``hardware``, ``unit``) and ``message`` (an ``HTML`` widget with
     the summary, or a red error when the calculator refuses the settings).
     """
     style = {"description_width": "90px"}
@@ -119,6 +123,7 @@ def memory_dashboard(
         "cp": w.SelectionSlider(options=POWERS_OF_TWO(0, 6), value=1, description="cp"),
         "ep": w.SelectionSlider(options=POWERS_OF_TWO(0, 8), value=1, description="ep"),
         "sequence_parallel": w.Checkbox(value=False, description="sequence parallel (with tp)"),
+        "fp32_grad_accum": w.Checkbox(value=False, description="fp32 grad accumulation (mixed)"),
         "zero": w.ToggleButtons(options=[0, 1, 2, 3], value=zero, description="ZeRO stage"),
         "precision": w.ToggleButtons(options=["mixed", "fp32"], value=precision, description="precision"),
         "recompute": w.ToggleButtons(options=["none", "selective", "full"], value=recompute, description="recompute"),
@@ -139,7 +144,7 @@ def memory_dashboard(
             budgets = memory_budgets(
                 cfg, seq_len=v["seq_len"], micro_batch=v["micro_batch"], precision=v["precision"],
                 recompute=v["recompute"], zero=v["zero"], dp=v["dp"], tp=v["tp"], pp=v["pp"], cp=v["cp"],
-                ep=v["ep"], sequence_parallel=v["sequence_parallel"],
+                ep=v["ep"], sequence_parallel=v["sequence_parallel"], fp32_grad_accum=v["fp32_grad_accum"],
             )
         except (ValueError, NotImplementedError) as e:
             message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
@@ -161,7 +166,7 @@ def memory_dashboard(
                 old.update(x=fresh.x, y=fresh.y, customdata=fresh.customdata, hovertemplate=fresh.hovertemplate)
             for key in ("title", "yaxis", "annotations", "shapes"):
                 fig.layout[key] = new.layout[key]
-        message.value = _summary(cfg, budgets, hw, v["unit"], v["precision"], v["seq_len"])
+        message.value = _summary(cfg, budgets, hw, v["unit"], v["precision"], v["seq_len"], v["fp32_grad_accum"])
 
     for ctl in c.values():
         ctl.observe(update, names="value")
@@ -169,7 +174,7 @@ def memory_dashboard(
 
     left = w.VBox([c["model"], c["hardware"], c["seq_len"], c["micro_batch"], c["dp"]])
     middle = w.VBox([c["tp"], c["pp"], c["cp"], c["ep"], c["sequence_parallel"]])
-    right = w.VBox([c["zero"], c["precision"], c["recompute"], c["unit"]])
+    right = w.VBox([c["zero"], c["precision"], c["fp32_grad_accum"], c["recompute"], c["unit"]])
     box = w.VBox([w.HBox([left, middle, right]), fig, message])
     box.figure, box.controls, box.message, box.update = fig, c, message, update
     return box

@@ -1,0 +1,133 @@
+"""Memory layer by layer: activations of every layer (dense or mixture of experts) and the bytes of
+every pipeline stage, for ``training_memory``.
+
+A config with ``n_dense_layers = d`` and experts has dense layers 0..d-1 and MoE layers d..L-1
+(DeepSeek-V3: 3 dense, then 58 MoE). Every function here decides dense or MoE **per layer**, so a
+pipeline stage that holds a few dense layers and many MoE layers is counted as such.
+
+Pipeline (1F1B, Narayanan et al. 2021, arXiv:2104.04473, §2.2): L layers split into contiguous
+stages, evenly, the first ``L mod p`` stages taking one more; the input embedding on stage 0, the
+final norm and the output head on the last stage (both ends when embeddings are tied: each end
+holds a copy). With m >= p micro-batches, stage i holds the activations of p − i micro-batches
+at its peak, so stage 0 holds about as many as the whole unsplit model does for one micro-batch
+(Korthikanti et al. 2022, arXiv:2205.05198, §4.2.3).
+
+Activations are the exact counts for our model: ``theory.activations.block_activation_bytes`` for
+a dense block, ``theory.moe.moe_block_activation_bytes`` (even routing, no drops) for an MoE block,
+the same at every ``pp`` and ``ep``. Model state follows ZeRO (``theory.memory.model_state_bytes``).
+
+Units: bytes. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from playbook.config import ModelConfig
+from playbook.theory.memory import TrainingMemory, model_state_bytes
+
+
+def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
+    """Layer ``layer`` (0-based) is a mixture of experts: the config has experts and the layer comes
+    after the first ``n_dense_layers``."""
+    return cfg.is_moe and layer >= cfg.n_dense_layers
+
+
+def layer_activation_bytes(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+) -> list[int]:
+    """Bytes each of the ``cfg.n_layers`` blocks saves for one micro-batch, in layer order."""
+    from playbook.theory.activations import block_activation_bytes
+    from playbook.theory.moe import moe_block_activation_bytes
+
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    dense = block_activation_bytes(cfg, **sizes)
+    moe = moe_block_activation_bytes(cfg, **sizes) if cfg.is_moe else 0
+    return [moe if is_moe_layer(cfg, i) else dense for i in range(cfg.n_layers)]
+
+
+def _ends(cfg: ModelConfig, **sizes) -> tuple[int, int]:
+    """Activation bytes outside the blocks: (first stage: the int64 tokens; last stage: final norm,
+    log-probabilities, int64 targets, the loss's total_weight)."""
+    from playbook.theory.activations import model_activation_breakdown
+
+    parts = model_activation_breakdown(cfg, **sizes)
+    first = parts["tokens (int64)"]
+    return first, sum(parts.values()) - parts["blocks"] - first
+
+
+def activation_bytes(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+) -> int:
+    """Bytes the whole model saves for one micro-batch: every layer (:func:`layer_activation_bytes`)
+    plus tokens, final norm, log-probabilities and the loss. For a dense config this equals
+    ``theory.activations.model_activation_bytes``; for MoE it uses the exact even-routing count."""
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    return sum(layer_activation_bytes(cfg, **sizes)) + sum(_ends(cfg, **sizes))
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One pipeline stage: which layers it holds, what else, and its bytes per rank."""
+
+    stage: int
+    first_layer: int
+    n_layers: int
+    n_moe_layers: int
+    embedding: bool  # holds the input embedding (stage 0)
+    head: bool  # holds the final norm and the output head (last stage)
+    params: int  # parameters held (before ZeRO sharding)
+    in_flight: int  # micro-batches of activations held at the peak (1F1B: p − stage)
+    memory: TrainingMemory
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "memory"} | {"memory": self.memory.as_dict()}
+
+
+def stage_layers(n_layers: int, pp: int) -> list[range]:
+    """Contiguous layer ranges of the ``pp`` stages, the first ``n_layers mod pp`` one layer longer."""
+    if pp > n_layers:
+        raise ValueError(f"pp={pp} exceeds n_layers={n_layers}: every stage needs a layer; try pp in 1..{n_layers}")
+    sizes = [n_layers // pp + (1 if i < n_layers % pp else 0) for i in range(pp)]
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return [range(a, a + n) for a, n in zip(starts, sizes)]
+
+
+def pipeline_stage_memory(
+    cfg: ModelConfig, *, pp: int, seq_len: int, micro_batch: int, dp: int = 1, zero: int = 0,
+    precision: str = "mixed", recompute: str = "none", n_tensors: int = 0, fp32_grad_accum: bool = False,
+) -> list[StageMemory]:
+    """Bytes per rank of every stage of a 1F1B pipeline over ``pp`` stages (module docstring), each
+    stage's model state sharded by ZeRO over its ``dp`` replicas. ``n_tensors`` (AdamW's 4-byte
+    ``step`` per tensor) is kept whole on every stage, an upper bound of a few kilobytes.
+    :func:`most_loaded_stage` picks the one ``training_memory(pp=...)`` reports."""
+    dtype_bytes = 2 if precision == "mixed" else 4
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    per_layer = layer_activation_bytes(cfg, **sizes)
+    first_extra, last_extra = _ends(cfg, **sizes)
+    table = cfg.vocab_size * cfg.hidden
+    out = []
+    for i, layers in enumerate(stage_layers(cfg.n_layers, pp)):
+        moe = sum(is_moe_layer(cfg, j) for j in layers)
+        params = moe * cfg.layer_params(moe=True) + (len(layers) - moe) * cfg.layer_params(moe=False)
+        acts = sum(per_layer[j] for j in layers)
+        if i == 0:
+            params += table
+            acts += first_extra
+        if i == pp - 1:
+            params += cfg.hidden + table  # final norm and head (a second copy of a tied table)
+            acts += last_extra
+        state = model_state_bytes(params, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors,
+                                  fp32_grad_accum=fp32_grad_accum)  # fmt: skip
+        memory = TrainingMemory(state.params, state.grads, state.optimizer, float(acts * (pp - i)))
+        out.append(StageMemory(i, layers.start, len(layers), moe, i == 0, i == pp - 1, params, pp - i, memory))
+    return out
+
+
+def most_loaded_stage(stages: list[StageMemory]) -> int:
+    """Index of the stage with the most bytes in all (the first one on a tie)."""
+    return max(range(len(stages)), key=lambda i: (stages[i].memory.total, -i))
+
+
+__all__ = ["StageMemory", "activation_bytes", "is_moe_layer", "layer_activation_bytes", "most_loaded_stage",
+           "pipeline_stage_memory", "stage_layers"]  # fmt: skip
