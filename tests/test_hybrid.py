@@ -98,3 +98,26 @@ def test_a_collective_on_the_wrong_axis_ends_in_a_report_naming_rank_axis_and_co
 def test_bad_layouts_are_refused_before_any_rank_starts(plan, words):
     with pytest.raises(ValueError, match=words):
         plan.check(DENSE)
+
+
+def test_playbook_run_hybrid_on_eight_fresh_ranks(capsys):
+    import json
+
+    from playbook.cli import main
+
+    assert main(["run", "hybrid", "--dp", "2", "--tp", "2", "--pp", "2", "--steps", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["world_size"] == 8 and report["layout"]["name"] == "dp2×tp2×pp2"
+    assert report["parity"]["max_rel_grad_diff"] < 1e-5 and report["parity"]["max_rel_l2_param_diff"] < 1e-5
+    for row in report["per_rank"]:
+        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12) and set(row["predicted"]) == {"dp", "tp", "pp"}
+
+
+def test_playbook_run_hybrid_refuses_a_bad_layout_in_one_line(capsys):
+    from playbook.cli import main
+
+    assert main(["run", "hybrid", "--tp", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tp=4 must divide kv_heads=2" in err[0]
+    assert main(["run", "hybrid", "--dp", "2", "--world-size", "4"]) == 2
+    assert "--world-size 4 but the degrees dp2 need 2 ranks" in capsys.readouterr().err
