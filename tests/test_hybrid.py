@@ -26,6 +26,9 @@ def check(ranks, setup: TrainSetup, plan: Plan):
     assert parity["max_rel_l2_param_diff"] < 1e-5
     for row in comm_table(answers, setup, plan):
         assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
+        for category, predicted in row["memory"]["predicted"].items():  # to the byte, where modelled
+            if predicted is not None:
+                assert row["memory"]["measured"][category] == predicted, (row["rank"], category)
     return answers, parity
 
 
@@ -121,3 +124,27 @@ def test_playbook_run_hybrid_refuses_a_bad_layout_in_one_line(capsys):
     assert len(err) == 1 and "tp=4 must divide kv_heads=2" in err[0]
     assert main(["run", "hybrid", "--dp", "2", "--world-size", "4"]) == 2
     assert "--world-size 4 but the degrees dp2 need 2 ranks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, setup, plan, axes", FOUR, ids=[c[0] for c in FOUR])
+def test_memory_is_predicted_for_every_layout_but_tp_with_cp_and_zero(name, setup, plan, axes):
+    from playbook.theory.hybrid import memory_per_rank
+
+    routing = [{"counts_by_rank": [[4] * 8] * 4, "capacity": None, "tokens": 64}] if setup.config().is_moe else None
+    got = memory_per_rank(setup.config(), plan.dims, rank=0, global_batch=8, seq_len=32, microbatches=plan.m,
+                          sequence_parallel=plan.sequence_parallel, routing=routing and routing * 1)
+    modelled = not (plan.dims.tp > 1 and plan.dims.cp > 1)
+    assert (got["activations"] is not None) == modelled and got["params"] > 0
+
+
+def test_summary_reads_as_a_table(ranks4):
+    from playbook.parallel.hybrid_run import HybridReport
+
+    setup, plan = DENSE, Plan(ParallelDims(tp=2, cp=2))
+    answers = ranks4.run(train_hybrid, setup, plan)
+    rows = comm_table(answers, setup, plan)
+    report = HybridReport("hybrid", 4, "gloo", compare(merge(answers, 2), reference(setup)), layout={"name": "tp2×cp2"},
+                          per_rank=rows, losses=[1.0])
+    text = report.summary()
+    assert "rank 3 (tp1 cp1 dp0 pp0): cp 300,288 / 300,288, tp 329,216 / 329,216" in text
+    assert "activations — / 1,014,400" in text  # not modelled: said, not hidden

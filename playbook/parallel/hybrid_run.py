@@ -19,7 +19,7 @@ from playbook.parallel.hybrid import CP_VARIANTS, Plan, train_hybrid
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.hybrid import comm_per_axis
+from playbook.theory.hybrid import comm_per_axis, memory_per_rank
 from playbook.theory.schedules import SCHEDULES
 
 
@@ -44,7 +44,8 @@ def merge(answers: list[dict], tp: int) -> TrainResult:
 
 
 def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]:
-    """Per rank: bytes sent per step on each axis, predicted and measured (the loss report excluded)."""
+    """Per rank: bytes sent per step on each axis, and memory by category, predicted and measured
+    (the loss report excluded; ZeRO's memory is not predicted here yet)."""
     routing = next((a["routing"] for a in answers if "routing" in a), None)
     rows = []
     for a in sorted(answers, key=lambda a: a["rank"]):
@@ -53,7 +54,12 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
                                   seq_len=setup.seq_len, zero=plan.zero, sequence_parallel=plan.sequence_parallel,
                                   cp_variant=plan.cp_variant, schedule=plan.schedule, microbatches=plan.m,
                                   routing=routing)  # fmt: skip
-        rows.append({"rank": a["rank"], "coords": a["coords"], "predicted": predicted, "measured": measured})
+        memory = memory_per_rank(setup.config(), plan.dims, rank=a["rank"], global_batch=setup.global_batch,
+                                 seq_len=setup.seq_len, sequence_parallel=plan.sequence_parallel, cp_variant=plan.cp_variant,
+                                 schedule=plan.schedule, microbatches=plan.m, routing=routing[0] if routing else None)
+        measured_memory = {k: a["result"].memory.get(k) for k in memory}
+        rows.append({"rank": a["rank"], "coords": a["coords"], "predicted": predicted, "measured": measured,
+                     "memory": {"predicted": memory if not plan.zero else {}, "measured": measured_memory}})
     return rows
 
 
@@ -79,12 +85,28 @@ class HybridReport(RunReport):
     per_rank: list = field(default_factory=list)
 
     def summary(self) -> str:
-        lines = [super().summary(), f"  layout {self.layout['name']}: bytes per rank per step, by axis (predicted / measured)"]
+        p = self.parity
+        lines = [f"hybrid {self.layout['name']} on {self.world_size} rank(s), backend {self.backend}",
+                 f"  loss per step: {', '.join(f'{x:.4f}' for x in self.losses)}",
+                 f"  parity vs {p['reference']}: loss {p['max_abs_loss_diff']:.2e} (abs), grads {p['max_rel_grad_diff']:.2e} "
+                 f"(rel), params {p['max_rel_l2_param_diff']:.2e} (rel L2)",
+                 "  per rank: bytes sent per step by axis, predicted / measured; memory (bytes) predicted / measured"]  # fmt: skip
         for row in self.per_rank:
             axes = sorted(set(row["predicted"]) | set(row["measured"]))
             cells = ", ".join(f"{ax} {row['predicted'].get(ax, 0):,.0f} / {row['measured'].get(ax, 0):,.0f}" for ax in axes)
-            lines.append(f"    rank {row['rank']}: {cells or 'no communication'}")
+            lines.append(f"    rank {row['rank']} {_where(row['coords'])}: {cells or 'no communication'}")
+            mem = row["memory"]
+            lines.append("      " + ", ".join(f"{k} {_num(mem['predicted'].get(k))} / {_num(mem['measured'].get(k))}"
+                                              for k in ("params", "grads", "optimizer", "activations")))  # fmt: skip
         return "\n".join(lines)
+
+
+def _where(coords: dict) -> str:
+    return "(" + " ".join(f"{a}{coords[a]}" for a in ("tp", "cp", "dp", "pp")) + ")"
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{x:,.0f}"
 
 
 def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto") -> HybridReport:
@@ -98,11 +120,11 @@ def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto") -> HybridRe
     mine = table[0]
     return HybridReport(
         strategy="hybrid", world_size=world, backend=backend, parity=compare(ours, reference(setup)),
-        memory={"predicted": {}, "measured": {k: v for k, v in answers[0]["result"].memory.items() if k != "peak"}},
+        memory=mine["memory"],
         comm={"predicted": mine["predicted"], "measured": mine["measured"]},
         setup={**setup.as_dict(), **plan.as_dict()}, losses=ours.losses,
         layout={"name": str(plan.dims), "groups": plan.dims.describe()},
-        per_rank=[{**row, "memory": a["result"].memory} for row, a in zip(table, sorted(answers, key=lambda a: a["rank"]))],
+        per_rank=table,
     )  # fmt: skip
 
 

@@ -112,3 +112,71 @@ def comm_per_axis(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_bat
         per_step = alltoall_bytes_from_routing(routing, dims.ep, cfg.hidden)  # [step][data rank]
         add("ep", sum(s[dims.data_index(rank)] for s in per_step) / len(per_step))
     return out
+
+
+# ---- memory per rank ---------------------------------------------------------------------------
+def _tp_pieces(cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool) -> dict:
+    """Saved bytes of one micro-batch under TP, by piece: "first" (embedding), "block", "last" (norm,
+    head, loss), from ``theory.tp``'s exact breakdown (tp = 1 is the single-process count)."""
+    if tp == 1:
+        from playbook.theory.activations import model_activation_breakdown
+
+        parts = model_activation_breakdown(cfg, seq_len=seq_len, micro_batch=micro_batch)
+        block = parts["blocks"] // cfg.n_layers
+        ids = micro_batch * seq_len * 8  # the token ids the embedding saves (int64)
+        return {"first": ids, "block": block, "last": sum(parts.values()) - parts["blocks"] - ids}
+    from playbook.theory.tp import tp_model_activation_breakdown
+
+    parts = tp_model_activation_breakdown(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+                                          sequence_parallel=sequence_parallel)  # fmt: skip
+    first = next(v for k, v in parts.items() if k.startswith("embedding"))
+    return {"first": first, "block": parts["blocks"] // cfg.n_layers, "last": sum(parts.values()) - parts["blocks"] - first}
+
+
+def memory_per_rank(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_batch: int, seq_len: int,
+                    sequence_parallel: bool = False, cp_variant: str = "ring", schedule: str = "1f1b",
+                    microbatches: int = 1, routing: list | None = None) -> dict[str, float | None]:
+    """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (no ZeRO): its parameters
+    (1/tp of every split matrix of its stage, norms whole; MoE: E/ep experts), as many gradient bytes,
+    AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
+    step's peak (a pipeline stage: the schedule's peak of micro-batches in flight, ``held_bytes``).
+    A mixture of experts saves bytes that depend on the routing: give ``routing`` (the first step's
+    ``[layer]`` stats) and ``theory.moe.model_activation_bytes_moe`` counts them. Activations are None
+    where the combination is not modelled yet (TP with CP; MoE without its routing)."""
+    c = dims.coords(rank)
+    stage, rows = c["pp"], global_batch // dims.dp
+    if cfg.is_moe:
+        from playbook.theory.moe import param_tensors_per_rank
+
+        numel, tensors = moe_params(cfg, dims.ep)["total"], param_tensors_per_rank(cfg, dims.ep)
+    else:
+        units = local_units(cfg, dims, stage)
+        numel = sum(split + rep for _, split, rep in units)
+        tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
+    out: dict[str, float | None] = {"params": FP32 * numel, "grads": FP32 * numel,
+                                    "optimizer": 2 * FP32 * numel + 4 * tensors, "activations": None}  # fmt: skip
+    if cfg.is_moe:
+        if routing is not None and dims.tp == dims.cp == dims.pp == 1:
+            from playbook.theory.moe import model_activation_bytes_moe
+
+            out["activations"] = model_activation_bytes_moe(cfg, seq_len=seq_len, micro_batch=rows, layers=routing,
+                                                            rank=dims.data_index(rank), ep=dims.ep)  # fmt: skip
+        return out
+    if dims.tp > 1 and dims.cp > 1:
+        return out
+    if dims.cp > 1:
+        from playbook.theory.cp import cp_activation_bytes
+
+        out["activations"] = cp_activation_bytes(cfg, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
+        return out
+    b = rows // (microbatches if dims.pp > 1 else 1)
+    piece = _tp_pieces(cfg, seq_len=seq_len, micro_batch=b, tp=dims.tp, sequence_parallel=sequence_parallel)
+    if dims.pp == 1:
+        out["activations"] = piece["first"] + cfg.n_layers * piece["block"] + piece["last"]
+        return out
+    from playbook.theory.schedules import held_bytes
+
+    per_stage = [(s == 0) * piece["first"] + len(stage_layers(cfg, dims.pp, s)) * piece["block"]
+                 + (s == dims.pp - 1) * piece["last"] for s in range(dims.pp)]  # fmt: skip
+    out["activations"] = held_bytes(make_schedule(schedule, dims.pp, microbatches), [[x] for x in per_stage])[stage]
+    return out
