@@ -9,7 +9,7 @@ import torch
 
 from playbook.cli import main
 from playbook.config import ModelConfig
-from playbook.parallel.cp import check, cp_rank, predicted_memory, run_cp, train_cp
+from playbook.parallel.cp import check, on_rank, predicted_memory, run_cp, train_cp
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup, train
 from playbook.theory import cp as th
@@ -239,7 +239,7 @@ def test_whole_model_parity_in_float64(n, ranks2, ranks4, references):
     ranks = ranks2 if n == 2 else ranks4
     for variant, zigzag, causal in WHOLE:
         setup = SMALL if variant == "ulysses" and n == 4 else SETUP
-        results = ranks.run(cp_rank, setup, variant, zigzag, causal, torch.float64)
+        results = ranks.run(on_rank, setup, variant=variant, zigzag=zigzag, causal=causal, dtype=torch.float64)
         p = compare(results[0], references(setup, causal, torch.float64))
         what = f"n={n} {variant} zigzag={zigzag} causal={causal}: {p}"
         assert p["max_abs_loss_diff"] < 1e-12 and p["max_rel_grad_diff"] < 1e-10 and p["max_rel_param_diff"] < 1e-9, what
@@ -251,7 +251,7 @@ def test_whole_model_float32_memory_and_bytes(n, ranks2, ranks4, references):
     ranks = ranks2 if n == 2 else ranks4
     for variant, zigzag, causal in [(v, zz, c) for v in ("ring", "allgather", "ulysses") for zz, c in ((True, True), (False, False))]:
         setup = SMALL if variant == "ulysses" and n == 4 else SETUP
-        results = ranks.run(cp_rank, setup, variant, zigzag, causal)
+        results = ranks.run(on_rank, setup, variant=variant, zigzag=zigzag, causal=causal)
         what = f"n={n} {variant} zigzag={zigzag} causal={causal}"
         p = compare(results[0], references(setup, causal))  # causal: the ordinary training loop, train()
         assert p["max_abs_loss_diff"] < 1e-5 and p["max_rel_grad_diff"] < 1e-5 and p["max_rel_param_diff"] < 3e-3, (what, p)
@@ -267,18 +267,18 @@ def test_whole_model_float32_memory_and_bytes(n, ranks2, ranks4, references):
 
 
 def test_activation_memory_falls_as_one_over_n(rank_sets, ranks2, ranks4):
-    measured = {n: r.run(cp_rank, SETUP, "ring", True)[0].memory["activations"] for n, r in ((2, ranks2), (4, ranks4))}
+    measured = {n: r.run(on_rank, SETUP, variant="ring", zigzag=True)[0].memory["activations"] for n, r in ((2, ranks2), (4, ranks4))}
     # all but the 4-byte loss scalar halves when n doubles
     assert measured[4] - 4 == pytest.approx((measured[2] - 4) / 2, rel=0, abs=0)
 
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_ring_work_per_rank_measured_equals_predicted(n, ranks2, ranks4):
-    from playbook.parallel.cp import attention_work
+    from playbook.measure.ring_work import ring_work_on_rank
 
     ranks = ranks2 if n == 2 else ranks4
     for zigzag in (False, True):
-        out = ranks.run(attention_work, seq_len=16 * n, zigzag=zigzag, repeats=1, warmup=0)
+        out = ranks.run(ring_work_on_rank, seq_len=16 * n, zigzag=zigzag, repeats=1, warmup=0)
         assert [len(o["blocks"]) for o in out] == th.ring_blocks_per_rank(n, zigzag)
         assert [o["elements"] for o in out] == th.ring_work_per_rank(16 * n, n, zigzag)
         for r, o in enumerate(out):  # and the very blocks of the schedule, step by step

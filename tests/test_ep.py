@@ -24,8 +24,8 @@ def reference(capacity_factor):
 
 
 def run(ranks, capacity_factor, mode="ep", ep=None):
-    results = ranks.run(E._rank_main, SETUP, CFG, capacity_factor, 0.01, mode, ep or ranks.world_size, progress=False)
-    return results, E.combine(results, mode)
+    results = ranks.run(E.on_rank, SETUP, CFG, capacity_factor=capacity_factor, mode=mode, ep=ep, progress=False)
+    return results, E.merge(results, mode)
 
 
 @pytest.mark.parametrize("n,ep", [(2, 2), (4, 4), (4, 2)], ids=["ep2", "ep4", "ep2xdp2"])
@@ -78,7 +78,7 @@ def test_our_all_to_all_matches_pytorch_and_one_process(ranks4):
     def exchange(ctx):
         import torch.distributed as dist
 
-        from playbook.parallel.ep import all_to_all
+        from playbook.parallel.comm import all_to_all
 
         send_all = [[(3 * s + d) % 4 for d in range(4)] for s in range(4)]  # uneven, some empty
         send = send_all[ctx.rank]
@@ -108,20 +108,20 @@ def test_a_missing_division_of_expert_gradients_is_caught(ranks2):
     def wrong(ctx, setup, cfg):
         import playbook.parallel.ep as ep
 
-        right = ep.sync_grads
+        right = ep.sync_gradients
 
-        def forgot_experts(model, lay):
-            right(model, lay)
+        def forgot_experts(model, mesh, **options):
+            right(model, mesh, **options)
             for name, p in model.named_parameters():
                 if ep.is_expert(name) and p.grad is not None:
-                    p.grad *= lay.n  # as if expert gradients were not divided by n
-        ep.sync_grads = forgot_experts
+                    p.grad *= mesh.size("dp_cp")  # as if expert gradients were not divided by n
+        ep.sync_gradients = forgot_experts
         try:
             return ep.train_moe(setup, cfg, ctx=ctx)
         finally:
-            ep.sync_grads = right
+            ep.sync_gradients = right
 
-    whole = E.combine(ranks2.run(wrong, SETUP, CFG, progress=False))
+    whole = E.merge(ranks2.run(wrong, SETUP, CFG, progress=False))
     assert E.parity(whole, reference(None))["max_rel_grad_diff"] > 0.5
 
 

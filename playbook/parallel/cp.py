@@ -13,6 +13,10 @@ The rest of the model is threaded through unchanged:
 - the weights are replicated (CP is data parallelism over tokens for everything but attention),
   so after backward their gradients are summed over the CP ranks with one all-reduce.
 
+Training is ``parallel.training.train`` with these as its hooks (``batch``: every row, this rank's
+tokens; ``sync_grads``, ``sync_loss``: sums over the ``cp`` group of the mesh); the GPT runs its own
+forward with the attention core swapped (``use_attention``) and RoPE at ``positions``.
+
 Ring attention: Liu et al. 2023, arXiv:2310.01889; zig-zag balance: Llama 3 (Dubey et al. 2024,
 arXiv:2407.21783, §3.3.2); Ulysses: Jacobs et al. 2023 (arXiv:2309.14509).
 PyTorch's own ``torch.distributed.tensor.experimental.context_parallel`` (in torch 2.13 by default
@@ -22,7 +26,6 @@ SDPA kernels (FEASIBILITY.md: no CPU path), so the from-scratch version is the o
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -30,9 +33,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from playbook.cluster import default_backend, launch
-from playbook.measure.memory import SavedActivations, gradient_bytes, optimizer_bytes, parameter_bytes
+from playbook.dims import ParallelDims
+from playbook.measure import trace
 from playbook.measure.trace import bytes_by_op
 from playbook.model import GPT
+from playbook.parallel.comm import all_reduce_flat
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.ring_attention import VARIANTS, attention
@@ -53,29 +58,29 @@ def cp_attention_fn(variant: str, group, *, zigzag: bool, causal: bool = True, p
     return lambda q, k, v: VARIANTS[variant](q, k, v, group, zigzag=zigzag, causal=causal, **extra)
 
 
-def cp_loss(model: GPT, tokens, targets, positions, total_tokens: int) -> torch.Tensor:
-    """This rank's share of the global mean loss: Σ cross-entropy over its tokens / all tokens.
-    tokens, targets [batch, s/n] int64; positions [s/n] int64 (global). The model's attention
-    cores must already be the CP ones (``use_attention``)."""
-    logits = model(tokens, positions=positions)  # [batch, s/n, vocab]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / total_tokens
-
-
 def use_attention(model, attend) -> None:
     """Swap every block's attention core (q, k, v) -> out for ``attend``, in place."""
     for block in model.blocks:
         block.attn.core = attend
 
 
-def sum_over(group, model: torch.nn.Module) -> None:
-    """Sum every gradient over the CP ranks: one all-reduce of one flat buffer."""
-    grads = [p.grad for p in model.parameters()]
-    flat = torch.cat([g.reshape(-1) for g in grads])  # [num_params]
-    dist.all_reduce(flat, group=group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+def cp_loss(logits: torch.Tensor, targets: torch.Tensor, total_tokens: int) -> torch.Tensor:
+    """This rank's share of the global mean loss: Σ cross-entropy over its tokens / all tokens.
+    logits [batch, s/n, vocab], targets [batch, s/n] int64. The n shares sum to the mean."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / total_tokens
+
+
+def use_positions(model: GPT, positions: torch.Tensor, total_tokens: int) -> GPT:
+    """Make ``model(tokens, targets)`` this rank's forward, in place: the GPT's own forward with
+    RoPE at the tokens' global ``positions`` ([s/n] int64), returning ``(logits, cp_loss)``."""
+    forward = model.forward  # GPT.forward, bound
+
+    def shard_forward(tokens, targets=None):
+        logits = forward(tokens, positions=positions)  # [batch, s/n, vocab]
+        return logits if targets is None else (logits, cp_loss(logits, targets, total_tokens))
+
+    model.forward = shard_forward
+    return model
 
 
 @dataclass
@@ -89,54 +94,56 @@ class CPResult(TrainResult):
     sent_per_step: dict[str, float] = field(default_factory=dict)
 
 
+# ---- training: the one loop, with CP's hooks ----------------------------------------------------
 def train_cp(setup: TrainSetup, *, group=None, variant: str = "ring", zigzag: bool = False, causal: bool = True,
              device="cpu", dtype=torch.float32, progress=None) -> CPResult:  # fmt: skip
-    """Train ``setup`` with each sequence split over the ranks of ``group`` (None: one process,
-    the whole sequence). Same model, data and AdamW as ``training.train``, so the two compare.
+    """``training.train`` with each sequence split over the ranks of ``group`` (None: one process,
+    the whole sequence). Every rank reads every row of the global batch, the tokens at its
+    positions; its loss is its share of the global mean (``cp_loss``), so the gradients of the
+    replicated weights are *summed* over the group, and so is the loss for reporting.
     ``dtype=torch.float64`` takes rounding out of a parity check."""
-    from playbook.measure import trace
-
     rank, n = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
-    cfg = setup.config()
     check(setup, n, variant, zigzag)
-    model = GPT(cfg, seed=setup.seed).to(device=device, dtype=dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr)
+    model = GPT(setup.config(), seed=setup.seed).to(device=device, dtype=dtype)
     positions = torch.tensor(theory.shard_positions(setup.seq_len, n, rank, zigzag), device=device)  # [s/n]
     log: list[dict] = []
     use_attention(model, cp_attention_fn(variant, group, zigzag=zigzag, causal=causal, positions=positions, log=log))
-    losses, grads, memory = [], {}, {}
-    for step in range(setup.steps):
-        tokens, targets = setup.task().batch(step, setup.global_batch, setup.seq_len, device=device)  # [B, s]
-        tokens, targets = tokens[:, positions], targets[:, positions]  # [B, s/n]: this rank's tokens
-        optimizer.zero_grad(set_to_none=True)
-        with SavedActivations(model) if step == 0 else nullcontext() as saved:
-            loss = cp_loss(model, tokens, targets, positions, setup.global_batch * setup.seq_len)
-        loss.backward()
-        loss = loss.detach()
-        if group is not None:
-            sum_over(group, model)
-            dist.all_reduce(loss, group=group)  # the global mean: every rank's share, summed
-        if step == 0:
-            grads = {k: p.grad.detach().cpu().clone() for k, p in model.named_parameters()}
-            memory = {"params": parameter_bytes(model), "grads": gradient_bytes(model), "activations": saved.bytes}
-        optimizer.step()
-        if step == 0:
-            memory["optimizer"] = optimizer_bytes(optimizer)
-        losses.append(float(loss))
-        if progress is not None:
-            progress(step + 1, setup.steps)
+    use_positions(model, positions, setup.global_batch * setup.seq_len)
+    task = setup.task()
+
+    def batch(step):
+        tokens, targets = task.batch(step, setup.global_batch, setup.seq_len, device=device)  # [B, s]
+        return tokens[:, positions], targets[:, positions]  # [B, s/n]: this rank's tokens
+
+    def sum_loss(loss):
+        dist.all_reduce(loss, group=group)  # the global mean: every rank's share, summed
+        return loss
+
+    hooks = {}
+    if group is not None:
+        hooks = dict(sync_grads=lambda m: all_reduce_flat([p.grad for p in m.parameters()], group), sync_loss=sum_loss)
     tracer = trace.current()
-    spans = tracer.spans if tracer is not None else []
-    calls = cfg.n_layers * setup.steps
-    sent = bytes_by_op(spans, per=setup.steps)
+    first = len(tracer.spans) if tracer is not None else 0
+    result = train(setup, model=model, batch=batch, device=device, progress=progress, **hooks)
+    spans = tracer.spans[first:] if tracer is not None else []
+    calls = setup.config().n_layers * setup.steps
     return CPResult(
-        losses, grads, {k: p.detach().cpu().clone() for k, p in model.named_parameters()}, memory,
+        **vars(result),
         blocks=[b for b in log if b["pass_"] == "forward"][: len(log) // (2 * calls)] if log else [],
         block_seconds=sum(s.duration for s in spans if s.name.startswith("ring block")),
-        sent_per_step=sent,
+        sent_per_step=bytes_by_op(spans, per=setup.steps),
     )  # fmt: skip
 
 
+def on_rank(ctx, setup: TrainSetup, *, variant: str = "ring", zigzag: bool = False, causal: bool = True,
+            dtype=torch.float32) -> CPResult:  # fmt: skip
+    """Rank function: train with the sequence split over the ``cp`` axis of every rank."""
+    group = ctx.mesh_for(ParallelDims(cp=ctx.world_size)).group("cp")
+    return train_cp(setup, group=group, variant=variant, zigzag=zigzag, causal=causal, device=ctx.device, dtype=dtype,
+                    progress=ctx.progress)  # fmt: skip
+
+
+# ---- checks, the reference and the prediction ---------------------------------------------------
 def check(setup: TrainSetup, n: int, variant: str, zigzag: bool) -> None:
     """Clear errors before any rank starts: layout, heads for Ulysses, the variant's name."""
     if variant not in VARIANTS:
@@ -165,39 +172,6 @@ def predicted_memory(setup: TrainSetup, n: int, variant: str, causal: bool = Tru
     return {"params": state.params, "grads": state.grads, "optimizer": state.optimizer, "activations": float(acts)}
 
 
-# ---- on real ranks ------------------------------------------------------------------------------
-def cp_rank(ctx, setup: TrainSetup, variant: str = "ring", zigzag: bool = False, causal: bool = True,
-            dtype=torch.float32) -> CPResult:  # fmt: skip
-    """Rank function: train with the sequence split over all ranks of ``ctx.group``."""
-    return train_cp(setup, group=ctx.group, variant=variant, zigzag=zigzag, causal=causal,
-                    device=ctx.device, dtype=dtype, progress=ctx.progress)  # fmt: skip
-
-
-def attention_work(ctx, *, seq_len: int, zigzag: bool, causal: bool = True, batch: int = 1, heads: int = 4,
-                   kv_heads: int = 4, head_dim: int = 32, repeats: int = 3, warmup: int = 1) -> dict:  # fmt: skip
-    """Ring attention alone, forward + backward on random data. Returns the blocks this rank
-    computed in one forward (the kernel's own log), their score elements, and per pass (mean of
-    ``repeats`` after ``warmup`` untimed passes, forward + backward) the seconds inside ring blocks:
-    ``seconds`` wall time (from the tracer's spans), ``cpu_seconds`` this rank's CPU time, which does
-    not count time the OS gave to other ranks (n ranks on fewer cores)."""
-    gen = torch.Generator().manual_seed(ctx.rank)
-    shard = seq_len // ctx.world_size
-    q = torch.randn(batch, heads, shard, head_dim, generator=gen).to(ctx.device).requires_grad_()  # [b, a, s/n, d]
-    k = torch.randn(batch, kv_heads, shard, head_dim, generator=gen).to(ctx.device).requires_grad_()  # [b, g, s/n, d]
-    v = torch.randn(batch, kv_heads, shard, head_dim, generator=gen).to(ctx.device).requires_grad_()  # [b, g, s/n, d]
-    log: list[dict] = []
-    for i in range(warmup + repeats):
-        if i == warmup:
-            log.clear()
-            first_timed = len(ctx.tracer.spans)
-        VARIANTS["ring"](q, k, v, ctx.group, zigzag=zigzag, causal=causal, log=log).sum().backward()
-    spans = [s for s in ctx.tracer.spans[first_timed:] if s.name.startswith("ring block")]
-    forward = [b for b in log if b["pass_"] == "forward"][: len(log) // (2 * repeats)]
-    return {"blocks": forward, "elements": sum(b["rows"] * b["cols"] for b in forward),
-            "seconds": sum(s.duration for s in spans) / repeats,
-            "cpu_seconds": sum(b["cpu_seconds"] for b in log) / repeats}  # fmt: skip
-
-
 # ---- playbook run cp ----------------------------------------------------------------------------
 @dataclass
 class CPReport(RunReport):
@@ -222,7 +196,8 @@ def add_arguments(parser) -> None:
 def run_cp(setup: TrainSetup, *, world_size: int, backend: str = "auto", variant: str = "ring", zigzag: bool = False) -> CPReport:
     check(setup, world_size, variant, zigzag)
     backend = default_backend(world_size) if backend == "auto" else backend
-    results = launch(cp_rank, world_size, setup, variant, zigzag, backend=backend)
+    results = launch(on_rank, world_size, setup, variant=variant, zigzag=zigzag, backend=backend)
+    measured = {k: results[0].memory[k] for k in ("params", "grads", "activations", "optimizer")}
     cfg = setup.config()
     comm = theory.comm_bytes_per_step(cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, cp=world_size, variant=variant)
     work = {}
@@ -235,7 +210,7 @@ def run_cp(setup: TrainSetup, *, world_size: int, backend: str = "auto", variant
         world_size=world_size,
         backend=backend,
         parity=compare(results[0], reference(setup)),
-        memory={"predicted": predicted_memory(setup, world_size, variant), "measured": results[0].memory},
+        memory={"predicted": predicted_memory(setup, world_size, variant), "measured": measured},
         comm={"predicted": comm, "measured": results[0].sent_per_step},
         setup={**setup.as_dict(), "variant": variant, "zigzag": zigzag},
         losses=results[0].losses,

@@ -1,18 +1,8 @@
 """Expert parallelism: the experts of every MoE layer split across ranks, tokens sent to them.
 
-Each of ``ep`` ranks holds E/ep experts. A rank routes its own tokens (``playbook.moe``), then
-
-    1. counts: all-gather every rank's routed counts [n, E]; from them every rank knows the
-       global capacity decisions and every split below (nothing else has to be exchanged);
-    2. permute: its kept slots, grouped by expert = grouped by destination rank;
-    3. dispatch: one all-to-all with uneven splits: rows to each expert's owner;
-    4. compute: each local expert on the rows from every source (regrouped expert-major);
-    5. combine: the second all-to-all, splits swapped, sends the results home;
-    6. un-permute: each row scaled by its gate and added back to its token (``index_add``).
-
-Backward runs through both all-to-alls: the gradient of an all-to-all is the all-to-all with the
-splits swapped (:class:`AllToAll`). Per rank and MoE layer, the dispatch sends k·T_local·h·(ep−1)/ep
-elements under even routing, and a training step runs four all-to-alls (two forward, two backward).
+The layers are in ``parallel.ep_layers`` (:class:`ExpertParallelMoE`, and
+:class:`TensorParallelExperts` for contrast); this module trains them, puts the ranks' pieces back
+together, and runs the chapter (``playbook run ep``).
 
 Expert parallelism lives *inside* data parallelism (DeepSpeed-MoE, arXiv:2201.05596, §5): all n
 ranks read different rows of the batch; the dense weights (attention, norms, routers) are
@@ -20,11 +10,12 @@ replicated and their gradients averaged over all n; ranks r, r+ep, r+2ep, ... ho
 experts and average those gradients among themselves. Each rank's loss is its local cross-entropy
 plus n × its share of the aux loss; averaging over n gives the global batch's gradients, and an
 expert's gradient, which arrives summed over the n ranks' tokens by the all-to-all, is divided by n.
+The groups are the mesh's (``ParallelDims(dp=n, ep=ep)``: ``ep`` groups of consecutive ranks,
+``ep_replica`` strided by ep, ``dp_cp`` all n), and the gradients are reduced by the hybrid
+mesh's own ``sync_gradients``.
 
-For contrast (Gale et al. 2023 MegaBlocks §2; article 2 of SEEDS.md): tensor parallelism *inside*
-each expert keeps every expert on every rank, a 1/tp slice of its SwiGLU width. Tokens are
-all-gathered, each rank computes its slice of every expert, partial outputs are reduce-scattered
-back: 4·T_local·tp·h·(tp−1)/tp elements per step against EP's 4·k·T_local·h·(ep−1)/ep, ratio k/tp.
+Training is ``parallel.training.train`` with hooks: ``sync_grads`` as above, and ``sync_loss``
+(:class:`StepRecord`) reporting the global loss and recording each step's routing and bytes.
 
 Parity target: ``playbook.moe`` on one process, same global batch (``train_moe`` without ``ctx``).
 Capacity is global (over the whole global batch, first come first served in global token order),
@@ -45,12 +36,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from playbook.config import ModelConfig, divisors, require_divides
-from playbook.measure.memory import measure_training_step
+from playbook.dims import ParallelDims
 from playbook.moe import AUX_ALPHA, MoEMLP, build, moe_layers
-from playbook.parallel.comm import AllToAll, GatherRows, ScatterSumRows, all_reduce_flat, all_to_all  # noqa: F401
+from playbook.parallel.ep_layers import ExpertParallelMoE, TensorParallelExperts
+from playbook.parallel.hybrid import sync_gradients
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, max_rel_diff
-from playbook.parallel.training import TrainResult, TrainSetup
+from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.moe import (
     alltoall_bytes_from_routing, check_capacity_factor, check_ep, model_activation_bytes_moe, moe_model_state_bytes,
     param_tensors_per_rank, routing_report,
@@ -58,143 +50,28 @@ from playbook.theory.moe import (
 from playbook.theory.moe import step_comm_bytes as predicted_comm  # the chapter calls it by this name
 
 
-# ---- the expert-parallel MoE layer -------------------------------------------------------------
-class ExpertParallelMoE(MoEMLP):
-    """A :class:`MoEMLP` whose experts are split over ``ep_group``; only ``exchange_counts``,
-    ``run_experts`` and ``aux_scale`` differ. ``experts`` keeps the global expert numbers as keys,
-    so parameter names match the single-process model's."""
-
-    def __init__(self, moe: MoEMLP, *, ep_group, data_group, ep: int, ep_rank: int, data_rank: int, n_data: int):
-        nn.Module.__init__(self)
-        self.hidden, self.n_experts, self.top_k = moe.hidden, moe.n_experts, moe.top_k
-        self.capacity_factor, self.aux_alpha = moe.capacity_factor, moe.aux_alpha
-        self.ep, self.ep_rank, self.data_rank, self.n_data = ep, ep_rank, data_rank, n_data
-        self.ep_group, self.data_group, self.native = ep_group, data_group, False
-        self.per_rank = self.n_experts // ep
-        self.first = ep_rank * self.per_rank  # my experts: first .. first + per_rank - 1
-        self.router, self.shared_experts = moe.router, moe.shared_experts
-        self.experts = nn.ModuleDict({str(e): moe.experts[e] for e in range(self.first, self.first + self.per_rank)})
-        self.aux_loss, self.stats = None, None
-
-    def exchange_counts(self, counts):
-        out = counts.new_empty(self.n_data * self.n_experts)  # [n*E]
-        dist.all_gather_single(out, counts, group=self.data_group)
-        return out.view(self.n_data, self.n_experts), self.data_rank  # [n, E]
-
-    def aux_scale(self) -> float:
-        return float(self.n_data)
-
-    def run_experts(self, xs, kept_by_rank):
-        ep, per, me = self.ep, self.per_rank, self.ep_rank
-        group = kept_by_rank[self.data_rank - me : self.data_rank - me + ep]  # [ep, E] my EP group's kept slots
-        send = group[me].view(ep, per).sum(1).tolist()  # rows to each member (xs is grouped by expert = by owner)
-        from_each = group[:, self.first : self.first + per]  # [ep, per] rows each member sends me, per local expert
-        recv = from_each.sum(1).tolist()
-        xr = all_to_all(xs, send, recv, self.ep_group, self.native)  # [R, h] source-major, expert-minor
-        chunks = list(xr.split(from_each.reshape(-1).tolist()))  # chunk s*per + e
-        for e in range(per):  # regroup expert-major: one batch per local expert, then split back
-            idx = [s * per + e for s in range(ep)]
-            sizes = [chunks[i].shape[0] for i in idx]
-            if sum(sizes):
-                out = self.experts[str(self.first + e)](torch.cat([chunks[i] for i in idx]))  # [rows_e, h]
-                for i, part in zip(idx, out.split(sizes)):
-                    chunks[i] = part
-        yr = torch.cat(chunks)  # [R, h] back in arrival order (un-permuted)
-        return all_to_all(yr, recv, send, self.ep_group, self.native)  # [S, h] in xs's order
-
-
-class TensorParallelExperts(MoEMLP):
-    """The contrast: every expert on every rank, a 1/tp slice of its width (gate/up rows, down
-    columns, Megatron-style). Tokens all-gathered, routed identically everywhere, partial outputs
-    reduce-scattered. The router and shared experts are replicated (dense)."""
-
-    def __init__(self, moe: MoEMLP, *, group, tp: int, rank: int):
-        nn.Module.__init__(self)
-        self.hidden, self.n_experts, self.top_k = moe.hidden, moe.n_experts, moe.top_k
-        self.capacity_factor, self.aux_alpha = moe.capacity_factor, moe.aux_alpha
-        self.group, self.router, self.shared_experts = group, moe.router, moe.shared_experts
-        fe = moe.experts[0].gate_proj.weight.shape[0]
-        require_divides("tp", tp, "expert_ffn_hidden", fe)
-        cut = slice(rank * fe // tp, (rank + 1) * fe // tp)
-        for expert in moe.experts:
-            with torch.no_grad():
-                for lin in (expert.gate_proj, expert.up_proj):  # [fe, h] -> [fe/tp, h]
-                    lin.weight = nn.Parameter(lin.weight[cut].clone())
-                expert.down_proj.weight = nn.Parameter(expert.down_proj.weight[:, cut].clone())  # [h, fe/tp]
-        self.experts = moe.experts
-        self.aux_loss, self.stats = None, None
-
-    def forward(self, x):
-        shape = x.shape  # [batch, seq, hidden]
-        x = x.reshape(-1, self.hidden)  # [T, h]
-        every = GatherRows.apply(x, self.group)  # [tp*T, h] the whole group's tokens, in rank order
-        y = ScatterSumRows.apply(self.routed(every), self.group)  # [T, h] sum of the tp partial outputs
-        for shared in self.shared_experts:
-            y = y + shared(x)  # [T, h]
-        return y.view(shape)
-
-
-# ---- groups, model, gradients ------------------------------------------------------------------
-@dataclass
-class Layout:
-    """Who is who: n ranks = n data-parallel ranks; EP groups of ``ep`` consecutive ranks."""
-
-    mode: str  # "ep" or "tp" (tensor parallel inside experts, over all n ranks)
-    n: int
-    ep: int
-    rank: int
-    world: object
-    ep_group: object = None
-    replica_group: object = None  # the ranks that hold the same experts (size n / ep)
-
-    @classmethod
-    def make(cls, ctx, mode: str, ep: int) -> Layout:
-        n, r = ctx.world_size, ctx.rank
-        lay = cls(mode, n, ep if mode == "ep" else n, r, ctx.group)
-        if mode == "ep":  # every rank creates every group, in the same order
-            for g in range(n // ep):
-                grp = dist.new_group(list(range(g * ep, (g + 1) * ep)))
-                lay.ep_group = grp if r // ep == g else lay.ep_group
-            for i in range(ep):
-                grp = dist.new_group(list(range(i, n, ep))) if n > ep else None
-                lay.replica_group = grp if r % ep == i else lay.replica_group
-        return lay
-
-
+# ---- the model on this rank's mesh -------------------------------------------------------------
 def is_expert(name: str) -> bool:
     return ".mlp.experts." in name
 
 
-def parallelize(model: nn.Module, lay: Layout) -> nn.Module:
-    """Swap every MoE layer for its expert-parallel (or tensor-parallel-experts) version, in place."""
+def parallelize(model: nn.Module, mesh, mode: str) -> nn.Module:
+    """Swap every MoE layer for its expert-parallel version over the mesh's ``ep`` axis (routing
+    counts over all its data ranks, ``dp_cp``), or (``mode="tp"``) for tensor parallelism inside
+    every expert over all the data ranks; in place."""
     for block in model.blocks:
         if isinstance(block.mlp, MoEMLP):
-            if lay.mode == "ep":
-                block.mlp = ExpertParallelMoE(block.mlp, ep_group=lay.ep_group, data_group=lay.world, ep=lay.ep,
-                                              ep_rank=lay.rank % lay.ep, data_rank=lay.rank, n_data=lay.n)  # fmt: skip
+            if mode == "ep":
+                block.mlp = ExpertParallelMoE(block.mlp, ep_group=mesh.group("ep"), data_group=mesh.group("dp_cp"),
+                                              ep=mesh.size("ep"), ep_rank=mesh.index("ep"),
+                                              data_rank=mesh.index("dp_cp"), n_data=mesh.size("dp_cp"))  # fmt: skip
             else:
-                block.mlp = TensorParallelExperts(block.mlp, group=lay.world, tp=lay.n, rank=lay.rank)
+                block.mlp = TensorParallelExperts(block.mlp, group=mesh.group("dp_cp"), tp=mesh.size("dp_cp"),
+                                                  rank=mesh.index("dp_cp"))  # fmt: skip
     return model
 
 
-def sync_grads(model: nn.Module, lay: Layout) -> None:
-    """Dense gradients: average over all n ranks. Expert gradients: already the sum over the
-    ranks whose tokens reached them; sum over the replicas (EP+DP), then divide by n."""
-    dense = [p for name, p in model.named_parameters() if not is_expert(name)]
-    experts = [p for name, p in model.named_parameters() if is_expert(name)]
-    all_reduce_flat([p.grad for p in dense], lay.world)
-    if lay.replica_group is not None:  # a replica whose expert got no token has no grad: send zeros + a flag
-        had = torch.tensor([p.grad is not None for p in experts], dtype=torch.float32, device=experts[0].device)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in experts]
-        all_reduce_flat(grads + [had], lay.replica_group)
-        for p, g, flag in zip(experts, grads, had):
-            p.grad = g if flag > 0 else None
-    for p in dense + experts:
-        if p.grad is not None:
-            p.grad /= lay.n
-
-
-# ---- one training loop for the reference and every layout -------------------------------------
+# ---- training: the one loop, with EP's hooks ---------------------------------------------------
 @dataclass
 class MoERun(TrainResult):
     """A :class:`TrainResult` plus, per step, the routing of every MoE layer and the comm."""
@@ -206,6 +83,40 @@ class MoERun(TrainResult):
     rank: int = 0
 
 
+class StepRecord:
+    """The loop's ``sync_loss`` hook: the global batch's loss, and what each step did.
+
+    Loss: with ``group``, the mean over the n data ranks of (local cross-entropy + n·aux share),
+    and the aux loss the sum of the shares (TP experts: every rank holds the whole batch's, so the
+    mean). Recorded per step: every MoE layer's routing, this rank's expert choices, the global
+    cross-entropy, and the bytes sent by op since the last step (``spans``: this rank's tracer)."""
+
+    def __init__(self, model: nn.Module, *, mode: str = "ep", group=None, n: int = 1, spans: list = ()):
+        self.model, self.mode, self.group, self.n, self.spans = model, mode, group, n, spans
+        self.first = len(spans)
+        self.routing, self.choices, self.ce, self.comm = [], [], [], []
+
+    def __call__(self, loss: torch.Tensor) -> torch.Tensor:
+        layers = moe_layers(self.model)
+        aux = sum(m.stats.aux for m in layers)  # EP: this rank's share; one process or TP: the whole batch's
+        if self.group is not None:
+            both = torch.stack([loss, torch.tensor(aux, device=loss.device)])
+            dist.all_reduce(both, group=self.group)
+            loss, aux = both[0] / self.n, float(both[1]) / (self.n if self.mode == "tp" else 1)
+        self.ce.append(float(loss) - aux)
+        self.routing.append([m.stats.as_dict() for m in layers])
+        self.choices.append([m.stats.experts for m in layers])
+        comm: dict[str, float] = {"all_to_all_seconds": 0.0}
+        for s in self.spans[self.first :]:
+            if s.kind == "comm":
+                comm[s.name] = comm.get(s.name, 0.0) + s.sent_bytes
+                if s.name == "all_to_all_single":
+                    comm["all_to_all_seconds"] += s.duration
+        self.first = len(self.spans)
+        self.comm.append(comm)
+        return loss
+
+
 def train_moe(setup: TrainSetup, cfg: ModelConfig, *, capacity_factor: float | None = None,
               aux_alpha: float = AUX_ALPHA, ctx=None, mode: str = "ep", ep: int | None = None,
               native: bool = False) -> MoERun:  # fmt: skip
@@ -215,52 +126,19 @@ def train_moe(setup: TrainSetup, cfg: ModelConfig, *, capacity_factor: float | N
     ``native=True``: PyTorch's differentiable all-to-all instead of ours (not traced)."""
     rank, n, device = (0, 1, "cpu") if ctx is None else (ctx.rank, ctx.world_size, ctx.device)
     model = build(cfg, setup.seed, capacity_factor=capacity_factor, aux_alpha=aux_alpha)
-    sync = None
+    hooks, record = {}, StepRecord(model)
     if ctx is not None:
         validate(cfg, n, ep or n, capacity_factor, setup.global_batch, mode)
-        lay = Layout.make(ctx, mode, ep or n)
-        parallelize(model, lay)
+        # TP experts: every rank's expert slices are its own (no replicas to sum over): ep = n says so
+        mesh = ctx.mesh_for(ParallelDims(dp=n, ep=(ep or n) if mode == "ep" else n))
+        parallelize(model, mesh, mode)
         for layer in moe_layers(model):
             layer.native = native
-        sync = lambda m: sync_grads(m, lay)  # noqa: E731
-    model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr)
-    task, spans = setup.task(), (ctx.tracer.spans if ctx is not None else [])
-    run = MoERun([], {}, {}, {}, rank=rank)
-    for step in range(setup.steps):
-        tokens, targets = task.batch(step, setup.global_batch, setup.seq_len, rank, n, device=device)
-        first = len(spans)
-        if step == 0:
-            snap = measure_training_step(model, optimizer, tokens, targets, after_backward=sync)
-            loss, run.memory = snap.loss, snap.as_dict()
-            run.grads = {k: p.grad.detach().cpu().clone() for k, p in model.named_parameters() if p.grad is not None}
-        else:
-            optimizer.zero_grad(set_to_none=True)
-            _, loss = model(tokens, targets)
-            loss.backward()
-            if sync is not None:
-                sync(model)
-            optimizer.step()
-        layers = moe_layers(model)
-        aux = sum(m.stats.aux for m in layers)  # EP: this rank's share; one process or TP: the whole batch's
-        if ctx is not None:  # global loss = mean of (local CE + n·aux share); global aux = sum of shares
-            both = torch.stack([loss.detach(), torch.tensor(aux, device=device)])
-            dist.all_reduce(both, group=ctx.group)
-            loss, aux = both[0] / n, float(both[1]) / (n if mode == "tp" else 1)
-            ctx.progress(step + 1, setup.steps)
-        run.ce.append(float(loss.detach()) - aux)
-        run.routing.append([m.stats.as_dict() for m in layers])
-        run.choices.append([m.stats.experts for m in layers])
-        comm: dict[str, float] = {"all_to_all_seconds": 0.0}
-        for s in spans[first:]:
-            if s.kind == "comm":
-                comm[s.name] = comm.get(s.name, 0.0) + s.sent_bytes
-                if s.name == "all_to_all_single":
-                    comm["all_to_all_seconds"] += s.duration
-        run.comm.append(comm)
-        run.losses.append(float(loss.detach()))
-    run.params = {k: p.detach().cpu().clone() for k, p in model.named_parameters()}
-    return run
+        record = StepRecord(model, mode=mode, group=mesh.group("dp_cp"), n=n, spans=ctx.tracer.spans)
+        hooks = dict(sync_grads=lambda m: sync_gradients(m, mesh, sequence_parallel=False), progress=ctx.progress)
+    result = train(setup, rank=rank, world_size=n, device=device, model=model.to(device), sync_loss=record, **hooks)
+    return MoERun(**vars(result), routing=record.routing, choices=record.choices, ce=record.ce, comm=record.comm,
+                  rank=rank)  # fmt: skip
 
 
 def validate(cfg: ModelConfig, world_size: int, ep: int, capacity_factor, global_batch: int, mode: str = "ep") -> None:
@@ -295,7 +173,7 @@ def _full(pieces: list[dict[str, torch.Tensor]], mode: str) -> dict[str, torch.T
     return out
 
 
-def combine(results: list[MoERun], mode: str = "ep") -> MoERun:
+def merge(results: list[MoERun], mode: str = "ep") -> MoERun:
     """One :class:`MoERun` for the whole model from every rank's (what the reference would hold)."""
     r0 = results[0]
     routing = []
@@ -360,8 +238,10 @@ def moe_config(setup: TrainSetup, experts: int | None, top_k: int | None) -> Mod
     return cfg
 
 
-def _rank_main(ctx, setup, cfg, capacity_factor, aux_alpha, mode, ep, native=False):
-    """One rank: ours, then (``native``) the same run with PyTorch's differentiable all-to-all."""
+def on_rank(ctx, setup: TrainSetup, cfg: ModelConfig, *, capacity_factor: float | None = None,
+            aux_alpha: float = AUX_ALPHA, mode: str = "ep", ep: int | None = None, native: bool = False):  # fmt: skip
+    """Rank function: ``train_moe`` on this rank; with ``native``, a pair: ours, then the same run
+    with PyTorch's differentiable all-to-all."""
     kw = dict(capacity_factor=capacity_factor, aux_alpha=aux_alpha, ctx=ctx, mode=mode, ep=ep)
     ours = train_moe(setup, cfg, **kw)
     if not native:
@@ -405,13 +285,14 @@ def run_ep(setup: TrainSetup, *, world_size: int, backend: str = "auto", experts
     mode, ep = ("tp", world_size) if experts_tp else ("ep", ep or world_size)
     validate(cfg, world_size, ep, capacity_factor, setup.global_batch, mode)
     backend = default_backend(world_size) if backend == "auto" else backend
-    both = launch(_rank_main, world_size, setup, cfg, capacity_factor, aux_alpha, mode, ep, mode == "ep", backend=backend)
+    both = launch(on_rank, world_size, setup, cfg, capacity_factor=capacity_factor, aux_alpha=aux_alpha, mode=mode,
+                  ep=ep, native=mode == "ep", backend=backend)  # fmt: skip
     results = [b[0] for b in both] if mode == "ep" else both
     reference = train_moe(setup, cfg, capacity_factor=capacity_factor, aux_alpha=aux_alpha)
-    whole = combine(results, mode)
+    whole = merge(results, mode)
     native = None
     if mode == "ep":
-        theirs = combine([b[1] for b in both], mode)
+        theirs = merge([b[1] for b in both], mode)
         native = {"reference": "torch functional all_to_all_single_autograd in place of ours",
                   "max_rel_grad_diff": max_rel_diff(theirs.grads, whole.grads),
                   "max_rel_param_diff": max_rel_diff(theirs.params, whole.params)}  # fmt: skip
