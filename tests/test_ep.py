@@ -212,7 +212,7 @@ def test_an_expert_without_tokens_inside_ep_x_dp_matches_the_reference(ranks4):
     ref_state = _optimizer_state(seen)
     answers = ranks4.run(_train_with_a_silent_expert, SETUP, CFG, silent, 2, progress=False)
     results, states = [a[0] for a in answers], [a[1] for a in answers]
-    whole = E.combine(results)
+    whole = E.merge(results)
     for run_ in (ref, whole):
         assert all(layer["counts"][silent] == 0 for step in run_.routing for layer in step)
     names = {k for k in ref.params if f".mlp.experts.{silent}." in k}
@@ -224,7 +224,7 @@ def test_an_expert_without_tokens_inside_ep_x_dp_matches_the_reference(ranks4):
     for name in names:  # never touched: still the initial weights, bit for bit
         initial = dict(E.build(CFG, SETUP.seed).named_parameters())[name]
         assert torch.equal(whole.params[name], initial.detach()) and torch.equal(ref.params[name], initial.detach())
-    # optimizer state of every parameter, from the first rank that holds it, as in E.combine
+    # optimizer state of every parameter, from the first rank that holds it, as in E.merge
     got: dict[str, dict[str, torch.Tensor]] = {}
     for st in states:
         got.update({k: v for k, v in st.items() if k not in got})
