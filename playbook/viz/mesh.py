@@ -25,10 +25,10 @@ from playbook.theory.memory import inference_memory, training_memory
 from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS, _layout, format_value, timeline, unit_scale
 
 PALETTE = ["#2f6db5", "#e8893a", "#5b9a48", "#c94a4a", "#8a63b8", "#3aa6a0", "#b8860b", "#d36fa5",
-           "#7ea6dc", "#f2b279", "#9bd18b", "#e39a9a"]  # fmt: skip
+           "#4c4c9d", "#9c6b30", "#6b8e23", "#7f7f7f"]  # fmt: skip  # dark enough for white labels
 AXIS_ORDER = ("tp", "cp", "dp", "dp×cp", "pp", "ep", "ep_replica")  # how axes are listed in figures
-AXIS_COLORS = {"tp": "#c94a4a", "cp": "#8a63b8", "dp": "#2f6db5", "dp×cp": "#3aa6a0", "pp": "#5b9a48",
-               "ep": "#e8893a", "ep_replica": "#b8860b"}  # fmt: skip
+AXIS_COLORS = {"tp": "#6a3d9a", "cp": "#d36fa5", "dp": "#3aa6a0", "dp×cp": "#1f6f6b", "pp": "#b8860b",
+               "ep": "#9c6b30", "ep_replica": "#4c4c9d"}  # fmt: skip  # none of the memory categories' colours
 MEMORY = ("params", "grads", "optimizer", "activations")
 
 
@@ -119,13 +119,13 @@ def rank_grid(dims: ParallelDims, *, devices_per_node: int = 8, title: str = "")
     yt = [f"pp{y // dims.dp} dp{y % dims.dp}" if dims.pp > 1 else f"dp{y}" for y in range(rows)]
     title = title or f"{dims}: {dims.world} ranks, {devices_per_node} per node (thick lines: node boundaries)"
     _layout(
-        fig, title=title, height=150 + rows * cell_h, width=max(520, 140 + cols * cell_w), shapes=shapes,
+        fig, title=title, height=160 + rows * cell_h, width=max(520, 140 + cols * cell_w), shapes=shapes,
         updatemenus=[dict(type="buttons", direction="right", buttons=buttons, x=0, xanchor="left", y=1.0,
                           yanchor="bottom", pad=dict(t=0, b=8), showactive=True, active=0)],
-        xaxis=dict(tickvals=list(range(cols)), ticktext=xt, side="top", showgrid=False, zeroline=False),
+        xaxis=dict(tickvals=list(range(cols)), ticktext=xt, showgrid=False, zeroline=False),
         yaxis=dict(tickvals=list(range(rows)), ticktext=yt, autorange="reversed", showgrid=False, zeroline=False),
     )  # fmt: skip
-    return fig.update_layout(margin=dict(l=90, r=20, t=110, b=20))
+    return fig.update_layout(margin=dict(l=90, r=20, t=110, b=40))
 
 
 # ---- one run: bytes and memory per rank ----------------------------------------------------------------
@@ -233,7 +233,8 @@ def compare_layouts(runs: Mapping[str, Sequence[Mapping]], *, unit: str = "KB", 
                              hovertemplate=f"<b>{CATEGORY_LABELS[cat]}</b> %{{x}}<br>%{{customdata:,}} bytes<extra></extra>"),
                       row=1, col=2)  # fmt: skip
     fig.update_yaxes(title_text=f"bytes ({unit})", rangemode="tozero")
-    return _layout(fig, title=title, barmode="stack", height=420)
+    _layout(fig, title=title, barmode="stack", height=440)
+    return fig.update_layout(margin=dict(t=100))
 
 
 def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, title: str = "") -> go.Figure:
@@ -247,12 +248,19 @@ def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, titl
         return format_value(float(v))
 
     values = [[cell(row.get(c)) for row in rows] for c in columns]
+    numeric = [all(isinstance(row.get(c), (int, float)) and not isinstance(row.get(c), bool) for row in rows if row.get(c) is not None)
+               for c in columns]  # fmt: skip
+    widths = [1.2] + [1] * (len(columns) - 1)
+    chars = [max(6, 950 * w / sum(widths) / 7) for w in widths]  # characters per header line at ~7 px each
+    lines = max([-(-len(c) // int(n)) for c, n in zip(columns, chars)] or [1])
+    header = 14 + 17 * lines
     fig = go.Figure(go.Table(
-        header=dict(values=[f"<b>{c}</b>" for c in columns], fill_color="#e8eef7", align="left", font=dict(size=12)),
-        cells=dict(values=values, align=["left"] + ["right"] * (len(columns) - 1), height=26, font=dict(size=12)),
-        columnwidth=[1.6] + [1] * (len(columns) - 1),
+        header=dict(values=[f"<b>{c}</b>" for c in columns], fill_color="#e8eef7", align="left", font=dict(size=12),
+                    height=header),
+        cells=dict(values=values, align=["right" if n else "left" for n in numeric], height=26, font=dict(size=12)),
+        columnwidth=widths,
     ))  # fmt: skip
-    _layout(fig, title=title, height=(50 if title else 10) + 34 + 26 * len(rows) + 20)
+    _layout(fig, title=title, height=(50 if title else 10) + header + 26 * len(rows) + 24)
     return fig.update_layout(margin=dict(l=10, r=10, t=50 if title else 10, b=10))
 
 
