@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from playbook.cli import main
-from playbook.parallel import TrainResult, compare
+from playbook.parallel import RunReport, TrainResult, compare
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -72,3 +72,34 @@ def test_parity_catches_a_wrong_averaging_factor():
     assert compare(doubled, reference)["max_rel_grad_diff"] == pytest.approx(1.0)
     assert compare(missing, reference)["max_rel_grad_diff"] == pytest.approx(1.0)
     assert compare(reference, reference)["max_rel_grad_diff"] == 0.0
+
+
+@pytest.mark.parametrize("where", ["loss", "grad", "param", "reference"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_parity_fails_loudly_on_a_diverged_run(where, bad):
+    """Python's max() drops a NaN that is not first: a diverged run once read as perfect parity."""
+    w = torch.tensor([1.0, -2.0, 3.0])
+    good = TrainResult([4.15, 3.9, 3.7], {"a": w, "b": w}, {"a": w, "b": w})
+    broken = torch.tensor([1.0, bad, 3.0])
+    diverged = {
+        "loss": TrainResult([4.15, bad, bad], good.grads, good.params),
+        "grad": TrainResult(good.losses, {"a": w, "b": broken}, good.params),
+        "param": TrainResult(good.losses, good.grads, {"a": w, "b": broken}),
+    }
+    candidate, reference = (good, diverged["param"]) if where == "reference" else (diverged[where], good)
+    p = compare(candidate, reference)
+    assert p["finite"] is False
+    gate = ("max_abs_loss_diff", "max_rel_grad_diff", "max_rel_param_diff", "max_rel_l2_param_diff")
+    failing = {k: p[k] for k in gate if not p[k] < 1e-3}
+    assert failing, f"a tolerance check passed on a diverged run: {p}"
+    assert RunReport("x", 1, "gloo", p, losses=candidate.losses).problem()
+    assert "PARITY FAILED" in RunReport("x", 1, "gloo", p, losses=candidate.losses).summary()
+    assert compare(good, good)["finite"] is True and RunReport("x", 1, "gloo", compare(good, good)).problem() is None
+
+
+def test_parity_names_every_figure_and_refuses_runs_of_different_length():
+    w = {"a": torch.tensor([1.0, 2.0])}
+    p = compare(TrainResult([1.0, 2.0], w, w), TrainResult([1.0, 2.0], w, w))
+    assert {"max_abs_loss_diff", "max_rel_grad_diff", "max_rel_param_diff", "max_rel_l2_param_diff", "finite"} <= set(p)
+    with pytest.raises(ValueError, match="the run has 2 step.*the reference 3"):
+        compare(TrainResult([1.0, 2.0], w, w), TrainResult([1.0, 2.0, 3.0], w, w))
