@@ -45,9 +45,9 @@ def test_memory_command_prints_json(capsys):
     "argv, message",
     [
         (["memory", "--model", "gpt-huge"], "unknown model preset 'gpt-huge'; known model presets: "),
-        (["memory", "--seq-len", "0"], "seq_len must be a positive integer"),
+        (["memory", "--seq-len", "0"], "--seq-len must be a positive integer, got 0; e.g. --seq-len"),
         (["run", "single", "--world-size", "2"], "use --world-size 1"),
-        (["run", "single", "--global-batch", "-4"], "global_batch must be a positive integer"),
+        (["run", "single", "--global-batch", "-4"], "--global-batch must be a positive integer, got -4"),
         (["run", "single", "--seq-len", "4096"], "exceeds gpt-tiny's max_seq_len=64"),
     ],
 )

@@ -267,3 +267,132 @@ def test_a_call_timeout_must_be_positive(ranks2):
         ranks2.run(lambda ctx: 0, timeout=0)
     with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
         Ranks(2, backend="gloo", timeout=-1)
+
+
+# ---- the command line: bad numbers, impossible sizes, interrupts --------------------------------
+BAD_NUMBERS = [
+    (["run", "dp", "--lr", "nan"], "--lr must be a finite number"),
+    (["run", "dp", "--lr", "-1"], "--lr must be greater than 0 and at most 1"),
+    (["run", "dp", "--lr", "inf"], "--lr must be a finite number"),
+    (["run", "dp", "--lr", "1e30"], "--lr must be greater than 0 and at most 1"),
+    (["run", "dp", "--bucket-mb", "inf"], "--bucket-mb must be a finite number"),
+    (["run", "dp", "--bucket-mb", "0"], "--bucket-mb must be greater than 0"),
+    (["run", "dp", "--accumulate", "0"], "--accumulate must be between 1 and"),
+    (["run", "ep", "--capacity-factor", "inf"], "--capacity-factor must be a finite number"),
+    (["run", "ep", "--aux-alpha", "nan"], "--aux-alpha must be a finite number"),
+    (["run", "ep", "--top-k", "0"], "--top-k must be between 1 and"),
+    (["run", "ep", "--experts", "0"], "--experts must be between 1 and"),
+    (["run", "ep", "--ep", "0"], "--ep must be a positive integer"),
+    (["run", "pp", "--microbatches", "0"], "--microbatches must be between 1 and"),
+    (["run", "zero", "--stage", "7"], "--stage must be between 0 and 3"),
+    (["run", "dp", "--world-size", "0"], "--world-size must be a positive integer"),
+    (["run", "dp", "--steps", "0"], "--steps must be between 1 and"),
+    (["run", "single", "--model", "llama-3.1-405b"], "needs 6.5 TB per rank"),
+    (["run", "single", "--global-batch", "1000000"], "try --global-batch"),
+    (["memory", "--seq-len", "10000000"], "exceeds llama-3.1-8b's max_seq_len=131072"),
+    (["memory", "--dp", "0"], "--dp must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_NUMBERS, ids=[" ".join(a) for a, _ in BAD_NUMBERS])
+def test_bad_numbers_get_one_line_and_exit_2_before_any_rank_starts(argv, message, capsys, monkeypatch):
+    from playbook import cli
+
+    def refuse_to_start(self):
+        raise AssertionError(f"ranks were started for {argv}")
+
+    monkeypatch.setattr(cluster.Ranks, "start", refuse_to_start)
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("playbook: error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_memory_and_info_do_not_import_the_strategies():
+    code = ("import sys; from playbook.cli import main; main(['memory', '--json']); "
+            "print(sorted(m for m in ('torch.distributed', 'playbook.parallel.dp') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip().endswith("[]"), out.stdout[-300:] + out.stderr[-2000:]
+
+
+def test_help_shows_defaults_and_world_size_defaults_to_two(capsys):
+    from playbook import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "dp", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 2)" in out and "default: bucketed" in out
+    assert cli.build_parser().parse_args(["run", "cp"]).world_size == 2
+    assert cli.build_parser().parse_args(["run", "single"]).world_size == 1
+
+
+def test_json_prints_only_json_on_stdout(capsys):
+    """Rank prints go to stderr and progress bars nowhere, so `playbook run X --json | jq` works."""
+    import json
+
+    from playbook import cli
+    from playbook.parallel import registry
+    from playbook.parallel.report import RunReport
+
+    def noisy(ctx):
+        print("hello from a rank")
+        ctx.progress(1, 1, "steps")
+        return ctx.rank
+
+    @registry.register("noisy-test", help="prints from a rank")
+    def run_noisy(setup, *, world_size, backend):
+        cluster.launch(noisy, world_size, backend="gloo")
+        return RunReport("noisy-test", world_size, "gloo", parity={})
+
+    try:
+        assert cli.main(["run", "noisy-test", "--json"]) == 0
+    finally:
+        registry._registry.pop("noisy-test")
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["strategy"] == "noisy-test"
+    assert "hello from a rank" in captured.err and "steps" not in captured.err
+
+
+def test_ctrl_c_during_run_exits_with_one_line_and_leaves_nothing(tmp_path):
+    marker = f"playbook-ctrl-c-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "PLAYBOOK_TEST_MARK": marker, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "playbook.cli", "run", "dp", "--world-size", "2", "--steps", "10000"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def marked() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if marker.encode() in f.read() and pid_alive(int(pid)):
+                        found.append(int(pid))
+            except OSError:
+                pass
+        return found
+
+    try:
+        deadline = time.monotonic() + 60
+        while len(marked()) < 4 and time.monotonic() < deadline:  # the CLI, the forkserver, two ranks
+            time.sleep(0.2)
+        assert len(marked()) >= 4, "the ranks never started"
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err[-2000:]
+        assert err.strip().splitlines()[-1] == "playbook: interrupted; every rank was stopped", err[-2000:]
+        assert "Traceback" not in err, err[-3000:]
+        assert wait_gone(marked(), seconds=10) == []
+    finally:
+        for pid in marked():
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="a GPU is visible")
+def test_nccl_without_any_gpu_does_not_suggest_world_size_zero():
+    with pytest.raises(ValueError) as info:
+        cluster.check_world_size(2, "nccl")
+    assert "no GPU is visible" in str(info.value) and "world_size <= 0" not in str(info.value)
