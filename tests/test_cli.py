@@ -103,3 +103,29 @@ def test_parity_names_every_figure_and_refuses_runs_of_different_length():
     assert {"max_abs_loss_diff", "max_rel_grad_diff", "max_rel_param_diff", "max_rel_l2_param_diff", "finite"} <= set(p)
     with pytest.raises(ValueError, match="the run has 2 step.*the reference 3"):
         compare(TrainResult([1.0, 2.0], w, w), TrainResult([1.0, 2.0, 3.0], w, w))
+
+
+@pytest.mark.parametrize("extra", [[], ["--schedule", "interleaved", "--chunks", "2", "--layers", "4"]], ids=["1f1b", "interleaved"])
+def test_pp_reports_its_point_to_point_bytes_predicted_and_measured(capsys, extra):
+    code, out, _ = run_cli(capsys, "run", "pp", "--world-size", "2", "--steps", "2", "--no-native", *extra, "--json")
+    assert code == 0
+    comm = json.loads(out)["comm"]
+    assert comm["predicted"]["isend"] > 0
+    assert comm["measured"] == comm["predicted"], comm  # every send is one [b/m, s, h] fp32 message
+
+
+def test_ep_refuses_zero_experts_and_reports_what_it_trained(capsys):
+    from playbook.parallel.ep import moe_config
+    from playbook.parallel.training import TrainSetup
+
+    for experts, top_k in ((0, None), (None, 0)):  # 0 is falsy: `x or preset` once ran the preset's value
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            moe_config(TrainSetup(), experts, top_k)
+    assert moe_config(TrainSetup(), 4, 1).top_k == 1
+    code, out, _ = run_cli(capsys, "run", "ep", "--world-size", "2", "--steps", "1", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["setup"]["model"] == "gpt-tiny-moe"  # the model actually trained, not the dense preset asked for
+    assert report["parity"]["finite"] is True and report["parity"]["max_rel_l2_param_diff"] < 1e-3
+    summary = RunReport(**{k: report[k] for k in ("strategy", "world_size", "backend", "parity", "losses")}).summary()
+    assert "nan" not in summary
