@@ -528,7 +528,10 @@ class Ranks:
         self.start()
         payload = cloudpickle.dumps((fn, args, kwargs))
         for conn in self._conns:
-            conn.send_bytes(payload)
+            try:
+                conn.send_bytes(payload)
+            except OSError:  # that rank just died: _collect finds out from its exit status and names it
+                pass
         try:
             results = self._collect("result", timeout=self.timeout if timeout is None else timeout, progress=progress)
         except RankError as e:
@@ -578,7 +581,7 @@ class Ranks:
                         continue
                     try:
                         self._handle(cloudpickle.loads(obj.recv_bytes()), kind, results, traces, failures, bar)
-                    except EOFError:
+                    except (EOFError, OSError):  # closed or reset: the rank is gone; its sentinel says how
                         conn_rank.pop(obj)
                     if failures and failed_at is None:
                         failed_at = time.monotonic()

@@ -154,10 +154,26 @@ def test_ranks_that_died_while_idle_are_restarted_with_a_word(ranks2, capfd):
     before = ranks2.pids()
     os.kill(before[1], signal.SIGKILL)
     assert wait_gone(before[1:]) == []
+    deadline = time.monotonic() + 10
+    while ranks2.alive and time.monotonic() < deadline:  # the forkserver reports the exit a moment later
+        time.sleep(0.05)
     capfd.readouterr()
     assert ranks2.run(lambda ctx: ctx.rank) == [0, 1]
     assert "had stopped while idle (rank 1 was killed by SIGKILL (exit -9)); starting them again" in capfd.readouterr().err
     assert wait_gone(before) == []
+
+
+def test_a_rank_killed_just_before_a_call_is_named(ranks2):
+    """Killed while idle, before the launcher has heard of it: the call fails naming it, not with
+    a ConnectionResetError from the pipe, and the next call restarts the set."""
+    before = ranks2.pids()
+    os.kill(before[1], signal.SIGKILL)
+    try:
+        assert ranks2.run(lambda ctx: ctx.rank) == [0, 1]  # the death was noticed in time: restarted
+    except RankError as err:
+        assert err.rank == 1 and str(err).startswith("rank 1 was killed by SIGKILL (exit -9)"), str(err)
+    assert wait_gone(before[1:]) == []
+    assert ranks2.run(lambda ctx: ctx.rank) == [0, 1]
 
 
 # ---- a parent that dies and is not reaped -------------------------------------------------------
