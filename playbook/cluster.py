@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import ctypes
 import linecache
+import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -380,7 +381,7 @@ def _rank_list(ranks: list[int]) -> str:
 def _check_options(timeout, error_grace, threads_per_rank, start_method) -> None:
     """Refuse launcher options that cannot work, before any process starts or stops."""
     for name, value, low in (("timeout", timeout, "> 0"), ("error_grace", error_grace, ">= 0")):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
         if not ok or (value <= 0 if low == "> 0" else value < 0):
             raise ValueError(f"{name} must be a number of seconds {low}, got {value!r}; e.g. {name}={60 if name == 'timeout' else 2}")
     require_positive(threads_per_rank=threads_per_rank)

@@ -25,7 +25,7 @@ def _worst(values) -> float:
     """``max`` that cannot drop a NaN (Python's ``max`` skips it when it is not first)."""
     worst = 0.0
     for v in values:
-        if v != v or v == float("inf"):  # NaN or inf: nothing can be worse
+        if math.isnan(v) or v == math.inf:  # NaN or inf: nothing can be worse
             return float("inf")
         worst = max(worst, v)
     return worst
