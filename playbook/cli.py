@@ -4,16 +4,137 @@
     playbook memory --model llama-3.1-70b --seq-len 4096 --dp 64 --zero 3 [--tp 8 --sequence-parallel] [--json]
     playbook run single --world-size 1 [--json]
     torchrun --nproc-per-node 4 -m playbook.cli run dp --world-size 4   (chapters that register dp)
+
+Every number is checked in one place (:func:`check_numbers`) before any rank starts: a bad one
+gets one ``playbook: error: ...`` line naming the constraint and a value that works, and exit
+status 2. ``info`` and ``memory`` never import the strategies (nor torch.distributed's stacks):
+the ``run`` subcommands are built only when ``run`` is asked for.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
 import platform
 import sys
 
 from playbook.config import Hardware, ModelConfig
+
+# Every numeric option of ``playbook run`` (and its strategies): dest -> (lowest, highest, example).
+# Floats must also be finite. An option not listed here is checked for finiteness only.
+LIMITS: dict[str, tuple[float, float, str]] = {
+    "world_size": (1, math.inf, "2"),
+    "steps": (1, 10_000, "3"),
+    "global_batch": (1, math.inf, "8"),
+    "seq_len": (1, math.inf, "32"),
+    "micro_batch": (1, math.inf, "1"),
+    "lr": (1e-12, 1.0, "3e-3"),  # AdamW: beyond ~1 every step overshoots, and the losses go NaN
+    "bucket_mb": (1e-6, 4096, "25"),
+    "accumulate": (1, 1024, "2"),
+    "experts": (1, 1024, "4"),
+    "top_k": (1, 1024, "2"),
+    "capacity_factor": (1e-6, 1024, "1.25"),
+    "ep": (1, math.inf, "2"),
+    "aux_alpha": (0, 10, "0.01"),
+    "microbatches": (1, 4096, "4"),
+    "chunks": (1, 64, "2"),
+    "layers": (0, 1024, "4"),
+    "stage": (0, 3, "3"),
+    "dp": (1, math.inf, "8"),
+    "tp": (1, math.inf, "8"),
+    "cp": (1, math.inf, "2"),
+    "pp": (1, math.inf, "4"),
+}
+
+
+class BadInput(ValueError):
+    """Input refused before anything starts: printed as one line, exit status 2."""
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Refuse every numeric option that is not finite or not in its range, naming a value that works."""
+    for dest, value in vars(args).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        low, high, example = LIMITS.get(dest, (-math.inf, math.inf, ""))
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadInput(f"{_flag(dest)} must be a finite number, got {value}" + (f"; e.g. {_flag(dest)} {example}" if example else ""))
+        if not low <= value <= high:
+            if low == 1 and high == math.inf:
+                what = "a positive integer"
+            elif high == math.inf:
+                what = f"at least {low:g}"
+            elif low > 0 and low < 1e-3:
+                what = f"greater than 0 and at most {high:g}"
+            else:
+                what = f"between {low:g} and {high:g}"
+            raise BadInput(f"{_flag(dest)} must be {what}, got {value:g}; e.g. {_flag(dest)} {example}")
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still give (MemAvailable), None where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.0f} kB"
+
+
+def check_fits(args: argparse.Namespace, available: int | None = None) -> None:
+    """Refuse a run whose predicted memory cannot fit in this machine: the single-process reference
+    (in this process) plus ``world_size`` ranks, each predicted as a full replica (an upper bound for
+    the sharding strategies), with our own exact prediction (``TrainSetup.predicted_memory``)."""
+    from playbook.parallel.training import TrainSetup
+
+    available = available_memory() if available is None else available
+    if not available:
+        return
+
+    def need(model: str, global_batch: int) -> tuple[float, float]:
+        setup = TrainSetup(model=model, steps=1, global_batch=global_batch, seq_len=args.seq_len)
+        per_rank = setup.predicted_memory(min(args.world_size, global_batch)).total
+        return per_rank, setup.predicted_memory(1).total + args.world_size * per_rank
+
+    per_rank, total = need(args.model, args.global_batch)
+    budget = 0.8 * available
+    if total <= budget:
+        return
+    fixes = []
+    lo, hi = 0, args.global_batch  # the largest global batch that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(args.model, mid)[1] <= budget else (lo, mid - 1)
+    if lo >= 1:
+        fixes.append(f"--global-batch {lo} or less")
+    smaller = [m for m in ModelConfig.presets() if args.seq_len <= ModelConfig.preset(m).max_seq_len
+               and need(m, args.global_batch)[1] <= budget]  # fmt: skip
+    if smaller:
+        fixes.append(f"--model {' / '.join(smaller[:4])}")
+    raise BadInput(
+        f"{args.model} with --global-batch {args.global_batch} --seq-len {args.seq_len} needs {_size(per_rank)} per rank "
+        f"(fp32 AdamW) on {args.world_size} rank(s) plus the single-process reference, {_size(total)} in all; "
+        f"this machine has {_size(available)} available" + (f"; try {', or '.join(fixes)}" if fixes else "")
+    )
 
 
 def cmd_info(args) -> int:
@@ -32,7 +153,7 @@ def cmd_info(args) -> int:
         "max_local_ranks": max_local_ranks(),
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
-        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] or "none",
         "default_backend_for_2_ranks": default_backend(2),
         "model_presets": ModelConfig.presets(),
         "hardware_profiles": Hardware.presets(),
@@ -40,8 +161,9 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
+        notes = {"max_local_ranks": "(the most ranks `playbook run` starts on this machine: 4 per CPU core, at least 8)"}
         for k, v in info.items():
-            print(f"{k:>28}: {', '.join(map(str, v)) if isinstance(v, list) else v}")
+            print(f"{k:>28}: {', '.join(map(str, v)) if isinstance(v, list) else v} {notes.get(k, '')}".rstrip())
     return 0
 
 
@@ -49,6 +171,9 @@ def cmd_memory(args) -> int:
     from playbook.theory.memory import bytes_to_gb, bytes_to_gib, inference_memory, training_memory
 
     cfg = ModelConfig.preset(args.model)
+    if args.seq_len > cfg.max_seq_len:
+        raise BadInput(f"--seq-len {args.seq_len} exceeds {args.model}'s max_seq_len={cfg.max_seq_len}; "
+                       f"try --seq-len {min(4096, cfg.max_seq_len)} (at most {cfg.max_seq_len})")  # fmt: skip
     train = training_memory(
         cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, dp=args.dp, zero=args.zero, tp=args.tp,
         cp=args.cp, ep=args.ep, pp=args.pp, sequence_parallel=args.sequence_parallel, precision=args.precision,
@@ -68,77 +193,136 @@ def cmd_memory(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _no_progress(active: bool):
+    """While active, the launcher's progress bar draws nothing (a strategy launches its ranks itself)."""
+    from playbook import cluster
+
+    if not active:
+        yield
+        return
+    saved = cluster._ProgressBar.update
+    cluster._ProgressBar.update = lambda self, *a: None
+    try:
+        yield
+    finally:
+        cluster._ProgressBar.update = saved
+
+
 def cmd_run(args) -> int:
+    from playbook.cluster import under_torchrun
     from playbook.parallel import TrainSetup, get
 
     strategy = get(args.strategy)
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len, lr=args.lr)
+    if args.world_size is None:  # implied by the strategy's own options (hybrid: the product of the degrees)
+        args.world_size = strategy.world_size(vars(args))
+    if not under_torchrun():
+        check_fits(args)
     common = {"strategy", "model", "steps", "global_batch", "seq_len", "lr", "json", "func", "command", "world_size", "backend"}
     options = {k: v for k, v in vars(args).items() if k not in common}
-    report = strategy.run(setup, world_size=args.world_size, backend=args.backend, **options)
+    # With --json, stdout carries the JSON object alone: anything else (rank prints) goes to stderr.
+    # and progress bars go nowhere.
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(), _no_progress(args.json):
+        report = strategy.run(setup, world_size=args.world_size, backend=args.backend, **options)
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:  # under torchrun only rank 0 prints
         return 0
     print(report.to_json() if args.json else report.summary())
+    problem = report.problem() if hasattr(report, "problem") else None
+    if problem:
+        print(f"playbook: parity failed: {problem}", file=sys.stderr)
+        return 1
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from playbook.parallel import get, names
+_Formatter = argparse.ArgumentDefaultsHelpFormatter
 
-    parser = argparse.ArgumentParser(prog="playbook", description="Parallelism Playbook: predict, run and measure.")
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Give options added without a help text one, so that ``--help`` shows their default too."""
+    for action in parser._actions:
+        if action.help is None and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            action.help = "default: %(default)s"
+
+
+def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
+    """The whole parser. ``strategies=False`` leaves ``run``'s subcommands out, so that ``info``
+    and ``memory`` start without importing the strategy modules (torch.distributed and friends)."""
+    parser = argparse.ArgumentParser(prog="playbook", description="Parallelism Playbook: predict, run and measure.",
+                                     formatter_class=_Formatter)  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("info", help="versions, backends, devices, presets")
+    p = sub.add_parser("info", help="versions, backends, devices, presets", formatter_class=_Formatter)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("memory", help="predicted training and inference memory per rank")
+    p = sub.add_parser("memory", help="predicted training and inference memory per rank", formatter_class=_Formatter)
     p.add_argument("--model", default="llama-3.1-8b", help=f"one of: {', '.join(ModelConfig.presets())}")
-    p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (at most the model's max_seq_len)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per micro-batch")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel degree")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (training and serving)")
     p.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism")
     p.add_argument("--cp", type=int, default=1, help="context-parallel degree (training)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (training: 1F1B, the most loaded stage)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (mixture-of-experts presets)")
-    p.add_argument("--precision", default="mixed", choices=["mixed", "fp32"])
-    p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    p.add_argument("--precision", default="mixed", choices=["mixed", "fp32"], help="training precision")
+    p.add_argument("--recompute", default="none", choices=["none", "selective", "full"], help="activation recomputation")
     p.add_argument("--fp32-grad-accum", action="store_true",
                    help="with --precision mixed: an fp32 gradient-accumulation buffer, 4 more bytes per parameter")
-    p.add_argument("--serve-dtype", default="bf16")
+    p.add_argument("--serve-dtype", default="bf16", help="dtype of the served weights and KV cache")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_memory)
 
-    run = sub.add_parser("run", help="run a strategy on real ranks and compare with the reference")
-    strategies = run.add_subparsers(dest="strategy", required=True)
+    run = sub.add_parser("run", help="run a strategy on real ranks and compare with the reference", formatter_class=_Formatter)
+    if not strategies:
+        run.add_argument("strategy", nargs="?", help="a strategy (playbook run --help lists them)")
+        return parser
+    from playbook.parallel import get, names
+
+    strategies_ = run.add_subparsers(dest="strategy", required=True)
     for name in names():
         s = get(name)
-        p = strategies.add_parser(name, help=s.help)
-        p.add_argument("--world-size", type=int, default=1)
-        p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-        p.add_argument("--model", default="gpt-tiny")
-        p.add_argument("--steps", type=int, default=3)
-        p.add_argument("--global-batch", type=int, default=8)
-        p.add_argument("--seq-len", type=int, default=32)
-        p.add_argument("--lr", type=float, default=3e-3)
+        p = strategies_.add_parser(name, help=s.help, description=s.help, formatter_class=_Formatter)
+        p.add_argument("--world-size", type=int, default=1 if name == "single" else 2, help="ranks (processes) to start")
+        p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                       help="auto: NCCL with one GPU per rank when there are enough GPUs, else gloo")  # fmt: skip
+        p.add_argument("--model", default="gpt-tiny", help=f"one of: {', '.join(ModelConfig.presets())}")
+        p.add_argument("--steps", type=int, default=3, help="AdamW steps")
+        p.add_argument("--global-batch", type=int, default=8, help="sequences per step, over all ranks")
+        p.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
+        p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
         if s.arguments:
             s.arguments(p)
+        _show_defaults(p)
         p.set_defaults(func=cmd_run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(strategies=argv[:1] == ["run"]).parse_args(argv)
+    from playbook.cluster import RankError, RankTimeout
+
     try:
+        check_numbers(args)
         return args.func(args)
     except (ValueError, NotImplementedError) as e:  # bad input: one clear line, no traceback
-        print(f"playbook: error: {e}", file=sys.stderr)
+        print(f"playbook: error: {str(e).splitlines()[0] if isinstance(e, BadInput) else e}", file=sys.stderr)
         return 2
+    except (RankError, RankTimeout) as e:  # a fault on the ranks: its message says which rank and where
+        print(f"playbook: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("playbook: interrupted; every rank was stopped", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `playbook ... | head`: the reader left, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -10,9 +10,15 @@ across nodes.
 Failure is part of the lesson, so it is made visible and cheap:
 - a rank that raises: :class:`RankError` with that rank's number and traceback; ranks left waiting
   for it in a collective are killed and restarted on the next call (a fraction of a second);
+- a rank that dies (exits, is killed): :class:`RankError` naming it, its exit code or signal and
+  the collective it was in, not the survivors that then lost their connection to it;
 - a hang: :class:`RankTimeout` saying which collective each rank was waiting in, and for how long;
-- Ctrl-C, a kernel restart, or a dead parent: every rank goes with it (a watchdog thread in each
-  rank follows the parent's pid; ``PR_SET_PDEATHSIG`` on Linux as a second line).
+- Ctrl-C during a call, a kernel restart, or a dead parent (even one not yet reaped): every rank
+  goes with it (a watchdog thread in each rank reads a pipe only the parent holds open, and watches
+  the parent's state in /proc; ``PR_SET_PDEATHSIG`` on Linux as a third line). An interrupt that
+  reaches idle ranks (Jupyter signals the whole process group) is ignored by them.
+
+The rendezvous store listens on 127.0.0.1 only.
 
 Processes come from a ``forkserver`` that has torch and playbook imported once (FEASIBILITY.md:
 ~0.15 s per fresh start instead of 6-7 s with spawn), with one compute thread per rank so that
@@ -25,6 +31,7 @@ import atexit
 import contextlib
 import ctypes
 import linecache
+import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -60,20 +67,23 @@ PRELOAD = [
 class RankError(RuntimeError):
     """A rank raised. ``.rank`` is its number, ``.remote_traceback`` its traceback text."""
 
-    def __init__(self, rank: int, remote_traceback: str, note: str = ""):
+    def __init__(self, rank: int, remote_traceback: str, note: str = "", headline: str | None = None,
+                 exitcode: int | None = None):  # fmt: skip
         self.rank, self.remote_traceback, self.note = rank, remote_traceback, note
+        self.headline, self.exitcode = headline, exitcode
         last = remote_traceback.strip().splitlines()[-1] if remote_traceback.strip() else "died"
-        super().__init__(f"rank {rank} failed: {last}\n\n--- traceback from rank {rank} ---\n{remote_traceback}{note}")
+        body = f"\n\n--- traceback from rank {rank} ---\n{remote_traceback}" if exitcode is None else "\n"
+        super().__init__(f"{headline or f'rank {rank} failed: {last}'}{body}{note}")
 
 
 class RankTimeout(TimeoutError):
     """No result within the timeout. ``.waiting`` maps rank -> what it was doing."""
 
-    def __init__(self, timeout: float, waiting: dict[int, str]):
+    def __init__(self, timeout: float, waiting: dict[int, str], restart: str = " and will restart on the next call"):
         self.waiting = waiting
         lines = "\n".join(f"  rank {r}: {what}" for r, what in sorted(waiting.items()))
         super().__init__(
-            f"no result from all ranks within {timeout:g} s; the ranks were killed and will restart on the next call.\n"
+            f"no result from all ranks within {timeout:g} s; the ranks were killed{restart}.\n"
             f"{lines}\n"
             "A rank waiting in a collective that another rank never entered is the usual cause: "
             "check that every rank calls the same collectives in the same order with the same shapes."
@@ -114,6 +124,8 @@ def check_world_size(world_size: int, backend: str) -> None:
         import torch
 
         gpus = torch.cuda.device_count()
+        if gpus == 0:
+            raise ValueError("backend='nccl' needs one GPU per rank and no GPU is visible; use backend='gloo' (CPU processes)")
         if world_size > gpus:
             raise ValueError(
                 f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) visible; "
@@ -193,19 +205,52 @@ class _PrefixedStream:
             self.buffer = ""
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _process_state(pid: int) -> tuple[str, str] | None:
+    """(state letter, start time) of ``pid`` from /proc, None if there is no such process;
+    ("?", "") where /proc is missing (then only ``kill(pid, 0)`` can tell)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]  # fields 3 (state) and 22 (start time, in clock ticks since boot)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return ("?", "")
+        except ProcessLookupError:
+            return None
+
+
+def _die_with_parent(lifeline, parent_pid: int) -> None:
+    """End this rank when the parent (the notebook kernel or script) dies, even while it is a zombie
+    nobody has reaped yet (``kill(pid, 0)`` succeeds on a zombie, so polling the pid cannot see it).
+
+    Two signs, either one enough: ``lifeline`` is the reading end of a pipe whose writing end only the
+    parent holds, so the kernel closes it when the parent exits, reaped or not, and the pipe reads
+    EOF; and the parent's state in /proc turns to Z (zombie) or X, or its pid vanishes or is reused
+    (start time changed). The /proc check also covers a parent that had forked a helper which still
+    holds the pipe. ``PR_SET_PDEATHSIG`` stays as a third line: it fires when the forkserver, our
+    actual parent process, dies."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: parent = forkserver
         except OSError:
             pass
+    born = _process_state(parent_pid)
+
+    def parent_gone() -> bool:
+        now = _process_state(parent_pid)
+        return born is None or now is None or now[0] in "ZX" or now[1] != born[1]
 
     def watch():
         while True:
-            time.sleep(0.5)
             try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
+                if lifeline.poll(0.5):  # readable means EOF: the parent never writes to it
+                    lifeline.recv_bytes()
+            except (EOFError, OSError):
+                os._exit(1)
+            if parent_gone():
                 os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="playbook-watchdog").start()
@@ -230,9 +275,12 @@ def _init_rank(rank: int, world_size: int, backend: str, store_port: int, thread
     return device
 
 
-def _rank_main(rank, world_size, backend, store_port, threads, conn, status, since, parent_pid):
+def _rank_main(rank, world_size, backend, store_port, threads, conn, status, since, lifeline, parent_pid):
     """Entry point of one persistent rank: join the group, then serve calls until told to stop."""
-    _die_with_parent(parent_pid)
+    # Ctrl-C in a terminal, or Jupyter's "interrupt kernel", signals the whole process group: an idle
+    # rank must not die of it. The parent handles the interrupt and stops the ranks it was running.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(lifeline, parent_pid)
     lock = threading.Lock()
 
     def send(message):
@@ -314,6 +362,70 @@ def _kill(processes) -> None:
         p.join(timeout=5)
 
 
+# What a rank's collective raises when the process at the other end is gone (gloo, NCCL, sockets).
+_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|"
+                        r"NCCL communicator was aborted|Socket Timeout|ECONNRESET|EPIPE")  # fmt: skip
+
+
+def _how_it_ended(code: int | None) -> str:
+    """``was killed by SIGKILL (exit -9)``, ``exited with code 3``: a process's end, in words."""
+    if code is None:
+        return "died"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name} (exit {code})"
+        except ValueError:
+            return f"was killed by signal {-code} (exit {code})"
+    return f"exited with code {code}" + (" without answering" if code == 0 else "")
+
+
+def _where(status: str) -> str:
+    """A rank's status slot (``waiting in all_reduce (20 B, ...) (for 1.0 s)``) as ``during all_reduce``."""
+    text = re.sub(r" \(for [\d.]+ s\)$", "", status)
+    if text.startswith("waiting in "):
+        return f"during {text[len('waiting in '):].split(' (')[0]}"
+    if text.startswith("starting"):
+        return "while starting (joining the process group)"
+    return f"while {text}" if text else ""
+
+
+def _rank_list(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _check_options(timeout, error_grace, threads_per_rank, start_method) -> None:
+    """Refuse launcher options that cannot work, before any process starts or stops."""
+    for name, value, low in (("timeout", timeout, "> 0"), ("error_grace", error_grace, ">= 0")):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+        if not ok or (value <= 0 if low == "> 0" else value < 0):
+            raise ValueError(f"{name} must be a number of seconds {low}, got {value!r}; e.g. {name}={60 if name == 'timeout' else 2}")
+    require_positive(threads_per_rank=threads_per_rank)
+    if start_method not in mp.get_all_start_methods():
+        raise ValueError(f"start_method must be one of {mp.get_all_start_methods()}, got {start_method!r}")
+
+
+def _loopback_store(world_size: int):
+    """The rendezvous store, listening on 127.0.0.1 only. ``TCPStore("127.0.0.1", 0, is_master=True)``
+    binds every interface (``*:port``), which lets any host on the network talk to the ranks'
+    rendezvous; a socket we bind to loopback ourselves and hand over (``master_listen_fd``) does not.
+    The OS picks the port, so no port is ever assumed free."""
+    import socket
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(max(128, 2 * world_size))
+        port = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    fd = sock.detach()  # the store owns the descriptor from here on and closes it with itself
+    return dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=True, wait_for_workers=False,
+                         master_listen_fd=fd, use_libuv=True)  # fmt: skip
+
+
 class Ranks:
     """A persistent set of ``world_size`` real ranks. Start once, ``run`` many times.
 
@@ -329,6 +441,8 @@ class Ranks:
 
     def __init__(self, world_size: int, *, backend: str = "auto", timeout: float = 120.0,
                  error_grace: float = 2.0, threads_per_rank: int = 1, start_method: str = "forkserver"):  # fmt: skip
+        require_positive(world_size=world_size)
+        _check_options(timeout, error_grace, threads_per_rank, start_method)
         self.backend = default_backend(world_size) if backend == "auto" else backend
         check_world_size(world_size, self.backend)
         self.world_size, self.timeout, self.error_grace = world_size, timeout, error_grace
@@ -337,7 +451,10 @@ class Ranks:
         self.last_trace: list[dict] = []  # spans of every rank from the last call, as dicts
         self.start_seconds: float | None = None
         self._conns: list = []
+        self._lifelines: list = []  # writing ends: a rank exits when its end closes (we died)
         self._store = None
+        self._restart = " and will restart on the next call"  # launch() runs once: it says nothing of restarts
+        self._expect_running = False  # started and not stopped by us: if dead now, say so before restarting
         self._finalizer = weakref.finalize(self, _kill, self.processes)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -350,36 +467,43 @@ class Ranks:
 
     def start(self) -> Ranks:
         """Start the ranks and wait until each has joined the process group."""
-        import torch.distributed as dist
-
         if self.alive:
             return self
+        if self._expect_running and self.processes:
+            gone = [(r, p.exitcode) for r, p in enumerate(self.processes) if not p.is_alive()]
+            what = "; ".join(f"rank {r} {_how_it_ended(code)}" for r, code in gone)
+            print(f"playbook: the {self.world_size} ranks had stopped while idle ({what}); starting them again",
+                  file=sys.stderr, flush=True)  # fmt: skip
         self.stop()
         t0 = time.perf_counter()
         ctx = _forkserver_context() if self.start_method == "forkserver" else mp.get_context(self.start_method)
-        # The parent hosts the rendezvous store on a port the OS picks: no port is ever assumed free.
-        self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, is_master=True, wait_for_workers=False)
+        # The parent hosts the rendezvous store, on loopback only, on a port the OS picks.
+        self._store = _loopback_store(self.world_size)
         self._status = ctx.Array(ctypes.c_char, STATUS_WIDTH * self.world_size, lock=False)
         self._since = ctx.Array(ctypes.c_double, self.world_size, lock=False)
         for rank in range(self.world_size):
             parent_conn, child_conn = ctx.Pipe()
+            life_read, life_write = ctx.Pipe(duplex=False)
             p = ctx.Process(
                 target=_rank_main,
                 args=(rank, self.world_size, self.backend, self._store.port, self.threads_per_rank,
-                      child_conn, self._status, self._since, os.getpid()),  # fmt: skip
+                      child_conn, self._status, self._since, life_read, os.getpid()),  # fmt: skip
                 daemon=True,
                 name=f"playbook-rank-{rank}",
             )
             with _main_module_hidden():
                 p.start()
             child_conn.close()
+            life_read.close()
             self.processes.append(p)
             self._conns.append(parent_conn)
+            self._lifelines.append(life_write)
         try:
-            self._collect("ready", timeout=max(60.0, self.timeout))
+            self._collect("ready", timeout=max(60.0, min(self.timeout, 600.0)))
         except BaseException:
             self.stop(grace=0.0)
             raise
+        self._expect_running = True
         self.start_seconds = time.perf_counter() - t0
         return self
 
@@ -394,11 +518,13 @@ class Ranks:
         for p in self.processes:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         _kill(self.processes)
-        for conn in self._conns:
+        for conn in self._conns + self._lifelines:
             conn.close()
         self.processes.clear()
         self._conns.clear()
+        self._lifelines.clear()
         self._store = None
+        self._expect_running = False
 
     def __enter__(self) -> Ranks:
         return self.start()
@@ -413,15 +539,20 @@ class Ranks:
     # -- running ----------------------------------------------------------------------------------
     def run(self, fn: Callable, *args, timeout: float | None = None, progress: bool = True, **kwargs) -> list:
         """Call ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order."""
+        if timeout is not None:
+            _check_options(timeout, self.error_grace, self.threads_per_rank, self.start_method)
         self.start()
         payload = cloudpickle.dumps((fn, args, kwargs))
         for conn in self._conns:
-            conn.send_bytes(payload)
+            try:
+                conn.send_bytes(payload)
+            except OSError:  # that rank just died: _collect finds out from its exit status and names it
+                pass
         try:
             results = self._collect("result", timeout=self.timeout if timeout is None else timeout, progress=progress)
         except RankError as e:
             self.stop(grace=0.0)  # ranks left waiting for the failed one are not reused: restart next call
-            raise RankError(e.rank, _with_source(e.remote_traceback, fn), e.note) from None
+            raise RankError(e.rank, _with_source(e.remote_traceback, fn), e.note, e.headline, e.exitcode) from None
         except BaseException:
             self.stop(grace=0.0)  # stuck or interrupted ranks are not reused; the next call restarts them
             raise
@@ -436,7 +567,8 @@ class Ranks:
         """Gather one ``kind`` message per rank, printing rank output and feeding the progress bar."""
         results: dict[int, Any] = {}
         traces: dict[int, list] = {}
-        failures: dict[int, str] = {}
+        failures: dict[int, str] = {}  # in the order they reached us
+        deaths: dict[int, tuple[int | None, str]] = {}  # rank -> (exit code, what it was doing)
         bar = _ProgressBar(self.world_size) if progress else None
         deadline = time.monotonic() + timeout
         failed_at = None
@@ -449,21 +581,23 @@ class Ranks:
                     break
                 if now > deadline:
                     waiting = {r: self._status_of(r) for r in range(self.world_size) if r not in results}
-                    raise RankTimeout(timeout, waiting)
+                    raise RankTimeout(timeout, waiting, self._restart)
                 ready = mp.connection.wait(list(conn_rank) + list(sentinel_rank), timeout=0.1)
-                for obj in ready:
+                for obj in sorted(ready, key=lambda o: o not in sentinel_rank):  # deaths first: they explain the rest
                     if obj in sentinel_rank:
-                        r = sentinel_rank[obj]
+                        r = sentinel_rank.pop(obj)
                         if r not in results and r not in failures and not self._drain(r, conn_rank, results, traces, failures, bar, kind):
+                            self.processes[r].join(timeout=1.0)
                             code = self.processes[r].exitcode
-                            failures[r] = f"rank {r} exited with code {code} before answering\n"
+                            deaths[r] = (code, self._status_of(r))
+                            failures[r] = f"rank {r} {_how_it_ended(code)} before answering\n"
                             failed_at = failed_at or time.monotonic()
-                        sentinel_rank.pop(obj)
                         continue
-                    r = conn_rank[obj]
+                    if obj not in conn_rank:
+                        continue
                     try:
                         self._handle(cloudpickle.loads(obj.recv_bytes()), kind, results, traces, failures, bar)
-                    except EOFError:
+                    except (EOFError, OSError):  # closed or reset: the rank is gone; its sentinel says how
                         conn_rank.pop(obj)
                     if failures and failed_at is None:
                         failed_at = time.monotonic()
@@ -471,19 +605,44 @@ class Ranks:
             if bar is not None:
                 bar.close()
         if failures:
-            first = min(failures)
-            stuck = [r for r in range(self.world_size) if r not in results and r not in failures]
-            note = ""
-            if stuck:
-                where = "\n".join(f"  rank {r}: {self._status_of(r)}" for r in stuck)
-                note = f"\n--- the other ranks were still busy, so all ranks will restart on the next call ---\n{where}\n"
-            others = sorted(set(failures) - {first})
-            if others:
-                note += f"\n(ranks {others} failed too; rank {first} is shown)\n"
-            raise RankError(first, failures[first], note)
+            raise self._blame(failures, deaths, results)
         if kind == "result":
             self.last_trace = [span for r in range(self.world_size) for span in traces.get(r, [])]
         return [results[r] for r in range(self.world_size)]
+
+    def _blame(self, failures: dict[int, str], deaths: dict, results: dict) -> RankError:
+        """One error that names the cause: a rank that died comes before the ranks that then lost
+        their connection to it ("Connection closed by peer" is a symptom, not a cause); otherwise
+        the first rank that raised."""
+        stuck = [r for r in range(self.world_size) if r not in results and r not in failures]
+        lost = [r for r, tb in failures.items() if r not in deaths and _PEER_LOST.search(tb)]
+        raised = [r for r in failures if r not in deaths and r not in lost]
+        first = next(iter(deaths), None)
+        if first is None:
+            first = raised[0] if raised else lost[0]
+        note = ""
+        if stuck:
+            where = "\n".join(f"  rank {r}: {self._status_of(r)}" for r in stuck)
+            note = f"\n--- the other ranks were still busy, so all ranks were killed{self._restart} ---\n{where}\n"
+        if first in deaths:
+            code, status = deaths[first]
+            parts = [f"rank {first} {_how_it_ended(code)} {_where(status)}".rstrip()]
+            if len(deaths) > 1:
+                others = sorted(set(deaths) - {first})
+                parts.append(f"{_rank_list(others)} {'died' if len(others) > 1 else _how_it_ended(deaths[others[0]][0])} too")
+            if lost:
+                parts.append(f"{_rank_list(sorted(lost))} lost {'its' if len(lost) == 1 else 'their'} peer")
+            if raised:
+                parts.append(f"{_rank_list(sorted(raised))} raised: {failures[raised[0]].strip().splitlines()[-1]}")
+            if stuck:
+                parts.append(f"{_rank_list(stuck)} {'was' if len(stuck) == 1 else 'were'} left waiting")
+            return RankError(first, "", note, headline="; ".join(parts), exitcode=code)
+        others = sorted(set(failures) - {first})
+        if lost and first not in lost:
+            note += f"\n({_rank_list(sorted(lost))} then lost {'its' if len(lost) == 1 else 'their'} peer; rank {first} is shown)\n"
+        elif others:
+            note += f"\n(ranks {others} failed too; rank {first} is shown)\n"
+        return RankError(first, failures[first], note)
 
     def _drain(self, r, conn_rank, results, traces, failures, bar, kind) -> bool:
         """Read what a rank that just exited had still queued; True if that answered it."""
@@ -541,17 +700,40 @@ class _ProgressBar:
 _shared: dict[str, Ranks] = {}
 
 
+_LIVE_OPTIONS = ("timeout", "error_grace")  # applied to running ranks as they are
+_RESTART_OPTIONS = ("threads_per_rank", "start_method")  # fixed when a rank starts: changing one restarts
+
+
 def ranks(world_size: int, *, backend: str = "auto", **options) -> Ranks:
-    """The notebook's persistent ranks: started on first use, reused by every cell, restarted when
-    ``world_size`` or ``backend`` changes. Stopped when the kernel exits."""
-    chosen = default_backend(world_size) if backend == "auto" else backend
+    """The notebook's persistent ranks: started on first use, reused by every cell. Stopped when the
+    kernel exits.
+
+    Options you pass are applied: ``timeout`` and ``error_grace`` at once, ``threads_per_rank`` and
+    ``start_method`` by restarting the set (it says so); options you leave out keep their current
+    values. A change of ``world_size`` or ``backend`` restarts the set. Everything is checked before
+    the running set is touched, so a refused call leaves it running."""
+    known = _LIVE_OPTIONS + _RESTART_OPTIONS
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"ranks() got unknown option(s) {unknown}; known: {', '.join(known)}")
     current = _shared.get("ranks")
+    kept = {k: getattr(current, k) for k in known} if current is not None else {}
+    wanted = kept | options
+    require_positive(world_size=world_size)
+    chosen = default_backend(world_size) if backend == "auto" else backend
+    fresh = Ranks(world_size, backend=chosen, **wanted)  # validates everything; starts nothing
     if current is not None and (current.world_size, current.backend) == (world_size, chosen):
-        return current
+        changed = [k for k in _RESTART_OPTIONS if getattr(current, k) != wanted[k]]
+        if not changed:
+            for k in _LIVE_OPTIONS:
+                setattr(current, k, wanted[k])
+            return current.start()
+        what = ", ".join(f"{k} {getattr(current, k)!r} -> {wanted[k]!r}" for k in changed)
+        print(f"playbook: restarting the {world_size} ranks: {what}", file=sys.stderr, flush=True)
     if current is not None:
         current.stop()
-    _shared["ranks"] = Ranks(world_size, backend=chosen, **options)
-    return _shared["ranks"].start()
+    _shared["ranks"] = fresh
+    return fresh.start()
 
 
 @atexit.register
@@ -574,7 +756,9 @@ def launch(fn: Callable, world_size: int | None = None, *args, backend: str = "a
         return _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs)
     if world_size is None:
         raise ValueError("world_size is required outside torchrun")
-    with Ranks(world_size, backend=backend, timeout=timeout) as r:
+    r = Ranks(world_size, backend=backend, timeout=timeout)
+    r._restart = ""  # one run: nothing restarts afterwards
+    with r:
         return r.run(fn, *args, **kwargs)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from playbook.cli import main
-from playbook.parallel import TrainResult, compare
+from playbook.parallel import RunReport, TrainResult, compare
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -57,9 +57,9 @@ def test_memory_command_fp32_grad_accum(capsys):
     "argv, message",
     [
         (["memory", "--model", "gpt-huge"], "unknown model preset 'gpt-huge'; known model presets: "),
-        (["memory", "--seq-len", "0"], "seq_len must be a positive integer"),
+        (["memory", "--seq-len", "0"], "--seq-len must be a positive integer, got 0; e.g. --seq-len"),
         (["run", "single", "--world-size", "2"], "use --world-size 1"),
-        (["run", "single", "--global-batch", "-4"], "global_batch must be a positive integer"),
+        (["run", "single", "--global-batch", "-4"], "--global-batch must be a positive integer, got -4"),
         (["run", "single", "--seq-len", "4096"], "exceeds gpt-tiny's max_seq_len=64"),
     ],
 )
@@ -84,3 +84,60 @@ def test_parity_catches_a_wrong_averaging_factor():
     assert compare(doubled, reference)["max_rel_grad_diff"] == pytest.approx(1.0)
     assert compare(missing, reference)["max_rel_grad_diff"] == pytest.approx(1.0)
     assert compare(reference, reference)["max_rel_grad_diff"] == 0.0
+
+
+@pytest.mark.parametrize("where", ["loss", "grad", "param", "reference"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_parity_fails_loudly_on_a_diverged_run(where, bad):
+    """Python's max() drops a NaN that is not first: a diverged run once read as perfect parity."""
+    w = torch.tensor([1.0, -2.0, 3.0])
+    good = TrainResult([4.15, 3.9, 3.7], {"a": w, "b": w}, {"a": w, "b": w})
+    broken = torch.tensor([1.0, bad, 3.0])
+    diverged = {
+        "loss": TrainResult([4.15, bad, bad], good.grads, good.params),
+        "grad": TrainResult(good.losses, {"a": w, "b": broken}, good.params),
+        "param": TrainResult(good.losses, good.grads, {"a": w, "b": broken}),
+    }
+    candidate, reference = (good, diverged["param"]) if where == "reference" else (diverged[where], good)
+    p = compare(candidate, reference)
+    assert p["finite"] is False
+    gate = ("max_abs_loss_diff", "max_rel_grad_diff", "max_rel_param_diff", "max_rel_l2_param_diff")
+    failing = {k: p[k] for k in gate if not p[k] < 1e-3}
+    assert failing, f"a tolerance check passed on a diverged run: {p}"
+    assert RunReport("x", 1, "gloo", p, losses=candidate.losses).problem()
+    assert "PARITY FAILED" in RunReport("x", 1, "gloo", p, losses=candidate.losses).summary()
+    assert compare(good, good)["finite"] is True and RunReport("x", 1, "gloo", compare(good, good)).problem() is None
+
+
+def test_parity_names_every_figure_and_refuses_runs_of_different_length():
+    w = {"a": torch.tensor([1.0, 2.0])}
+    p = compare(TrainResult([1.0, 2.0], w, w), TrainResult([1.0, 2.0], w, w))
+    assert {"max_abs_loss_diff", "max_rel_grad_diff", "max_rel_param_diff", "max_rel_l2_param_diff", "finite"} <= set(p)
+    with pytest.raises(ValueError, match="the run has 2 step.*the reference 3"):
+        compare(TrainResult([1.0, 2.0], w, w), TrainResult([1.0, 2.0, 3.0], w, w))
+
+
+@pytest.mark.parametrize("extra", [[], ["--schedule", "interleaved", "--chunks", "2", "--layers", "4"]], ids=["1f1b", "interleaved"])
+def test_pp_reports_its_point_to_point_bytes_predicted_and_measured(capsys, extra):
+    code, out, _ = run_cli(capsys, "run", "pp", "--world-size", "2", "--steps", "2", "--no-native", *extra, "--json")
+    assert code == 0
+    comm = json.loads(out)["comm"]
+    assert comm["predicted"]["isend"] > 0
+    assert comm["measured"] == comm["predicted"], comm  # every send is one [b/m, s, h] fp32 message
+
+
+def test_ep_refuses_zero_experts_and_reports_what_it_trained(capsys):
+    from playbook.parallel.ep import moe_config
+    from playbook.parallel.training import TrainSetup
+
+    for experts, top_k in ((0, None), (None, 0)):  # 0 is falsy: `x or preset` once ran the preset's value
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            moe_config(TrainSetup(), experts, top_k)
+    assert moe_config(TrainSetup(), 4, 1).top_k == 1
+    code, out, _ = run_cli(capsys, "run", "ep", "--world-size", "2", "--steps", "1", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["setup"]["model"] == "gpt-tiny-moe"  # the model actually trained, not the dense preset asked for
+    assert report["parity"]["finite"] is True and report["parity"]["max_rel_l2_param_diff"] < 1e-3
+    summary = RunReport(**{k: report[k] for k in ("strategy", "world_size", "backend", "parity", "losses")}).summary()
+    assert "nan" not in summary

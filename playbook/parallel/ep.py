@@ -35,13 +35,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from playbook.config import ModelConfig, divisors, require_divides
+from playbook.config import ModelConfig, divisors, require_divides, require_positive
 from playbook.dims import ParallelDims
 from playbook.moe import AUX_ALPHA, MoEMLP, build, moe_layers
 from playbook.parallel.ep_layers import ExpertParallelMoE, TensorParallelExperts
 from playbook.parallel.hybrid import sync_gradients
 from playbook.parallel.registry import register
-from playbook.parallel.report import RunReport, max_rel_diff
+from playbook.parallel.report import RunReport, all_finite, max_abs_loss_diff, max_rel_diff, rel_l2_diff
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.moe import (
     alltoall_bytes_from_routing, check_capacity_factor, check_ep, model_activation_bytes_moe, moe_model_state_bytes,
@@ -205,11 +205,13 @@ def parity(candidate: MoERun, reference: MoERun) -> dict:
     same_routing = all(torch.equal(a, b) for sa, sb in zip(candidate.choices, reference.choices) for a, b in zip(sa, sb))
     return {
         "reference": "single-process MoE, same global batch",
-        "max_abs_loss_diff": max(abs(a - b) for a, b in zip(candidate.losses, reference.losses, strict=True)),
-        "max_abs_aux_diff": max(abs(a["aux"] - b["aux"]) for sa, sb in zip(candidate.routing, reference.routing)
-                                for a, b in zip(sa, sb)),  # fmt: skip
+        "finite": all_finite(candidate, reference),
+        "max_abs_loss_diff": max_abs_loss_diff(candidate.losses, reference.losses),
+        "max_abs_aux_diff": max_abs_loss_diff([a["aux"] for s in candidate.routing for a in s],
+                                              [b["aux"] for s in reference.routing for b in s]),  # fmt: skip
         "max_rel_grad_diff": max_rel_diff(candidate.grads, reference.grads),
         "max_rel_param_diff": max_rel_diff(candidate.params, reference.params),
+        "max_rel_l2_param_diff": rel_l2_diff(candidate.params, reference.params),
         "same_experts_chosen": same_routing,
         "same_tokens_dropped": same_routing and all(a["kept"] == b["kept"] for sa, sb in zip(candidate.routing, reference.routing)
                                                     for a, b in zip(sa, sb)),  # fmt: skip
@@ -226,15 +228,16 @@ def predicted_alltoall_bytes(run: MoERun, ep: int, hidden: int, dtype_bytes: int
 def moe_config(setup: TrainSetup, experts: int | None, top_k: int | None) -> ModelConfig:
     """The setup's preset as an MoE: a dense preset ``X`` becomes ``X-moe`` if that exists, else
     gets experts of width ffn_hidden // top_k; ``experts``/``top_k`` override."""
+    require_positive(**{k: v for k, v in (("experts", experts), ("top_k", top_k)) if v is not None})
     cfg = setup.config()
     if not cfg.is_moe:
         try:
             cfg = ModelConfig.preset(f"{setup.model}-moe")
         except ValueError:
-            k = top_k or 2
-            cfg = cfg.replace(n_experts=experts or 4, top_k=k, expert_ffn_hidden=max(1, cfg.ffn_hidden // k))
-    if experts is not None or top_k is not None:
-        cfg = cfg.replace(n_experts=experts or cfg.n_experts, top_k=top_k or cfg.top_k)
+            k = 2 if top_k is None else top_k
+            cfg = cfg.replace(n_experts=4 if experts is None else experts, top_k=k, expert_ffn_hidden=max(1, cfg.ffn_hidden // max(k, 1)))
+    if experts is not None or top_k is not None:  # 0 is a value to refuse, not "use the preset's"
+        cfg = cfg.replace(n_experts=cfg.n_experts if experts is None else experts, top_k=cfg.top_k if top_k is None else top_k)
     return cfg
 
 
@@ -282,7 +285,7 @@ def run_ep(setup: TrainSetup, *, world_size: int, backend: str = "auto", experts
     from playbook.cluster import default_backend, launch
 
     cfg = moe_config(setup, experts, top_k)
-    mode, ep = ("tp", world_size) if experts_tp else ("ep", ep or world_size)
+    mode, ep = ("tp", world_size) if experts_tp else ("ep", world_size if ep is None else ep)
     validate(cfg, world_size, ep, capacity_factor, setup.global_batch, mode)
     backend = default_backend(world_size) if backend == "auto" else backend
     both = launch(on_rank, world_size, setup, cfg, capacity_factor=capacity_factor, aux_alpha=aux_alpha, mode=mode,
@@ -318,7 +321,7 @@ def run_ep(setup: TrainSetup, *, world_size: int, backend: str = "auto", experts
         parity=parity(whole, reference) | {"replicas_max_rel_diff": replicas_agree(results, mode)}, native=native,
         memory={"predicted": predicted, "measured": {k: results[0].memory[k] for k in ("params", "grads", "optimizer", "activations")}},
         comm={"predicted": comm_pred, "measured": comm_meas},
-        setup=setup.as_dict() | {"model_config": cfg.name, "n_experts": cfg.n_experts, "top_k": cfg.top_k,
+        setup=setup.as_dict() | {"model": cfg.name, "model_config": cfg.name, "n_experts": cfg.n_experts, "top_k": cfg.top_k,
                                  "capacity_factor": capacity_factor, "aux_alpha": aux_alpha, "ep": ep, "mode": mode},
         losses=whole.losses,
         routing=routing_report(whole.routing, whole.ce, ep if mode == "ep" else 1, cfg.hidden, measured_a2a, seconds),

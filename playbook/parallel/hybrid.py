@@ -49,7 +49,7 @@ class Plan:
     cp_variant: str = "ring"
     zigzag: bool = False
     schedule: str = "1f1b"
-    microbatches: int = 0  # 0: as many as pipeline stages
+    microbatches: int | None = None  # None: as many as pipeline stages
 
     @property
     def m(self) -> int:

@@ -136,12 +136,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cp-variant", default="ring", choices=list(CP_VARIANTS))
     parser.add_argument("--zigzag", action="store_true", help="with --cp: zig-zag causal balance")
     parser.add_argument("--schedule", default="1f1b", choices=list(SCHEDULES))
-    parser.add_argument("--microbatches", type=int, default=0, help="with --pp: micro-batches per step (0: pp)")
-    parser.set_defaults(world_size=0)  # implied by the degrees
+    parser.add_argument("--microbatches", type=int, default=None, help="with --pp: micro-batches per step (default: pp)")
+    parser.set_defaults(world_size=None)  # implied by the degrees
 
 
-@register("hybrid", help="every strategy at once on one mesh: --dp --tp --pp --cp --ep [--zero K]", arguments=add_arguments)
-def run_hybrid(setup: TrainSetup, *, world_size: int = 0, backend: str = "auto", dp: int = 1, tp: int = 1, pp: int = 1,
+def implied_world_size(options: dict) -> int:
+    return options["dp"] * options["tp"] * options["pp"] * options["cp"]
+
+
+@register("hybrid", help="every strategy at once on one mesh: --dp --tp --pp --cp --ep [--zero K]", arguments=add_arguments,
+          world_size=implied_world_size)
+def run_hybrid(setup: TrainSetup, *, world_size: int | None = None, backend: str = "auto", dp: int = 1, tp: int = 1, pp: int = 1,
                cp: int = 1, ep: int = 1, **plan) -> HybridReport:  # fmt: skip
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     if world_size and world_size != dims.world:

@@ -559,6 +559,20 @@ def add_args(parser) -> None:
     parser.add_argument("--no-native", action="store_true", help="skip torch.distributed.pipelining")
 
 
+def _train_pipeline_counting(ctx, *args) -> dict:
+    """``train_pipeline``, plus the bytes this rank sent by op (from the tracer), for the report."""
+    out = train_pipeline(ctx, *args)
+    out["sent_bytes"] = ctx.tracer.bytes_by_op()
+    return out
+
+
+def predicted_p2p_bytes(plan: Schedule, setup: TrainSetup, rank: int = 0) -> float:
+    """Bytes ``rank`` sends point-to-point per step: one activation (forward) or gradient
+    (backward) of [global_batch/m, seq, hidden] fp32 per send action to another rank."""
+    message = setup.global_batch // plan.m * setup.seq_len * setup.config().hidden * 4
+    return float(sum(message for a in plan.actions[rank] if a.kind.startswith("send") and a.peer != rank))
+
+
 @register("pp", help="pipeline parallel: GPipe, 1F1B, interleaved 1F1B, ZB-H1 on real stages", arguments=add_args)
 def run_pp(setup: TrainSetup, *, world_size: int = 2, backend: str = "auto", schedule: str = "1f1b",
            microbatches: int = 4, chunks: int = 1, layers: int = 0, no_native: bool = False) -> PipelineReport:  # fmt: skip
@@ -567,7 +581,7 @@ def run_pp(setup: TrainSetup, *, world_size: int = 2, backend: str = "auto", sch
     check_microbatches(setup, microbatches)
     backend = default_backend(world_size) if backend == "auto" else backend
     plan = make_schedule(schedule, world_size, microbatches, chunks)
-    results = launch(train_pipeline, world_size, setup, schedule, microbatches, chunks, backend=backend)
+    results = launch(_train_pipeline_counting, world_size, setup, schedule, microbatches, chunks, backend=backend)
     reference = train(setup)
     native = None
     if native_limits(schedule, world_size, microbatches):
@@ -583,5 +597,7 @@ def run_pp(setup: TrainSetup, *, world_size: int = 2, backend: str = "auto", sch
     return PipelineReport(
         strategy="pp", world_size=world_size, backend=backend, parity=compare(ours, reference), native=native,
         memory={"predicted": predicted_memory(setup, plan), "measured": results[0]["memory"]},
+        comm={"predicted": {"isend": predicted_p2p_bytes(plan, setup)},  # rank 0, per step
+              "measured": {op: b / setup.steps for op, b in results[0]["sent_bytes"].items() if b}},
         setup=setup.as_dict(), losses=ours.losses, schedule=bubble,
     )  # fmt: skip

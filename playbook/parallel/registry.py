@@ -25,14 +25,15 @@ class Strategy:
     run: Callable
     help: str
     arguments: Callable | None = None
+    world_size: Callable[[dict], int] | None = None  # the ranks implied by the options, if --world-size is
 
 
 _registry: dict[str, Strategy] = {}
 
 
-def register(name: str, *, help: str, arguments: Callable | None = None):
+def register(name: str, *, help: str, arguments: Callable | None = None, world_size: Callable | None = None):
     def add(run: Callable) -> Callable:
-        _registry[name] = Strategy(name, run, help, arguments)
+        _registry[name] = Strategy(name, run, help, arguments, world_size)
         return run
 
     return add

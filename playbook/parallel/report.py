@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -10,39 +11,100 @@ import torch
 CATEGORIES = ("params", "grads", "optimizer", "activations")
 
 
-def max_rel_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    """max over tensors of max|got - want| / max|want|: a relative error per tensor that a wrong
-    averaging factor (×n) or a missing contribution cannot hide in. Names must match exactly."""
+def _check_names(got: dict, want: dict) -> None:
     if set(got) != set(want):
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         raise ValueError(f"tensor names differ: missing {missing}, unexpected {extra}")
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all())
+
+
+def _worst(values) -> float:
+    """``max`` that cannot drop a NaN (Python's ``max`` skips it when it is not first)."""
     worst = 0.0
+    for v in values:
+        if math.isnan(v) or v == math.inf:  # NaN or inf: nothing can be worse
+            return float("inf")
+        worst = max(worst, v)
+    return worst
+
+
+def max_rel_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    """max over tensors of max|got - want| / max|want|: a relative error per tensor that a wrong
+    averaging factor (×n) or a missing contribution cannot hide in. Names must match exactly.
+    A NaN or inf on either side makes it ``inf``, so ``max_rel_diff(...) < tol`` fails."""
+    _check_names(got, want)
+    worst = []
     for name, w in want.items():
         g = got[name].to(w.dtype)
         if g.shape != w.shape:
             raise ValueError(f"{name}: shape {tuple(g.shape)} != reference {tuple(w.shape)}")
-        worst = max(worst, float((g - w).abs().max() / w.abs().max().clamp_min(1e-30)))
-    return worst
+        if not (_finite(g) and _finite(w)):
+            return float("inf")
+        worst.append(float((g - w).abs().max() / w.abs().max().clamp_min(1e-30)) if w.numel() else 0.0)
+    return _worst(worst)
 
 
 def rel_l2_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
     """max over tensors of ‖got − want‖ / ‖want‖. After AdamW steps this is the robust check:
     Adam's update g/(√v + ε) turns a gradient element that is pure rounding noise (|g| ~ ε = 1e-8)
     into a step of about lr, so a *worst-element* difference of ~lr/|w|max appears with any change
-    of summation order, while a real bug moves every element."""
-    return max(float((got[n] - w).norm() / w.norm().clamp_min(1e-30)) for n, w in want.items())
+    of summation order, while a real bug moves every element. NaN or inf anywhere: ``inf``."""
+    _check_names(got, want)
+    worst = []
+    for n, w in want.items():
+        g = got[n].to(w.dtype)
+        if not (_finite(g) and _finite(w)):
+            return float("inf")
+        worst.append(float((g - w).norm() / w.norm().clamp_min(1e-30)))
+    return _worst(worst)
+
+
+def max_abs_loss_diff(got: list[float], want: list[float]) -> float:
+    """Worst |got − want| over steps; ``inf`` if either side has a NaN or inf loss."""
+    if len(got) != len(want):
+        raise ValueError(f"cannot compare losses: the run has {len(got)} step(s), the reference {len(want)}; "
+                         "train both for the same number of steps")  # fmt: skip
+    return _worst(abs(a - b) if math.isfinite(a) and math.isfinite(b) else float("inf") for a, b in zip(got, want))
+
+
+def all_finite(*results) -> bool:
+    """True when every loss, gradient and parameter of every result is a finite number."""
+    for r in results:
+        if not all(math.isfinite(x) for x in r.losses):
+            return False
+        if not all(_finite(t) for d in (r.grads, r.params) for t in d.values()):
+            return False
+    return True
 
 
 def compare(candidate, reference, name: str = "single process, same global batch") -> dict:
     """Parity of two :class:`~playbook.parallel.training.TrainResult`: losses, first-step
-    gradients, and parameters after the last step (worst element, and relative L2 per tensor)."""
+    gradients, and parameters after the last step (worst element, and relative L2 per tensor,
+    the gate after AdamW steps). ``finite`` is False when either run produced a NaN or inf
+    anywhere; every difference is then ``inf``, so a check ``parity[...] < tol`` fails."""
     return {
         "reference": name,
-        "max_abs_loss_diff": max(abs(a - b) for a, b in zip(candidate.losses, reference.losses, strict=True)),
+        "finite": all_finite(candidate, reference),
+        "max_abs_loss_diff": max_abs_loss_diff(candidate.losses, reference.losses),
         "max_rel_grad_diff": max_rel_diff(candidate.grads, reference.grads),
         "max_rel_param_diff": max_rel_diff(candidate.params, reference.params),
         "max_rel_l2_param_diff": rel_l2_diff(candidate.params, reference.params),
     }
+
+
+def parity_problem(parity: dict | None) -> str | None:
+    """Why a parity dict must not be trusted (a diverged run), or None."""
+    if not parity or "max_abs_loss_diff" not in parity:
+        return None
+    if parity.get("finite") is False:
+        return "the run diverged: a loss, gradient or parameter is NaN or inf, so parity is meaningless"
+    numbers = [v for k, v in parity.items() if k.startswith("max_") and isinstance(v, float)]
+    if any(not math.isfinite(v) for v in numbers):
+        return "a parity figure is NaN or inf: the run diverged"
+    return None
 
 
 @dataclass
@@ -69,6 +131,10 @@ class RunReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    def problem(self) -> str | None:
+        """Why this report's parity cannot be trusted (NaN or inf on either side), or None."""
+        return parity_problem(self.parity)
+
     def summary(self) -> str:
         """A few readable lines for the terminal."""
         p = self.parity
@@ -76,9 +142,11 @@ class RunReport:
             f"{self.strategy} on {self.world_size} rank(s), backend {self.backend}",
             f"  loss per step: {', '.join(f'{x:.4f}' for x in self.losses)}",
             f"  parity vs {p['reference']}: loss {p['max_abs_loss_diff']:.2e} (abs), "
-            f"grads {p['max_rel_grad_diff']:.2e}, params {p['max_rel_param_diff']:.2e} (rel), "
-            f"{p.get('max_rel_l2_param_diff', float('nan')):.2e} (rel L2)",
+            f"grads {p['max_rel_grad_diff']:.2e} (rel), params {p.get('max_rel_l2_param_diff', float('nan')):.2e} (rel L2), "
+            f"worst element {p['max_rel_param_diff']:.2e}",
         ]
+        if self.problem():
+            lines.insert(1, f"  PARITY FAILED: {self.problem()}")
         if self.native and "skipped" in self.native:
             lines.append(f"  native: skipped ({self.native['skipped']})")
         elif self.native:
