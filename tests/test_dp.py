@@ -210,11 +210,11 @@ def test_cli_reports_parity_against_reference_and_ddp(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--world-size", "3"], "global_batch=8 does not split into world_size × accumulate = 3 × 1 = 3 equal micro-batches; try world_size in {1, 2, 4, 8}"),
+        (["--world-size", "3"], "global_batch=8 does not split evenly over world_size=3 ranks; use world_size in {1, 2, 4, 8}"),
         (["--world-size", "2", "--accumulate", "3"], "try accumulate in {1, 2, 4}"),
-        (["--world-size", "2", "--bucket-mb", "0"], "bucket size must be > 0 MiB"),
-        (["--world-size", "2", "--bucket-mb", "-1"], "bucket size must be > 0 MiB"),
-        (["--world-size", "2", "--variant", "ddp", "--accumulate", "0"], "accumulate must be a positive integer"),
+        (["--world-size", "2", "--bucket-mb", "0"], "--bucket-mb must be greater than 0 and at most 4096, got 0"),
+        (["--world-size", "2", "--bucket-mb", "-1"], "--bucket-mb must be greater than 0 and at most 4096, got -1"),
+        (["--world-size", "2", "--variant", "ddp", "--accumulate", "0"], "--accumulate must be between 1 and 1024, got 0"),
     ],
 )
 def test_bad_input_gets_one_clear_line(capsys, argv, message):

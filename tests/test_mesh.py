@@ -121,3 +121,20 @@ def test_a_layout_for_another_world_size_is_refused_on_the_ranks(ranks2):
 
     with pytest.raises(RankError, match="needs 8 ranks but this world has 2"):
         ranks2.run(probe, ParallelDims(dp=2, tp=2, pp=2))
+
+
+def groups_of_my_own(ctx):
+    import torch.distributed as dist
+
+    for n in (1, 2, 4):  # as chapter 1's scaling run does: plain new_group calls before any mesh
+        dist.new_group(list(range(n)))
+    return True
+
+
+def test_a_mesh_after_other_groups_were_made_does_not_hang(ranks4):
+    """Regression: groups made by their members alone (use_local_synchronization) hung on gloo once
+    the world had created other groups; every group is now created by the whole world, in order."""
+    ranks4.run(groups_of_my_own)
+    dims = ParallelDims(dp=2, cp=2, ep=2)
+    out = ranks4.run(probe, dims, timeout=20)
+    assert [o["coords"] for o in out] == [dims.coords(r) for r in range(4)]

@@ -216,7 +216,7 @@ def test_cli_zero_json(capsys):
 
 def test_cli_refuses_a_bad_stage(capsys):
     assert main(["run", "zero", "--stage", "4", "--world-size", "2"]) == 2
-    assert "0, 1, 2 or 3" in capsys.readouterr().err
+    assert "--stage must be between 0 and 3, got 4" in capsys.readouterr().err
 
 
 # ---- figures -------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ created once per process and per list of ranks and then cached, so a persistent 
 them on the first call only (no ``new_group`` per call or per step), and two meshes that share a
 group share its process group.
 
-Each group is created by its members only (``use_local_synchronization=True``): a rank builds the
-groups that contain it, axis by axis in one fixed order, so the members of a group always reach it
-together and the world never has to take part. An axis that spans the whole world uses the world
-group itself.
+``new_group`` is called by every rank of the world for every group, axis by axis in one fixed
+order (torch requires it; creating a group from its members alone, ``use_local_synchronization``,
+hung on gloo once the world had made other groups). An axis that spans the whole world uses the
+world group itself. The ``ep`` groups are their own process groups even where their ranks are
+those of ``dp_cp`` (ep = dp·cp), so that the trace tells the all-to-alls (ep) from the gradient
+sums (dp).
 
 A group-local rank becomes a global one in exactly one place, :meth:`Mesh.global_rank`: pass it to
 ``dst``/``src`` of point-to-point calls (``isend(..., dst=r, group=g)`` reads ``r`` as a *global*
@@ -24,17 +26,30 @@ import torch.distributed as dist
 from playbook.dims import GROUP_AXES, ParallelDims
 from playbook.measure import trace
 
-_groups: dict[tuple, object] = {}  # per process: rank list (or ("ep", *ranks)) -> process group
+_groups: dict[tuple, object] = {}  # per process: (kind, *ranks) -> process group
 _meshes: dict[ParallelDims, Mesh] = {}
 
 
-def _group(ranks: list[int]):
-    if list(ranks) == list(range(dist.get_world_size())):  # the whole world, in order
+def _group(ranks: list[int], kind: str = ""):
+    """The process group of ``ranks`` (created on first use). Every rank of the world calls this
+    for every group, in the same order (``new_group`` needs the whole world), so the cache below is
+    the same on every rank and each group is created once per process."""
+    if not kind and list(ranks) == list(range(dist.get_world_size())):  # the whole world, in order
         return dist.group.WORLD
-    key = tuple(ranks)
+    key = (kind, *ranks)
     if key not in _groups:
-        _groups[key] = dist.new_group(list(ranks), use_local_synchronization=True)
+        _groups[key] = dist.new_group(list(ranks))
     return _groups[key]
+
+
+def _axis_group(dims: ParallelDims, axis: str, rank: int):
+    """This rank's group along ``axis``, after creating every group of the axis (world-wide)."""
+    kind = "ep" if axis == "ep" and dims.ep > 1 else ""
+    mine = None
+    for ranks in dims.groups(axis):
+        g = _group(ranks, kind)
+        mine = g if rank in ranks else mine
+    return mine
 
 
 def axis_label(dims: ParallelDims, axis: str) -> str:
@@ -46,20 +61,6 @@ def axis_label(dims: ParallelDims, axis: str) -> str:
     if axis == "ep_replica":
         return "ep_replica" if dims.ep > 1 else axis_label(dims, "dp_cp")
     return axis
-
-
-def _expert_group(dims: ParallelDims, rank: int):
-    """The ``ep`` group: its own process group even where its ranks are those of ``dp_cp`` (ep = dp·cp),
-    so that the trace tells the all-to-alls (ep) from the gradient sums (dp). Created by every rank
-    of the world, group by group in one order (a second group on the same ranks cannot be made by
-    its members alone: torch names such groups after their ranks)."""
-    mine = None
-    for ranks in dims.groups("ep"):
-        key = ("ep", *ranks)
-        if key not in _groups:
-            _groups[key] = dist.new_group(ranks)
-        mine = _groups[key] if rank in ranks else mine
-    return mine
 
 
 class Mesh:
@@ -131,8 +132,7 @@ def build_mesh(dims: ParallelDims) -> Mesh:
                          f"start {dims.world} ranks or choose degrees whose product is {world}")  # fmt: skip
     if dims not in _meshes:
         rank = dist.get_rank()
-        groups = {axis: _group(dims.ranks_along(axis, rank)) for axis in GROUP_AXES if axis != "ep"}
-        groups["ep"] = _expert_group(dims, rank) if dims.ep > 1 else _group([rank])
+        groups = {axis: _axis_group(dims, axis, rank) for axis in GROUP_AXES}
         _meshes[dims] = Mesh(dims, rank, groups)
     return _meshes[dims].activate()
 
