@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from playbook.cli import main
+from playbook.dims import ParallelDims
 from playbook.measure.held import HeldActivations
 from playbook.measure.pipeline import activation_report, compare_bubble, measured_timeline
 from playbook.model import GPT
@@ -75,6 +76,20 @@ def test_blocking_receives_give_the_same_result(ranks2):
     check_parity(merge(results), TINY)
     assert sum(1 for s in ranks2.last_trace if s["name"] == "recv") == TINY.steps * 2 * 4 * (2 * 2 - 1)
     assert not any(s["name"] == "irecv" for s in ranks2.last_trace)
+    # the default group is the pp axis of ParallelDims(pp=2): every message is traced on that axis
+    assert {s["axis"] for s in ranks2.last_trace if s["kind"] == "comm"} == {"pp"}
+
+
+def _two_pipelines(ctx, setup):
+    mesh = ctx.mesh_for(ParallelDims(dp=2, pp=2))  # pp groups [0, 2] and [1, 3]
+    return on_rank(ctx, setup, schedule="1f1b", m=4, group=mesh.group("pp")) | {"pipeline": mesh.coords["dp"]}
+
+
+def test_two_pipelines_side_by_side_each_in_its_own_group(ranks4):
+    """Group-local peers become global ranks where messages are sent: pipeline [1, 3] talks to 3, not to 1."""
+    results = ranks4.run(_two_pipelines, TINY, progress=False)
+    for pipeline in (0, 1):
+        check_parity(merge([r for r in results if r["pipeline"] == pipeline]), TINY)
 
 
 def test_peak_activations_1f1b_p_gpipe_m(ranks2):

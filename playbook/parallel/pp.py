@@ -91,19 +91,20 @@ def on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1, partit
 
     result = train(setup, model=share, optimizer=optimizer, batch=lambda step: microbatches(setup, step, m, ctx.device),
                    forward_backward=forward_backward, progress=ctx.progress)  # fmt: skip
+    # by category; parameters, gradients and AdamW state keep the sizes they had after the first step
     memory = {"params": parameter_bytes(share), "grads": gradient_bytes(share), "optimizer": optimizer_bytes(optimizer),
               "activations": logs[0].peak_bytes}  # fmt: skip
     return {"rank": rank, "losses": result.losses, "grads": result.grads, "params": result.params, "logs": logs,
             "step_s": times, "memory": memory, "ranges": ranges}  # fmt: skip
 
 
-def merge(results: list[dict]) -> TrainResult:
+def merge(answers: list[dict]) -> TrainResult:
     """One TrainResult from every rank's share (the loss lives on the rank of the last stage)."""
     grads, params = {}, {}
-    for r in results:
-        grads |= r["grads"]
-        params |= r["params"]
-    last = max(results, key=lambda r: sum(abs(x) for x in r["losses"]))
+    for a in answers:
+        grads |= a["grads"]
+        params |= a["params"]
+    last = max(answers, key=lambda a: sum(abs(x) for x in a["losses"]))
     return TrainResult(last["losses"], grads, params)
 
 
