@@ -3,7 +3,7 @@
     python benchmarks/bench_pp.py                 # p=2, gpt-tiny with 4 layers, m=8, 6 steps
     python benchmarks/bench_pp.py --p 4 --layers 8 --m 8 --global-batch 32
 
-Both run the same chunks (``playbook.parallel.pp.Chunk``) on the same data; the step time is the
+Both run the same chunks (``playbook.parallel.pp_executor.Chunk``) on the same data; the step time is the
 median over the steps after the first (which pays one-off costs: torch's shape inference,
 allocator warm-up), averaged over ranks. Also prints each of ours' predicted and measured bubble.
 On a shared 2-core machine expect ±30% noise: run it twice.
@@ -15,7 +15,8 @@ import argparse
 import statistics
 
 from playbook.cluster import Ranks
-from playbook.parallel.pp import PipelineSetup, compare_bubble, train_native, train_pipeline
+from playbook.measure.pipeline import compare_bubble
+from playbook.parallel.pp import PipelineSetup, native_on_rank, on_rank
 from playbook.theory.schedules import make_schedule
 
 
@@ -36,8 +37,8 @@ def main() -> None:
     with Ranks(args.p, backend="gloo", timeout=300) as ranks:
         for name in ("gpipe", "1f1b", "interleaved", "zb-h1"):
             v = args.v if name == "interleaved" else 1
-            ours = ranks.run(train_pipeline, setup, name, args.m, v, progress=False)
-            native = ranks.run(train_native, setup, name, args.m, v, progress=False)
+            ours = ranks.run(on_rank, setup, schedule=name, m=args.m, v=v, progress=False)
+            native = ranks.run(native_on_rank, setup, schedule=name, m=args.m, v=v, progress=False)
 
             def step(results):
                 return statistics.mean(statistics.median(r["step_s"][1:]) for r in results) * 1e3

@@ -7,13 +7,15 @@ import pytest
 import torch
 
 from playbook.cli import main
+from playbook.dims import ParallelDims
+from playbook.measure.held import HeldActivations
+from playbook.measure.pipeline import activation_report, compare_bubble, measured_timeline
 from playbook.model import GPT
-from playbook.parallel.pp import (
-    Chunk, HeldActivations, PipelineSetup, activation_report, chunk_activation_bytes, compare_bubble, merge,
-    measured_timeline, microbatches, run_pp, run_step, train_native, train_pipeline,
-)  # fmt: skip
+from playbook.parallel.pp import PipelineSetup, merge, native_on_rank, on_rank, run_pp
+from playbook.parallel.pp_executor import Chunk, microbatches, run_step
 from playbook.parallel.report import compare
 from playbook.parallel.training import train
+from playbook.theory.pipeline import chunk_activation_bytes
 from playbook.theory.schedules import make_schedule
 
 TINY = PipelineSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=16)  # 2 layers: 4 pieces
@@ -49,7 +51,7 @@ def test_our_executor_matches_the_single_process_for_every_schedule(p, ranks2, r
     setup = TINY if p == 2 else DEEP
     for name, v, ms in CASES[p]:
         for m in ms:
-            results = cluster.run(train_pipeline, setup, name, m, v, progress=False)
+            results = cluster.run(on_rank, setup, schedule=name, m=m, v=v, progress=False)
             ours = merge(results)
             assert sorted(ours.grads) == sorted(reference(setup).grads)  # every parameter, once
             check_parity(ours, setup)
@@ -65,15 +67,29 @@ def test_native_pipelining_matches_the_single_process(p, ranks2, ranks4):
     setup = TINY if p == 2 else DEEP
     for name, v, ms in CASES[p]:
         m = ms[-1]
-        check_parity(merge(cluster.run(train_native, setup, name, m, v, progress=False)), setup)
+        check_parity(merge(cluster.run(native_on_rank, setup, schedule=name, m=m, v=v, progress=False)), setup)
 
 
 def test_blocking_receives_give_the_same_result(ranks2):
     """Receives posted only where the list has them (plain recv) instead of up front (irecv)."""
-    results = ranks2.run(train_pipeline, TINY, "interleaved", 4, 2, prepost=False, progress=False)
+    results = ranks2.run(on_rank, TINY, schedule="interleaved", m=4, v=2, prepost=False, progress=False)
     check_parity(merge(results), TINY)
     assert sum(1 for s in ranks2.last_trace if s["name"] == "recv") == TINY.steps * 2 * 4 * (2 * 2 - 1)
     assert not any(s["name"] == "irecv" for s in ranks2.last_trace)
+    # the default group is the pp axis of ParallelDims(pp=2): every message is traced on that axis
+    assert {s["axis"] for s in ranks2.last_trace if s["kind"] == "comm"} == {"pp"}
+
+
+def _two_pipelines(ctx, setup):
+    mesh = ctx.mesh_for(ParallelDims(dp=2, pp=2))  # pp groups [0, 2] and [1, 3]
+    return on_rank(ctx, setup, schedule="1f1b", m=4, group=mesh.group("pp")) | {"pipeline": mesh.coords["dp"]}
+
+
+def test_two_pipelines_side_by_side_each_in_its_own_group(ranks4):
+    """Group-local peers become global ranks where messages are sent: pipeline [1, 3] talks to 3, not to 1."""
+    results = ranks4.run(_two_pipelines, TINY, progress=False)
+    for pipeline in (0, 1):
+        check_parity(merge([r for r in results if r["pipeline"] == pipeline]), TINY)
 
 
 def test_peak_activations_1f1b_p_gpipe_m(ranks2):
@@ -81,14 +97,14 @@ def test_peak_activations_1f1b_p_gpipe_m(ranks2):
     chunk0 = chunk_activation_bytes(setup.config(), 0, 2, setup.global_batch // m, setup.seq_len)  # embedding + 1 block
     got = {}
     for name in ("gpipe", "1f1b"):
-        results = ranks2.run(train_pipeline, setup, name, m, 1, progress=False)
+        results = ranks2.run(on_rank, setup, schedule=name, m=m, progress=False)
         got[name] = activation_report(results, make_schedule(name, 2, m), setup)["measured_bytes"][0]
     assert got["gpipe"] == m * chunk0  # all m micro-batches wait for their backward
     assert got["1f1b"] == 2 * chunk0  # rank 0 of p = 2 holds p
 
 
 def test_bubble_report_has_both_definitions(ranks2):
-    results = ranks2.run(train_pipeline, TINY, "1f1b", 4, 1, progress=False)
+    results = ranks2.run(on_rank, TINY, schedule="1f1b", m=4, progress=False)
     rep = compare_bubble(results, make_schedule("1f1b", 2, 4))
     assert set(rep["definition"]) == {"idle_over_total", "bubble_over_ideal"}
     for x in (rep["bubble_predicted"], measured_timeline(results, 1).bubble()):
@@ -108,11 +124,11 @@ def test_bubble_prediction_replays_the_measured_busy_time(name, ranks2):
     (measured_costs): then every rank's simulated busy time is its measured busy time, averaged over
     the steps compared, and the two bubbles differ only by waiting. By hand: rank r's busy time is
     Σ over its stages of m·(f + b + w), and m·mean = the sum of that stage's slots in one step, on average."""
-    from playbook.parallel.pp import measured_costs
+    from playbook.measure.pipeline import measured_costs
     from playbook.theory.schedules import simulate
 
     schedule = make_schedule(name, 2, 4)
-    results = ranks2.run(train_pipeline, TINY, name, 4, 1, progress=False)
+    results = ranks2.run(on_rank, TINY, schedule=name, m=4, v=1, progress=False)
     steps = range(1, TINY.steps)  # compare_bubble's default: every step after the first
     measured = [sum(measured_timeline(results, st).busy()[r] for st in steps) / len(steps) for r in range(2)]
     by_hand = [sum(s.end - s.start for st in steps for s in results[r]["logs"][st].slots) / len(steps) for r in range(2)]

@@ -3,7 +3,7 @@ activations per stage, and an explorer widget wiring p, m, v and the schedule to
 
 Figures are pure (a ``Timeline`` or plain numbers in, a plotly figure out); the widget only wires
 controls to them. Timelines from ``playbook.theory.schedules.simulate`` are in cost units (F = 1
-by default); measured ones from ``playbook.parallel.pp.measured_timeline`` in seconds, drawn in ms.
+by default); measured ones from ``playbook.measure.pipeline.measured_timeline`` in seconds, drawn in ms.
 """
 
 from __future__ import annotations

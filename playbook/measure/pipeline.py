@@ -1,0 +1,119 @@
+"""Measure: what a pipeline run did, beside what the schedule predicts.
+
+From the per-step logs of ``playbook.parallel.pp.on_rank`` (``StepLog``: compute slots, message
+times, held-activation bytes): the measured timeline and its bubble (both definitions of
+``playbook.theory.schedules.DEFINITIONS``), the per-stage costs that make the simulator's
+prediction, and the peak of held activations next to ``playbook.theory.pipeline``'s count. And
+``piece_costs``: each piece of the GPT timed alone, to balance stages (Narayanan et al. 2021 §2.2
+assume equal stages; a real model's embedding and head are not).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from playbook.model import GPT, lm_loss
+from playbook.parallel.pp_executor import Chunk
+from playbook.theory.pipeline import chunk_activation_bytes
+from playbook.theory.schedules import DEFINITIONS, Costs, Schedule, Slot, Timeline, held_bytes, simulate
+
+
+def measured_timeline(results: list[dict], step: int = -1) -> Timeline:
+    """The real run's step ``step`` as a Timeline (times in seconds from its first compute)."""
+    slots = [s for r in results for s in r["logs"][step].slots]
+    t0 = min(s.start for s in slots)
+    slots = [Slot(s.rank, s.kind, s.mb, s.chunk, s.start - t0, s.end - t0) for s in slots]
+    return Timeline(len(results), slots)
+
+
+def measured_costs(results: list[dict], schedule: Schedule, steps=None) -> Costs:
+    """Per-virtual-stage mean F, B, W seconds over the given steps (default: all but the first,
+    which pays one-off costs), for the simulator; with means, the simulated busy time of every rank
+    equals the measured one, so the bubbles differ only by waiting. Unsplit schedules put the whole
+    backward in b. Messages: the mean time to issue a send, and the mean time a receive takes
+    once both sides are there (from the later of send and receive to the receive returning)."""
+    steps = steps if steps is not None else range(1, len(results[0]["logs"])) or [0]
+    per = {k: [[] for _ in range(schedule.n_stages)] for k in "FBW"}
+    for r in results:
+        for st in steps:
+            for s in r["logs"][st].slots:
+                per[s.kind][schedule.stage(s.rank, s.chunk)].append(s.end - s.start)
+
+    def mean(xs):
+        return [statistics.fmean(x) if x else 0.0 for x in xs]
+
+    issue, latency = [], []
+    for st in steps:
+        sent = {tag: (t0, t1) for r in results for tag, t0, t1 in r["logs"][st].sends}
+        issue += [t1 - t0 for t0, t1 in sent.values()]
+        latency += [done - max(posted, sent[tag][0]) for r in results for tag, posted, done in r["logs"][st].recvs
+                    if tag in sent]  # fmt: skip
+    return Costs(f=mean(per["F"]), b=mean(per["B"]), w=mean(per["W"]), send=statistics.fmean(issue) if issue else 0.0,
+                 comm=statistics.fmean(latency) if latency else 0.0)  # fmt: skip
+
+
+def compare_bubble(results: list[dict], schedule: Schedule, steps=None) -> dict:
+    """Measured bubble of each step after the first (both definitions) next to the simulator's
+    prediction from this run's own measured per-action costs."""
+    steps = list(steps if steps is not None else range(1, len(results[0]["logs"])) or [0])
+    costs = measured_costs(results, schedule, steps)
+    predicted = simulate(schedule, costs)
+    runs = [measured_timeline(results, st) for st in steps]
+    measured = {k: sum(t.bubble()[k] for t in runs) / len(runs) for k in DEFINITIONS}
+    return {"name": schedule.name, "p": schedule.p, "m": schedule.m, "v": schedule.v,
+            "bubble_predicted": predicted.bubble(), "bubble_measured": measured,
+            "makespan_predicted_s": predicted.makespan, "makespan_measured_s": sum(t.makespan for t in runs) / len(runs),
+            "definition": DEFINITIONS,
+            "costs_s": {"f": costs.f, "b": costs.b, "w": costs.w, "send": costs.send, "comm": costs.comm}}  # fmt: skip
+
+
+def activation_report(results: list[dict], schedule: Schedule, setup) -> dict:
+    """Peak held activation bytes per rank: measured (saved-tensor hooks) vs predicted (the
+    schedule's order × the exact per-chunk count), and the peak micro-batch counts."""
+    cfg, b = setup.config(), setup.global_batch // schedule.m
+    per_chunk = [[chunk_activation_bytes(cfg, *rg, b, setup.seq_len) for rg in r["ranges"]] for r in results]
+    tl = simulate(schedule)
+    return {"predicted_bytes": held_bytes(schedule, per_chunk), "measured_bytes": [r["logs"][0].peak_bytes for r in results],
+            "chunk_bytes_predicted": per_chunk, "chunk_bytes_measured": [r["logs"][0].chunk_bytes for r in results],
+            "peak_in_flight": tl.peak_in_flight, "peak_held": tl.peak_held}  # fmt: skip
+
+
+def piece_costs(setup, micro_batch: int, repeats: int = 5) -> dict[str, list[float]]:
+    """Measure each piece (embedding, every block, head + loss) alone in this process: median
+    forward and backward seconds for one micro-batch (the fastest of ``repeats`` after a warm-up, on
+    one thread like a rank: the least disturbed by other work on the machine), and the exact
+    activation bytes it saves. Feed ``f + b`` (time) or ``bytes`` (memory) to ``balanced_partition``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _piece_costs(setup, micro_batch, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _piece_costs(setup, micro_batch: int, repeats: int) -> dict[str, list[float]]:
+    cfg = setup.config()
+    model = GPT(cfg, seed=setup.seed)
+    tokens, targets = setup.task().batch(0, micro_batch, setup.seq_len)  # [micro_batch, s]
+    out = {"f": [], "b": [], "bytes": []}
+    for i in range(cfg.n_layers + 2):
+        chunk = Chunk(model, i, i + 1)
+        fs, bs = [], []
+        for _ in range(repeats + 1):
+            x = tokens if i == 0 else torch.randn(micro_batch, setup.seq_len, cfg.hidden, requires_grad=True)
+            t0 = time.perf_counter()
+            y = chunk(x)  # [b, s, hidden] or [b, s, vocab]
+            y = lm_loss(y, targets) if chunk.last else y
+            t1 = time.perf_counter()
+            y.backward(None if chunk.last else torch.ones_like(y))
+            t2 = time.perf_counter()
+            fs.append(t1 - t0)
+            bs.append(t2 - t1)
+        out["f"].append(min(fs[1:]))
+        out["b"].append(min(bs[1:]))
+        out["bytes"].append(chunk_activation_bytes(cfg, i, i + 1, micro_batch, setup.seq_len))
+    model.zero_grad(set_to_none=True)
+    return out

@@ -1,0 +1,63 @@
+"""Predict: what each pipeline rank holds, from the layout alone (no run needed).
+
+Our GPT in pieces: piece 0 is the embedding, pieces 1..L the blocks, piece L+1 the final norm,
+head and loss. A virtual stage is a contiguous range of pieces; rank r holds the ranges of its
+stages ``schedule.stage(r, c)`` (``playbook.theory.schedules``). From the ranges follow, exactly:
+the activation bytes autograd saves for one micro-batch of a chunk (``chunk_activation_bytes``,
+built on ``playbook.theory.activations``), and a rank's memory by category in fp32 with AdamW
+(``predicted_memory``: parameters, gradients, optimizer state, and the schedule's peak of held
+activations, ``held_bytes``). ``playbook.measure.held`` measures the same bytes on real ranks.
+"""
+
+from __future__ import annotations
+
+from playbook.theory.activations import INDEX_BYTES, block_activation_bytes
+from playbook.theory.schedules import Schedule, equal_partition, held_bytes
+
+
+def stage_ranges(cfg, n_stages: int, partition=None) -> list[tuple[int, int]]:
+    """Pieces per virtual stage: ``partition`` if given (e.g. ``balanced_partition`` of measured
+    costs), else equal block counts with the embedding on the first stage and the head on the last."""
+    if n_stages > cfg.n_layers + 2:
+        raise ValueError(f"{n_stages} stages but {cfg.n_layers} layers plus embedding and head; use stages <= {cfg.n_layers + 2}")
+    ranges = list(partition) if partition is not None else equal_partition(cfg.n_layers, n_stages)
+    if len(ranges) != n_stages or ranges[0][0] != 0 or ranges[-1][1] != cfg.n_layers + 2:
+        raise ValueError(f"partition must be {n_stages} contiguous ranges covering pieces 0..{cfg.n_layers + 1}; got {ranges}")
+    return ranges
+
+
+def chunk_activation_bytes(cfg, start: int, end: int, micro_batch: int, seq_len: int, dtype_bytes: int = 4) -> int:
+    """Predicted bytes autograd saves for one micro-batch on pieces [start, end)
+    (``playbook.theory.activations``: tokens, blocks, final norm, log-probabilities, targets)."""
+    b, s, h, V, B = micro_batch, seq_len, cfg.hidden, cfg.vocab_size, dtype_bytes
+    L = cfg.n_layers
+    n_blocks = max(0, min(end, L + 1) - max(start, 1))
+    total = n_blocks * block_activation_bytes(cfg, seq_len=s, micro_batch=b, dtype_bytes=B)
+    if start == 0:
+        total += b * s * INDEX_BYTES  # token ids, saved by the embedding
+    if end == L + 2:
+        total += (3 * b * s * h + b * s) * B + b * s * V * B + b * s * INDEX_BYTES + B  # norm, log-probs, targets, total_weight
+    return total
+
+
+def predicted_memory(setup, schedule: Schedule, rank: int = 0, partition=None) -> dict[str, int]:
+    """Bytes on ``rank`` for a ``TrainSetup`` in fp32 with AdamW: its chunks' parameters, as many
+    gradient bytes, two moments plus a 4-byte step counter per tensor; activations: the schedule's
+    peak (``held_bytes``)."""
+    cfg, L = setup.config(), setup.config().n_layers
+    ranges = stage_ranges(cfg, schedule.n_stages, partition)
+    mine = [ranges[schedule.stage(rank, c)] for c in range(schedule.v)]
+    n_params = n_tensors = 0
+    for start, end in mine:
+        blocks = max(0, min(end, L + 1) - max(start, 1))
+        n_params += blocks * cfg.layer_params()
+        n_tensors += 9 * blocks
+        if start == 0:
+            n_params, n_tensors = n_params + cfg.vocab_size * cfg.hidden, n_tensors + 1
+        if end == L + 2:
+            n_params, n_tensors = n_params + cfg.hidden + cfg.vocab_size * cfg.hidden, n_tensors + 2
+    b = setup.global_batch // schedule.m
+    per_chunk = [[chunk_activation_bytes(cfg, *ranges[schedule.stage(r, c)], b, setup.seq_len) for c in range(schedule.v)]
+                 for r in range(schedule.p)]  # fmt: skip
+    return {"params": 4 * n_params, "grads": 4 * n_params, "optimizer": 8 * n_params + 4 * n_tensors,
+            "activations": held_bytes(schedule, per_chunk)[rank]}  # fmt: skip
