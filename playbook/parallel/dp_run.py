@@ -46,6 +46,20 @@ class DPResult(TrainResult):
     first_buckets: list[list[str]] = field(default_factory=list)  # step 0's (DDP starts with one)
 
 
+class _Traced:
+    """AdamW as the loop calls it, its step marked ``optimizer`` on the timeline."""
+
+    def __init__(self, optimizer, tracer):
+        self.optimizer, self.tracer = optimizer, tracer
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        with self.tracer.span("optimizer"):
+            self.optimizer.step()
+
+
 def train_dp(setup: TrainSetup, *, variant: str, group, device="cpu", cap_bytes: int = 2**20,
              accumulate: int = 1, tracer: Tracer | None = None, progress=None) -> DPResult:  # fmt: skip
     """``setup.steps`` AdamW steps of data parallelism over ``group`` on ``training.train``: same
@@ -119,20 +133,6 @@ def train_dp(setup: TrainSetup, *, variant: str, group, device="cpu", cap_bytes:
         by_step = lambda s: [names for st, _, names in sorted(hook.buckets, key=lambda x: x[1]) if st == s]  # noqa: E731
         out.first_buckets, out.buckets = by_step(0), by_step(setup.steps - 1)
     return out
-
-
-class _Traced:
-    """AdamW as the loop calls it, its step marked ``optimizer`` on the timeline."""
-
-    def __init__(self, optimizer, tracer):
-        self.optimizer, self.tracer = optimizer, tracer
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        with self.tracer.span("optimizer"):
-            self.optimizer.step()
 
 
 def on_rank(ctx, setup: TrainSetup, *, variant: str = "bucketed", bucket_mb: float = DEFAULT_BUCKET_MB,

@@ -55,7 +55,7 @@ class _Stepped:
         self.optimizer, self.tracer, self.held, self.moments = optimizer, tracer, held, moments
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad()  # AdamW sets to None; ZeRO-0/1 zero their flat gradient buffer
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
         with self.tracer.span("step"):

@@ -99,7 +99,8 @@ class FlatUnit:
 
 class Zero:
     """Train ``model`` with ZeRO stage ``stage`` over ``group``: ``loss = zero.loss(tokens, targets)``,
-    ``loss.backward()``, ``zero.sync()``, ``zero.step()``, ``zero.zero_grad()``."""
+    ``loss.backward()``, ``zero.sync()``, ``zero.step()``, ``zero.zero_grad()``: with ``zero_grad`` and
+    ``step`` it is the optimizer of ``training.train``, ``loss`` its forward and ``sync`` its ``sync_grads``."""
 
     def __init__(self, model: GPT, *, stage: int, group, lr: float, prefetch: bool = True, tracer=None):
         check_stage(stage)
@@ -231,7 +232,9 @@ class Zero:
             for u in self.units:
                 dist.all_gather_single(u.flat, u.flat[u.lo : u.hi], group=self.group)
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients, as an optimizer does (the one loop calls ``zero_grad(set_to_none=True)``);
+        stages 0-1 zero their flat gradient buffer instead, which autograd accumulates into."""
         for u in self.units:
             if self.stage <= 1:
                 u.flat_grad.zero_()
