@@ -36,7 +36,7 @@ def main() -> None:
 
     from playbook.cluster import Ranks
     from playbook.parallel import TrainSetup
-    from playbook.parallel.dp import dp_on_rank, scaling_on_rank, scaling_table
+    from playbook.parallel.dp_run import on_rank, scaling_on_rank, scaling_table
 
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
     n = args.world_size
@@ -44,12 +44,13 @@ def main() -> None:
     with Ranks(n, backend="gloo", timeout=600) as ranks:
         for _ in range(args.repeats):
             for variant in step:
-                r = ranks.run(dp_on_rank, setup, variant, args.bucket_mb, progress=False)[0]
+                r = ranks.run(on_rank, setup, variant=variant, bucket_mb=args.bucket_mb, progress=False)[0]
                 step[variant].append(statistics.median(r.step_seconds[1:]))
         sizes = tuple(k for k in (1, 2, 4, 8) if k <= n)
-        strong = scaling_table(ranks.run(scaling_on_rank, setup, sizes, progress=False)[0], setup.seq_len)
+        strong = scaling_table(ranks.run(scaling_on_rank, setup, sizes=sizes, progress=False)[0], setup.seq_len)
         per_rank = replace(setup, global_batch=max(1, setup.global_batch // n))
-        weak = scaling_table(ranks.run(scaling_on_rank, per_rank, sizes, True, progress=False)[0], setup.seq_len, weak=True)
+        weak = scaling_table(ranks.run(scaling_on_rank, per_rank, sizes=sizes, weak=True, progress=False)[0], setup.seq_len,
+                             weak=True)
 
     med = {v: statistics.median(t) for v, t in step.items()}
     ratios = {

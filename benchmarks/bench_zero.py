@@ -52,22 +52,22 @@ def bench_rank(ctx, setup: TrainSetup, which: str, steps: int):
     import torch
     import torch.distributed as dist
 
+    from playbook.measure.sharding import held_bytes
     from playbook.model import GPT
-    from playbook.parallel.fsdp2 import held_bytes, shard_model
+    from playbook.parallel.fsdp2 import shard_model
     from playbook.parallel.zero import Zero
 
     torch.manual_seed(0)
     model = GPT(setup.config(), seed=setup.seed).to(ctx.device)
+    group = ctx.mesh.group("dp")
     if which == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-
-        model = shard_model(model, init_device_mesh(ctx.device.type, (ctx.world_size,)))
+        model = shard_model(model, ctx.mesh.device_mesh(ctx.device.type)["dp"])
         optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr)
         zero_grad = lambda: optimizer.zero_grad(set_to_none=True)  # noqa: E731
         forward = lambda x, y: model(x, y)[1]  # noqa: E731
         finish, held = optimizer.step, lambda: held_bytes(model, optimizer)
     else:
-        zero = Zero(model, stage=3, group=ctx.group, lr=setup.lr, prefetch=which == "zero3")
+        zero = Zero(model, stage=3, group=group, lr=setup.lr, prefetch=which == "zero3")
         zero_grad, forward, held = zero.zero_grad, zero.loss, zero.held
 
         def finish():
@@ -85,7 +85,7 @@ def bench_rank(ctx, setup: TrainSetup, which: str, steps: int):
 
     for i in range(steps + 1):
         zero_grad()
-        dist.barrier(group=ctx.group)
+        dist.barrier(group=group)
         t0 = time.perf_counter()
         step(i)
         times.append(time.perf_counter() - t0)

@@ -8,8 +8,10 @@ import torch
 
 from playbook.cli import main
 from playbook.parallel import TrainSetup, compare, train
-from playbook.parallel.dp import (DPResult, dp_on_rank, measured_comm, micro_batch, parity, predicted_comm, rel_l2_diff,
-                                  run_dp, scaling_on_rank, scaling_table)  # fmt: skip
+from playbook.measure.collectives import measured_comm
+from playbook.parallel.dp import micro_batch
+from playbook.parallel.dp_run import DPResult, on_rank, parity, rel_l2_diff, run_dp, scaling_on_rank, scaling_table
+from playbook.theory.dp import predicted_comm
 from playbook.theory.buckets import bucket_cap_bytes, bucket_plan, parameter_shapes
 from playbook.viz.dp import bucket_plan_figure, compare_timelines, dp_dashboard, gantt, scaling_figure
 
@@ -32,7 +34,7 @@ def runs():
 def run(ranks, runs, variant, accumulate=1):
     key = (ranks.world_size, variant, accumulate)
     if key not in runs:
-        runs[key] = ranks.run(dp_on_rank, SETUP, variant, CAP_MB, accumulate, progress=False)
+        runs[key] = ranks.run(on_rank, SETUP, variant=variant, bucket_mb=CAP_MB, accumulate=accumulate, progress=False)
     return runs[key]
 
 
@@ -59,7 +61,7 @@ def train_missing_a_bucket(ctx, setup, skipped):
     def average_but_skipped(model):
         for name, p in model.named_parameters():
             if name not in skipped:
-                dist.all_reduce(p.grad, group=ctx.group)
+                dist.all_reduce(p.grad, group=ctx.mesh.group("dp"))
                 p.grad.div_(ctx.world_size)
 
     return train(setup, rank=ctx.rank, world_size=ctx.world_size, sync_grads=average_but_skipped)
@@ -84,7 +86,7 @@ def test_measured_bytes_and_calls_equal_the_prediction(request, runs, n, variant
     buffer = 4 * PSI + 4  # every fp32 gradient and the loss
     calls = 21 if variant == "naive" else len(PLAN)  # gpt-tiny has 21 parameter tensors
     by_hand = {"all_reduce": 2 * buffer * (n - 1) / n, "all_reduce buffer": buffer, "all_reduce calls": calls + 1}
-    assert predicted_comm(SETUP, n, variant, bucket_cap_bytes(CAP_MB)) == pytest.approx(by_hand, rel=1e-12)
+    assert predicted_comm(SETUP, world_size=n, variant=variant, cap_bytes=bucket_cap_bytes(CAP_MB)) == pytest.approx(by_hand, rel=1e-12)
     for r in results:
         assert measured_comm(r, SETUP.steps) == pytest.approx(by_hand, rel=1e-12)
 
@@ -130,8 +132,8 @@ def test_our_bucketed_matches_ddp(ranks2, runs):
 
 
 def test_scaling_rows_on_subgroups(ranks4):
-    strong = ranks4.run(scaling_on_rank, TrainSetup(steps=2, global_batch=8, seq_len=16), (1, 2, 4), progress=False)
-    weak = ranks4.run(scaling_on_rank, TrainSetup(steps=2, global_batch=2, seq_len=16), (1, 4), True, progress=False)
+    strong = ranks4.run(scaling_on_rank, TrainSetup(steps=2, global_batch=8, seq_len=16), sizes=(1, 2, 4), progress=False)
+    weak = ranks4.run(scaling_on_rank, TrainSetup(steps=2, global_batch=2, seq_len=16), sizes=(1, 4), weak=True, progress=False)
     assert strong[1:] == [[], [], []] and [r["per_rank_batch"] for r in strong[0]] == [8, 4, 2]
     assert [r["global_batch"] for r in weak[0]] == [2, 8]
     assert all(r["step_s"] > 0 and 0 < r["compute_s"] <= r["step_s"] for r in strong[0] + weak[0])

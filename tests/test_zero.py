@@ -8,11 +8,12 @@ import pytest
 from playbook.cli import main
 from playbook.cluster import Ranks
 from playbook.config import ModelConfig
-from playbook.parallel.fsdp2 import fsdp2_comm_per_step, train_fsdp2
+from playbook.parallel import fsdp2, zero_run
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup, train
 from playbook.measure.trace import op_family as op_name
-from playbook.parallel.zero import MOMENTS, predicted_memory, train_zero
+from playbook.parallel.sharded import MOMENTS
+from playbook.theory.sharded import fsdp2_comm_per_step, predicted_memory
 from playbook.theory.memory import training_memory
 from playbook.theory.zero import (check_stage, fsdp2_state_bytes, padded, padding_elements, zero3_gathered_peak,
                                   zero_collectives_per_step, zero_comm_per_step, zero_memory_by_moment,
@@ -128,7 +129,7 @@ def _check_parity(result, reference):
 def _check_zero_run(results, stage, n, reference, setup=SETUP, prefetch=True):
     cfg = setup.config()
     want = zero_memory_by_moment(cfg, stage=stage, world_size=n)
-    predicted = predicted_memory(setup, stage, n, prefetch)
+    predicted = predicted_memory(setup, stage=stage, world_size=n, prefetch=prefetch)
     for r in results:  # every rank holds the same bytes
         _check_parity(r, reference)
         for moment in MOMENTS:
@@ -144,16 +145,16 @@ def _check_zero_run(results, stage, n, reference, setup=SETUP, prefetch=True):
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_on_two_ranks(ranks2, reference, stage):
-    _check_zero_run(ranks2.run(train_zero, SETUP, stage, True, progress=False), stage, 2, reference)
+    _check_zero_run(ranks2.run(zero_run.on_rank, SETUP, stage=stage, progress=False), stage, 2, reference)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_on_four_ranks(ranks4, reference, stage):
-    _check_zero_run(ranks4.run(train_zero, SETUP, stage, True, progress=False), stage, 4, reference)
+    _check_zero_run(ranks4.run(zero_run.on_rank, SETUP, stage=stage, progress=False), stage, 4, reference)
 
 
 def test_zero3_without_prefetch(ranks4, reference):
-    results = ranks4.run(train_zero, SETUP, 3, False, progress=False)
+    results = ranks4.run(zero_run.on_rank, SETUP, stage=3, prefetch=False, progress=False)
     _check_zero_run(results, 3, 4, reference, prefetch=False)
 
 
@@ -168,8 +169,8 @@ def _overlaps(spans):
 def test_prefetch_issues_the_next_gather_before_the_compute(ranks2):
     # ordering, not speed: with prefetch each unit's gather (but the first in each pass) is issued
     # before the previous unit computes and waited on after it; without, none is in flight then.
-    with_prefetch = ranks2.run(train_zero, SETUP, 3, True, progress=False)[0].spans
-    without = ranks2.run(train_zero, SETUP, 3, False, progress=False)[0].spans
+    with_prefetch = ranks2.run(zero_run.on_rank, SETUP, stage=3, prefetch=True, progress=False)[0].spans
+    without = ranks2.run(zero_run.on_rank, SETUP, stage=3, prefetch=False, progress=False)[0].spans
     assert len(_overlaps(with_prefetch)) >= 2 * (len(zero_units(TINY)) - 1)
     assert _overlaps(without) == []
 
@@ -178,20 +179,20 @@ def test_padding_on_three_ranks(rank_sets):
     setup = TrainSetup(model="gpt-tiny", steps=3, global_batch=6, seq_len=32)
     three = rank_sets.setdefault(3, Ranks(3, backend="gloo", timeout=60)).start()
     for stage in (2, 3):
-        _check_zero_run(three.run(train_zero, setup, stage, True, progress=False), stage, 3, train(setup), setup=setup)
+        _check_zero_run(three.run(zero_run.on_rank, setup, stage=stage, progress=False), stage, 3, train(setup), setup=setup)
 
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_fsdp2_matches_reference_and_prediction(rank_sets, reference, n):
     ranks = rank_sets.setdefault(n, Ranks(n, backend="gloo", timeout=60)).start()
-    results = ranks.run(train_fsdp2, SETUP, progress=False)
+    results = ranks.run(fsdp2.on_rank, SETUP, progress=False)
     want = fsdp2_state_bytes(TINY, world_size=n)
     for r in results:
         _check_parity(r, reference)
         assert r.moments["after forward"] == {"params": want.params, "grads": 0, "optimizer": want.optimizer}
         assert r.moments["after backward"] == {"params": want.params, "grads": want.grads, "optimizer": want.optimizer}
         assert r.memory["activations"] == SETUP.predicted_memory(n).activations
-        assert r.comm == pytest.approx(fsdp2_comm_per_step(SETUP, n), rel=1e-12)
+        assert r.comm == pytest.approx(fsdp2_comm_per_step(SETUP, world_size=n), rel=1e-12)
         # calls per step, counted as for our ZeRO-3 (whose units split the root in two: 4, not 3):
         # L + 1 groups (2 blocks, the root), each gathered before its forward and its backward and
         # reduce-scattered once, plus the loss. One group for the whole model (blocks not wrapped)

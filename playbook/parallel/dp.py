@@ -23,34 +23,27 @@ The native counterpart is ``torch.nn.parallel.DistributedDataParallel``: its C++
 3. Its all-reduces are issued from C++, invisible to our tracer, so we give it a communication
 hook that issues the same all-reduce through ``torch.distributed`` (and notes each bucket's
 parameters): its bytes and buckets are then measured like ours.
+
+This module holds the three ways of synchronising gradients; ``dp_run`` trains with them on the
+one training loop (``playbook run dp``) and measures the runs.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from playbook.cluster import default_backend, launch
 from playbook.config import divisors, require_positive
-from playbook.measure.memory import SavedActivations, gradient_bytes, optimizer_bytes, parameter_bytes
-from playbook.measure.trace import Tracer, bytes_by_op, counts_by_op, recording
-from playbook.model import GPT
-from playbook.parallel.registry import register
-from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
-from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.buckets import bucket_cap_bytes, bucket_plan, parameter_shapes
-from playbook.theory.comm import sent_bytes
-from playbook.theory.memory import training_memory
+from playbook.measure.trace import Tracer, recording
+from playbook.parallel.training import TrainSetup
+from playbook.theory.buckets import bucket_plan
 
 VARIANTS = ("naive", "bucketed", "ddp")
-DEFAULT_BUCKET_MB = 0.1  # MiB: four buckets for gpt-tiny (DDP's default, 25 MiB, would make one)
 
 
 def micro_batch(setup: TrainSetup, world_size: int, accumulate: int = 1) -> int:
@@ -176,195 +169,3 @@ def accumulating(model, reducer: BucketedAllReduce | None, skip_sync: bool):
         reducer.sync = not skip_sync
     with model.no_sync() if skip_sync and isinstance(model, DDP) else nullcontext():
         yield
-
-
-# ---- one training loop for all three, checked against training.train -------------------------
-@dataclass
-class DPResult(TrainResult):
-    """A rank's run: TrainResult plus step times, the run's tracer spans, each step's
-    (start, end) window (perf_counter seconds) and the buckets all-reduced in the last step."""
-
-    step_seconds: list[float] = field(default_factory=list)
-    windows: list[tuple[float, float]] = field(default_factory=list)
-    spans: list[dict] = field(default_factory=list, repr=False)
-    buckets: list[list[str]] = field(default_factory=list)
-    first_buckets: list[list[str]] = field(default_factory=list)  # step 0's (DDP starts with one)
-
-
-def train_dp(setup: TrainSetup, *, variant: str, group, device="cpu", cap_bytes: int = 2**20,
-             accumulate: int = 1, tracer: Tracer | None = None, progress=None) -> DPResult:  # fmt: skip
-    """``setup.steps`` AdamW steps of data parallelism over ``group``, as :func:`training.train`
-    does in one process: same model, data, optimizer; this rank's rows split into ``accumulate``
-    micro-batches; the loss reported is the global batch's."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
-    micro = micro_batch(setup, n, accumulate)
-    tracer = tracer or Tracer(rank)
-    net = GPT(setup.config(), seed=setup.seed).to(device)
-    model, reducer, hook = net, None, None
-    if variant == "bucketed":
-        reducer = BucketedAllReduce(net, cap_bytes, group, tracer)
-    elif variant == "ddp":
-        model, hook = wrap_ddp(net, cap_bytes, group, tracer)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=setup.lr)
-    task, first_span = setup.task(), len(tracer.spans)
-    out = DPResult([], {}, {})
-    for step in range(setup.steps):
-        start = time.perf_counter()
-        if hook is not None:
-            hook.step = step
-        tokens, targets = task.batch(step, setup.global_batch, setup.seq_len, rank, n, device=device)  # [G/n, seq]
-        optimizer.zero_grad(set_to_none=True)
-        loss = torch.zeros((), device=device)
-        for k in range(accumulate):
-            rows = slice(k * micro, (k + 1) * micro)
-            with accumulating(model, reducer, skip_sync=k < accumulate - 1):
-                saved = SavedActivations(net) if step == 0 and k == 0 else nullcontext()
-                with tracer.span("forward"), saved:
-                    _, micro_loss = model(tokens[rows], targets[rows])  # mean over [micro, seq]
-                with tracer.span("backward"):
-                    (micro_loss / accumulate).backward()
-            loss += micro_loss.detach() / accumulate
-            if step == 0 and k == 0:
-                out.memory = {"params": parameter_bytes(net), "activations": saved.bytes}
-        if variant == "naive":
-            allreduce_each(net, group)
-        elif variant == "bucketed":
-            with tracer.span("wait"):
-                reducer.wait()
-        if step == 0:
-            out.grads = {name: p.grad.detach().cpu().clone() for name, p in net.named_parameters()}
-            out.memory["grads"] = gradient_bytes(net)
-        with tracer.span("optimizer"):
-            optimizer.step()
-        if step == 0:
-            out.memory["optimizer"] = optimizer_bytes(optimizer)
-            out.memory["comm_buffers"] = sum(b.numel() * b.element_size() for b in reducer.buffers) if reducer else None
-        dist.all_reduce(loss, group=group)  # the global batch's loss, for the report
-        out.losses.append(float(loss / n))
-        out.windows.append((start, time.perf_counter()))
-        out.step_seconds.append(out.windows[-1][1] - start)
-        if progress is not None:
-            progress(step + 1, setup.steps)
-    out.params = {name: p.detach().cpu().clone() for name, p in net.named_parameters()}
-    out.spans = [s.as_dict() for s in tracer.spans[first_span:]]
-    if reducer is not None:
-        reducer.remove()
-        out.buckets = out.first_buckets = [list(b.names) for b in reducer.plan]
-    if hook is not None:
-        by_step = lambda s: [names for st, _, names in sorted(hook.buckets, key=lambda x: x[1]) if st == s]  # noqa: E731
-        out.first_buckets, out.buckets = by_step(0), by_step(setup.steps - 1)
-    return out
-
-
-def dp_on_rank(ctx, setup: TrainSetup, variant: str = "bucketed", bucket_mb: float = DEFAULT_BUCKET_MB,
-               accumulate: int = 1) -> DPResult:  # fmt: skip
-    """The rank function: ``ranks(n).run(dp_on_rank, setup, "bucketed")``."""
-    return train_dp(setup, variant=variant, group=ctx.group, device=ctx.device, cap_bytes=bucket_cap_bytes(bucket_mb),
-                    accumulate=accumulate, tracer=ctx.tracer, progress=ctx.progress)  # fmt: skip
-
-
-# ---- predicted vs measured communication ------------------------------------------------------
-def predicted_comm(setup: TrainSetup, world_size: int, variant: str, cap_bytes: int) -> dict[str, float]:
-    """Per step on each rank: bytes sent by all-reduce (every fp32 gradient, 4Ψ, plus the 4-byte
-    loss) under the ring formula, and the number of all-reduce calls (tensors or buckets, + 1)."""
-    cfg = setup.config()
-    buffer = 4 * cfg.num_params() + 4
-    calls = cfg.num_param_tensors() if variant == "naive" else len(bucket_plan(parameter_shapes(cfg), cap_bytes))
-    return {"all_reduce": sent_bytes("all_reduce", buffer, world_size), "all_reduce buffer": buffer, "all_reduce calls": calls + 1}
-
-
-def measured_comm(result: DPResult, steps: int) -> dict[str, float]:
-    """The same three numbers from a rank's tracer spans (calls: in the last step)."""
-    first, last = result.windows[-1]
-    in_last_step = [s for s in result.spans if first <= s["start"] <= last]
-    return {
-        "all_reduce": bytes_by_op(result.spans, per=steps).get("all_reduce", 0.0),
-        "all_reduce buffer": bytes_by_op(result.spans, "bytes", per=steps).get("all_reduce", 0.0),
-        "all_reduce calls": counts_by_op(in_last_step).get("all_reduce", 0),
-    }
-
-
-# ---- parity and scaling -----------------------------------------------------------------------
-parity = compare  # loss, gradients, parameters (worst element and relative L2): see report.compare
-
-
-def _median_after_first(values: list[float]) -> float:
-    return statistics.median(values[1:] or values)  # step 0 warms up (allocations, DDP's first bucket pass)
-
-
-def scaling_on_rank(ctx, setup: TrainSetup, sizes=(1, 2, 4), weak: bool = False, variant: str = "bucketed",
-                    bucket_mb: float = DEFAULT_BUCKET_MB) -> list[dict]:  # fmt: skip
-    """Train on the first n ranks of this world for each n in ``sizes`` (a subgroup each; the other
-    ranks wait at a barrier). Strong scaling: ``setup.global_batch`` fixed. Weak (``weak=True``):
-    ``setup.global_batch`` rows *per rank*. Rank 0 returns one row per n; the others []."""
-    if max(sizes) > ctx.world_size:
-        raise ValueError(f"sizes {sizes} exceed the {ctx.world_size} ranks running; use ranks({max(sizes)})")
-    rows = []
-    for n in sizes:
-        group = dist.new_group(list(range(n)))  # every rank takes part in creating every group
-        if ctx.rank < n:
-            run = replace(setup, global_batch=setup.global_batch * n) if weak else setup
-            r = train_dp(run, variant=variant, group=group, device=ctx.device, cap_bytes=bucket_cap_bytes(bucket_mb), tracer=ctx.tracer)
-            compute = [sum(s["end"] - s["start"] for s in r.spans if s["name"] in ("forward", "backward") and a <= s["start"] <= b)
-                       for a, b in r.windows]  # fmt: skip
-            rows.append({"ranks": n, "global_batch": run.global_batch, "per_rank_batch": run.global_batch // n,
-                         "step_s": _median_after_first(r.step_seconds), "compute_s": _median_after_first(compute)})  # fmt: skip
-        dist.barrier(group=ctx.group)
-    return rows if ctx.rank == 0 else []
-
-
-def scaling_table(rows: list[dict], seq_len: int, weak: bool = False) -> list[dict]:
-    """Add throughput (tokens/s of the global batch) and efficiency against the first row.
-    Strong: speedup = T₁/Tₙ, efficiency = speedup/n. Weak: efficiency = T₁/Tₙ (same work per rank)."""
-    base = rows[0]
-    out = []
-    for r in rows:
-        speedup = base["step_s"] / r["step_s"]
-        scale = r["ranks"] / base["ranks"]
-        out.append({**r, "tokens_per_s": r["global_batch"] * seq_len / r["step_s"],
-                    "speedup": speedup * (scale if weak else 1), "efficiency": speedup if weak else speedup / scale,
-                    "compute_vs_base": r["compute_s"] / base["compute_s"]})  # fmt: skip
-    return out
-
-
-# ---- `playbook run dp` -------------------------------------------------------------------------
-def with_ddp_on_rank(ctx, setup, variant, bucket_mb, accumulate):
-    """Our variant, then DDP on the same ranks and data (once, if the variant is DDP)."""
-    ours = dp_on_rank(ctx, setup, variant, bucket_mb, accumulate)
-    return ours, (ours if variant == "ddp" else dp_on_rank(ctx, setup, "ddp", bucket_mb, accumulate))
-
-
-def add_dp_arguments(parser) -> None:
-    parser.add_argument("--variant", choices=VARIANTS, default="bucketed")
-    parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="bucket cap in MiB, as DDP's bucket_cap_mb")
-    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step, reduced once (no_sync)")
-
-
-@register("dp", help="data parallel: naive, bucketed with overlap, or DDP; --accumulate K micro-batches", arguments=add_dp_arguments)
-def run_dp(setup: TrainSetup, *, world_size: int, backend: str = "auto", variant: str = "bucketed",
-           bucket_mb: float = DEFAULT_BUCKET_MB, accumulate: int = 1) -> RunReport:  # fmt: skip
-    if variant not in VARIANTS:
-        raise ValueError(f"--variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
-    cap = bucket_cap_bytes(bucket_mb)
-    micro = micro_batch(setup, world_size, accumulate)
-    backend = default_backend(world_size) if backend == "auto" else backend
-    ours, ddp = launch(with_ddp_on_rank, world_size, setup, variant, bucket_mb, accumulate, backend=backend)[0]
-    cfg = setup.config()
-    predicted = training_memory(cfg, seq_len=setup.seq_len, micro_batch=micro, precision="fp32", n_tensors=cfg.num_param_tensors()).as_dict()  # fmt: skip
-    predicted["comm_buffers"] = 4 * cfg.num_params() if variant == "bucketed" else None
-    step = lambda r: _median_after_first(r.step_seconds)  # noqa: E731
-    native = None
-    if variant != "ddp":
-        native = {**parity(ours, ddp, "DistributedDataParallel, same ranks and data"),
-                  "step_seconds": step(ddp), "step_time_ratio": step(ours) / step(ddp)}  # fmt: skip
-    return RunReport(
-        strategy="dp", world_size=world_size, backend=backend,
-        parity=parity(ours, train(setup)), native=native,
-        memory={"predicted": predicted, "measured": ours.memory},
-        comm={"predicted": predicted_comm(setup, world_size, variant, cap), "measured": measured_comm(ours, setup.steps)},
-        setup={**setup.as_dict(), "variant": variant, "bucket_mb": bucket_mb, "accumulate": accumulate,
-               "micro_batch": micro, "step_seconds": step(ours), "buckets": ours.buckets},
-        losses=ours.losses,
-    )  # fmt: skip

@@ -8,19 +8,6 @@ from playbook.measure import trace
 from playbook.parallel.zero import Zero
 
 
-class _Optimizer:
-    """Zero's ``zero_grad`` and ``step`` under the names the loop calls."""
-
-    def __init__(self, zero: Zero):
-        self.zero = zero
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.zero.zero_grad()
-
-    def step(self) -> None:
-        self.zero.step()
-
-
 def zero_hooks(model, mesh, plan, setup, tracer) -> dict:
     zero = Zero(model, stage=plan.zero, group=mesh.group("dp"), lr=setup.lr, prefetch=True, tracer=tracer)
     first: list = []
@@ -41,5 +28,5 @@ def zero_hooks(model, mesh, plan, setup, tracer) -> dict:
             result.params = {k: v.cpu() for k, v in zero.gather([u.opt_param for u in zero.units]).items()}
         return result
 
-    return {"model": model, "optimizer": _Optimizer(zero), "forward_backward": forward_backward, "sync_grads": sync,
+    return {"model": model, "optimizer": zero, "forward_backward": forward_backward, "sync_grads": sync,
             "finish": finish}

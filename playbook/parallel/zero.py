@@ -17,39 +17,25 @@ The model is cut into *units* (the embedding, each block, the head: ``theory.zer
 each one flat fp32 buffer padded with zeros to a multiple of N so that every rank owns an equal
 slice [r·s, (r+1)·s). Stage 0 (plain data parallelism, one all-reduce per unit) uses the same
 buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero``.
+
+``Zero`` is the algorithm (its ``zero_grad`` and ``step`` make it the optimizer of the one training
+loop); ``zero_run`` trains and measures it (``playbook run zero``), ``hybrid_zero`` puts it in a mesh.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from playbook.cluster import default_backend, launch
-from playbook.measure.memory import SavedActivations, optimizer_bytes
-from playbook.measure.trace import Span, bytes_by_op, counts_by_op
+from playbook.measure.memory import optimizer_bytes
+from playbook.measure.sharding import storage_bytes, storages
+from playbook.measure.trace import Span
 from playbook.model import GPT
-from playbook.parallel.registry import register
-from playbook.parallel.report import RunReport, compare
-from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.zero import (check_stage, padding_elements, zero3_gathered_peak, zero_comm_per_step,
-                                  zero_memory_by_moment, zero_state_bytes, zero_units)  # fmt: skip
-
-MOMENTS = ("after forward", "after backward", "after step")
-
-
-def storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views of one buffer count once; None and freed skip)."""
-    seen = {}
-    for t in tensors:
-        if t is not None and t.untyped_storage().nbytes():
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())
+from playbook.theory.zero import check_stage, zero_units
 
 
 class FlatUnit:
@@ -113,7 +99,8 @@ class FlatUnit:
 
 class Zero:
     """Train ``model`` with ZeRO stage ``stage`` over ``group``: ``loss = zero.loss(tokens, targets)``,
-    ``loss.backward()``, ``zero.sync()``, ``zero.step()``, ``zero.zero_grad()``."""
+    ``loss.backward()``, ``zero.sync()``, ``zero.step()``, ``zero.zero_grad()``: with ``zero_grad`` and
+    ``step`` it is the optimizer of ``training.train``, ``loss`` its forward and ``sync`` its ``sync_grads``."""
 
     def __init__(self, model: GPT, *, stage: int, group, lr: float, prefetch: bool = True, tracer=None):
         check_stage(stage)
@@ -245,7 +232,9 @@ class Zero:
             for u in self.units:
                 dist.all_gather_single(u.flat, u.flat[u.lo : u.hi], group=self.group)
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients, as an optimizer does (the one loop calls ``zero_grad(set_to_none=True)``);
+        stages 0-1 zero their flat gradient buffer instead, which autograd accumulates into."""
         for u in self.units:
             if self.stage <= 1:
                 u.flat_grad.zero_()
@@ -268,8 +257,7 @@ class Zero:
 
     def unit_buffers(self) -> set[int]:
         """Storages of the weights themselves (not activations): flat buffers, gathered buffers, RoPE tables."""
-        ts = [u.full if self.stage == 3 else u.flat for u in self.units] + list(self.model.buffers())
-        return {t.untyped_storage().data_ptr() for t in ts if t.untyped_storage().nbytes()}
+        return storages([u.full if self.stage == 3 else u.flat for u in self.units] + list(self.model.buffers()))
 
     def gather(self, slices: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Whole named tensors from one slice per unit (for parity checks; issues all-gathers)."""
@@ -281,135 +269,3 @@ class Zero:
                 dist.all_gather_single(full, s.detach().contiguous(), group=self.group)
             out.update(u.split(full))
         return out
-
-
-class _Activations(SavedActivations):
-    """Saved activations, leaving out the weights' own buffers (which ZeRO-3 re-gathers, not keeps)."""
-
-    def __init__(self, zero: Zero):
-        super().__init__(None)
-        self.zero = zero
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() in self.zero.unit_buffers():
-            return t
-        return super()._pack(t)
-
-
-@dataclass
-class ShardedResult(TrainResult):
-    """A :class:`TrainResult` plus what one sharded rank measured (memory by moment, comm, timeline)."""
-
-    moments: dict = field(default_factory=dict)  # moment -> category -> bytes (last step)
-    comm: dict = field(default_factory=dict)  # op -> bytes sent per step
-    counts: dict = field(default_factory=dict)  # op -> calls per step
-    spans: list = field(default_factory=list)  # tracer spans of the last step (dicts)
-    gathered_log: list = field(default_factory=list)  # ZeRO-3, last step: (time, phase, bytes of whole units)
-    step_seconds: list = field(default_factory=list)
-
-
-def comm_per_step(spans: list, steps: int) -> tuple[dict, dict]:
-    """Bytes sent and calls per step by collective, from tracer spans."""
-    return bytes_by_op(spans, per=steps, family=True), counts_by_op(spans, per=steps, family=True)
-
-
-def train_zero(ctx, setup: TrainSetup, stage: int, prefetch: bool = True) -> ShardedResult:
-    """Rank function: ``setup.steps`` ZeRO steps on this rank's slice of each global batch."""
-    cfg, n, rank = setup.config(), ctx.world_size, ctx.rank
-    model = GPT(cfg, seed=setup.seed).to(ctx.device)
-    zero = Zero(model, stage=stage, group=ctx.group, lr=setup.lr, prefetch=prefetch, tracer=ctx.tracer)
-    task, spans = setup.task(), ctx.tracer.spans
-    losses, moments, first, step_seconds = [], {}, len(spans), []
-    for step in range(setup.steps):
-        tokens, targets = task.batch(step, setup.global_batch, setup.seq_len, rank, n, device=ctx.device)
-        start, t0 = len(spans), time.perf_counter()
-        zero.zero_grad()
-        zero.gathered_log.clear()
-        with _Activations(zero) as saved:
-            with ctx.tracer.span("forward") if stage < 3 else nullcontext():
-                loss = zero.loss(tokens, targets)
-        moments["after forward"] = zero.held()
-        with ctx.tracer.span("backward") if stage < 3 else nullcontext():
-            loss.backward()
-            zero.sync()
-        moments["after backward"] = zero.held()
-        if step == 0:
-            first_grads = [u.opt_param.grad.clone() for u in zero.units]
-        with ctx.tracer.span("step"):
-            zero.step()
-        moments["after step"] = zero.held()
-        reported = loss.detach().clone()
-        dist.all_reduce(reported, group=ctx.group)
-        losses.append(float(reported) / n)
-        step_seconds.append(time.perf_counter() - t0)
-        ctx.progress(step + 1, setup.steps)
-    sent, calls = comm_per_step(spans[first:], setup.steps)
-    last = [s.as_dict() for s in spans[start:]]
-    grads = zero.gather(first_grads)
-    params = zero.gather([u.opt_param for u in zero.units])
-    memory = {**moments["after step"], "grads": moments["after backward"]["grads"], "activations": saved.bytes,
-              "peak_gathered": dict(zero.peak_gathered)}  # fmt: skip
-    return ShardedResult(losses, grads, params, memory, moments=moments, comm=sent, counts=calls, spans=last,
-                         gathered_log=list(zero.gathered_log), step_seconds=step_seconds)
-
-
-# ---- the command line: playbook run zero --------------------------------------------------------
-@dataclass
-class ShardedReport(RunReport):
-    """A :class:`RunReport` with notes (padding, transient buffers) printed under the summary."""
-
-    notes: list = field(default_factory=list)
-
-    def summary(self) -> str:
-        return "\n".join([super().summary(), *(f"  note: {x}" for x in self.notes)])
-
-
-def predicted_memory(setup: TrainSetup, stage: int, world_size: int, prefetch: bool = True) -> dict:
-    """Rank 0's predicted bytes: model state (exact, padded), activations, and ZeRO-3's gathered peaks."""
-    cfg = setup.config()
-    state = zero_state_bytes(cfg, stage=stage, world_size=world_size).as_dict()
-    state.pop("total")
-    out = {**state, "activations": setup.predicted_memory(world_size).activations}
-    if stage == 3:
-        out["peak_gathered"] = zero3_gathered_peak(cfg, world_size=world_size, prefetch=prefetch)
-    return out
-
-
-def padding_note(setup: TrainSetup, world_size: int) -> list[str]:
-    pads = {k: v for k, v in padding_elements(setup.config(), world_size).items() if v}
-    if not pads:
-        return []
-    listed = ", ".join(f"{k} +{v}" for k, v in pads.items())
-    return [f"{world_size} ranks do not divide every unit evenly: padded with zeros ({listed} elements, "
-            f"{4 * sum(pads.values())} bytes in all); the predictions include the padding"]  # fmt: skip
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--stage", type=int, default=3, help="ZeRO stage: 1, 2 or 3 (0 = plain data parallel)")
-    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
-                        help="ZeRO-3: gather the next unit while this one computes")  # fmt: skip
-
-
-@register("zero", help="ZeRO-1/2/3 from scratch: sharded optimizer, gradients, parameters", arguments=add_arguments)
-def run_zero(setup: TrainSetup, *, world_size: int, backend: str = "auto", stage: int = 3, prefetch: bool = True):
-    check_stage(stage)
-    setup.local_batch(world_size)  # the global batch must split over the ranks (clear error otherwise)
-    backend = default_backend(world_size) if backend == "auto" else backend
-    results = launch(train_zero, world_size, setup, stage, prefetch, backend=backend)
-    r0, cfg = results[0], setup.config()
-    predicted = predicted_memory(setup, stage, world_size, prefetch)
-    by_moment = zero_memory_by_moment(cfg, stage=stage, world_size=world_size)
-    notes = padding_note(setup, world_size)
-    if stage == 3:
-        pg, mg = predicted["peak_gathered"], r0.memory["peak_gathered"]
-        notes.append(f"ZeRO-3 transient whole units ({'with' if prefetch else 'without'} prefetch), peak bytes: "
-                     f"forward {mg['forward']:,} (predicted {pg['forward']:,}), "
-                     f"backward {mg['backward']:,} (predicted {pg['backward']:,})")  # fmt: skip
-    return ShardedReport(
-        strategy=f"zero-{stage}", world_size=world_size, backend=backend,
-        parity=compare(r0, train(setup)),
-        memory={"predicted": predicted, "measured": r0.memory,
-                "by_moment": {"predicted": by_moment, "measured": {m: r0.moments[m] for m in MOMENTS}}},
-        comm={"predicted": zero_comm_per_step(cfg, stage=stage, world_size=world_size), "measured": r0.comm},
-        setup={**setup.as_dict(), "stage": stage, "prefetch": prefetch}, losses=r0.losses, notes=notes,
-    )  # fmt: skip
