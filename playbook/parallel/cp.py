@@ -192,7 +192,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--zigzag", action="store_true", help="2n chunks, rank i holds i and 2n-1-i (balances causal work)")
 
 
-@register("cp", help="context parallel: ring / all-gather / Ulysses attention over a sharded sequence", arguments=add_arguments)
+@register("cp", help="context parallel: ring / all-gather / Ulysses attention over a sharded sequence", arguments=add_arguments,
+          on_rank=on_rank, predict=theory.comm_bytes_per_step)
 def run_cp(setup: TrainSetup, *, world_size: int, backend: str = "auto", variant: str = "ring", zigzag: bool = False) -> CPReport:
     check(setup, world_size, variant, zigzag)
     backend = default_backend(world_size) if backend == "auto" else backend

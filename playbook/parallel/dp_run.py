@@ -200,7 +200,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step, reduced once (no_sync)")
 
 
-@register("dp", help="data parallel: naive, bucketed with overlap, or DDP; --accumulate K micro-batches", arguments=add_arguments)
+@register("dp", help="data parallel: naive, bucketed with overlap, or DDP; --accumulate K micro-batches", arguments=add_arguments,
+          on_rank=on_rank, predict=predicted_comm)
 def run_dp(setup: TrainSetup, *, world_size: int, backend: str = "auto", variant: str = "bucketed",
            bucket_mb: float = DEFAULT_BUCKET_MB, accumulate: int = 1) -> RunReport:  # fmt: skip
     if variant not in VARIANTS:

@@ -278,7 +278,8 @@ class EPReport(RunReport):
         return "\n".join(lines)
 
 
-@register("ep", help="expert parallelism: MoE experts split over ranks, tokens sent by all-to-all", arguments=add_arguments)
+@register("ep", help="expert parallelism: MoE experts split over ranks, tokens sent by all-to-all", arguments=add_arguments,
+          on_rank=on_rank, predict=predicted_comm)
 def run_ep(setup: TrainSetup, *, world_size: int, backend: str = "auto", experts: int | None = None,
            top_k: int | None = None, capacity_factor: float | None = None, ep: int | None = None,
            aux_alpha: float = AUX_ALPHA, experts_tp: bool = False) -> EPReport:  # fmt: skip

@@ -63,7 +63,8 @@ def on_rank(ctx, setup: TrainSetup, *, reshard_after_forward: bool = True) -> Sh
     return result
 
 
-@register("fsdp2", help="PyTorch FSDP2 fully_shard (per block, then root): the native counterpart of ZeRO-3")
+@register("fsdp2", help="PyTorch FSDP2 fully_shard (per block, then root): the native counterpart of ZeRO-3",
+          on_rank=on_rank, predict=fsdp2_comm_per_step)
 def run_fsdp2(setup: TrainSetup, *, world_size: int, backend: str = "auto") -> ShardedReport:
     setup.local_batch(world_size)
     backend = default_backend(world_size) if backend == "auto" else backend

@@ -145,7 +145,7 @@ def implied_world_size(options: dict) -> int:
 
 
 @register("hybrid", help="every strategy at once on one mesh: --dp --tp --pp --cp --ep [--zero K]", arguments=add_arguments,
-          world_size=implied_world_size)
+          world_size=implied_world_size, on_rank=train_hybrid, predict=comm_per_axis)
 def run_hybrid(setup: TrainSetup, *, world_size: int | None = None, backend: str = "auto", dp: int = 1, tp: int = 1, pp: int = 1,
                cp: int = 1, ep: int = 1, **plan) -> HybridReport:  # fmt: skip
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)

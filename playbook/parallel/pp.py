@@ -156,7 +156,8 @@ def predicted_p2p_bytes(plan: Schedule, setup: TrainSetup, rank: int = 0) -> flo
     return float(sum(message for a in plan.actions[rank] if a.kind.startswith("send") and a.peer != rank))
 
 
-@register("pp", help="pipeline parallel: GPipe, 1F1B, interleaved 1F1B, ZB-H1 on real stages", arguments=add_arguments)
+@register("pp", help="pipeline parallel: GPipe, 1F1B, interleaved 1F1B, ZB-H1 on real stages", arguments=add_arguments,
+          on_rank=on_rank, predict=predicted_memory)
 def run_pp(setup: TrainSetup, *, world_size: int = 2, backend: str = "auto", schedule: str = "1f1b",
            microbatches: int = 4, chunks: int = 1, layers: int = 0, no_native: bool = False) -> PipelineReport:  # fmt: skip
     setup = PipelineSetup(**setup.as_dict(), n_layers=layers) if not isinstance(setup, PipelineSetup) else setup

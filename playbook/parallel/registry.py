@@ -1,58 +1,92 @@
-"""The strategies ``playbook run`` knows. A chapter adds one with::
+"""The strategies ``playbook run`` knows, and the one shape every strategy has.
 
-    @register("dp", help="data parallel", arguments=add_dp_arguments)
-    def run_dp(setup: TrainSetup, *, world_size: int, backend: str, **options) -> RunReport: ...
+A strategy is a module of ``playbook/parallel/`` that provides (see :class:`Strategy`):
 
-``arguments(parser)`` adds the strategy's own flags; their values arrive as ``options``.
+- ``on_rank(ctx, setup, *, option=...)``: its rank entry, keyword options only, groups from
+  ``ctx.mesh_for(ParallelDims(...))``, training through ``parallel.training.train`` and hooks;
+- a prediction in ``playbook.theory`` (no torch) of what the run measures;
+- ``add_arguments(parser)``: its command-line flags (values arrive as keyword options of ``run``);
+- ``run(setup, *, world_size, backend, **options) -> RunReport``: launch, compare with the
+  single process, report predicted beside measured.
+
+It registers itself::
+
+    @register("dp", help="data parallel", arguments=add_arguments, on_rank=on_rank, predict=predicted_comm)
+    def run_dp(setup: TrainSetup, *, world_size: int, backend: str = "auto", **options) -> RunReport: ...
+
+``STRATEGY_MODULES`` names the module of each strategy, so that listing them imports nothing and
+``get(name)`` imports that strategy's module alone (not every distributed stack).
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-import playbook.parallel
-
-# Modules of playbook/parallel/ that hold shared pieces rather than a strategy.
-NOT_STRATEGIES = {"training", "report", "registry"}
+# name -> module of playbook/parallel/ that registers it
+STRATEGY_MODULES = {
+    "single": "single", "dp": "dp_run", "zero": "zero_run", "fsdp2": "fsdp2", "tp": "tp", "pp": "pp", "cp": "cp",
+    "ep": "ep", "hybrid": "hybrid_run",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Strategy:
+    """What ``playbook run NAME`` needs of a strategy (the module docstring says what each is)."""
+
     name: str
     run: Callable
     help: str
     arguments: Callable | None = None
     world_size: Callable[[dict], int] | None = None  # the ranks implied by the options, if --world-size is
+    on_rank: Callable | None = None
+    predict: Callable | None = None
+
+    def problems(self) -> list[str]:
+        """Where this strategy departs from the shape (empty when it conforms)."""
+        out = []
+        run = inspect.signature(self.run).parameters
+        for name in ("world_size", "backend"):
+            if name not in run or run[name].kind is not inspect.Parameter.KEYWORD_ONLY:
+                out.append(f"run must take keyword-only {name}")
+        if self.on_rank is None:
+            out.append("no rank entry (on_rank=)")
+        else:
+            params = list(inspect.signature(self.on_rank).parameters.values())
+            if not params or params[0].name != "ctx":
+                out.append("on_rank's first parameter must be ctx")
+            flags = [p.name for p in params if p.default is not inspect.Parameter.empty and isinstance(p.default, bool)
+                     and p.kind is not inspect.Parameter.KEYWORD_ONLY]  # fmt: skip
+            if flags:
+                out.append(f"on_rank takes positional booleans {flags}: make them keyword-only")
+        if self.predict is None or not self.predict.__module__.startswith("playbook.theory"):
+            out.append("its prediction (predict=) must live in playbook.theory")
+        return out
 
 
 _registry: dict[str, Strategy] = {}
 
 
-def register(name: str, *, help: str, arguments: Callable | None = None, world_size: Callable | None = None):
+def register(name: str, *, help: str, arguments: Callable | None = None, world_size: Callable | None = None,
+             on_rank: Callable | None = None, predict: Callable | None = None):  # fmt: skip
     def add(run: Callable) -> Callable:
-        _registry[name] = Strategy(name, run, help, arguments, world_size)
+        _registry[name] = Strategy(name, run, help, arguments, world_size, on_rank, predict)
         return run
 
     return add
 
 
-def _load() -> None:
-    """Import every strategy module in playbook/parallel/; each registers itself."""
-    for info in pkgutil.iter_modules(playbook.parallel.__path__):
-        if info.name not in NOT_STRATEGIES and not info.name.startswith("_"):
-            importlib.import_module(f"playbook.parallel.{info.name}")
-
-
 def names() -> list[str]:
-    _load()
-    return sorted(_registry)
+    """Every strategy's name, without importing any of them."""
+    return sorted(STRATEGY_MODULES)
 
 
 def get(name: str) -> Strategy:
-    _load()
+    """The strategy ``name``, importing its module (and only that one) on first use."""
+    if name not in STRATEGY_MODULES:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(names())}")
     if name not in _registry:
-        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(_registry))}")
+        importlib.import_module(f"playbook.parallel.{STRATEGY_MODULES[name]}")
     return _registry[name]

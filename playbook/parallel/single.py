@@ -12,18 +12,20 @@ from playbook.cluster import default_backend, launch
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainSetup, train
+from playbook.theory.memory import training_memory
 
 
-def train_on_rank(ctx, setup: TrainSetup):
+def on_rank(ctx, setup: TrainSetup):
     return train(setup, device=ctx.device, progress=ctx.progress)
 
 
-@register("single", help="one rank, no parallelism: the reference every chapter compares against")
+@register("single", help="one rank, no parallelism: the reference every chapter compares against", on_rank=on_rank,
+          predict=training_memory)
 def run_single(setup: TrainSetup, *, world_size: int = 1, backend: str = "auto") -> RunReport:
     if world_size != 1:
         raise ValueError(f"the single strategy runs on one rank; got --world-size {world_size}, use --world-size 1")
     backend = default_backend(1) if backend == "auto" else backend
-    result = launch(train_on_rank, 1, setup, backend=backend)[0]
+    result = launch(on_rank, 1, setup, backend=backend)[0]
     reference = train(setup)
     measured = {k: result.memory[k] for k in ("params", "grads", "optimizer", "activations")}
     return RunReport(

@@ -268,7 +268,7 @@ def add_arguments(parser) -> None:
 
 
 @register("tp", help="Megatron tensor parallelism (+ --sequence-parallel), from scratch and with DTensor",
-          arguments=add_arguments)
+          arguments=add_arguments, on_rank=on_rank, predict=step_collectives)
 def run_tp(setup: TrainSetup, *, world_size: int, backend: str = "auto", sequence_parallel: bool = False,
            regather: bool = False, recompute: str = "none", native: bool = True) -> RunReport:  # fmt: skip
     """t = world_size tensor-parallel ranks on the whole global batch, against the single process."""

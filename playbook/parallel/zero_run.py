@@ -51,7 +51,8 @@ def add_arguments(parser) -> None:
                         help="ZeRO-3: gather the next unit while this one computes")  # fmt: skip
 
 
-@register("zero", help="ZeRO-1/2/3 from scratch: sharded optimizer, gradients, parameters", arguments=add_arguments)
+@register("zero", help="ZeRO-1/2/3 from scratch: sharded optimizer, gradients, parameters", arguments=add_arguments,
+          on_rank=on_rank, predict=zero_comm_per_step)
 def run_zero(setup: TrainSetup, *, world_size: int, backend: str = "auto", stage: int = 3, prefetch: bool = True):
     check_stage(stage)
     setup.local_batch(world_size)  # the global batch must split over the ranks (clear error otherwise)
