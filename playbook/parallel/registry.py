@@ -79,14 +79,14 @@ def register(name: str, *, help: str, arguments: Callable | None = None, world_s
 
 
 def names() -> list[str]:
-    """Every strategy's name, without importing any of them."""
-    return sorted(STRATEGY_MODULES)
+    """Every strategy's name (the table's, and any registered at run time), importing none of them."""
+    return sorted(set(STRATEGY_MODULES) | set(_registry))
 
 
 def get(name: str) -> Strategy:
     """The strategy ``name``, importing its module (and only that one) on first use."""
-    if name not in STRATEGY_MODULES:
-        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(names())}")
-    if name not in _registry:
+    if name not in _registry and name in STRATEGY_MODULES:
         importlib.import_module(f"playbook.parallel.{STRATEGY_MODULES[name]}")
+    if name not in _registry:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(names())}")
     return _registry[name]
