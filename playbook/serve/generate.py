@@ -34,15 +34,15 @@ Store = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Te
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """softmax(q kᵀ/√d + mask) v for s new queries at positions start..start+s−1 over n = start + s
-    cached keys. q: [1, a, s, d]; k, v: [1, g, n, d] (query head j reads KV head j // (a/g)).
+    cached keys. q: [b, a, s, d]; k, v: [b, g, n, d] (query head j reads KV head j // (a/g)).
     Same arithmetic as ``model.causal_attention``, whose mask is this one with start = 0."""
-    heads, s, d = q.shape[1], q.shape[2], q.shape[3]
+    b, heads, s, d = q.shape
     kv_heads, n = k.shape[1], k.shape[2]
-    k = k[:, :, None].expand(1, kv_heads, heads // kv_heads, n, d).reshape(1, heads, n, d)  # [1, a, n, d]
-    v = v[:, :, None].expand(1, kv_heads, heads // kv_heads, n, d).reshape(1, heads, n, d)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # [1, a, s, n]
+    k = k[:, :, None].expand(b, kv_heads, heads // kv_heads, n, d).reshape(b, heads, n, d)  # [b, a, n, d]
+    v = v[:, :, None].expand(b, kv_heads, heads // kv_heads, n, d).reshape(b, heads, n, d)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # [b, a, s, n]
     future = torch.ones(s, n, dtype=torch.bool).triu(start + 1)  # key j > start + i is in query i's future
-    return scores.masked_fill(future, float("-inf")).softmax(-1) @ v  # [1, a, s, d]
+    return scores.masked_fill(future, float("-inf")).softmax(-1) @ v  # [b, a, s, d]
 
 
 def attend(attn, x: torch.Tensor, starts: list[int], store: Store) -> torch.Tensor:
@@ -54,13 +54,21 @@ def attend(attn, x: torch.Tensor, starts: list[int], store: Store) -> torch.Tens
     q = q.view(n, s, a, d).transpose(1, 2)  # [n, a, s, d]
     k = k.view(n, s, g, d).transpose(1, 2)  # [n, g, s, d]
     v = v.view(n, s, g, d).transpose(1, 2)  # [n, g, s, d]
-    rows = []
-    for i in range(n):  # rows may sit at different positions (continuous batching)
-        pos = torch.arange(starts[i], starts[i] + s)  # [s]
-        qi, ki = attn.rope(q[i : i + 1], pos), attn.rope(k[i : i + 1], pos)  # [1, a, s, d], [1, g, s, d]
-        keys, values = store(i, ki[0], v[i])  # [g, starts[i] + s, d]
-        rows.append(cached_attention(qi, keys[None], values[None], starts[i]))  # [1, a, s, d]
-    y = torch.cat(rows).transpose(1, 2).reshape(n, s, a * d)  # [n, s, a*d]
+    if len(set(starts)) == 1:  # every row at the same position: one batched RoPE and attention
+        pos = torch.arange(starts[0], starts[0] + s)  # [s]
+        q, k = attn.rope(q, pos), attn.rope(k, pos)  # [n, a, s, d], [n, g, s, d]
+        cached = [store(i, k[i], v[i]) for i in range(n)]  # each ([g, N, d], [g, N, d]), N = starts[0] + s
+        keys, values = torch.stack([c[0] for c in cached]), torch.stack([c[1] for c in cached])  # [n, g, N, d]
+        y = cached_attention(q, keys, values, starts[0])  # [n, a, s, d]
+    else:  # rows at different positions (continuous batching): row by row
+        rows = []
+        for i in range(n):
+            pos = torch.arange(starts[i], starts[i] + s)  # [s]
+            qi, ki = attn.rope(q[i : i + 1], pos), attn.rope(k[i : i + 1], pos)  # [1, a, s, d], [1, g, s, d]
+            keys, values = store(i, ki[0], v[i])  # [g, starts[i] + s, d]
+            rows.append(cached_attention(qi, keys[None], values[None], starts[i]))  # [1, a, s, d]
+        y = torch.cat(rows)  # [n, a, s, d]
+    y = y.transpose(1, 2).reshape(n, s, a * d)  # [n, s, a*d]
     return attn.o_proj(y)  # [n, s, h]; TP: the row-parallel all-reduce
 
 
