@@ -7,7 +7,7 @@ def test_stacked_memory_and_kv_growth_scale_bytes_to_gb():
     fig = stacked_memory([{"label": "a", "weights": 2e9, "kv_cache": 1e9}], ["weights", "kv_cache"])
     assert [t.name for t in fig.data] == ["weights", "kv cache"] and [t.y[0] for t in fig.data] == [2.0, 1.0]
     fig = kv_growth({"m": [(10, 5e9), (100, 50e9)]}, limit=80e9)
-    assert list(fig.data[0].y) == [5.0, 50.0] and fig.layout.shapes[0].y0 == 80.0
+    assert list(fig.data[0].y) == [5.0, 50.0] and list(fig.data[1].y) == [80.0, 80.0] and list(fig.data[1].x) == [10, 100]
 
 
 def test_roofline_puts_each_phase_and_tp_on_its_panel():
@@ -31,6 +31,8 @@ def test_block_table_marks_who_holds_each_block():
     hm = block_table(steps, 3).data[0]
     assert [list(r) for r in hm.z] == [[0, 0, None], [None, 1, None], [0, 0, None]]
     assert hm.text[2][1] == "r5·1" and hm.text[1][1] == "r9·0"
+    colours = [c for _, c in hm.colorscale]
+    assert colours[0] == colours[1] != colours[2] == colours[3]  # request 5's band, then request 9's
 
 
 def test_table_prints_whole_numbers_whole():

@@ -53,8 +53,10 @@ def kv_growth(curves: Mapping[str, Sequence[tuple[int, float]]], *, limit: float
     for i, (name, points) in enumerate(curves.items()):
         fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] / 1e9 for p in points], mode="lines+markers",
                                  name=name, line=dict(color=PALETTE[i % len(PALETTE)])))  # fmt: skip
-    if limit is not None:
-        fig.add_hline(y=limit / 1e9, line_dash="dot", line_color="#c94a4a", annotation_text=f"{limit / 1e9:.0f} GB")
+    if limit is not None:  # a trace, not a shape: shapes on a log axis take log10 coordinates
+        xs = [p[0] for points in curves.values() for p in points]
+        fig.add_trace(go.Scatter(x=[min(xs), max(xs)], y=[limit / 1e9] * 2, mode="lines", name=f"{limit / 1e9:.0f} GB",
+                                 line=dict(color="#c94a4a", dash="dot")))  # fmt: skip
     fig.update_xaxes(title_text="tokens in the cache (batch × context)", type="log")
     fig.update_yaxes(title_text="KV cache (GB)", type="log")
     return _layout(fig, title=title, height=420)
@@ -75,8 +77,9 @@ def roofline(measured: Sequence[Mapping], predicted: Sequence[Mapping], *, title
                                          legendgroup=f"{tp}{kind}", showlegend=col == 1, mode=style["mode"], line=line,
                                          hovertemplate=f"tp={tp} {kind}<br>%{{x}}: %{{y:.2f}} ms<extra></extra>"),
                               row=1, col=col)  # fmt: skip
-    fig.update_xaxes(title_text="prompt tokens", type="log", row=1, col=1)
-    fig.update_xaxes(title_text="sequences in the batch", type="log", row=1, col=2)
+    for col, phase, label in ((1, "prefill", "prompt tokens"), (2, "decode", "sequences in the batch")):
+        ticks = sorted({r["x"] for r in [*measured, *predicted] if r["phase"] == phase})
+        fig.update_xaxes(title_text=label, type="log", tickvals=ticks, row=1, col=col)
     fig.update_yaxes(title_text="milliseconds", rangemode="tozero")
     return _layout(fig, title=title, height=430)
 
@@ -108,8 +111,7 @@ def block_table(steps: Sequence[Mapping], n_blocks: int, *, title: str = "") -> 
             for logical, b in enumerate(blocks):
                 z[b][col], text[b][col] = index[rid], f"r{rid}·{logical}"
     n = max(len(ids), 1)
-    scale = [[k / n, PALETTE[k % len(PALETTE)]] for k in range(n)] + [[(k + 1) / n, PALETTE[k % len(PALETTE)]] for k in range(n)]
-    scale = sorted(scale, key=lambda p: p[0])
+    scale = [[(k + edge) / n, PALETTE[k % len(PALETTE)]] for k in range(n) for edge in (0, 1)]  # one flat band each
     fig = go.Figure(go.Heatmap(z=z, x=[s["step"] for s in steps], y=list(range(n_blocks)), text=text,
                                texttemplate="%{text}", textfont=dict(size=9, color="white"), colorscale=scale,
                                zmin=-0.5, zmax=n - 0.5, showscale=False, xgap=1, ygap=1,
