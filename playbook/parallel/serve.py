@@ -1,0 +1,204 @@
+"""``playbook run serve``: tensor-parallel replicas serving requests on real ranks (``--tp T --dp D``).
+
+The ranks form a ``ParallelDims(dp=D, tp=T)`` mesh. Each of the D replicas serves its own requests
+(request i goes to replica i mod D) with continuous batching over a paged KV cache
+(``playbook.serve.batching``); inside a replica the T ranks hold ``TPGPT`` shards of the reference
+GPT (Megatron TP: heads and ffn channels split, two all-reduces per layer per step). Data-parallel
+replicas never talk to each other while serving: DP buys requests served, TP buys latency and room
+(Pope et al. 2022, arXiv:2211.05102, §3; article 2's TP×DP trade).
+
+Checked against the single process: every request's tokens equal greedy decoding of the reference
+``GPT`` without a cache, logits within 1e-5; the tracer's all-reduce bytes per decoded token per
+layer equal ``theory.serving.tp_allreduce_bytes``; KV bytes held at every step equal the paged
+prediction (whole blocks of each sequence's tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from playbook.cluster import default_backend, launch
+from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
+from playbook.model import GPT
+from playbook.parallel.registry import register
+from playbook.serve.batching import ContinuousBatcher, Request, make_requests
+from playbook.serve.generate import greedy, greedy_without_cache
+from playbook.theory.serving import tp_allreduce_bytes
+
+LOGIT_TOLERANCE = 1e-5
+
+
+def build(ctx, cfg: ModelConfig, seed: int, dims: ParallelDims):
+    """This rank's model: the reference GPT, or its TPGPT shard over the mesh's tp group."""
+    mesh = ctx.mesh_for(dims)
+    ref = GPT(cfg, seed=seed).eval()
+    if dims.tp == 1:
+        return ref, mesh
+    from playbook.parallel.tp import TPGPT
+
+    return TPGPT(ref, mesh.group("tp")).eval(), mesh
+
+
+def layer_allreduce_bytes(spans, window: str = "decode") -> float:
+    """Bytes this rank sent in all-reduces inside TP layer regions (``tp:layer...`` spans) during
+    the compute spans whose name starts with ``window``: the per-layer traffic of decoding."""
+    spans = [s if isinstance(s, dict) else s.as_dict() for s in spans]
+    windows = [s for s in spans if s["kind"] == "compute" and s["name"].startswith(window + " ")]
+    layers = [s for s in spans if s["kind"] == "compute" and s["name"].startswith("tp:layer")]
+    total = 0.0
+    for c in spans:
+        if c["kind"] != "comm" or c["name"] != "all_reduce":
+            continue
+        if any(w["start"] <= c["start"] <= w["end"] for w in windows) and \
+                any(r["start"] <= c["start"] and c["end"] <= r["end"] for r in layers):  # fmt: skip
+            total += c["sent_bytes"]
+    return total
+
+
+def greedy_on_rank(ctx, *, cfg: ModelConfig, seed: int, dims: ParallelDims, prompts: torch.Tensor, new_tokens: int):
+    """Each replica greedy-decodes its rows of ``prompts`` [R, p] (row i on replica i mod dp) with a
+    contiguous KV cache; returns its rows' tokens and logits, timings and the layer all-reduce bytes."""
+    model, mesh = build(ctx, cfg, seed, dims)
+    rows = [i for i in range(prompts.shape[0]) if i % dims.dp == mesh.coords["dp"]]
+    out = greedy(model, prompts[rows], new_tokens)
+    return {"rank": ctx.rank, "coords": mesh.coords, "rows": rows, "tokens": out.tokens, "logits": out.logits,
+            "prefill_seconds": out.prefill_seconds, "step_seconds": out.step_seconds, "kv_bytes": out.kv_bytes,
+            "decoded": len(rows) * (new_tokens - 1), "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans)}
+
+
+def serve_on_rank(ctx, *, cfg: ModelConfig, seed: int, dims: ParallelDims, requests: list[Request],
+                  n_blocks: int, block_size: int, max_batch: int):  # fmt: skip
+    """Each replica serves its requests (i mod dp) by continuous batching; returns tokens, logits and
+    the step records of this rank, and its layer all-reduce bytes while decoding."""
+    model, mesh = build(ctx, cfg, seed, dims)
+    mine = [r for r in requests if r.id % dims.dp == mesh.coords["dp"]]
+    run = ContinuousBatcher(model, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch).run(mine)
+    decoded = sum(len(s["decoded"]) for s in run.steps)
+    return {"rank": ctx.rank, "coords": mesh.coords, "tokens": run.tokens, "logits": run.logits, "steps": run.steps,
+            "decoded": decoded, "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans)}
+
+
+def reference(cfg: ModelConfig, seed: int, requests: list[Request]) -> dict[int, tuple[list[int], torch.Tensor]]:
+    """Greedy decoding of each request by the reference GPT in this process, without a cache."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = GPT(cfg, seed=seed).eval()
+        out = {}
+        for r in requests:
+            tokens, logits = greedy_without_cache(model, torch.tensor([r.prompt]), r.max_new)
+            out[r.id] = (tokens[0].tolist(), logits[0])
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def merge(answers: list[dict], cfg: ModelConfig, dims: ParallelDims, want: dict) -> dict:
+    """Rank results against the reference: token agreement, worst logit difference, bytes per
+    decoded token per layer measured (every rank) and predicted, KV bytes per step."""
+    per_layer = tp_allreduce_bytes(cfg, tokens=1, tp=dims.tp, act_bytes=4)
+    mismatched, worst, kv = [], 0.0, []
+    for a in answers:
+        for rid, tokens in a["tokens"].items():
+            if tokens != want[rid][0]:
+                mismatched.append(rid)
+            worst = max(worst, float((a["logits"][rid] - want[rid][1]).abs().max()))
+        for s in a["steps"]:
+            kv.append(s["kv_bytes"] == s["kv_predicted"])
+    measured = [a["layer_bytes"] / max(a["decoded"], 1) / cfg.n_layers for a in answers]
+    return {"requests": len(want), "tokens_identical": not mismatched, "mismatched_requests": sorted(set(mismatched)),
+            "max_abs_logit_diff": worst, "tp_bytes_per_token_per_layer": {"predicted": per_layer, "measured": measured},
+            "kv_bytes_match_every_step": all(kv), "steps": max(len(a["steps"]) for a in answers)}
+
+
+@dataclass
+class ServeReport:
+    """What ``playbook run serve --json`` prints."""
+
+    strategy: str
+    world_size: int
+    backend: str
+    layout: str
+    parity: dict
+    setup: dict = field(default_factory=dict)
+    replicas: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def problem(self) -> str | None:
+        p = self.parity
+        if not p["tokens_identical"]:
+            return f"requests {p['mismatched_requests']} generated other tokens than the reference"
+        if not p["max_abs_logit_diff"] <= LOGIT_TOLERANCE:
+            return f"logits differ by {p['max_abs_logit_diff']:.2e} > {LOGIT_TOLERANCE:g}"
+        if not p["kv_bytes_match_every_step"]:
+            return "KV bytes held differ from the paged prediction at some step"
+        return None
+
+    def summary(self) -> str:
+        p, b = self.parity, self.parity["tp_bytes_per_token_per_layer"]
+        lines = [f"serve {self.layout} on {self.world_size} rank(s), backend {self.backend}: {p['requests']} requests "
+                 f"in {p['steps']} scheduler steps",
+                 f"  tokens identical to the reference (greedy, no cache): {p['tokens_identical']}; "
+                 f"max |logit diff| {p['max_abs_logit_diff']:.2e}",
+                 f"  TP all-reduce bytes per decoded token per layer: predicted {b['predicted']:,.0f}, measured "
+                 + ", ".join(f"{x:,.0f}" for x in b["measured"]),
+                 f"  KV bytes held == paged prediction at every step: {p['kv_bytes_match_every_step']}"]  # fmt: skip
+        for r in self.replicas:
+            lines.append(f"  replica {r['dp']}: requests {r['requests']}, {r['decoded']} tokens decoded")
+        if self.problem():
+            lines.insert(1, f"  PARITY FAILED: {self.problem()}")
+        return "\n".join(lines)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica")
+    parser.add_argument("--dp", type=int, default=1, help="replicas, each serving its own requests")
+    parser.add_argument("--requests", type=int, default=6, help="requests to serve, one arriving per step")
+    parser.add_argument("--blocks", type=int, default=16, help="KV blocks per rank (paged cache)")
+    parser.add_argument("--block-size", type=int, default=4, help="tokens per KV block")
+    parser.add_argument("--max-batch", type=int, default=4, help="requests decoded together per replica")
+    parser.set_defaults(world_size=None)  # implied by the degrees
+
+
+def implied_world_size(options: dict) -> int:
+    return options["dp"] * options["tp"]
+
+
+@register("serve", help="serving on real ranks: --tp T --dp D replicas, continuous batching over a paged KV cache",
+          arguments=add_arguments, world_size=implied_world_size)
+def run_serve(setup, *, world_size: int | None = None, backend: str = "auto", tp: int = 1, dp: int = 1,
+              requests: int = 6, blocks: int = 16, block_size: int = 4, max_batch: int = 4) -> ServeReport:  # fmt: skip
+    """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
+    reference; ``setup.seed`` draws the weights and the requests."""
+    dims = ParallelDims(dp=dp, tp=tp)
+    if world_size and world_size != dims.world:
+        raise ValueError(f"--world-size {world_size} but --tp {tp} --dp {dp} need {dims.world} ranks; omit --world-size")
+    for name, value in (("requests", requests), ("blocks", blocks), ("block-size", block_size), ("max-batch", max_batch)):
+        if value < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {value}; try --{name} 4")
+    cfg = setup.config()
+    dims.check(cfg)
+    new = (2, min(10, cfg.max_seq_len // 4))
+    reqs = make_requests(requests, cfg.vocab_size, seed=setup.seed, new=new)
+    longest = max(len(r.prompt) + r.max_new - 1 for r in reqs)
+    if -(-longest // block_size) > blocks:
+        raise ValueError(f"--blocks {blocks} of {block_size} tokens cannot hold a request of {longest} tokens; "
+                         f"use --blocks {-(-longest // block_size)} or more")  # fmt: skip
+    backend = default_backend(dims.world) if backend == "auto" else backend
+    answers = launch(serve_on_rank, dims.world, cfg=cfg, seed=setup.seed, dims=dims, requests=reqs, n_blocks=blocks,
+                     block_size=block_size, max_batch=max_batch, backend=backend)  # fmt: skip
+    parity = merge(answers, cfg, dims, reference(cfg, setup.seed, reqs))
+    replicas = [{"dp": a["coords"]["dp"], "requests": sorted(a["tokens"]), "decoded": a["decoded"]}
+                for a in answers if a["coords"]["tp"] == 0]  # fmt: skip
+    return ServeReport("serve", dims.world, backend, str(dims), parity,
+                       {"model": setup.model, "seed": setup.seed, "tp": tp, "dp": dp, "requests": requests,
+                        "blocks": blocks, "block_size": block_size, "max_batch": max_batch}, replicas)  # fmt: skip

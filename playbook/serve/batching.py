@@ -1,0 +1,141 @@
+"""Continuous batching over a paged KV cache: requests join and leave between decode steps.
+
+Static batching waits for a whole batch, then runs it until its longest request ends. Iteration-level
+scheduling (Yu et al. 2022, "Orca", OSDI) decides *every step*: requests that arrived are admitted
+(their prompt prefilled, which yields their first token), every running request decodes one token
+in one batched step, and a request that has its tokens leaves at once, its place taken at the next
+step. With a paged cache (Kwon et al. 2023, vLLM, §4) the sequences of a batch can have any length:
+each grows its own block table one block at a time and frees every block when it ends.
+
+Admission here is conservative: a request is admitted only if the blocks that all running requests
+could still need, plus its own worst case (prompt + max new tokens), fit in the pool, so no running
+request ever has to be preempted (vLLM instead admits optimistically and preempts, §4.5). The
+per-row work of a decode step (RoPE at each row's position, attention over its own blocks) is a
+loop over rows; the projections, the MLP and TP's all-reduces are batched over all rows.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from playbook.measure import trace
+from playbook.serve.generate import forward_step
+from playbook.serve.kv import PagedKVCache
+from playbook.theory.serving import kv_bytes_per_token, paged_kv_bytes
+
+
+@dataclass(frozen=True)
+class Request:
+    """A prompt (token ids), how many tokens to generate, and the scheduler step it arrives at."""
+
+    id: int
+    prompt: tuple[int, ...]
+    max_new: int
+    arrival: int = 0
+
+
+def make_requests(n: int, vocab: int, *, seed: int = 0, prompt: tuple[int, int] = (3, 12),
+                  new: tuple[int, int] = (2, 10), every: int = 1) -> list[Request]:  # fmt: skip
+    """``n`` requests with random prompt lengths and token counts in the given [low, high] ranges,
+    one arriving every ``every`` steps (request i at step i·every), drawn from ``seed`` alone."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p = int(torch.randint(prompt[0], prompt[1] + 1, (), generator=gen))
+        m = int(torch.randint(new[0], new[1] + 1, (), generator=gen))
+        out.append(Request(i, tuple(torch.randint(0, vocab, (p,), generator=gen).tolist()), m, i * every))
+    return out
+
+
+@dataclass
+class BatchRun:
+    """Tokens and their logits per request, and one record per scheduler step."""
+
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)
+
+
+class ContinuousBatcher:
+    """Serves requests with ``model`` (a ``GPT`` or a ``TPGPT`` shard) over a ``PagedKVCache`` of
+    ``n_blocks`` blocks of ``block_size`` tokens, at most ``max_batch`` requests at a time."""
+
+    def __init__(self, model, *, n_blocks: int, block_size: int = 4, max_batch: int = 8):
+        attn = model.blocks[0].attn
+        self.model, self.max_batch = model, max_batch
+        self.cache = PagedKVCache(n_layers=len(model.blocks), kv_heads=attn.kv_heads, head_dim=attn.head_dim,
+                                  n_blocks=n_blocks, block_size=block_size)  # fmt: skip
+        tp = dist.get_world_size(model.group) if getattr(model, "group", None) is not None else 1
+        self.kv_per_token = kv_bytes_per_token(model.cfg, tp=tp, dtype="fp32")  # this rank's share, predicted
+
+    def _store(self, ids: list[int], starts: list[int], s: int):
+        def store_for(layer):
+            def store(row, k, v):
+                self.cache.write(layer, ids[row], k, v)  # k, v: [g, s, d]
+                return self.cache.read(layer, ids[row], starts[row] + s)  # [g, n, d]
+
+            return store
+
+        return store_for
+
+    def _forward(self, ids: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [n, s] for sequences ``ids`` -> last logits [n, V]; the cache grows by s each."""
+        starts = [self.cache.lengths[i] for i in ids]
+        for i in ids:
+            self.cache.reserve(i, tokens.shape[1])
+        logits = forward_step(self.model, tokens, starts, self._store(ids, starts, tokens.shape[1]))[:, -1]  # [n, V]
+        for i in ids:
+            self.cache.advance(i, tokens.shape[1])
+        return logits
+
+    def _emit(self, run: BatchRun, ids: list[int], logits: torch.Tensor) -> None:
+        for i, row in zip(ids, logits):
+            run.tokens[i].append(int(row.argmax()))
+            run.logits[i] = torch.cat([run.logits[i], row[None]]) if i in run.logits else row[None]
+
+    @torch.no_grad()
+    def run(self, requests: list[Request]) -> BatchRun:
+        """Serve every request to completion; ``BatchRun.steps[k]``: what happened at step k."""
+        need = {r.id: self.cache.blocks_for(len(r.prompt) + r.max_new - 1) for r in requests}
+        if max(need.values(), default=0) > self.cache.n_blocks:
+            worst = max(requests, key=lambda r: need[r.id])
+            raise ValueError(f"request {worst.id} needs {need[worst.id]} blocks of {self.cache.block_size} tokens "
+                             f"but the cache has {self.cache.n_blocks}; use n_blocks >= {need[worst.id]}")  # fmt: skip
+        waiting = sorted(requests, key=lambda r: (r.arrival, r.id))
+        running: dict[int, Request] = {}
+        run, step, tracer = BatchRun(), 0, trace.current()
+        while waiting or running:
+            t0 = time.perf_counter()
+            decoding = list(running)  # admitted at an earlier step: one token each this step
+            admitted = []
+            while (waiting and waiting[0].arrival <= step and len(running) < self.max_batch
+                   and sum(need[i] for i in running) + need[waiting[0].id] <= self.cache.n_blocks):  # fmt: skip
+                r = waiting.pop(0)
+                running[r.id], run.tokens[r.id] = r, []
+                self.cache.add(r.id)
+                with tracer.span(f"prefill {r.id}") if tracer else nullcontext():
+                    self._emit(run, [r.id], self._forward([r.id], torch.tensor([r.prompt])))
+                admitted.append(r.id)
+            if decoding:
+                with tracer.span(f"decode {step}") if tracer else nullcontext():
+                    last = torch.tensor([[run.tokens[i][-1]] for i in decoding])  # [n, 1]
+                    self._emit(run, decoding, self._forward(decoding, last))
+            finished = [i for i, r in running.items() if len(run.tokens[i]) == r.max_new]
+            tables = {i: list(self.cache.tables[i]) for i in running}
+            lengths = {i: self.cache.lengths[i] for i in running}
+            held = self.cache.nbytes_used()  # measured: blocks off the free list × bytes of a block
+            for i in finished:
+                running.pop(i)
+                self.cache.release(i)
+            run.steps.append({"step": step, "admitted": admitted, "decoded": decoding, "finished": finished,
+                              "tables": tables, "lengths": lengths, "free_blocks_after": len(self.cache.free),
+                              "kv_bytes": held,
+                              "kv_predicted": paged_kv_bytes(lengths.values(), self.kv_per_token, self.cache.block_size),
+                              "seconds": time.perf_counter() - t0})  # fmt: skip
+            step += 1
+        return run

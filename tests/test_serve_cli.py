@@ -1,0 +1,44 @@
+"""``playbook serve-plan`` and ``playbook run serve`` from the command line."""
+
+import json
+
+import pytest
+
+from playbook.cli import main
+from playbook.config import Hardware, ModelConfig
+from playbook.theory.serving import serving_layout
+
+
+def test_serve_plan_json_has_every_fitting_layout_and_a_recommendation(capsys):
+    assert main(["serve-plan", "--model", "llama-3.1-70b", "--gpus", "8", "--hardware", "h100-sxm", "--context", "8192",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["layout"] for r in out["layouts"]] == ["tp2×dp4", "tp4×dp2", "tp8×dp1"]
+    want = serving_layout(ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm"), tp=4, dp=2, context=8192)
+    assert out["layouts"][1] == want and out["recommended"] == "tp8×dp1"
+
+
+def test_serve_plan_table_names_the_recommendation(capsys):
+    assert main(["serve-plan", "--model", "llama-3.1-8b", "--gpus", "4", "--context", "4096", "--mem-util", "0.8"]) == 0
+    text = capsys.readouterr().out
+    assert "tp1×dp4" in text and "tp4×dp1" in text and "recommended:" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--context", "0"], "--context 0 must be in 1..131072"),
+    (["--mem-util", "1.5"], "--mem-util must be in (0, 1]"),
+    (["--gpus", "0"], "--gpus must be a positive integer"),
+    (["--model", "llama-3.1-405b", "--gpus", "4"], "does not fit 4 × h100-sxm"),
+])
+def test_serve_plan_refuses_bad_input_in_one_line(capsys, argv, message):
+    assert main(["serve-plan", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_run_serve_json_implies_the_world_size(capsys):
+    assert main(["run", "serve", "--tp", "2", "--dp", "1", "--requests", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["world_size"] == 2 and out["parity"]["tokens_identical"]
+    assert main(["run", "serve", "--tp", "1", "--blocks", "1", "--requests", "2"]) == 2
+    assert "--blocks 1 of 4 tokens" in capsys.readouterr().err
