@@ -28,7 +28,7 @@ from typing import Callable
 # name -> module of playbook/parallel/ that registers it
 STRATEGY_MODULES = {
     "single": "single", "dp": "dp_run", "zero": "zero_run", "fsdp2": "fsdp2", "tp": "tp", "pp": "pp", "cp": "cp",
-    "ep": "ep", "hybrid": "hybrid_run",
+    "ep": "ep", "hybrid": "hybrid_run", "serve": "serve",
 }  # fmt: skip
 
 

@@ -174,7 +174,7 @@ def implied_world_size(options: dict) -> int:
 
 
 @register("serve", help="serving on real ranks: --tp T --dp D replicas, continuous batching over a paged KV cache",
-          arguments=add_arguments, world_size=implied_world_size)
+          arguments=add_arguments, world_size=implied_world_size, on_rank=serve_on_rank, predict=tp_allreduce_bytes)
 def run_serve(setup, *, world_size: int | None = None, backend: str = "auto", tp: int = 1, dp: int = 1,
               requests: int = 6, blocks: int = 16, block_size: int = 4, max_batch: int = 4) -> ServeReport:  # fmt: skip
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
