@@ -2,7 +2,7 @@
 # Set up a virtual environment (once) and then either open the notebooks or run every test.
 #
 #   ./setup.sh lab [ARGS...]    JupyterLab on the chapters (the main job; ARGS go to jupyter lab)
-#   ./setup.sh test [ARGS...]   every test, notebooks included (extra ARGS go to pytest)
+#   ./setup.sh test [ARGS...]   lint, then every test, notebooks included (extra ARGS go to pytest)
 #
 # Without a GPU it installs PyTorch's CPU build first, so pip does not pull a multi-GB CUDA build.
 # PLAYBOOK_TORCH (a pip requirement, default "torch") and PLAYBOOK_TORCH_INDEX (default: PyTorch's
@@ -27,4 +27,6 @@ pip install -e ".[dev]"
 if [ "$what" = lab ]; then
   exec jupyter lab notebooks/ "$@"
 fi
+echo "setup.sh: lint (ruff check) and format (ruff format --check)"
+ruff check . && ruff format --check --quiet playbook tests benchmarks
 exec python -m pytest tests --nbmake notebooks --nbmake-timeout=300 "$@"

@@ -49,8 +49,9 @@ def main() -> None:
         sizes = tuple(k for k in (1, 2, 4, 8) if k <= n)
         strong = scaling_table(ranks.run(scaling_on_rank, setup, sizes=sizes, progress=False)[0], setup.seq_len)
         per_rank = replace(setup, global_batch=max(1, setup.global_batch // n))
-        weak = scaling_table(ranks.run(scaling_on_rank, per_rank, sizes=sizes, weak=True, progress=False)[0], setup.seq_len,
-                             weak=True)
+        weak = scaling_table(
+            ranks.run(scaling_on_rank, per_rank, sizes=sizes, weak=True, progress=False)[0], setup.seq_len, weak=True
+        )
 
     med = {v: statistics.median(t) for v, t in step.items()}
     ratios = {
@@ -58,8 +59,14 @@ def main() -> None:
         "naive/bucketed": [a / b for a, b in zip(step["naive"], step["bucketed"])],
     }
     out = {
-        "setup": {**setup.as_dict(), "world_size": n, "bucket_mb": args.bucket_mb, "repeats": args.repeats,
-                  "cpu_cores": len(os.sched_getaffinity(0)), "load_average": os.getloadavg()},  # fmt: skip
+        "setup": {
+            **setup.as_dict(),
+            "world_size": n,
+            "bucket_mb": args.bucket_mb,
+            "repeats": args.repeats,
+            "cpu_cores": len(os.sched_getaffinity(0)),
+            "load_average": os.getloadavg(),
+        },
         "step_seconds_median": med,
         "step_seconds_runs": step,
         "ratios_median": {k: statistics.median(v) for k, v in ratios.items()},
@@ -71,8 +78,10 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     s = out["setup"]
-    print(f"{args.model}, seq {args.seq_len}, global batch {args.global_batch}, {n} ranks, buckets {args.bucket_mb} MiB, "
-          f"{args.repeats} repeats; {s['cpu_cores']} cores, load average {s['load_average'][0]:.1f}")  # fmt: skip
+    print(
+        f"{args.model}, seq {args.seq_len}, global batch {args.global_batch}, {n} ranks, buckets {args.bucket_mb} MiB, "
+        f"{args.repeats} repeats; {s['cpu_cores']} cores, load average {s['load_average'][0]:.1f}"
+    )
     for v, t in med.items():
         print(f"  {v:>9}: median step {t * 1e3:8.1f} ms   (runs: {', '.join(f'{x * 1e3:.0f}' for x in step[v])})")
     for k, v in out["ratios_median"].items():
@@ -82,8 +91,10 @@ def main() -> None:
         print(f"\n{name}; baseline: 1 rank; efficiency = {'T1/Tn' if rows is weak else 'speedup/n'}")
         print(" ranks  global  per rank  step ms  tokens/s  speedup  efficiency  compute/rank vs 1")
         for r in rows:
-            print(f"{r['ranks']:>6} {r['global_batch']:>7} {r['per_rank_batch']:>9} {r['step_s'] * 1e3:>8.1f} "
-                  f"{r['tokens_per_s']:>9,.0f} {r['speedup']:>8.2f} {r['efficiency']:>11.0%} {r['compute_vs_base']:>12.2f}x")  # fmt: skip
+            print(
+                f"{r['ranks']:>6} {r['global_batch']:>7} {r['per_rank_batch']:>9} {r['step_s'] * 1e3:>8.1f} "
+                f"{r['tokens_per_s']:>9,.0f} {r['speedup']:>8.2f} {r['efficiency']:>11.0%} {r['compute_vs_base']:>12.2f}x"
+            )
 
 
 if __name__ == "__main__":

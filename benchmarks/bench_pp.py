@@ -30,10 +30,15 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args()
-    setup = PipelineSetup(model="gpt-tiny", steps=args.steps, global_batch=args.global_batch,
-                          seq_len=args.seq_len, n_layers=args.layers)  # fmt: skip
-    print(f"p={args.p}, m={args.m}, gpt-tiny with {args.layers} layers, global batch {args.global_batch} × {args.seq_len}")
-    print(f"{'schedule':<12}{'ours (ms)':>11}{'native (ms)':>13}{'ours/native':>13}{'bubble pred':>13}{'bubble meas':>13}")
+    setup = PipelineSetup(
+        model="gpt-tiny", steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len, n_layers=args.layers
+    )
+    print(
+        f"p={args.p}, m={args.m}, gpt-tiny with {args.layers} layers, global batch {args.global_batch} × {args.seq_len}"
+    )
+    print(
+        f"{'schedule':<12}{'ours (ms)':>11}{'native (ms)':>13}{'ours/native':>13}{'bubble pred':>13}{'bubble meas':>13}"
+    )
     with Ranks(args.p, backend="gloo", timeout=300) as ranks:
         for name in ("gpipe", "1f1b", "interleaved", "zb-h1"):
             v = args.v if name == "interleaved" else 1
@@ -45,9 +50,13 @@ def main() -> None:
 
             bubble = compare_bubble(ours, make_schedule(name, args.p, args.m, v))
             a, b = step(ours), step(native)
-            print(f"{name:<12}{a:>11.1f}{b:>13.1f}{a / b:>13.2f}"
-                  f"{bubble['bubble_predicted']['idle_over_total']:>13.1%}{bubble['bubble_measured']['idle_over_total']:>13.1%}")  # fmt: skip
-    print("bubble: idle / total time (GPipe's definition); predicted by simulating the schedule with this run's measured costs")
+            print(
+                f"{name:<12}{a:>11.1f}{b:>13.1f}{a / b:>13.2f}"
+                f"{bubble['bubble_predicted']['idle_over_total']:>13.1%}{bubble['bubble_measured']['idle_over_total']:>13.1%}"
+            )
+    print(
+        "bubble: idle / total time (GPipe's definition); predicted by simulating the schedule with this run's measured costs"
+    )
 
 
 if __name__ == "__main__":

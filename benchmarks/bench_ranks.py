@@ -40,7 +40,12 @@ def bench_playbook(world_size: int, calls: int, start_method: str) -> dict:
     ranks.start()
     restart = time.perf_counter() - t
     ranks.stop()
-    return {"first_start_s": first, "restart_s": restart, "call_median_s": statistics.median(times), "call_max_s": max(times)}
+    return {
+        "first_start_s": first,
+        "restart_s": restart,
+        "call_median_s": statistics.median(times),
+        "call_max_s": max(times),
+    }
 
 
 def bench_ipyparallel(world_size: int, calls: int) -> dict:
@@ -84,14 +89,21 @@ def bench_ipyparallel(world_size: int, calls: int) -> dict:
         assert view.apply_sync(call) == [float(world_size)] * world_size
         times.append(time.perf_counter() - t)
     cluster.stop_cluster_sync()
-    return {"engines_up_s": engines_up, "first_start_s": first, "call_median_s": statistics.median(times), "call_max_s": max(times)}
+    return {
+        "engines_up_s": engines_up,
+        "first_start_s": first,
+        "call_median_s": statistics.median(times),
+        "call_max_s": max(times),
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--ipyparallel", action="store_true", help="also measure ipyparallel engines (pip install ipyparallel)")
+    p.add_argument(
+        "--ipyparallel", action="store_true", help="also measure ipyparallel engines (pip install ipyparallel)"
+    )
     p.add_argument("--spawn", action="store_true", help="also measure plain spawn (the slow fallback)")
     a = p.parse_args()
     report = {"world_size": a.world_size, "playbook (forkserver)": bench_playbook(a.world_size, a.calls, "forkserver")}

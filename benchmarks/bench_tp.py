@@ -105,12 +105,15 @@ def main() -> None:
         from playbook.parallel.tp import matmul_throughput
 
         cfg = setup.config()
-        out["matmul"] = matmul_throughput(args.global_batch * args.seq_len, cfg.hidden, cfg.ffn_hidden,
-                                          tuple(2**k for k in range(9)), repeats=10)  # fmt: skip
+        out["matmul"] = matmul_throughput(
+            args.global_batch * args.seq_len, cfg.hidden, cfg.ffn_hidden, tuple(2**k for k in range(9)), repeats=10
+        )
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    print(f"{args.model}, global batch {args.global_batch} × seq {args.seq_len}, mean of {args.steps} steps (gloo, CPU)")
+    print(
+        f"{args.model}, global batch {args.global_batch} × seq {args.seq_len}, mean of {args.steps} steps (gloo, CPU)"
+    )
     print(f"{'t':>3} {'SP':>5} {'implementation':<16} {'ms/step':>9}")
     for r in rows:
         print(f"{r['tp']:>3} {str(r['sp']):>5} {r['kind']:<16} {r['seconds'] * 1e3:>9.1f}")

@@ -93,7 +93,12 @@ def bench_rank(ctx, setup: TrainSetup, which: str, steps: int):
     state = held()
     extra = _peak_allocated_above_start(lambda: step(steps + 1))
     state_bytes = state["params"] + state["grads"] + state["optimizer"]
-    return {"times": times[1:], "state_bytes": state_bytes, "peak_bytes": state_bytes + extra, "loss": float(loss.detach())}
+    return {
+        "times": times[1:],
+        "state_bytes": state_bytes,
+        "peak_bytes": state_bytes + extra,
+        "loss": float(loss.detach()),
+    }
 
 
 def run(setup: TrainSetup, world_sizes: list[int], steps: int) -> list[dict]:
@@ -104,11 +109,21 @@ def run(setup: TrainSetup, world_sizes: list[int], steps: int) -> list[dict]:
             for which in ("zero3", "zero3-no-prefetch", "fsdp2"):
                 per_rank = ranks.run(bench_rank, setup, which, steps, progress=False)
                 slowest = [max(r["times"][i] for r in per_rank) for i in range(steps)]
-                out[which] = {"step_s": statistics.median(slowest), "peak_bytes": max(r["peak_bytes"] for r in per_rank),
-                              "state_bytes": per_rank[0]["state_bytes"], "loss": per_rank[0]["loss"]}  # fmt: skip
+                out[which] = {
+                    "step_s": statistics.median(slowest),
+                    "peak_bytes": max(r["peak_bytes"] for r in per_rank),
+                    "state_bytes": per_rank[0]["state_bytes"],
+                    "loss": per_rank[0]["loss"],
+                }
             z, f = out["zero3"], out["fsdp2"]
-            rows.append({"world_size": n, **{k: v for k, v in out.items()},
-                         "step_time_ratio": z["step_s"] / f["step_s"], "peak_memory_ratio": z["peak_bytes"] / f["peak_bytes"]})  # fmt: skip
+            rows.append(
+                {
+                    "world_size": n,
+                    **{k: v for k, v in out.items()},
+                    "step_time_ratio": z["step_s"] / f["step_s"],
+                    "peak_memory_ratio": z["peak_bytes"] / f["peak_bytes"],
+                }
+            )
     return rows
 
 
@@ -126,14 +141,20 @@ def main() -> None:
     if args.json:
         print(json.dumps({"setup": setup.as_dict(), "rows": rows}, indent=2))
         return
-    print(f"{args.model}, seq {args.seq_len}, global batch {args.global_batch}, {args.steps} timed steps (median of the slowest rank)")
+    print(
+        f"{args.model}, seq {args.seq_len}, global batch {args.global_batch}, {args.steps} timed steps (median of the slowest rank)"
+    )
     print(f"{'ranks':>5} {'run':<18} {'step (ms)':>10} {'peak/rank (MB)':>15} {'state (MB)':>11} {'last loss':>10}")
     for row in rows:
         for which in ("zero3", "zero3-no-prefetch", "fsdp2"):
             r = row[which]
-            print(f"{row['world_size']:>5} {which:<18} {r['step_s'] * 1e3:>10.1f} {r['peak_bytes'] / 1e6:>15.2f} "
-                  f"{r['state_bytes'] / 1e6:>11.2f} {r['loss']:>10.4f}")  # fmt: skip
-        print(f"{'':>5} ZeRO-3 / FSDP2: step time {row['step_time_ratio']:.2f}×, peak memory {row['peak_memory_ratio']:.2f}×")
+            print(
+                f"{row['world_size']:>5} {which:<18} {r['step_s'] * 1e3:>10.1f} {r['peak_bytes'] / 1e6:>15.2f} "
+                f"{r['state_bytes'] / 1e6:>11.2f} {r['loss']:>10.4f}"
+            )
+        print(
+            f"{'':>5} ZeRO-3 / FSDP2: step time {row['step_time_ratio']:.2f}×, peak memory {row['peak_memory_ratio']:.2f}×"
+        )
 
 
 if __name__ == "__main__":

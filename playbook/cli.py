@@ -65,7 +65,10 @@ def check_numbers(args: argparse.Namespace) -> None:
             continue
         low, high, example = LIMITS.get(dest, (-math.inf, math.inf, ""))
         if isinstance(value, float) and not math.isfinite(value):
-            raise BadInput(f"{_flag(dest)} must be a finite number, got {value}" + (f"; e.g. {_flag(dest)} {example}" if example else ""))
+            raise BadInput(
+                f"{_flag(dest)} must be a finite number, got {value}"
+                + (f"; e.g. {_flag(dest)} {example}" if example else "")
+            )
         if not low <= value <= high:
             if low == 1 and high == math.inf:
                 what = "a positive integer"
@@ -126,8 +129,11 @@ def check_fits(args: argparse.Namespace, available: int | None = None) -> None:
         lo, hi = (mid, hi) if need(args.model, mid)[1] <= budget else (lo, mid - 1)
     if lo >= 1:
         fixes.append(f"--global-batch {lo} or less")
-    smaller = [m for m in ModelConfig.presets() if args.seq_len <= ModelConfig.preset(m).max_seq_len
-               and need(m, args.global_batch)[1] <= budget]  # fmt: skip
+    smaller = [
+        m
+        for m in ModelConfig.presets()
+        if args.seq_len <= ModelConfig.preset(m).max_seq_len and need(m, args.global_batch)[1] <= budget
+    ]
     if smaller:
         fixes.append(f"--model {' / '.join(smaller[:4])}")
     raise BadInput(
@@ -161,7 +167,9 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
-        notes = {"max_local_ranks": "(the most ranks `playbook run` starts on this machine: 4 per CPU core, at least 8)"}
+        notes = {
+            "max_local_ranks": "(the most ranks `playbook run` starts on this machine: 4 per CPU core, at least 8)"
+        }
         for k, v in info.items():
             print(f"{k:>28}: {', '.join(map(str, v)) if isinstance(v, list) else v} {notes.get(k, '')}".rstrip())
     return 0
@@ -172,20 +180,38 @@ def cmd_memory(args) -> int:
 
     cfg = ModelConfig.preset(args.model)
     if args.seq_len > cfg.max_seq_len:
-        raise BadInput(f"--seq-len {args.seq_len} exceeds {args.model}'s max_seq_len={cfg.max_seq_len}; "
-                       f"try --seq-len {min(4096, cfg.max_seq_len)} (at most {cfg.max_seq_len})")  # fmt: skip
+        raise BadInput(
+            f"--seq-len {args.seq_len} exceeds {args.model}'s max_seq_len={cfg.max_seq_len}; "
+            f"try --seq-len {min(4096, cfg.max_seq_len)} (at most {cfg.max_seq_len})"
+        )
     train = training_memory(
-        cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, dp=args.dp, zero=args.zero, tp=args.tp,
-        cp=args.cp, ep=args.ep, pp=args.pp, sequence_parallel=args.sequence_parallel, precision=args.precision,
-        recompute=args.recompute, fp32_grad_accum=args.fp32_grad_accum,
-    ).as_dict()  # fmt: skip
+        cfg,
+        seq_len=args.seq_len,
+        micro_batch=args.micro_batch,
+        dp=args.dp,
+        zero=args.zero,
+        tp=args.tp,
+        cp=args.cp,
+        ep=args.ep,
+        pp=args.pp,
+        sequence_parallel=args.sequence_parallel,
+        precision=args.precision,
+        recompute=args.recompute,
+        fp32_grad_accum=args.fp32_grad_accum,
+    ).as_dict()
     serve = inference_memory(
         cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.serve_dtype
     ).as_dict()
     if args.json:
-        print(json.dumps({"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}, indent=2))
+        print(
+            json.dumps(
+                {"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}, indent=2
+            )
+        )
         return 0
-    print(f"{args.model}: {cfg.num_params():,} parameters; per rank, seq_len {args.seq_len}, micro-batch {args.micro_batch}")
+    print(
+        f"{args.model}: {cfg.num_params():,} parameters; per rank, seq_len {args.seq_len}, micro-batch {args.micro_batch}"
+    )
     for title, budget in (("training", train), ("inference", serve)):
         print(f"  {title}")
         for k, v in budget.items():
@@ -214,12 +240,26 @@ def cmd_run(args) -> int:
     from playbook.parallel import TrainSetup, get
 
     strategy = get(args.strategy)
-    setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len, lr=args.lr)
+    setup = TrainSetup(
+        model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len, lr=args.lr
+    )
     if args.world_size is None:  # implied by the strategy's own options (hybrid: the product of the degrees)
         args.world_size = strategy.world_size(vars(args))
     if not under_torchrun():
         check_fits(args)
-    common = {"strategy", "model", "steps", "global_batch", "seq_len", "lr", "json", "func", "command", "world_size", "backend"}
+    common = {
+        "strategy",
+        "model",
+        "steps",
+        "global_batch",
+        "seq_len",
+        "lr",
+        "json",
+        "func",
+        "command",
+        "world_size",
+        "backend",
+    }
     options = {k: v for k, v in vars(args).items() if k not in common}
     # With --json, stdout carries the JSON object alone: anything else (rank prints) goes to stderr.
     # and progress bars go nowhere.
@@ -246,47 +286,85 @@ def cmd_serve_plan(args) -> int:
     from playbook.theory.serving import compare_layouts, recommend
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
-    checks = [(args.gpus >= 1, f"--gpus must be a positive integer, got {args.gpus}; try --gpus 8"),
-              (1 <= args.context <= cfg.max_seq_len, f"--context {args.context} must be in 1..{cfg.max_seq_len} "
-               f"({args.model}'s max_seq_len); try --context {min(8192, cfg.max_seq_len)}"),
-              (0 < args.mem_util <= 1, f"--mem-util must be in (0, 1], got {args.mem_util}; try --mem-util 0.9"),
-              (args.block_size >= 1, f"--block-size must be a positive integer, got {args.block_size}; try 16")]  # fmt: skip
+    checks = [
+        (args.gpus >= 1, f"--gpus must be a positive integer, got {args.gpus}; try --gpus 8"),
+        (
+            1 <= args.context <= cfg.max_seq_len,
+            f"--context {args.context} must be in 1..{cfg.max_seq_len} "
+            f"({args.model}'s max_seq_len); try --context {min(8192, cfg.max_seq_len)}",
+        ),
+        (0 < args.mem_util <= 1, f"--mem-util must be in (0, 1], got {args.mem_util}; try --mem-util 0.9"),
+        (args.block_size >= 1, f"--block-size must be a positive integer, got {args.block_size}; try 16"),
+    ]
     for ok, message in checks:
         if not ok:
             raise BadInput(message)
-    rows = compare_layouts(cfg, hw, gpus=args.gpus, context=args.context, mem_util=args.mem_util,
-                           block_size=args.block_size, dtype=args.dtype)  # fmt: skip
+    rows = compare_layouts(
+        cfg,
+        hw,
+        gpus=args.gpus,
+        context=args.context,
+        mem_util=args.mem_util,
+        block_size=args.block_size,
+        dtype=args.dtype,
+    )
     if not rows:
-        raise BadInput(f"{args.model} does not fit {args.gpus} × {args.hardware} with a {args.context}-token sequence at "
-                       f"any tp <= {hw.devices_per_node}; try more --gpus, a shorter --context or --dtype fp8")
+        raise BadInput(
+            f"{args.model} does not fit {args.gpus} × {args.hardware} with a {args.context}-token sequence at "
+            f"any tp <= {hw.devices_per_node}; try more --gpus, a shorter --context or --dtype fp8"
+        )
     best, why = recommend(rows)
     if args.json:
-        print(json.dumps({"model": args.model, "hardware": args.hardware, "gpus": args.gpus, "context": args.context,
-                          "mem_util": args.mem_util, "layouts": rows, "recommended": best["layout"], "why": why}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "hardware": args.hardware,
+                    "gpus": args.gpus,
+                    "context": args.context,
+                    "mem_util": args.mem_util,
+                    "layouts": rows,
+                    "recommended": best["layout"],
+                    "why": why,
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"{args.model} on {args.gpus} × {args.hardware}, context {args.context}, {args.mem_util:g} of memory, "
-          f"{args.dtype} (roofline: 50% of peak FLOP/s, 80% of HBM bandwidth)")
-    print(f"  {'layout':<9} {'weights/GPU':>11} {'KV/GPU':>9} {'seqs':>6} {'TTFT':>8} {'TPOT b=1':>9} {'TPOT':>8} "
-          f"{'tokens/s':>9} {'per GPU':>8}")
+    print(
+        f"{args.model} on {args.gpus} × {args.hardware}, context {args.context}, {args.mem_util:g} of memory, "
+        f"{args.dtype} (roofline: 50% of peak FLOP/s, 80% of HBM bandwidth)"
+    )
+    print(
+        f"  {'layout':<9} {'weights/GPU':>11} {'KV/GPU':>9} {'seqs':>6} {'TTFT':>8} {'TPOT b=1':>9} {'TPOT':>8} "
+        f"{'tokens/s':>9} {'per GPU':>8}"
+    )
     for r in rows:
-        print(f"  {r['layout']:<9} {r['weights_per_gpu'] / 1e9:>8.1f} GB {r['kv_per_gpu'] / 1e9:>6.1f} GB {r['seqs']:>6} "
-              f"{r['ttft'] * 1e3:>6.0f}ms {r['tpot_batch1'] * 1e3:>7.1f}ms {r['tpot'] * 1e3:>6.1f}ms "
-              f"{r['tokens_per_s']:>9,.0f} {r['tokens_per_s_per_gpu']:>8,.0f}")
+        print(
+            f"  {r['layout']:<9} {r['weights_per_gpu'] / 1e9:>8.1f} GB {r['kv_per_gpu'] / 1e9:>6.1f} GB {r['seqs']:>6} "
+            f"{r['ttft'] * 1e3:>6.0f}ms {r['tpot_batch1'] * 1e3:>7.1f}ms {r['tpot'] * 1e3:>6.1f}ms "
+            f"{r['tokens_per_s']:>9,.0f} {r['tokens_per_s_per_gpu']:>8,.0f}"
+        )
     print(f"  seqs: sequences of {args.context} tokens whose KV fits, in all; TPOT at that batch")
     print(f"recommended: {best['layout']}: {why}")
     return 0
 
 
 def add_serve_plan(sub) -> None:
-    p = sub.add_parser("serve-plan", help="serving layouts (tp × dp) on N GPUs: KV room, latency, throughput",
-                       formatter_class=_Formatter)  # fmt: skip
+    p = sub.add_parser(
+        "serve-plan",
+        help="serving layouts (tp × dp) on N GPUs: KV room, latency, throughput",
+        formatter_class=_Formatter,
+    )
     p.add_argument("--model", default="llama-3.1-70b", help=f"one of: {', '.join(ModelConfig.presets())}")
     p.add_argument("--gpus", type=int, default=8, help="GPUs to split into tp × dp")
     p.add_argument("--hardware", default="h100-sxm", help=f"one of: {', '.join(Hardware.presets())}")
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence (prompt + output)")
     p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory for weights + KV (vLLM's default)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (paged cache)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="weights and KV cache")
+    p.add_argument(
+        "--dtype", default="bf16", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="weights and KV cache"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_serve_plan)
 
@@ -301,8 +379,9 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     """The whole parser. ``strategies=False`` leaves ``run``'s subcommands out, so that ``info``
     and ``memory`` start without importing the strategy modules (torch.distributed and friends)."""
-    parser = argparse.ArgumentParser(prog="playbook", description="Parallelism Playbook: predict, run and measure.",
-                                     formatter_class=_Formatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="playbook", description="Parallelism Playbook: predict, run and measure.", formatter_class=_Formatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("info", help="versions, backends, devices, presets", formatter_class=_Formatter)
@@ -321,16 +400,23 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (training: 1F1B, the most loaded stage)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (mixture-of-experts presets)")
     p.add_argument("--precision", default="mixed", choices=["mixed", "fp32"], help="training precision")
-    p.add_argument("--recompute", default="none", choices=["none", "selective", "full"], help="activation recomputation")
-    p.add_argument("--fp32-grad-accum", action="store_true",
-                   help="with --precision mixed: an fp32 gradient-accumulation buffer, 4 more bytes per parameter")
+    p.add_argument(
+        "--recompute", default="none", choices=["none", "selective", "full"], help="activation recomputation"
+    )
+    p.add_argument(
+        "--fp32-grad-accum",
+        action="store_true",
+        help="with --precision mixed: an fp32 gradient-accumulation buffer, 4 more bytes per parameter",
+    )
     p.add_argument("--serve-dtype", default="bf16", help="dtype of the served weights and KV cache")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_memory)
 
     add_serve_plan(sub)
 
-    run = sub.add_parser("run", help="run a strategy on real ranks and compare with the reference", formatter_class=_Formatter)
+    run = sub.add_parser(
+        "run", help="run a strategy on real ranks and compare with the reference", formatter_class=_Formatter
+    )
     if not strategies:
         run.add_argument("strategy", nargs="?", help="a strategy (playbook run --help lists them)")
         return parser
@@ -340,9 +426,15 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     for name in names():
         s = get(name)
         p = strategies_.add_parser(name, help=s.help, description=s.help, formatter_class=_Formatter)
-        p.add_argument("--world-size", type=int, default=1 if name == "single" else 2, help="ranks (processes) to start")
-        p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
-                       help="auto: NCCL with one GPU per rank when there are enough GPUs, else gloo")  # fmt: skip
+        p.add_argument(
+            "--world-size", type=int, default=1 if name == "single" else 2, help="ranks (processes) to start"
+        )
+        p.add_argument(
+            "--backend",
+            default="auto",
+            choices=["auto", "gloo", "nccl"],
+            help="auto: NCCL with one GPU per rank when there are enough GPUs, else gloo",
+        )
         p.add_argument("--model", default="gpt-tiny", help=f"one of: {', '.join(ModelConfig.presets())}")
         p.add_argument("--steps", type=int, default=3, help="AdamW steps")
         p.add_argument("--global-batch", type=int, default=8, help="sequences per step, over all ranks")

@@ -67,8 +67,9 @@ PRELOAD = [
 class RankError(RuntimeError):
     """A rank raised. ``.rank`` is its number, ``.remote_traceback`` its traceback text."""
 
-    def __init__(self, rank: int, remote_traceback: str, note: str = "", headline: str | None = None,
-                 exitcode: int | None = None):  # fmt: skip
+    def __init__(
+        self, rank: int, remote_traceback: str, note: str = "", headline: str | None = None, exitcode: int | None = None
+    ):
         self.rank, self.remote_traceback, self.note = rank, remote_traceback, note
         self.headline, self.exitcode = headline, exitcode
         last = remote_traceback.strip().splitlines()[-1] if remote_traceback.strip() else "died"
@@ -125,7 +126,9 @@ def check_world_size(world_size: int, backend: str) -> None:
 
         gpus = torch.cuda.device_count()
         if gpus == 0:
-            raise ValueError("backend='nccl' needs one GPU per rank and no GPU is visible; use backend='gloo' (CPU processes)")
+            raise ValueError(
+                "backend='nccl' needs one GPU per rank and no GPU is visible; use backend='gloo' (CPU processes)"
+            )
         if world_size > gpus:
             raise ValueError(
                 f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) visible; "
@@ -363,8 +366,10 @@ def _kill(processes) -> None:
 
 
 # What a rank's collective raises when the process at the other end is gone (gloo, NCCL, sockets).
-_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|"
-                        r"NCCL communicator was aborted|Socket Timeout|ECONNRESET|EPIPE")  # fmt: skip
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|"
+    r"NCCL communicator was aborted|Socket Timeout|ECONNRESET|EPIPE"
+)
 
 
 def _how_it_ended(code: int | None) -> str:
@@ -383,7 +388,7 @@ def _where(status: str) -> str:
     """A rank's status slot (``waiting in all_reduce (20 B, ...) (for 1.0 s)``) as ``during all_reduce``."""
     text = re.sub(r" \(for [\d.]+ s\)$", "", status)
     if text.startswith("waiting in "):
-        return f"during {text[len('waiting in '):].split(' (')[0]}"
+        return f"during {text[len('waiting in ') :].split(' (')[0]}"
     if text.startswith("starting"):
         return "while starting (joining the process group)"
     return f"while {text}" if text else ""
@@ -398,7 +403,9 @@ def _check_options(timeout, error_grace, threads_per_rank, start_method) -> None
     for name, value, low in (("timeout", timeout, "> 0"), ("error_grace", error_grace, ">= 0")):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
         if not ok or (value <= 0 if low == "> 0" else value < 0):
-            raise ValueError(f"{name} must be a number of seconds {low}, got {value!r}; e.g. {name}={60 if name == 'timeout' else 2}")
+            raise ValueError(
+                f"{name} must be a number of seconds {low}, got {value!r}; e.g. {name}={60 if name == 'timeout' else 2}"
+            )
     require_positive(threads_per_rank=threads_per_rank)
     if start_method not in mp.get_all_start_methods():
         raise ValueError(f"start_method must be one of {mp.get_all_start_methods()}, got {start_method!r}")
@@ -422,8 +429,9 @@ def _loopback_store(world_size: int):
         sock.close()
         raise
     fd = sock.detach()  # the store owns the descriptor from here on and closes it with itself
-    return dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=True, wait_for_workers=False,
-                         master_listen_fd=fd, use_libuv=True)  # fmt: skip
+    return dist.TCPStore(
+        "127.0.0.1", port, world_size + 1, is_master=True, wait_for_workers=False, master_listen_fd=fd, use_libuv=True
+    )
 
 
 class Ranks:
@@ -439,8 +447,16 @@ class Ranks:
     slow fallback that always works (fresh interpreters, 6-7 s per start on 2 cores).
     """
 
-    def __init__(self, world_size: int, *, backend: str = "auto", timeout: float = 120.0,
-                 error_grace: float = 2.0, threads_per_rank: int = 1, start_method: str = "forkserver"):  # fmt: skip
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        backend: str = "auto",
+        timeout: float = 120.0,
+        error_grace: float = 2.0,
+        threads_per_rank: int = 1,
+        start_method: str = "forkserver",
+    ):
         require_positive(world_size=world_size)
         _check_options(timeout, error_grace, threads_per_rank, start_method)
         self.backend = default_backend(world_size) if backend == "auto" else backend
@@ -472,8 +488,11 @@ class Ranks:
         if self._expect_running and self.processes:
             gone = [(r, p.exitcode) for r, p in enumerate(self.processes) if not p.is_alive()]
             what = "; ".join(f"rank {r} {_how_it_ended(code)}" for r, code in gone)
-            print(f"playbook: the {self.world_size} ranks had stopped while idle ({what}); starting them again",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"playbook: the {self.world_size} ranks had stopped while idle ({what}); starting them again",
+                file=sys.stderr,
+                flush=True,
+            )
         self.stop()
         t0 = time.perf_counter()
         ctx = _forkserver_context() if self.start_method == "forkserver" else mp.get_context(self.start_method)
@@ -486,8 +505,18 @@ class Ranks:
             life_read, life_write = ctx.Pipe(duplex=False)
             p = ctx.Process(
                 target=_rank_main,
-                args=(rank, self.world_size, self.backend, self._store.port, self.threads_per_rank,
-                      child_conn, self._status, self._since, life_read, os.getpid()),  # fmt: skip
+                args=(
+                    rank,
+                    self.world_size,
+                    self.backend,
+                    self._store.port,
+                    self.threads_per_rank,
+                    child_conn,
+                    self._status,
+                    self._since,
+                    life_read,
+                    os.getpid(),
+                ),
                 daemon=True,
                 name=f"playbook-rank-{rank}",
             )
@@ -586,7 +615,11 @@ class Ranks:
                 for obj in sorted(ready, key=lambda o: o not in sentinel_rank):  # deaths first: they explain the rest
                     if obj in sentinel_rank:
                         r = sentinel_rank.pop(obj)
-                        if r not in results and r not in failures and not self._drain(r, conn_rank, results, traces, failures, bar, kind):
+                        if (
+                            r not in results
+                            and r not in failures
+                            and not self._drain(r, conn_rank, results, traces, failures, bar, kind)
+                        ):
                             self.processes[r].join(timeout=1.0)
                             code = self.processes[r].exitcode
                             deaths[r] = (code, self._status_of(r))
@@ -629,7 +662,9 @@ class Ranks:
             parts = [f"rank {first} {_how_it_ended(code)} {_where(status)}".rstrip()]
             if len(deaths) > 1:
                 others = sorted(set(deaths) - {first})
-                parts.append(f"{_rank_list(others)} {'died' if len(others) > 1 else _how_it_ended(deaths[others[0]][0])} too")
+                parts.append(
+                    f"{_rank_list(others)} {'died' if len(others) > 1 else _how_it_ended(deaths[others[0]][0])} too"
+                )
             if lost:
                 parts.append(f"{_rank_list(sorted(lost))} lost {'its' if len(lost) == 1 else 'their'} peer")
             if raised:
@@ -746,7 +781,9 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
-def launch(fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float = 300.0, **kwargs) -> list:
+def launch(
+    fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float = 300.0, **kwargs
+) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on fresh ranks and stop them; return every rank's result.
 
     Under ``torchrun`` this process *is* one rank: the group is joined from the environment,
@@ -770,7 +807,9 @@ def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:
 
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size is not None and world_size != env_world:
-        raise ValueError(f"world_size={world_size} but torchrun started WORLD_SIZE={env_world}; pass --nproc-per-node/--nnodes to match")
+        raise ValueError(
+            f"world_size={world_size} but torchrun started WORLD_SIZE={env_world}; pass --nproc-per-node/--nnodes to match"
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"

@@ -106,7 +106,9 @@ class ModelConfig:
         if self.n_experts:
             require_positive(n_experts=self.n_experts, top_k=self.top_k, expert_ffn_hidden=self.expert_ffn_hidden)
             if self.top_k > self.n_experts:
-                raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}; try top_k in 1..{self.n_experts}")
+                raise ValueError(
+                    f"top_k={self.top_k} exceeds n_experts={self.n_experts}; try top_k in 1..{self.n_experts}"
+                )
         if not 0 <= self.n_dense_layers <= self.n_layers:
             raise ValueError(f"n_dense_layers={self.n_dense_layers} must be in 0..n_layers={self.n_layers}")
 
@@ -180,7 +182,12 @@ class ModelConfig:
         block two norms, q/k/v/o and gate/up/down; per MoE block two norms, q/k/v/o, the router and
         gate/up/down of every routed and shared expert. PyTorch's Adam keeps one ``step`` counter each."""
         per_moe = 2 + 4 + 1 + 3 * (self.n_experts + self.n_shared_experts)
-        return 2 + (0 if self.tie_embeddings else 1) + 9 * (self.n_layers - self.n_moe_layers) + per_moe * self.n_moe_layers
+        return (
+            2
+            + (0 if self.tie_embeddings else 1)
+            + 9 * (self.n_layers - self.n_moe_layers)
+            + per_moe * self.n_moe_layers
+        )
 
     def active_params(self) -> int:
         """Parameters touched by one token: only top_k routed experts (plus shared ones) per MoE layer."""

@@ -152,38 +152,63 @@ class ParallelDims:
         return "\n".join(lines)
 
     # ---- validation against a model and a run ----
-    def check(self, cfg, *, seq_len: int | None = None, global_batch: int | None = None,
-              zigzag: bool = False, microbatches: int | None = None) -> None:
+    def check(
+        self,
+        cfg,
+        *,
+        seq_len: int | None = None,
+        global_batch: int | None = None,
+        zigzag: bool = False,
+        microbatches: int | None = None,
+    ) -> None:
         """Raise ``ValueError`` naming the first constraint this layout breaks for ``cfg`` (a
         ``ModelConfig``) and values that would work. Called before any rank starts."""
         t = self.tp
-        for what, n in (("n_heads", cfg.n_heads), ("kv_heads", cfg.kv_heads), ("ffn_hidden", cfg.ffn_hidden),
-                        ("vocab_size", cfg.vocab_size)):
+        for what, n in (
+            ("n_heads", cfg.n_heads),
+            ("kv_heads", cfg.kv_heads),
+            ("ffn_hidden", cfg.ffn_hidden),
+            ("vocab_size", cfg.vocab_size),
+        ):
             if t > 1 and n % t:
-                ok = [d for d in divisors(cfg.n_heads) if cfg.kv_heads % d == 0 and cfg.ffn_hidden % d == 0
-                      and cfg.vocab_size % d == 0]
-                raise ValueError(f"tp={t} must divide {what}={n}; tp in {{{', '.join(map(str, ok))}}} divides heads, "
-                                 "kv heads, ffn and vocabulary of this model")
+                ok = [
+                    d
+                    for d in divisors(cfg.n_heads)
+                    if cfg.kv_heads % d == 0 and cfg.ffn_hidden % d == 0 and cfg.vocab_size % d == 0
+                ]
+                raise ValueError(
+                    f"tp={t} must divide {what}={n}; tp in {{{', '.join(map(str, ok))}}} divides heads, "
+                    "kv heads, ffn and vocabulary of this model"
+                )
         if self.pp > cfg.n_layers:
-            raise ValueError(f"pp={self.pp} is more stages than the model's {cfg.n_layers} layers; use pp <= {cfg.n_layers}")
+            raise ValueError(
+                f"pp={self.pp} is more stages than the model's {cfg.n_layers} layers; use pp <= {cfg.n_layers}"
+            )
         if self.ep > 1:
             if not cfg.is_moe:
-                raise ValueError(f"ep={self.ep} needs a mixture-of-experts model (n_experts > 0); use ep=1 or a MoE "
-                                 "preset such as gpt-tiny-moe")
+                raise ValueError(
+                    f"ep={self.ep} needs a mixture-of-experts model (n_experts > 0); use ep=1 or a MoE "
+                    "preset such as gpt-tiny-moe"
+                )
             if cfg.n_experts % self.ep:
-                raise ValueError(f"ep={self.ep} must divide n_experts={cfg.n_experts}; try ep in "
-                                 f"{_options(cfg.n_experts)}")
+                raise ValueError(
+                    f"ep={self.ep} must divide n_experts={cfg.n_experts}; try ep in {_options(cfg.n_experts)}"
+                )
         if seq_len is not None and self.cp > 1:
             chunks = 2 * self.cp if zigzag else self.cp
             if seq_len % chunks:
-                raise ValueError(f"seq_len={seq_len} must split into {chunks} equal chunks for cp={self.cp}"
-                                 f"{' with zig-zag' if zigzag else ''}; use a multiple of {chunks}")
+                raise ValueError(
+                    f"seq_len={seq_len} must split into {chunks} equal chunks for cp={self.cp}"
+                    f"{' with zig-zag' if zigzag else ''}; use a multiple of {chunks}"
+                )
         if global_batch is not None:
             rows = self.dp * (microbatches or 1)
             if global_batch % rows:
                 what = f"dp·microbatches={self.dp}·{microbatches}" if microbatches else f"dp={self.dp}"
-                raise ValueError(f"global_batch={global_batch} does not split over {what}; use a global batch that "
-                                 f"is a multiple of {rows}")
+                raise ValueError(
+                    f"global_batch={global_batch} does not split over {what}; use a global batch that "
+                    f"is a multiple of {rows}"
+                )
 
 
 def _grid(c: dict[str, int]) -> dict[str, int]:

@@ -59,8 +59,10 @@ class RoutingStats:
         return sum(self.counts) - sum(self.kept)
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("counts", "kept", "counts_by_rank", "capacity", "tokens",
-                                              "router_entropy", "aux")} | {"dropped": self.dropped}  # fmt: skip
+        return {
+            k: getattr(self, k)
+            for k in ("counts", "kept", "counts_by_rank", "capacity", "tokens", "router_entropy", "aux")
+        } | {"dropped": self.dropped}
 
 
 def top_k_gating(probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,10 +167,15 @@ class MoEMLP(nn.Module):
         with torch.no_grad():
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean()
             self.stats = RoutingStats(
-                counts=total_counts.tolist(), kept=kept_by_rank.sum(0).tolist(),
-                counts_by_rank=counts_by_rank.tolist(), capacity=capacity, tokens=tokens,
-                router_entropy=float(entropy), aux=float(share), experts=experts.detach().cpu(),
-            )  # fmt: skip
+                counts=total_counts.tolist(),
+                kept=kept_by_rank.sum(0).tolist(),
+                counts_by_rank=counts_by_rank.tolist(),
+                capacity=capacity,
+                tokens=tokens,
+                router_entropy=float(entropy),
+                aux=float(share),
+                experts=experts.detach().cpu(),
+            )
         return y  # [T, h]
 
 
@@ -181,7 +188,9 @@ def configure(model: nn.Module, *, capacity_factor: float | None = None, aux_alp
     """Set the capacity factor (None: no dropping) and aux-loss weight of every MoE layer."""
     check_capacity_factor(capacity_factor)
     if not isinstance(aux_alpha, (int, float)) or aux_alpha < 0:
-        raise ValueError(f"aux_alpha must be a number >= 0 (0 switches the loss off; Switch uses 0.01), got {aux_alpha!r}")
+        raise ValueError(
+            f"aux_alpha must be a number >= 0 (0 switches the loss off; Switch uses 0.01), got {aux_alpha!r}"
+        )
     for layer in moe_layers(model):
         layer.capacity_factor, layer.aux_alpha = capacity_factor, float(aux_alpha)
     return model
@@ -192,7 +201,9 @@ def routing_stats(model: nn.Module) -> list[dict]:
     return [layer.stats.as_dict() for layer in moe_layers(model) if layer.stats is not None]
 
 
-def build(cfg: ModelConfig, seed: int = 0, *, capacity_factor: float | None = None, aux_alpha: float = AUX_ALPHA) -> GPT:
+def build(
+    cfg: ModelConfig, seed: int = 0, *, capacity_factor: float | None = None, aux_alpha: float = AUX_ALPHA
+) -> GPT:
     """``GPT(cfg, seed)`` with every MoE layer configured: the single-process reference model."""
     if not cfg.is_moe:
         raise ValueError(f"{cfg.name} is dense (n_experts=0); use an MoE preset such as gpt-tiny-moe")

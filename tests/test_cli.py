@@ -45,8 +45,20 @@ def test_memory_command_fp32_grad_accum(capsys):
     # Llama 3.1 70B, 70,553,706,496 parameters: the fp32 buffer adds 4 bytes each to the 2-byte grads,
     # sharded over dp=8 under ZeRO-2 like the gradients: (2 + 4) · Ψ / 8
     psi = 70_553_706_496
-    code, out, _ = run_cli(capsys, "memory", "--model", "llama-3.1-70b", "--seq-len", "1024", "--dp", "8",
-                           "--zero", "2", "--fp32-grad-accum", "--json")  # fmt: skip
+    code, out, _ = run_cli(
+        capsys,
+        "memory",
+        "--model",
+        "llama-3.1-70b",
+        "--seq-len",
+        "1024",
+        "--dp",
+        "8",
+        "--zero",
+        "2",
+        "--fp32-grad-accum",
+        "--json",
+    )
     assert code == 0
     assert json.loads(out)["training"]["grads"] == 6 * psi / 8
     code, out, err = run_cli(capsys, "memory", "--precision", "fp32", "--fp32-grad-accum")
@@ -117,7 +129,9 @@ def test_parity_names_every_figure_and_refuses_runs_of_different_length():
         compare(TrainResult([1.0, 2.0], w, w), TrainResult([1.0, 2.0, 3.0], w, w))
 
 
-@pytest.mark.parametrize("extra", [[], ["--schedule", "interleaved", "--chunks", "2", "--layers", "4"]], ids=["1f1b", "interleaved"])
+@pytest.mark.parametrize(
+    "extra", [[], ["--schedule", "interleaved", "--chunks", "2", "--layers", "4"]], ids=["1f1b", "interleaved"]
+)
 def test_pp_reports_its_point_to_point_bytes_predicted_and_measured(capsys, extra):
     code, out, _ = run_cli(capsys, "run", "pp", "--world-size", "2", "--steps", "2", "--no-native", *extra, "--json")
     assert code == 0

@@ -116,13 +116,15 @@ def test_interrupting_a_call_stops_every_rank(ranks2):
 
 def test_ranks_die_with_their_parent(tmp_path):
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, signal, sys
         from playbook.cluster import Ranks
         r = Ranks(2, backend="gloo").start()
         print(*r.pids(), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)  # like a kernel killed from the outside
-    """))
+    """)
+    )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 2, out.stderr
@@ -173,7 +175,8 @@ def test_nccl_without_enough_gpus_says_what_to_do():
 
 def test_the_same_function_runs_under_torchrun(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch, torch.distributed as dist
         from playbook.cluster import launch
 
@@ -186,7 +189,8 @@ def test_the_same_function_runs_under_torchrun(tmp_path):
         if dist.get_rank() == 0:
             print("RESULT", out)
         dist.destroy_process_group()
-    """))
+    """)
+    )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)

@@ -116,7 +116,10 @@ def _attention_parity(ctx, cases):
     for variant, zigzag, causal, g in cases:
         gen = torch.Generator().manual_seed(1)
         b, a, s, d = 2, 4, 16, 8
-        q, dout = torch.randn(b, a, s, d, generator=gen, dtype=torch.float64), torch.randn(b, a, s, d, generator=gen, dtype=torch.float64)
+        q, dout = (
+            torch.randn(b, a, s, d, generator=gen, dtype=torch.float64),
+            torch.randn(b, a, s, d, generator=gen, dtype=torch.float64),
+        )
         k, v = (torch.randn(b, g, s, d, generator=gen, dtype=torch.float64) for _ in range(2))
         full = [t.clone().requires_grad_() for t in (q, k, v)]
         want = attention(*full, torch.arange(s), torch.arange(s), causal)
@@ -125,7 +128,9 @@ def _attention_parity(ctx, cases):
         local = [t[:, :, mine].clone().requires_grad_() for t in (q, k, v)]
         got = VARIANTS[variant](*local, ctx.group, zigzag=zigzag, causal=causal)
         got.backward(dout[:, :, mine])
-        errs = [(got - want[:, :, mine]).abs().max()] + [(x.grad - f.grad[:, :, mine]).abs().max() for x, f in zip(local, full)]
+        errs = [(got - want[:, :, mine]).abs().max()] + [
+            (x.grad - f.grad[:, :, mine]).abs().max() for x, f in zip(local, full)
+        ]
         errors.append(max(float(e) for e in errs))
     return errors
 
@@ -133,8 +138,12 @@ def _attention_parity(ctx, cases):
 @pytest.mark.parametrize("n", [2, 4])
 def test_attention_parity_every_variant(n, ranks2, ranks4):
     ranks = ranks2 if n == 2 else ranks4
-    cases = [(v, zz, causal, 4 if v == "ulysses" and n == 4 else 2)  # Ulysses at n=4 needs 4 kv heads
-             for v in ("ring", "allgather", "ulysses") for zz in (False, True) for causal in (True, False)]  # fmt: skip
+    cases = [
+        (v, zz, causal, 4 if v == "ulysses" and n == 4 else 2)  # Ulysses at n=4 needs 4 kv heads
+        for v in ("ring", "allgather", "ulysses")
+        for zz in (False, True)
+        for causal in (True, False)
+    ]
     results = ranks.run(_attention_parity, cases)
     worst = [max(r[i] for r in results) for i in range(len(cases))]
     for case, err in zip(cases, worst):
@@ -161,8 +170,11 @@ def _ring_on_large_scores(ctx, zigzag, causal):
     got = ring_attention(*local, ctx.group, zigzag=zigzag, causal=causal)
     got.backward(dout[:, :, mine])
     scores = (q @ k.repeat_interleave(2, 1).transpose(-2, -1)) / math.sqrt(d)
-    return (float(scores.min()), float(scores.max()), [(got.detach(), want.detach()[:, :, mine])]
-            + [(x.grad, f.grad[:, :, mine]) for x, f in zip(local, full)])  # fmt: skip
+    return (
+        float(scores.min()),
+        float(scores.max()),
+        [(got.detach(), want.detach()[:, :, mine])] + [(x.grad, f.grad[:, :, mine]) for x, f in zip(local, full)],
+    )
 
 
 @pytest.mark.parametrize("zigzag,causal", [(False, True), (True, True), (False, False)])
@@ -204,12 +216,20 @@ def test_ring_attention_in_bf16_sends_2_byte_kv_and_keeps_fp32_statistics(ranks2
             sent[x["dtype"]] = sent.get(x["dtype"], 0) + x["sent_bytes"]
         # K/V go round the ring n-1 times forward and n-1 times backward, in bf16; their gradients, fp32
         assert sent == {"torch.bfloat16": 2 * (n - 1) * kv_bf16, "torch.float32": (n - 1) * 2 * kv_bf16}
-        assert sum(sent.values()) == th.comm_bytes_per_layer(TINY, seq_len=s, micro_batch=b, cp=n, variant="ring",
-                                                             dtype_bytes=2)["batch_isend_irecv"]  # fmt: skip
+        assert (
+            sum(sent.values())
+            == th.comm_bytes_per_layer(TINY, seq_len=s, micro_batch=b, cp=n, variant="ring", dtype_bytes=2)[
+                "batch_isend_irecv"
+            ]
+        )
 
 
 # ---- the whole model -----------------------------------------------------------------------------
-WHOLE = [(v, zz, causal) for v in ("ring", "allgather", "ulysses") for zz, causal in ((False, True), (True, True), (False, False))]
+WHOLE = [
+    (v, zz, causal)
+    for v in ("ring", "allgather", "ulysses")
+    for zz, causal in ((False, True), (True, True), (False, False))
+]
 
 
 def test_our_forward_is_the_models_forward():
@@ -224,7 +244,9 @@ def references():
 
     def get(setup, causal, dtype=torch.float32):
         if (setup, causal, dtype) not in cache:
-            cache[setup, causal, dtype] = train(setup) if causal and dtype == torch.float32 else train_cp(setup, causal=causal, dtype=dtype)
+            cache[setup, causal, dtype] = (
+                train(setup) if causal and dtype == torch.float32 else train_cp(setup, causal=causal, dtype=dtype)
+            )
         return cache[setup, causal, dtype]
 
     return get
@@ -242,19 +264,26 @@ def test_whole_model_parity_in_float64(n, ranks2, ranks4, references):
         results = ranks.run(on_rank, setup, variant=variant, zigzag=zigzag, causal=causal, dtype=torch.float64)
         p = compare(results[0], references(setup, causal, torch.float64))
         what = f"n={n} {variant} zigzag={zigzag} causal={causal}: {p}"
-        assert p["max_abs_loss_diff"] < 1e-12 and p["max_rel_grad_diff"] < 1e-10 and p["max_rel_param_diff"] < 1e-9, what
+        assert p["max_abs_loss_diff"] < 1e-12 and p["max_rel_grad_diff"] < 1e-10 and p["max_rel_param_diff"] < 1e-9, (
+            what
+        )
         assert all(r.losses == results[0].losses for r in results)  # the summed loss, on every rank
 
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_whole_model_float32_memory_and_bytes(n, ranks2, ranks4, references):
     ranks = ranks2 if n == 2 else ranks4
-    for variant, zigzag, causal in [(v, zz, c) for v in ("ring", "allgather", "ulysses") for zz, c in ((True, True), (False, False))]:
+    for variant, zigzag, causal in [
+        (v, zz, c) for v in ("ring", "allgather", "ulysses") for zz, c in ((True, True), (False, False))
+    ]:
         setup = SMALL if variant == "ulysses" and n == 4 else SETUP
         results = ranks.run(on_rank, setup, variant=variant, zigzag=zigzag, causal=causal)
         what = f"n={n} {variant} zigzag={zigzag} causal={causal}"
         p = compare(results[0], references(setup, causal))  # causal: the ordinary training loop, train()
-        assert p["max_abs_loss_diff"] < 1e-5 and p["max_rel_grad_diff"] < 1e-5 and p["max_rel_param_diff"] < 3e-3, (what, p)
+        assert p["max_abs_loss_diff"] < 1e-5 and p["max_rel_grad_diff"] < 1e-5 and p["max_rel_param_diff"] < 3e-3, (
+            what,
+            p,
+        )
         # memory: every category measured == predicted, to the byte, on every rank
         want = predicted_memory(setup, n, variant, causal)
         for r in results:
@@ -267,7 +296,10 @@ def test_whole_model_float32_memory_and_bytes(n, ranks2, ranks4, references):
 
 
 def test_activation_memory_falls_as_one_over_n(rank_sets, ranks2, ranks4):
-    measured = {n: r.run(on_rank, SETUP, variant="ring", zigzag=True)[0].memory["activations"] for n, r in ((2, ranks2), (4, ranks4))}
+    measured = {
+        n: r.run(on_rank, SETUP, variant="ring", zigzag=True)[0].memory["activations"]
+        for n, r in ((2, ranks2), (4, ranks4))
+    }
     # all but the 4-byte loss scalar halves when n doubles
     assert measured[4] - 4 == pytest.approx((measured[2] - 4) / 2, rel=0, abs=0)
 
@@ -283,7 +315,9 @@ def test_ring_work_per_rank_measured_equals_predicted(n, ranks2, ranks4):
         assert [o["elements"] for o in out] == th.ring_work_per_rank(16 * n, n, zigzag)
         for r, o in enumerate(out):  # and the very blocks of the schedule, step by step
             got = [(b["step"], b["q_chunk"], b["k_chunk"], b["diagonal"]) for b in o["blocks"]]
-            assert got == [(b.step, b.q_chunk, b.k_chunk, b.diagonal) for b in th.ring_schedule(n, zigzag) if b.rank == r]
+            assert got == [
+                (b.step, b.q_chunk, b.k_chunk, b.diagonal) for b in th.ring_schedule(n, zigzag) if b.rank == r
+            ]
         elements = [o["elements"] for o in out]
         if zigzag:
             assert th.imbalance(elements) <= 0.10

@@ -86,7 +86,9 @@ def test_measured_bytes_and_calls_equal_the_prediction(request, runs, n, variant
     buffer = 4 * PSI + 4  # every fp32 gradient and the loss
     calls = 21 if variant == "naive" else len(PLAN)  # gpt-tiny has 21 parameter tensors
     by_hand = {"all_reduce": 2 * buffer * (n - 1) / n, "all_reduce buffer": buffer, "all_reduce calls": calls + 1}
-    assert predicted_comm(SETUP, world_size=n, variant=variant, cap_bytes=bucket_cap_bytes(CAP_MB)) == pytest.approx(by_hand, rel=1e-12)
+    assert predicted_comm(SETUP, world_size=n, variant=variant, cap_bytes=bucket_cap_bytes(CAP_MB)) == pytest.approx(
+        by_hand, rel=1e-12
+    )
     for r in results:
         assert measured_comm(r, SETUP.steps) == pytest.approx(by_hand, rel=1e-12)
 
@@ -132,21 +134,29 @@ def test_our_bucketed_matches_ddp(ranks2, runs):
 
 
 def test_scaling_rows_on_subgroups(ranks4):
-    strong = ranks4.run(scaling_on_rank, TrainSetup(steps=2, global_batch=8, seq_len=16), sizes=(1, 2, 4), progress=False)
-    weak = ranks4.run(scaling_on_rank, TrainSetup(steps=2, global_batch=2, seq_len=16), sizes=(1, 4), weak=True, progress=False)
+    strong = ranks4.run(
+        scaling_on_rank, TrainSetup(steps=2, global_batch=8, seq_len=16), sizes=(1, 2, 4), progress=False
+    )
+    weak = ranks4.run(
+        scaling_on_rank, TrainSetup(steps=2, global_batch=2, seq_len=16), sizes=(1, 4), weak=True, progress=False
+    )
     assert strong[1:] == [[], [], []] and [r["per_rank_batch"] for r in strong[0]] == [8, 4, 2]
     assert [r["global_batch"] for r in weak[0]] == [2, 8]
     assert all(r["step_s"] > 0 and 0 < r["compute_s"] <= r["step_s"] for r in strong[0] + weak[0])
 
 
 def test_scaling_table_by_hand():
-    rows = [{"ranks": 1, "global_batch": 8, "step_s": 1.0, "compute_s": 0.8},
-            {"ranks": 4, "global_batch": 8, "step_s": 0.5, "compute_s": 0.2}]  # fmt: skip
+    rows = [
+        {"ranks": 1, "global_batch": 8, "step_s": 1.0, "compute_s": 0.8},
+        {"ranks": 4, "global_batch": 8, "step_s": 0.5, "compute_s": 0.2},
+    ]
     strong = scaling_table(rows, seq_len=10)
     assert strong[1]["speedup"] == 2.0 and strong[1]["efficiency"] == 0.5 and strong[1]["tokens_per_s"] == 160
     weak_rows = [{**rows[0]}, {"ranks": 4, "global_batch": 32, "step_s": 1.25, "compute_s": 1.0}]
     weak = scaling_table(weak_rows, seq_len=10, weak=True)
-    assert weak[1]["efficiency"] == 0.8 and weak[1]["speedup"] == pytest.approx(3.2) and weak[1]["compute_vs_base"] == 1.25
+    assert (
+        weak[1]["efficiency"] == 0.8 and weak[1]["speedup"] == pytest.approx(3.2) and weak[1]["compute_vs_base"] == 1.25
+    )
     fig = scaling_figure(strong, weak, cores=2)
     assert [t.name for t in fig.data].count("measured") == 2
 
@@ -179,15 +189,30 @@ def test_bucket_plan_figure_shows_planned_and_measured(ranks2, runs):
 
 
 def test_gantt_draws_a_prediction():
-    fig = gantt({"a": [{"kind": "compute", "name": "forward", "start": 0.0, "end": 0.002},
-                       {"kind": "comm", "name": "all_reduce", "start": 0.001, "end": 0.003, "bytes": 10}]})  # fmt: skip
+    fig = gantt(
+        {
+            "a": [
+                {"kind": "compute", "name": "forward", "start": 0.0, "end": 0.002},
+                {"kind": "comm", "name": "all_reduce", "start": 0.001, "end": 0.003, "bytes": 10},
+            ]
+        }
+    )
     assert {t.name: (list(t.base), list(t.x)) for t in fig.data} == {
-        "forward": ([0.0], [2.0]), "all-reduce (comm)": ([1.0], [pytest.approx(2.0)])}  # fmt: skip
+        "forward": ([0.0], [2.0]),
+        "all-reduce (comm)": ([1.0], [pytest.approx(2.0)]),
+    }
 
 
 def test_dashboard_recomputes_on_a_control_change():
-    box = dp_dashboard(model="gpt-tiny", hardware="a100-80gb", world_size=4, bucket_mb=0.1, seq_len=64,
-                       tokens_per_rank=512, grad_dtype="fp32")
+    box = dp_dashboard(
+        model="gpt-tiny",
+        hardware="a100-80gb",
+        world_size=4,
+        bucket_mb=0.1,
+        seq_len=64,
+        tokens_per_rank=512,
+        grad_dtype="fp32",
+    )
     before = [list(t.x) for t in box.figure.data]
     assert "4 buckets" in box.message.value
     box.controls["world_size"].value = 16  # beyond one node: the network's bandwidth
@@ -202,7 +227,9 @@ def test_cli_reports_parity_against_reference_and_ddp(capsys):
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["strategy"] == "dp" and report["setup"]["variant"] == "bucketed"
     assert report["parity"]["max_rel_grad_diff"] < 1e-5 and report["native"]["max_rel_grad_diff"] < 1e-5
-    assert report["native"]["reference"].startswith("DistributedDataParallel") and report["native"]["step_time_ratio"] > 0
+    assert (
+        report["native"]["reference"].startswith("DistributedDataParallel") and report["native"]["step_time_ratio"] > 0
+    )
     assert report["comm"]["measured"] == report["comm"]["predicted"]
     for k in ("params", "grads", "optimizer", "activations"):
         assert report["memory"]["measured"][k] == report["memory"]["predicted"][k], k
@@ -212,11 +239,17 @@ def test_cli_reports_parity_against_reference_and_ddp(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--world-size", "3"], "global_batch=8 does not split evenly over world_size=3 ranks; use world_size in {1, 2, 4, 8}"),
+        (
+            ["--world-size", "3"],
+            "global_batch=8 does not split evenly over world_size=3 ranks; use world_size in {1, 2, 4, 8}",
+        ),
         (["--world-size", "2", "--accumulate", "3"], "try accumulate in {1, 2, 4}"),
         (["--world-size", "2", "--bucket-mb", "0"], "--bucket-mb must be greater than 0 and at most 4096, got 0"),
         (["--world-size", "2", "--bucket-mb", "-1"], "--bucket-mb must be greater than 0 and at most 4096, got -1"),
-        (["--world-size", "2", "--variant", "ddp", "--accumulate", "0"], "--accumulate must be between 1 and 1024, got 0"),
+        (
+            ["--world-size", "2", "--variant", "ddp", "--accumulate", "0"],
+            "--accumulate must be between 1 and 1024, got 0",
+        ),
     ],
 )
 def test_bad_input_gets_one_clear_line(capsys, argv, message):

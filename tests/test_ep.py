@@ -48,12 +48,15 @@ def test_ep_parity_bytes_and_memory(request, n, ep, capacity_factor):
     assert predicted == measured
     # memory of every rank: 1/ep of the experts, and the exact activation count from its routing
     state = T.moe_model_state_bytes(CFG, ep=ep, dp=n, precision="fp32", n_tensors=T.param_tensors_per_rank(CFG, ep))
-    per_rank_params = 4 * (CFG.num_params() - 2 * 4 * 3 * 64 * 64 * (ep - 1) // ep)  # by hand: drop (ep-1)/ep of the experts
+    per_rank_params = 4 * (
+        CFG.num_params() - 2 * 4 * 3 * 64 * 64 * (ep - 1) // ep
+    )  # by hand: drop (ep-1)/ep of the experts
     for r, res in enumerate(results):
         assert res.memory["params"] == state.params == per_rank_params
         assert res.memory["optimizer"] == state.optimizer
-        acts = T.model_activation_bytes_moe(CFG, seq_len=SETUP.seq_len, micro_batch=SETUP.global_batch // n,
-                                            layers=whole.routing[0], rank=r, ep=ep)  # fmt: skip
+        acts = T.model_activation_bytes_moe(
+            CFG, seq_len=SETUP.seq_len, micro_batch=SETUP.global_batch // n, layers=whole.routing[0], rank=r, ep=ep
+        )
         assert res.memory["activations"] == acts
         assert sum(1 for k in res.params if ".experts." in k) == 2 * 3 * 4 // ep
 
@@ -115,6 +118,7 @@ def test_a_missing_division_of_expert_gradients_is_caught(ranks2):
             for name, p in model.named_parameters():
                 if ep.is_expert(name) and p.grad is not None:
                     p.grad *= mesh.size("dp_cp")  # as if expert gradients were not divided by n
+
         ep.sync_gradients = forgot_experts
         try:
             return ep.train_moe(setup, cfg, ctx=ctx)
@@ -143,8 +147,26 @@ def test_cli_json_has_the_routing_block():
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["run", "ep", "--world-size", "2", "--experts", "4", "--top-k", "1", "--capacity-factor", "1.0",
-                     "--steps", "2", "--json"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "run",
+                    "ep",
+                    "--world-size",
+                    "2",
+                    "--experts",
+                    "4",
+                    "--top-k",
+                    "1",
+                    "--capacity-factor",
+                    "1.0",
+                    "--steps",
+                    "2",
+                    "--json",
+                ]
+            )
+            == 0
+        )
     report = json.loads(out.getvalue())
     assert report["strategy"] == "ep" and report["setup"]["top_k"] == 1
     assert report["parity"]["max_rel_grad_diff"] < GRAD and report["parity"]["same_tokens_dropped"]
@@ -192,8 +214,11 @@ def _silent_expert(silent: int):
 
 def _optimizer_state(seen) -> dict[str, dict[str, torch.Tensor]]:
     state = seen["optimizer"].state
-    return {name: {k: v.detach().clone() for k, v in state[p].items()}
-            for name, p in seen["model"].named_parameters() if p in state}  # fmt: skip
+    return {
+        name: {k: v.detach().clone() for k, v in state[p].items()}
+        for name, p in seen["model"].named_parameters()
+        if p in state
+    }
 
 
 def _train_with_a_silent_expert(ctx, setup, cfg, silent, ep_degree):

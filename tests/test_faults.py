@@ -86,7 +86,9 @@ def test_a_killed_rank_is_blamed_not_the_survivor_that_lost_it(ranks2):
     threading.Timer(0.7, os.kill, (old[1], signal.SIGKILL)).start()
     err, seconds = timed(ranks2.run, wait_then_all_reduce)
     assert isinstance(err, RankError) and err.rank == 1 and err.exitcode == -signal.SIGKILL, str(err)
-    assert str(err).startswith("rank 1 was killed by SIGKILL (exit -9) during all_reduce; rank 0 lost its peer"), str(err)
+    assert str(err).startswith("rank 1 was killed by SIGKILL (exit -9) during all_reduce; rank 0 lost its peer"), str(
+        err
+    )
     assert seconds < 1.5 + ranks2.error_grace + LOOSE
     assert wait_gone(old) == []
 
@@ -158,7 +160,9 @@ def test_ranks_that_died_while_idle_are_restarted_with_a_word(ranks2, capfd):
         time.sleep(0.05)
     capfd.readouterr()
     assert ranks2.run(lambda ctx: ctx.rank) == [0, 1]
-    assert "had stopped while idle (rank 1 was killed by SIGKILL (exit -9)); starting them again" in capfd.readouterr().err
+    assert (
+        "had stopped while idle (rank 1 was killed by SIGKILL (exit -9)); starting them again" in capfd.readouterr().err
+    )
     assert wait_gone(before) == []
 
 
@@ -325,8 +329,10 @@ def test_bad_numbers_get_one_line_and_exit_2_before_any_rank_starts(argv, messag
 
 
 def test_memory_and_info_do_not_import_the_strategies():
-    code = ("import sys; from playbook.cli import main; main(['memory', '--json']); "
-            "print(sorted(m for m in ('torch.distributed', 'playbook.parallel.dp') if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys; from playbook.cli import main; main(['memory', '--json']); "
+        "print(sorted(m for m in ('torch.distributed', 'playbook.parallel.dp') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip().endswith("[]"), out.stdout[-300:] + out.stderr[-2000:]
 
@@ -373,7 +379,9 @@ def test_ctrl_c_during_run_exits_with_one_line_and_leaves_nothing(tmp_path):
     marker = f"playbook-ctrl-c-{os.getpid()}-{time.monotonic_ns()}"
     env = {**os.environ, "PLAYBOOK_TEST_MARK": marker, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "playbook.cli", "run", "dp", "--world-size", "2", "--steps", "10000"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
     def marked() -> list[int]:
         found = []

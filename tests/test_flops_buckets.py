@@ -8,17 +8,40 @@ import torch.distributed as dist
 
 from playbook.config import Hardware, ModelConfig
 from playbook.model import GPT
-from playbook.theory.buckets import (MIB, Bucket, bucket_cap_bytes, bucket_plan, check_plan, parameter_shapes,
-                                     predict_dp_step)  # fmt: skip
-from playbook.theory.flops import (StepTime, achieved_mfu, attention_flops_per_token, compute_seconds, flops_per_token,
-                                   link_bandwidth, matmul_params, predict_step_time, step_flops)  # fmt: skip
+from playbook.theory.buckets import (
+    MIB,
+    Bucket,
+    bucket_cap_bytes,
+    bucket_plan,
+    check_plan,
+    parameter_shapes,
+    predict_dp_step,
+)
+from playbook.theory.flops import (
+    StepTime,
+    achieved_mfu,
+    attention_flops_per_token,
+    compute_seconds,
+    flops_per_token,
+    link_bandwidth,
+    matmul_params,
+    predict_step_time,
+    step_flops,
+)
 
 TINY = ModelConfig.preset("gpt-tiny")  # vocab 64, hidden 64, 2 layers, 4 heads (2 kv), ffn 176
 # Hand count of gpt-tiny: per layer 2 norms (2·64) + q, o (64·64 each) + k, v (64·32 each) + 3·64·176
 TINY_LAYER = 2 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176
 TINY_PARAMS = 64 * 64 + 2 * TINY_LAYER + 64 + 64 * 64  # embedding, blocks, final norm, head
-HW = Hardware("round", memory_bytes=1e9, peak_bf16_flops=1e12, memory_bandwidth=1e11,
-              intra_node_bandwidth=1e9, inter_node_bandwidth=1e8, devices_per_node=4)  # fmt: skip
+HW = Hardware(
+    "round",
+    memory_bytes=1e9,
+    peak_bf16_flops=1e12,
+    memory_bandwidth=1e11,
+    intra_node_bandwidth=1e9,
+    inter_node_bandwidth=1e8,
+    devices_per_node=4,
+)
 
 
 # ---- FLOPs ---------------------------------------------------------------------------------------
@@ -62,7 +85,9 @@ def test_mla_attention_flops_use_the_query_key_and_value_head_sizes():
 def test_compute_time_and_mfu():
     assert compute_seconds(2e12, 1e12, mfu=0.5) == pytest.approx(4.0)
     # 1000 tokens/s of gpt-tiny at T=64 on a 1 TFLOP/s device
-    assert achieved_mfu(TINY, tokens_per_second=1000, seq_len=64, peak_flops=1e12) == pytest.approx(677_760 * 1000 / 1e12)
+    assert achieved_mfu(TINY, tokens_per_second=1000, seq_len=64, peak_flops=1e12) == pytest.approx(
+        677_760 * 1000 / 1e12
+    )
     for bad in (0, 1.5, -0.1):
         with pytest.raises(ValueError, match=r"mfu must be in \(0, 1\]"):
             compute_seconds(1, 1, mfu=bad)

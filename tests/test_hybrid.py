@@ -91,13 +91,16 @@ def test_a_collective_on_the_wrong_axis_ends_in_a_report_naming_rank_axis_and_co
     assert "all_reduce" in text and "axis tp" in text and "axis dp" in text
 
 
-@pytest.mark.parametrize("plan, words", [
-    (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO here shards over dp"),
-    (Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), "sequence parallelism inside a pipeline"),
-    (Plan(ParallelDims(dp=2), sequence_parallel=True), "needs tp > 1"),
-    (Plan(ParallelDims(tp=4)), r"tp=4 must divide kv_heads=2"),
-    (Plan(ParallelDims(dp=3)), "global_batch=8 does not split over dp=3"),
-])
+@pytest.mark.parametrize(
+    "plan, words",
+    [
+        (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO here shards over dp"),
+        (Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), "sequence parallelism inside a pipeline"),
+        (Plan(ParallelDims(dp=2), sequence_parallel=True), "needs tp > 1"),
+        (Plan(ParallelDims(tp=4)), r"tp=4 must divide kv_heads=2"),
+        (Plan(ParallelDims(dp=3)), "global_batch=8 does not split over dp=3"),
+    ],
+)
 def test_bad_layouts_are_refused_before_any_rank_starts(plan, words):
     with pytest.raises(ValueError, match=words):
         plan.check(DENSE)
@@ -113,7 +116,11 @@ def test_playbook_run_hybrid_on_eight_fresh_ranks(capsys):
     assert report["world_size"] == 8 and report["layout"]["name"] == "dp2×tp2×pp2"
     assert report["parity"]["max_rel_grad_diff"] < 1e-5 and report["parity"]["max_rel_l2_param_diff"] < 1e-5
     for row in report["per_rank"]:
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12) and set(row["predicted"]) == {"dp", "tp", "pp"}
+        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12) and set(row["predicted"]) == {
+            "dp",
+            "tp",
+            "pp",
+        }
 
 
 def test_playbook_run_hybrid_refuses_a_bad_layout_in_one_line(capsys):
@@ -131,8 +138,16 @@ def test_memory_is_predicted_for_every_layout_but_tp_with_cp_and_zero(name, setu
     from playbook.theory.hybrid import memory_per_rank
 
     routing = [{"counts_by_rank": [[4] * 8] * 4, "capacity": None, "tokens": 64}] if setup.config().is_moe else None
-    got = memory_per_rank(setup.config(), plan.dims, rank=0, global_batch=8, seq_len=32, microbatches=plan.m,
-                          sequence_parallel=plan.sequence_parallel, routing=routing and routing * 1)
+    got = memory_per_rank(
+        setup.config(),
+        plan.dims,
+        rank=0,
+        global_batch=8,
+        seq_len=32,
+        microbatches=plan.m,
+        sequence_parallel=plan.sequence_parallel,
+        routing=routing and routing * 1,
+    )
     modelled = not (plan.dims.tp > 1 and plan.dims.cp > 1)
     assert (got["activations"] is not None) == modelled and got["params"] > 0
 
@@ -143,8 +158,15 @@ def test_summary_reads_as_a_table(ranks4):
     setup, plan = DENSE, Plan(ParallelDims(tp=2, cp=2))
     answers = ranks4.run(train_hybrid, setup, plan)
     rows = comm_table(answers, setup, plan)
-    report = HybridReport("hybrid", 4, "gloo", compare(merge(answers, 2), reference(setup)), layout={"name": "tp2×cp2"},
-                          per_rank=rows, losses=[1.0])
+    report = HybridReport(
+        "hybrid",
+        4,
+        "gloo",
+        compare(merge(answers, 2), reference(setup)),
+        layout={"name": "tp2×cp2"},
+        per_rank=rows,
+        losses=[1.0],
+    )
     text = report.summary()
     assert "rank 3 (tp1 cp1 dp0 pp0): cp 300,288 / 300,288, tp 329,216 / 329,216" in text
     assert "activations — / 1,014,400" in text  # not modelled: said, not hidden

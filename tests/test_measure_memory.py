@@ -41,7 +41,15 @@ def test_training_step_params_grads_adamw_exact(tie):
     assert snap.activations == model_activation_bytes(cfg, seq_len=16, micro_batch=4)
     assert snap.peak == snap.params + snap.grads + snap.optimizer + snap.activations
     assert snap.cuda_allocated is None
-    assert set(snap.as_dict()) == {"params", "grads", "optimizer", "activations", "peak", "cuda_allocated", "cuda_reserved"}
+    assert set(snap.as_dict()) == {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "peak",
+        "cuda_allocated",
+        "cuda_reserved",
+    }
     assert parameter_bytes(model) == 4 * psi
 
 
@@ -59,8 +67,12 @@ def test_saved_activations_equal_prediction(name, micro_batch, seq_len):
     "cfg",
     [
         ModelConfig(vocab_size=50, hidden=48, n_layers=3, n_heads=6, n_kv_heads=3, ffn_hidden=100, max_seq_len=16),
-        ModelConfig(vocab_size=64, hidden=64, n_layers=2, n_heads=8, ffn_hidden=96, max_seq_len=32, tie_embeddings=True),
-        ModelConfig(vocab_size=17, hidden=40, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=12, head_dim=12),
+        ModelConfig(
+            vocab_size=64, hidden=64, n_layers=2, n_heads=8, ffn_hidden=96, max_seq_len=32, tie_embeddings=True
+        ),
+        ModelConfig(
+            vocab_size=17, hidden=40, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=12, head_dim=12
+        ),
     ],
     ids=["gqa", "mha-tied", "head_dim"],
 )
@@ -85,7 +97,9 @@ def test_activation_formula_closed_form():
         assert block_activation_bytes(cfg, seq_len=s, micro_batch=b, dtype_bytes=B, recompute="full") == B * b * s * h
     parts = block_activation_breakdown(cfg, seq_len=s, micro_batch=b)
     assert parts["attention probabilities"] == 4 * b * a * s * s
-    assert model_activation_breakdown(cfg, seq_len=s, micro_batch=b)["blocks"] == L * block_activation_bytes(cfg, seq_len=s, micro_batch=b)
+    assert model_activation_breakdown(cfg, seq_len=s, micro_batch=b)["blocks"] == L * block_activation_bytes(
+        cfg, seq_len=s, micro_batch=b
+    )
 
 
 def test_activation_argument_checks():

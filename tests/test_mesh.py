@@ -10,8 +10,16 @@ from playbook.dims import AXES, GROUP_AXES, ParallelDims, layouts
 
 
 # ---- the layout, pure -------------------------------------------------------------------------
-@pytest.mark.parametrize("dims", [ParallelDims(dp=2, tp=2, pp=2), ParallelDims(dp=3, cp=2, tp=2), ParallelDims(dp=4, ep=2),
-                                  ParallelDims(dp=2, cp=2, ep=4), ParallelDims(pp=3, tp=2)])
+@pytest.mark.parametrize(
+    "dims",
+    [
+        ParallelDims(dp=2, tp=2, pp=2),
+        ParallelDims(dp=3, cp=2, tp=2),
+        ParallelDims(dp=4, ep=2),
+        ParallelDims(dp=2, cp=2, ep=4),
+        ParallelDims(pp=3, tp=2),
+    ],
+)
 def test_coordinates_round_trip_and_every_axis_partitions_the_world(dims):
     for r in range(dims.world):
         assert dims.rank(**{a: dims.coords(r)[a] for a in AXES}) == r
@@ -46,8 +54,17 @@ def test_expert_groups_are_consecutive_data_ranks_and_replicas_stride_by_ep():
 def test_table_and_describe_list_every_group():
     d = ParallelDims(dp=2, tp=2, pp=2)
     rows = d.table()
-    assert len(rows) == 8 and rows[5] == {"rank": 5, "tp": 1, "cp": 0, "dp": 0, "pp": 1, "tp group": [4, 5],
-                                          "dp group": [5, 7], "pp group": [1, 5], "dp_cp group": [5, 7]}
+    assert len(rows) == 8 and rows[5] == {
+        "rank": 5,
+        "tp": 1,
+        "cp": 0,
+        "dp": 0,
+        "pp": 1,
+        "tp group": [4, 5],
+        "dp group": [5, 7],
+        "pp group": [1, 5],
+        "dp_cp group": [5, 7],
+    }
     text = d.describe()
     assert "tp         size 2: [0, 1] [2, 3] [4, 5] [6, 7]" in text and "pp         size 2: [0, 4] [1, 5]" in text
     assert str(d) == "dp2×tp2×pp2" and str(ParallelDims()) == "single"
@@ -58,22 +75,32 @@ def test_layouts_enumerates_every_factorisation():
     assert found == {"dp4", "tp4", "pp4", "cp4", "dp2×tp2", "dp2×pp2", "dp2×cp2", "tp2×pp2", "tp2×cp2", "pp2×cp2"}
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(dp=0), "dp must be a positive integer"),
-    (dict(dp=3, ep=2), "ep=2 must divide dp·cp=3"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(dp=0), "dp must be a positive integer"),
+        (dict(dp=3, ep=2), "ep=2 must divide dp·cp=3"),
+    ],
+)
 def test_bad_degrees_name_the_constraint(kwargs, words):
     with pytest.raises(ValueError, match=words):
         ParallelDims(**kwargs)
 
 
-@pytest.mark.parametrize("dims, kwargs, words", [
-    (ParallelDims(tp=4), {}, r"tp=4 must divide kv_heads=2; tp in \{1, 2\}"),
-    (ParallelDims(pp=8), {}, "pp=8 is more stages than the model's 2 layers"),
-    (ParallelDims(dp=2, ep=2), {}, "needs a mixture-of-experts model"),
-    (ParallelDims(cp=2), dict(seq_len=30, zigzag=True), "seq_len=30 must split into 4 equal chunks"),
-    (ParallelDims(dp=2, pp=2), dict(global_batch=6, microbatches=2), "global_batch=6 does not split over dp·microbatches"),
-])
+@pytest.mark.parametrize(
+    "dims, kwargs, words",
+    [
+        (ParallelDims(tp=4), {}, r"tp=4 must divide kv_heads=2; tp in \{1, 2\}"),
+        (ParallelDims(pp=8), {}, "pp=8 is more stages than the model's 2 layers"),
+        (ParallelDims(dp=2, ep=2), {}, "needs a mixture-of-experts model"),
+        (ParallelDims(cp=2), dict(seq_len=30, zigzag=True), "seq_len=30 must split into 4 equal chunks"),
+        (
+            ParallelDims(dp=2, pp=2),
+            dict(global_batch=6, microbatches=2),
+            "global_batch=6 does not split over dp·microbatches",
+        ),
+    ],
+)
 def test_a_layout_that_does_not_fit_the_model_is_refused_before_ranks_start(dims, kwargs, words):
     with pytest.raises(ValueError, match=words):
         dims.check(ModelConfig.preset("gpt-tiny"), **kwargs)
@@ -97,8 +124,13 @@ def probe(ctx, dims):
         sums[axis] = t.item()
     axes = [s.axis for s in ctx.tracer.spans if s.kind == "comm"]
     again = ctx.mesh_for(dims) is mesh  # cached: no new groups on a second call
-    return {"sums": sums, "coords": mesh.coords, "axes": axes, "cached": again,
-            "pp_peer": mesh.global_rank("pp", 1 - mesh.index("pp")) if dims.pp == 2 else None}
+    return {
+        "sums": sums,
+        "coords": mesh.coords,
+        "axes": axes,
+        "cached": again,
+        "pp_peer": mesh.global_rank("pp", 1 - mesh.index("pp")) if dims.pp == 2 else None,
+    }
 
 
 def test_mesh_groups_on_eight_real_ranks_match_the_layout(ranks8):

@@ -13,15 +13,28 @@ RANDOM_CONFIGS = [
     dict(vocab_size=50, hidden=48, n_layers=3, n_heads=6, n_kv_heads=3, ffn_hidden=100, max_seq_len=16),
     dict(vocab_size=33, hidden=32, n_layers=1, n_heads=4, ffn_hidden=70, max_seq_len=8, tie_embeddings=True),
     dict(vocab_size=17, hidden=40, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=12, head_dim=12),
-    dict(vocab_size=64, hidden=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=96, max_seq_len=32, tie_embeddings=True),
+    dict(
+        vocab_size=64,
+        hidden=64,
+        n_layers=2,
+        n_heads=8,
+        n_kv_heads=8,
+        ffn_hidden=96,
+        max_seq_len=32,
+        tie_embeddings=True,
+    ),
 ]
 
 
 def configs():
-    return [ModelConfig.preset("gpt-tiny"), ModelConfig.preset("gpt-small")] + [ModelConfig(**c) for c in RANDOM_CONFIGS]
+    return [ModelConfig.preset("gpt-tiny"), ModelConfig.preset("gpt-small")] + [
+        ModelConfig(**c) for c in RANDOM_CONFIGS
+    ]
 
 
-@pytest.mark.parametrize("cfg", configs(), ids=lambda c: c.name if c.name != "custom" else f"h{c.hidden}-a{c.n_heads}-g{c.kv_heads}")
+@pytest.mark.parametrize(
+    "cfg", configs(), ids=lambda c: c.name if c.name != "custom" else f"h{c.hidden}-a{c.n_heads}-g{c.kv_heads}"
+)
 def test_num_params_matches_config(cfg):
     model = GPT(cfg)
     assert sum(p.numel() for p in model.parameters()) == cfg.num_params()
@@ -130,7 +143,10 @@ def test_moe_config_builds_the_moe_mlp_after_the_dense_layers():
     assert type(model.blocks[0].mlp).__name__ == "SwiGLU" and type(model.blocks[1].mlp).__name__ == "MoEMLP"
     tokens, targets = SyntheticTask(cfg.vocab_size).batch(0, 2, 8)
     logits, loss = model(tokens, targets)
-    assert torch.allclose(loss, torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1)) + model.aux_loss())
+    assert torch.allclose(
+        loss,
+        torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1)) + model.aux_loss(),
+    )
 
 
 def test_tied_embeddings_share_storage():
@@ -163,8 +179,10 @@ def test_rope_is_relative():
     """q·k after RoPE depends only on the distance between positions."""
     rope = GPT(ModelConfig.preset("gpt-tiny")).blocks[0].attn.rope
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
     def score(i, j):
         return (rope(q, torch.tensor([i])) * rope(k, torch.tensor([j]))).sum()
+
     assert torch.allclose(score(3, 1), score(10, 8), atol=1e-5)
 
 

@@ -237,4 +237,7 @@ def test_the_moe_theory_imports_no_torch():
     import sys
 
     code = "import sys, playbook.theory.moe; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )

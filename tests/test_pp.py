@@ -131,7 +131,9 @@ def test_bubble_prediction_replays_the_measured_busy_time(name, ranks2):
     results = ranks2.run(on_rank, TINY, schedule=name, m=4, v=1, progress=False)
     steps = range(1, TINY.steps)  # compare_bubble's default: every step after the first
     measured = [sum(measured_timeline(results, st).busy()[r] for st in steps) / len(steps) for r in range(2)]
-    by_hand = [sum(s.end - s.start for st in steps for s in results[r]["logs"][st].slots) / len(steps) for r in range(2)]
+    by_hand = [
+        sum(s.end - s.start for st in steps for s in results[r]["logs"][st].slots) / len(steps) for r in range(2)
+    ]
     assert measured == pytest.approx(by_hand, rel=1e-12)
     predicted = simulate(schedule, measured_costs(results, schedule)).busy()
     assert predicted == pytest.approx(measured, rel=1e-9)  # per rank, to float rounding
@@ -140,7 +142,8 @@ def test_bubble_prediction_replays_the_measured_busy_time(name, ranks2):
     total_busy = 2 * rep["makespan_predicted_s"] * (1 - rep["bubble_predicted"]["idle_over_total"])
     assert total_busy == pytest.approx(sum(measured), rel=1e-9)
     assert rep["bubble_predicted"]["bubble_over_ideal"] == pytest.approx(
-        (2 * rep["makespan_predicted_s"] - sum(measured)) / sum(measured), rel=1e-9)
+        (2 * rep["makespan_predicted_s"] - sum(measured)) / sum(measured), rel=1e-9
+    )
 
 
 def test_split_backward_on_one_process_equals_full_backward():
@@ -161,7 +164,9 @@ def test_split_backward_on_one_process_equals_full_backward():
 
 
 def test_cli_prints_a_schedule_block(capsys):
-    code = main(["run", "pp", "--world-size", "2", "--schedule", "zb-h1", "--microbatches", "4", "--steps", "2", "--json"])
+    code = main(
+        ["run", "pp", "--world-size", "2", "--schedule", "zb-h1", "--microbatches", "4", "--steps", "2", "--json"]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["strategy"] == "pp" and report["world_size"] == 2

@@ -46,8 +46,10 @@ def test_a_strategy_with_a_positional_boolean_is_caught():
 
 
 def test_listing_the_strategies_imports_none_of_them():
-    code = ("import sys; from playbook.parallel.registry import names; names(); "
-            "print([m for m in sys.modules if m.startswith('playbook.parallel.') and m != 'playbook.parallel.registry'])")
+    code = (
+        "import sys; from playbook.parallel.registry import names; names(); "
+        "print([m for m in sys.modules if m.startswith('playbook.parallel.') and m != 'playbook.parallel.registry'])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['playbook.parallel.report', 'playbook.parallel.training']" or "dp_run" not in out
     assert not any(m in out for m in ("dp_run", "zero_run", "hybrid", "tp", "'playbook.parallel.pp'"))

@@ -6,12 +6,30 @@ import sys
 import pytest
 
 from playbook.theory.schedules import (
-    SCHEDULES, Action, Costs, Deadlock, Schedule, balanced_partition, closed_form, equal_partition, held_bytes,
-    in_flight, make_schedule, simulate, validate, with_communication,
-)  # fmt: skip
+    SCHEDULES,
+    Action,
+    Costs,
+    Deadlock,
+    Schedule,
+    balanced_partition,
+    closed_form,
+    equal_partition,
+    held_bytes,
+    in_flight,
+    make_schedule,
+    simulate,
+    validate,
+    with_communication,
+)
 
-GRID = [(name, p, m, v) for name in SCHEDULES for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 12, 16, 32)
-        for v in ((1, 2, 3, 4) if name == "interleaved" else (1,)) if not (name == "interleaved" and m % p)]  # fmt: skip
+GRID = [
+    (name, p, m, v)
+    for name in SCHEDULES
+    for p in (1, 2, 3, 4, 8)
+    for m in (1, 2, 3, 4, 8, 12, 16, 32)
+    for v in ((1, 2, 3, 4) if name == "interleaved" else (1,))
+    if not (name == "interleaved" and m % p)
+]
 
 
 def _play_by_message_matching(s: Schedule) -> None:
@@ -33,7 +51,9 @@ def _play_by_message_matching(s: Schedule) -> None:
                 pos[r] += 1
                 moved = True
         if not moved:
-            raise AssertionError(f"{s.name} p={s.p} m={s.m} v={s.v} is stuck at {[s.actions[r][pos[r]] for r in range(s.p) if pos[r] < len(s.actions[r])]}")
+            raise AssertionError(
+                f"{s.name} p={s.p} m={s.m} v={s.v} is stuck at {[s.actions[r][pos[r]] for r in range(s.p) if pos[r] < len(s.actions[r])]}"
+            )
 
 
 @pytest.mark.parametrize("name, p, m, v", GRID)
@@ -50,7 +70,9 @@ def test_every_schedule_is_valid_and_plays_without_deadlock(name, p, m, v):
         recv_f = sum(1 for a in s.actions[r] if a.kind == "recv_F")
         assert recv_f == m * sum(1 for c in range(v) if s.stage(r, c) > 0)
         assert sum(1 for a in s.actions[r] if a.kind == "send_B") == recv_f
-        assert sum(1 for a in s.actions[r] if a.kind == "recv_B") == m * sum(1 for c in range(v) if s.stage(r, c) < n - 1)
+        assert sum(1 for a in s.actions[r] if a.kind == "recv_B") == m * sum(
+            1 for c in range(v) if s.stage(r, c) < n - 1
+        )
 
 
 @pytest.mark.parametrize("name, p, m, v", [g for g in GRID if g[2] >= g[1] or g[0] != "zb-h1"])

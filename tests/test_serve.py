@@ -83,18 +83,33 @@ def test_tp_decoding_on_2_and_4_ranks_matches_the_reference(ranks2, ranks4):
             assert torch.equal(a["tokens"], tokens)
             assert (a["logits"] - logits).abs().max() < 1e-5
             per_layer = a["layer_bytes"] / a["decoded"] / cfg.n_layers
-            assert per_layer == tp_allreduce_bytes(cfg, tokens=1, tp=t, act_bytes=4) == 2 * 2 * cfg.hidden * 4 * (t - 1) / t
+            assert (
+                per_layer
+                == tp_allreduce_bytes(cfg, tokens=1, tp=t, act_bytes=4)
+                == 2 * 2 * cfg.hidden * 4 * (t - 1) / t
+            )
 
 
 def test_dp_replicas_with_tp_serve_their_own_requests(ranks4):
     reqs = make_requests(6, TINY.vocab_size, seed=2)
-    answers = ranks4.run(serve_on_rank, cfg=TINY, seed=0, dims=ParallelDims(dp=2, tp=2), requests=reqs, n_blocks=16,
-                         block_size=4, max_batch=4)
+    answers = ranks4.run(
+        serve_on_rank,
+        cfg=TINY,
+        seed=0,
+        dims=ParallelDims(dp=2, tp=2),
+        requests=reqs,
+        n_blocks=16,
+        block_size=4,
+        max_batch=4,
+    )
     model = GPT(TINY, seed=0).eval()
     for a in answers:
         assert sorted(a["tokens"]) == [r.id for r in reqs if r.id % 2 == a["coords"]["dp"]]
         for rid, tokens in a["tokens"].items():
-            assert tokens == greedy_without_cache(model, torch.tensor([reqs[rid].prompt]), reqs[rid].max_new)[0][0].tolist()
+            assert (
+                tokens
+                == greedy_without_cache(model, torch.tensor([reqs[rid].prompt]), reqs[rid].max_new)[0][0].tolist()
+            )
         assert all(s["kv_bytes"] == s["kv_predicted"] for s in a["steps"])
         assert a["layer_bytes"] == a["decoded"] * TINY.n_layers * tp_allreduce_bytes(TINY, tokens=1, tp=2, act_bytes=4)
 

@@ -10,8 +10,23 @@ from playbook.theory.serving import serving_layout
 
 
 def test_serve_plan_json_has_every_fitting_layout_and_a_recommendation(capsys):
-    assert main(["serve-plan", "--model", "llama-3.1-70b", "--gpus", "8", "--hardware", "h100-sxm", "--context", "8192",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "serve-plan",
+                "--model",
+                "llama-3.1-70b",
+                "--gpus",
+                "8",
+                "--hardware",
+                "h100-sxm",
+                "--context",
+                "8192",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert [r["layout"] for r in out["layouts"]] == ["tp2×dp4", "tp4×dp2", "tp8×dp1"]
     want = serving_layout(ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm"), tp=4, dp=2, context=8192)
@@ -24,12 +39,15 @@ def test_serve_plan_table_names_the_recommendation(capsys):
     assert "tp1×dp4" in text and "tp4×dp1" in text and "recommended:" in text
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--context", "0"], "--context 0 must be in 1..131072"),
-    (["--mem-util", "1.5"], "--mem-util must be in (0, 1]"),
-    (["--gpus", "0"], "--gpus must be a positive integer"),
-    (["--model", "llama-3.1-405b", "--gpus", "4"], "does not fit 4 × h100-sxm"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--context", "0"], "--context 0 must be in 1..131072"),
+        (["--mem-util", "1.5"], "--mem-util must be in (0, 1]"),
+        (["--gpus", "0"], "--gpus must be a positive integer"),
+        (["--model", "llama-3.1-405b", "--gpus", "4"], "does not fit 4 × h100-sxm"),
+    ],
+)
 def test_serve_plan_refuses_bad_input_in_one_line(capsys, argv, message):
     assert main(["serve-plan", *argv]) == 2
     err = capsys.readouterr().err.strip()

@@ -19,9 +19,14 @@ def test_alpha_beta_time():
     assert collective_seconds("all_reduce", 1e9, 8, 1e11) == pytest.approx(0.0175 + 14 * 5e-6)
 
 
-@pytest.mark.parametrize("args, message", [(("all_reduce", 1, 0), "n must be a positive integer"),
-                                           (("gather_all", 1, 2), "unknown collective 'gather_all'"),
-                                           (("all_reduce", -1, 2), "size must be >= 0")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("all_reduce", 1, 0), "n must be a positive integer"),
+        (("gather_all", 1, 2), "unknown collective 'gather_all'"),
+        (("all_reduce", -1, 2), "size must be >= 0"),
+    ],
+)
 def test_bad_input(args, message):
     with pytest.raises(ValueError, match=message):
         sent_bytes(*args)

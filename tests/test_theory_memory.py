@@ -434,7 +434,9 @@ def test_kv_cache_per_token():
 
 
 def test_kv_cache_refuses_unknown_dtype():
-    with pytest.raises(ValueError, match="dtype must be one of 'fp32', 'bf16', 'fp16', 'fp8', 'int8', 'int4'; got 'fp64'"):
+    with pytest.raises(
+        ValueError, match="dtype must be one of 'fp32', 'bf16', 'fp16', 'fp8', 'int8', 'int4'; got 'fp64'"
+    ):
         kv_cache_bytes_per_token(LLAMA_8B, "fp64")
 
 

@@ -62,8 +62,14 @@ TINY, SMALL = ModelConfig.preset("gpt-tiny"), ModelConfig.preset("gpt-small")
 SETUPS = {2: TrainSetup(model="gpt-tiny", steps=3), 4: TrainSetup(model="gpt-small", steps=3)}
 CASES = [(2, False), (2, True), (4, False), (4, True)]  # (t, sequence parallel)
 # ours: (t, sequence parallel, regather (Megatron's SP memory saving), recompute)
-OURS = [(t, sp, False, "none") for t, sp in CASES] + [(2, True, True, "none"), (4, True, True, "none"),
-        (2, False, False, "selective"), (2, False, False, "full"), (2, True, True, "full"), (4, True, False, "full")]
+OURS = [(t, sp, False, "none") for t, sp in CASES] + [
+    (2, True, True, "none"),
+    (4, True, True, "none"),
+    (2, False, False, "selective"),
+    (2, False, False, "full"),
+    (2, True, True, "full"),
+    (4, True, False, "full"),
+]
 
 
 # ---- the conjugate operators against one process ------------------------------------------------
@@ -168,8 +174,9 @@ def test_forward_logits_equal_the_reference(t, sp, request):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-TIED = ModelConfig(vocab_size=48, hidden=32, n_layers=2, n_heads=4, ffn_hidden=64, max_seq_len=16,
-                   tie_embeddings=True)  # plain multi-head attention, embedding tied to the head
+TIED = ModelConfig(
+    vocab_size=48, hidden=32, n_layers=2, n_heads=4, ffn_hidden=64, max_seq_len=16, tie_embeddings=True
+)  # plain multi-head attention, embedding tied to the head
 
 
 def _one_step_grads(ctx, cfg, sp, regather):
@@ -216,8 +223,15 @@ def run_case(request, t, sp, regather=False, recompute="none"):
     if key not in _RUNS:
         native = not regather and recompute == "none"
         ranks = request.getfixturevalue(f"ranks{t}")
-        _RUNS[key] = ranks.run(on_rank, SETUPS[t], sequence_parallel=sp, native=native, regather=regather,
-                               recompute=recompute, progress=False)
+        _RUNS[key] = ranks.run(
+            on_rank,
+            SETUPS[t],
+            sequence_parallel=sp,
+            native=native,
+            regather=regather,
+            recompute=recompute,
+            progress=False,
+        )
     if t not in _REFERENCES:
         _REFERENCES[t] = train(SETUPS[t])
     return _RUNS[key], _REFERENCES[t]
@@ -262,8 +276,11 @@ def test_parity_check_catches_a_missing_gradient_sum(ranks2):
     results = [a[0] for a in answers]
     grads = unshard([r.grads for r in results], answers[0][1])
     reference = train(SETUPS[2])
-    err = max(float((grads[n] - reference.grads[n]).abs().max() / reference.grads[n].abs().max())
-              for n in reference.grads if "norm" in n)  # fmt: skip
+    err = max(
+        float((grads[n] - reference.grads[n]).abs().max() / reference.grads[n].abs().max())
+        for n in reference.grads
+        if "norm" in n
+    )
     assert err > 0.01
 
 
@@ -271,8 +288,14 @@ def test_parity_check_catches_a_missing_gradient_sum(ranks2):
 def test_collectives_measured_equal_predicted(t, sp, regather, recompute, request):
     answers, _ = run_case(request, t, sp, regather, recompute)
     cfg, setup = SETUPS[t].config(), SETUPS[t]
-    sizes = dict(seq_len=setup.seq_len, micro_batch=setup.global_batch, tp=t, sequence_parallel=sp,
-                 regather=regather, recompute=recompute)  # fmt: skip
+    sizes = dict(
+        seq_len=setup.seq_len,
+        micro_batch=setup.global_batch,
+        tp=t,
+        sequence_parallel=sp,
+        regather=regather,
+        recompute=recompute,
+    )
     predicted = [vars(c) for c in step_collectives(cfg, **sizes)]
     for ours, _ in answers:  # every rank
         assert ours[2] == predicted  # same order, region, phase, op, bytes and bytes sent
@@ -286,8 +309,12 @@ def test_per_layer_counts_and_bytes_by_hand(t, sp, regather, request):
     act = 4 * b * s * h  # one fp32 [b, s, h] activation
     per_layer = summarize([c for c in answers[0][0][2] if c["region"] in ("layer0.attn", "layer0.mlp")])
     if sp:  # an all-gather where each region starts, a reduce-scatter where it ends; reversed backward
-        want = {("forward", "all_gather"): 2, ("forward", "reduce_scatter"): 2,
-                ("backward", "all_gather"): 4 if regather else 2, ("backward", "reduce_scatter"): 2}  # fmt: skip
+        want = {
+            ("forward", "all_gather"): 2,
+            ("forward", "reduce_scatter"): 2,
+            ("backward", "all_gather"): 4 if regather else 2,
+            ("backward", "reduce_scatter"): 2,
+        }
         sent = act * (t - 1) / t  # each sends S(t−1)/t
     else:  # Megatron: g twice forward, f twice backward
         want = {("forward", "all_reduce"): 2, ("backward", "all_reduce"): 2}
@@ -305,12 +332,24 @@ def test_memory_per_rank_measured_equals_predicted(t, sp, regather, recompute, r
     answers, _ = run_case(request, t, sp, regather, recompute)
     setup = SETUPS[t]
     cfg = setup.config()
-    predicted = tp_training_memory(cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, tp=t, sequence_parallel=sp,
-                                   regather=regather, recompute=recompute, n_tensors=cfg.num_param_tensors())  # fmt: skip
+    predicted = tp_training_memory(
+        cfg,
+        seq_len=setup.seq_len,
+        micro_batch=setup.global_batch,
+        tp=t,
+        sequence_parallel=sp,
+        regather=regather,
+        recompute=recompute,
+        n_tensors=cfg.num_param_tensors(),
+    )
     for a in answers:
         m = a[0][0].memory
         assert (m["params"], m["grads"], m["optimizer"], m["activations"]) == (
-            predicted.params, predicted.grads, predicted.optimizer, predicted.activations)
+            predicted.params,
+            predicted.grads,
+            predicted.optimizer,
+            predicted.activations,
+        )
     # weights by hand: everything but the 2L+1 norms split t ways
     norms = (2 * cfg.n_layers + 1) * cfg.hidden
     assert answers[0][0][0].memory["params"] == 4 * ((cfg.num_params() - norms) // t + norms)

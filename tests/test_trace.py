@@ -4,7 +4,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-pytestmark = pytest.mark.skipif(not hasattr(dist, "all_gather_single"), reason="torch < 2.13 names these ops differently")
+pytestmark = pytest.mark.skipif(
+    not hasattr(dist, "all_gather_single"), reason="torch < 2.13 names these ops differently"
+)
 
 
 def issue_one_of_each(ctx):
@@ -37,9 +39,14 @@ def test_every_collective_is_recorded_once_with_its_bytes(ranks4):
             if s.kind == "comm":
                 comm.setdefault(s.name, []).append(s)
         assert [s.name for s in rank_spans if s.kind == "comm"] == [
-            "all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single",
-            "broadcast", "batch_isend_irecv", "all_reduce",
-        ]  # fmt: skip
+            "all_reduce",
+            "all_gather_single",
+            "reduce_scatter_single",
+            "all_to_all_single",
+            "broadcast",
+            "batch_isend_irecv",
+            "all_reduce",
+        ]
         big, small = comm["all_reduce"]
         assert (big.bytes, big.sent_bytes) == (4000, 2 * 4000 * 3 / 4)  # ring all-reduce: 2S(n-1)/n
         assert (small.bytes, small.sent_bytes) == (8, 2 * 8 * 3 / 4)

@@ -108,8 +108,16 @@ def test_timeline_places_spans_in_ms_per_rank():
     spans = [
         {"rank": 0, "kind": "compute", "name": "forward", "start": 10.000, "end": 10.004},
         {"rank": 1, "kind": "compute", "name": "forward", "start": 10.001, "end": 10.003},
-        {"rank": 0, "kind": "comm", "name": "all_reduce", "start": 10.004, "end": 10.010,
-         "bytes": 4096, "sent_bytes": 4096.0, "group": "world"},
+        {
+            "rank": 0,
+            "kind": "comm",
+            "name": "all_reduce",
+            "start": 10.004,
+            "end": 10.010,
+            "bytes": 4096,
+            "sent_bytes": 4096.0,
+            "group": "world",
+        },
         {"rank": 1, "kind": "comm", "name": "broadcast", "start": 10.005, "end": None},  # never waited: skipped
     ]
     fig = timeline(spans)
@@ -173,7 +181,9 @@ def test_dashboard_defaults_and_in_place_updates():
     assert traces_by_group(fig)["optimizer"].y[0] == pytest.approx(expected_training(zero=3, dp=64)["optimizer"] / 1e9)
 
     c["unit"].value = "GiB"
-    assert traces_by_group(fig)["optimizer"].y[0] == pytest.approx(expected_training(zero=3, dp=64)["optimizer"] / 2**30)
+    assert traces_by_group(fig)["optimizer"].y[0] == pytest.approx(
+        expected_training(zero=3, dp=64)["optimizer"] / 2**30
+    )
     assert "GiB" in fig.layout.yaxis.title.text
 
 

@@ -20,8 +20,14 @@ from playbook.viz.mesh import (
     training_rows,
 )
 
-LAYOUTS = [ParallelDims(dp=2, tp=2, pp=2), ParallelDims(dp=2, cp=2, tp=2), ParallelDims(dp=4, ep=2),
-           ParallelDims(dp=2, tp=4, pp=2, cp=2), ParallelDims(tp=8, dp=4, pp=4), ParallelDims()]  # fmt: skip
+LAYOUTS = [
+    ParallelDims(dp=2, tp=2, pp=2),
+    ParallelDims(dp=2, cp=2, tp=2),
+    ParallelDims(dp=4, ep=2),
+    ParallelDims(dp=2, tp=4, pp=2, cp=2),
+    ParallelDims(tp=8, dp=4, pp=4),
+    ParallelDims(),
+]
 
 
 def groups_from_z(z) -> list[list[int]]:
@@ -65,8 +71,12 @@ def test_groups_in_another_order_and_the_links_they_use():
     dims = ParallelDims(dp=2, tp=4, pp=2)
     for axis in AXES:
         assert groups_in_order(dims, axis) == dims.groups(axis)
-    assert groups_in_order(dims, "tp", ("pp", "dp", "cp", "tp")) == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14],
-                                                                    [3, 7, 11, 15]]  # fmt: skip
+    assert groups_in_order(dims, "tp", ("pp", "dp", "cp", "tp")) == [
+        [0, 4, 8, 12],
+        [1, 5, 9, 13],
+        [2, 6, 10, 14],
+        [3, 7, 11, 15],
+    ]
     assert links(dims, 8) == {"tp": "intra-node", "dp": "intra-node", "pp": "inter-node"}
     assert links(dims, 8, ("pp", "dp", "cp", "tp")) == {"tp": "inter-node", "dp": "intra-node", "pp": "intra-node"}
     with pytest.raises(ValueError, match="order must list"):
@@ -74,12 +84,21 @@ def test_groups_in_another_order_and_the_links_they_use():
 
 
 ROWS = [
-    {"rank": 0, "coords": {"tp": 0, "cp": 0, "dp": 0, "pp": 0}, "predicted": {"tp": 2000.0, "dp": 1000.0},
-     "measured": {"tp": 2000.0, "dp": 1000.0}, "memory": {"params": 10, "grads": 10, "optimizer": 24, "activations": 50}},
-    {"rank": 1, "coords": {"tp": 1, "cp": 0, "dp": 0, "pp": 0}, "predicted": {"tp": 2000.0, "dp": 1000.0, "pp": 300.0},
-     "measured": {"tp": 2000.0, "dp": 1500.0, "pp": 300.0},
-     "memory": {"params": 20, "grads": 20, "optimizer": 44, "activations": 60, "peak": 999}},
-]  # fmt: skip
+    {
+        "rank": 0,
+        "coords": {"tp": 0, "cp": 0, "dp": 0, "pp": 0},
+        "predicted": {"tp": 2000.0, "dp": 1000.0},
+        "measured": {"tp": 2000.0, "dp": 1000.0},
+        "memory": {"params": 10, "grads": 10, "optimizer": 24, "activations": 50},
+    },
+    {
+        "rank": 1,
+        "coords": {"tp": 1, "cp": 0, "dp": 0, "pp": 0},
+        "predicted": {"tp": 2000.0, "dp": 1000.0, "pp": 300.0},
+        "measured": {"tp": 2000.0, "dp": 1500.0, "pp": 300.0},
+        "memory": {"params": 20, "grads": 20, "optimizer": 44, "activations": 60, "peak": 999},
+    },
+]
 
 
 def test_bytes_per_axis_shows_predicted_beside_measured_for_every_rank_and_axis():
@@ -100,12 +119,19 @@ def test_memory_per_rank_stacks_the_measured_categories_and_marks_a_prediction_w
     assert [t.legendgroup for t in fig.data] == ["params", "grads", "optimizer", "activations"]
     for t in fig.data:
         assert list(t.y) == [row["memory"][t.legendgroup] for row in ROWS]
-    nested = [{**row, "memory": {"predicted": {k: v for k, v in row["memory"].items() if k != "peak"},
-                                 "measured": row["memory"]}} for row in ROWS]  # fmt: skip
+    nested = [
+        {
+            **row,
+            "memory": {"predicted": {k: v for k, v in row["memory"].items() if k != "peak"}, "measured": row["memory"]},
+        }
+        for row in ROWS
+    ]
     fig = memory_per_rank(nested, unit="bytes")
     assert [t.legendgroup for t in fig.data][:4] == ["params", "grads", "optimizer", "activations"]
     assert list(fig.data[4].y) == [94, 144]  # the predicted totals
-    partial = [{**row, "memory": {"predicted": {"params": 1, "activations": None}, "measured": row["memory"]}} for row in ROWS]
+    partial = [
+        {**row, "memory": {"predicted": {"params": 1, "activations": None}, "measured": row["memory"]}} for row in ROWS
+    ]
     assert len(memory_per_rank(partial).data) == 4  # nothing predicted in full: no markers
 
 
@@ -120,7 +146,9 @@ def test_layout_summary_and_compare_layouts_take_the_busiest_and_the_fullest_ran
 
 
 def test_table_formats_numbers_and_keeps_text():
-    fig = table([{"layout": "tp2×dp2", "bytes": 1234567.0, "diff": 6.1e-7, "ok": True}, {"layout": "dp4", "bytes": None}])
+    fig = table(
+        [{"layout": "tp2×dp2", "bytes": 1234567.0, "diff": 6.1e-7, "ok": True}, {"layout": "dp4", "bytes": None}]
+    )
     header, cells = fig.data[0].header.values, fig.data[0].cells.values
     assert list(header) == ["<b>layout</b>", "<b>bytes</b>", "<b>diff</b>", "<b>ok</b>"]
     assert [list(c) for c in cells] == [["tp2×dp2", "dp4"], ["1,234,567", "—"], ["6.1e-07", "—"], ["True", "—"]]
@@ -130,10 +158,12 @@ def test_step_timeline_keeps_one_step_and_names_collectives_by_axis():
     spans = []
     for rank in (0, 1):
         for step, t0 in ((0, 0.0), (1, 1.0)):
-            spans += [{"rank": rank, "kind": "compute", "name": f"step {step}", "start": t0, "end": t0 + 0.9},
-                      {"rank": rank, "kind": "compute", "name": "tp:layer0.attn:forward", "start": t0 + 0.1, "end": t0 + 0.2},
-                      {"rank": rank, "kind": "comm", "name": "all_reduce", "axis": "tp", "start": t0 + 0.2, "end": t0 + 0.3},
-                      {"rank": rank, "kind": "comm", "name": "isend", "axis": "pp", "start": t0 + 0.4, "end": t0 + 0.5}]
+            spans += [
+                {"rank": rank, "kind": "compute", "name": f"step {step}", "start": t0, "end": t0 + 0.9},
+                {"rank": rank, "kind": "compute", "name": "tp:layer0.attn:forward", "start": t0 + 0.1, "end": t0 + 0.2},
+                {"rank": rank, "kind": "comm", "name": "all_reduce", "axis": "tp", "start": t0 + 0.2, "end": t0 + 0.3},
+                {"rank": rank, "kind": "comm", "name": "isend", "axis": "pp", "start": t0 + 0.4, "end": t0 + 0.5},
+            ]
     fig = step_timeline(spans)
     assert {t.name for t in fig.data} == {"forward", "tp all_reduce", "pp isend"}
     assert all(len(t.x) == 2 for t in fig.data)  # one span per rank: the last step only
@@ -159,7 +189,10 @@ def test_serving_and_training_rows_follow_the_memory_formulas():
     assert tp4["weights"] == inference_memory(cfg, batch=1, seq_len=1, tp=4).weights == cfg.num_params() * 2 / 4
     assert tp2["free"] == pytest.approx(hw.memory_bytes - cfg.num_params())
     per_token = inference_memory(cfg, batch=1, seq_len=1, tp=2).kv_cache
-    assert tp2["tokens_per_replica"] == pytest.approx(tp2["free"] / per_token) and tp2["tokens"] == 4 * tp2["tokens_per_replica"]
+    assert (
+        tp2["tokens_per_replica"] == pytest.approx(tp2["free"] / per_token)
+        and tp2["tokens"] == 4 * tp2["tokens_per_replica"]
+    )
     assert tp4["tokens"] > tp2["tokens"]  # article 2: fewer GPUs per replica leave less room for the cache
     assert tp4["tp_bytes_per_token"] == pytest.approx(2 * cfg.n_layers * 2 * cfg.hidden * 2 * 3 / 4)
     assert tp4["tp_seconds_per_token"] > tp2["tp_seconds_per_token"]

@@ -7,20 +7,30 @@ def test_stacked_memory_and_kv_growth_scale_bytes_to_gb():
     fig = stacked_memory([{"label": "a", "weights": 2e9, "kv_cache": 1e9}], ["weights", "kv_cache"])
     assert [t.name for t in fig.data] == ["weights", "kv cache"] and [t.y[0] for t in fig.data] == [2.0, 1.0]
     fig = kv_growth({"m": [(10, 5e9), (100, 50e9)]}, limit=80e9)
-    assert list(fig.data[0].y) == [5.0, 50.0] and list(fig.data[1].y) == [80.0, 80.0] and list(fig.data[1].x) == [10, 100]
+    assert (
+        list(fig.data[0].y) == [5.0, 50.0] and list(fig.data[1].y) == [80.0, 80.0] and list(fig.data[1].x) == [10, 100]
+    )
 
 
 def test_roofline_puts_each_phase_and_tp_on_its_panel():
-    measured = [{"phase": "prefill", "tp": 1, "x": 16, "seconds": 0.02}, {"phase": "decode", "tp": 2, "x": 4, "seconds": 0.01}]
-    predicted = [{"phase": "prefill", "tp": 1, "x": 16, "seconds": 0.01}, {"phase": "decode", "tp": 2, "x": 4, "seconds": 0.005}]
+    measured = [
+        {"phase": "prefill", "tp": 1, "x": 16, "seconds": 0.02},
+        {"phase": "decode", "tp": 2, "x": 4, "seconds": 0.01},
+    ]
+    predicted = [
+        {"phase": "prefill", "tp": 1, "x": 16, "seconds": 0.01},
+        {"phase": "decode", "tp": 2, "x": 4, "seconds": 0.005},
+    ]
     fig = roofline(measured, predicted)
     by = {(t.name, t.xaxis): (list(t.x), list(t.y)) for t in fig.data if len(t.x)}
     assert by[("tp=1 measured", "x")] == ([16], [20.0]) and by[("tp=2 predicted", "x2")] == ([4], [5.0])
 
 
 def test_layouts_shows_latency_and_throughput():
-    rows = [{"layout": "tp2×dp4", "tpot_batch1": 0.028, "tpot": 0.03, "tokens_per_s": 140.0, "seqs": 4},
-            {"layout": "tp4×dp2", "tpot_batch1": 0.018, "tpot": 0.032, "tokens_per_s": 3380.0, "seqs": 108}]
+    rows = [
+        {"layout": "tp2×dp4", "tpot_batch1": 0.028, "tpot": 0.03, "tokens_per_s": 140.0, "seqs": 4},
+        {"layout": "tp4×dp2", "tpot_batch1": 0.018, "tpot": 0.032, "tokens_per_s": 3380.0, "seqs": 108},
+    ]
     fig = layouts(rows)
     assert list(fig.data[0].y) == [28.0, 18.0] and list(fig.data[2].y) == [140.0, 3380.0]
     assert list(fig.data[2].text) == ["4 seqs", "108 seqs"]

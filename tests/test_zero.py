@@ -15,9 +15,18 @@ from playbook.measure.trace import op_family as op_name
 from playbook.parallel.sharded import MOMENTS
 from playbook.theory.sharded import fsdp2_comm_per_step, predicted_memory
 from playbook.theory.memory import training_memory
-from playbook.theory.zero import (check_stage, fsdp2_state_bytes, padded, padding_elements, zero3_gathered_peak,
-                                  zero_collectives_per_step, zero_comm_per_step, zero_memory_by_moment,
-                                  zero_state_bytes, zero_units)  # fmt: skip
+from playbook.theory.zero import (
+    check_stage,
+    fsdp2_state_bytes,
+    padded,
+    padding_elements,
+    zero3_gathered_peak,
+    zero_collectives_per_step,
+    zero_comm_per_step,
+    zero_memory_by_moment,
+    zero_state_bytes,
+    zero_units,
+)
 
 TINY = ModelConfig.preset("gpt-tiny")  # vocab 64, hidden 64, 2 layers, 4 heads, 2 KV heads, ffn 176
 SETUP = TrainSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=32)
@@ -58,11 +67,19 @@ def test_exact_bytes_at_two_ranks_no_padding():
     # every unit divides by 2: Σ padded = Ψ = 100,672; slice 50,336; 4 units -> 4 step counters
     psi, s = 100_672, 50_336
     assert zero_state_bytes(TINY, stage=0, world_size=2).as_dict() == {
-        "params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi + 16, "total": 16 * psi + 16}
+        "params": 4 * psi,
+        "grads": 4 * psi,
+        "optimizer": 8 * psi + 16,
+        "total": 16 * psi + 16,
+    }
     assert zero_state_bytes(TINY, stage=1, world_size=2).optimizer == 8 * s + 16
     assert zero_state_bytes(TINY, stage=2, world_size=2).grads == 4 * s
     assert zero_state_bytes(TINY, stage=3, world_size=2).as_dict() == {
-        "params": 4 * s, "grads": 4 * s, "optimizer": 8 * s + 16, "total": 16 * s + 16}
+        "params": 4 * s,
+        "grads": 4 * s,
+        "optimizer": 8 * s + 16,
+        "total": 16 * s + 16,
+    }
 
 
 def test_exact_bytes_at_three_ranks_include_padding():
@@ -93,8 +110,13 @@ def test_memory_by_moment_drops_gradients_only_for_stages_2_and_3():
 def test_comm_volume_by_hand():
     S, n = 4 * 100_672, 4  # bytes of all gradients; ring: each rank sends 3/4 of a gather or scatter
     assert zero_comm_per_step(TINY, stage=0, world_size=n, loss_bytes=0) == {"all_reduce": 2 * S * 3 / 4}
-    assert zero_comm_per_step(TINY, stage=1, world_size=n, loss_bytes=0) == {"reduce_scatter": S * 3 / 4, "all_gather": S * 3 / 4}
-    assert zero_comm_per_step(TINY, stage=2, world_size=n, loss_bytes=0) == zero_comm_per_step(TINY, stage=1, world_size=n, loss_bytes=0)
+    assert zero_comm_per_step(TINY, stage=1, world_size=n, loss_bytes=0) == {
+        "reduce_scatter": S * 3 / 4,
+        "all_gather": S * 3 / 4,
+    }
+    assert zero_comm_per_step(TINY, stage=2, world_size=n, loss_bytes=0) == zero_comm_per_step(
+        TINY, stage=1, world_size=n, loss_bytes=0
+    )
     three = zero_comm_per_step(TINY, stage=3, world_size=n, loss_bytes=0)
     assert three == {"reduce_scatter": S * 3 / 4, "all_gather": 2 * S * 3 / 4}  # 1.5× DP
     assert zero_comm_per_step(TINY, stage=3, world_size=n)["all_reduce"] == 2 * 4 * 3 / 4  # the loss
@@ -106,7 +128,9 @@ def test_gathered_peak_by_hand():
     # backward: unit k's weights + its flat gradient (+ unit k-1's weights with prefetch).
     assert zero3_gathered_peak(TINY, world_size=2, prefetch=False) == {"forward": 4 * 46208, "backward": 8 * 46208}
     assert zero3_gathered_peak(TINY, world_size=2, prefetch=True) == {
-        "forward": 4 * (46208 + 46208), "backward": 4 * (2 * 46208 + 46208)}
+        "forward": 4 * (46208 + 46208),
+        "backward": 4 * (2 * 46208 + 46208),
+    }
 
 
 def test_fsdp2_prediction_refuses_uneven_splits():
@@ -116,14 +140,17 @@ def test_fsdp2_prediction_refuses_uneven_splits():
 
 
 def test_op_names_are_normalised():
-    assert [op_name(x) for x in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")] == [
-        "all_gather", "all_gather", "reduce_scatter", "all_reduce"]
+    assert [
+        op_name(x) for x in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
+    ] == ["all_gather", "all_gather", "reduce_scatter", "all_reduce"]
 
 
 # ---- real ranks --------------------------------------------------------------------------------
 def _check_parity(result, reference):
     p = compare(result, reference)
-    assert p["max_abs_loss_diff"] < LOSS_TOL and p["max_rel_grad_diff"] < GRAD_TOL and p["max_rel_param_diff"] < PARAM_TOL, p
+    assert (
+        p["max_abs_loss_diff"] < LOSS_TOL and p["max_rel_grad_diff"] < GRAD_TOL and p["max_rel_param_diff"] < PARAM_TOL
+    ), p
 
 
 def _check_zero_run(results, stage, n, reference, setup=SETUP, prefetch=True):
@@ -179,7 +206,9 @@ def test_padding_on_three_ranks(rank_sets):
     setup = TrainSetup(model="gpt-tiny", steps=3, global_batch=6, seq_len=32)
     three = rank_sets.setdefault(3, Ranks(3, backend="gloo", timeout=60)).start()
     for stage in (2, 3):
-        _check_zero_run(three.run(zero_run.on_rank, setup, stage=stage, progress=False), stage, 3, train(setup), setup=setup)
+        _check_zero_run(
+            three.run(zero_run.on_rank, setup, stage=stage, progress=False), stage, 3, train(setup), setup=setup
+        )
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -224,7 +253,9 @@ def test_cli_refuses_a_bad_stage(capsys):
 def test_figures_carry_the_numbers():
     from playbook.viz.zero import comm_volume_bars, fitting_devices, gathered_over_time, zero_dashboard
 
-    fig = comm_volume_bars({"DP": {"all_reduce": 10.0}, "ZeRO-3": {"all_gather": 10.0, "reduce_scatter": 5.0}}, unit="bytes")
+    fig = comm_volume_bars(
+        {"DP": {"all_reduce": 10.0}, "ZeRO-3": {"all_gather": 10.0, "reduce_scatter": 5.0}}, unit="bytes"
+    )
     assert [t.name for t in fig.data] == ["all_reduce", "reduce_scatter", "all_gather"]
     assert list(fig.data[2].customdata) == [0.0, 10.0]
     fig = gathered_over_time({"run": [(1.0, "forward", 0), (1.002, "forward", 8)]}, unit="bytes")

@@ -43,7 +43,9 @@ class HeldActivations:
             self.refs[key] = [1, storage.nbytes()]
             self.now += storage.nbytes()
             self.peak = max(self.peak, self.now)
-        return _Ticket(self, key, t.detach())  # detached: holding t itself would tie an output to its own grad_fn (a cycle)
+        return _Ticket(
+            self, key, t.detach()
+        )  # detached: holding t itself would tie an output to its own grad_fn (a cycle)
 
     @staticmethod
     def unpack(x):

@@ -12,8 +12,17 @@ import torch
 import torch.nn.functional as F
 
 
-def matmul_throughput(tokens: int, hidden: int, ffn: int, tps=(1, 2, 4, 8), *, repeats: int = 10,
-                      dtype=torch.float32, device="cpu", threads: int | None = 1) -> list[dict]:  # fmt: skip
+def matmul_throughput(
+    tokens: int,
+    hidden: int,
+    ffn: int,
+    tps=(1, 2, 4, 8),
+    *,
+    repeats: int = 10,
+    dtype=torch.float32,
+    device="cpu",
+    threads: int | None = 1,
+) -> list[dict]:
     """Time one rank's column-parallel matmul [tokens, h] @ [h, f/t]ᵀ for each t (median of
     ``repeats``) and return ``[{tp, shape, seconds, flops_per_s}, ...]``; FLOPs = 2·tokens·h·f/t.
     ``threads``: CPU threads while timing (1, like one rank on this machine; None leaves it)."""
@@ -36,8 +45,14 @@ def matmul_throughput(tokens: int, hidden: int, ffn: int, tps=(1, 2, 4, 8), *, r
                 sync()
                 times.append(time.perf_counter() - t0)
             seconds = sorted(times)[len(times) // 2]
-            out.append({"tp": t, "shape": (tokens, hidden, ffn // t), "seconds": seconds,
-                        "flops_per_s": 2 * tokens * hidden * (ffn // t) / seconds})  # fmt: skip
+            out.append(
+                {
+                    "tp": t,
+                    "shape": (tokens, hidden, ffn // t),
+                    "seconds": seconds,
+                    "flops_per_s": 2 * tokens * hidden * (ffn // t) / seconds,
+                }
+            )
     finally:
         torch.set_num_threads(saved)
     return out

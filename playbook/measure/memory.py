@@ -88,7 +88,9 @@ class SavedActivations:
         if storage.nbytes() and key not in self._excluded and key not in self._seen:
             self._seen.add(key)
             made_by = type(t.grad_fn).__name__ if t.grad_fn is not None else "leaf"
-            self.tensors.append(SavedTensor(tuple(t.shape), str(t.dtype).removeprefix("torch."), made_by, storage.nbytes()))
+            self.tensors.append(
+                SavedTensor(tuple(t.shape), str(t.dtype).removeprefix("torch."), made_by, storage.nbytes())
+            )
         return t
 
     @staticmethod

@@ -49,10 +49,19 @@ def measured_costs(results: list[dict], schedule: Schedule, steps=None) -> Costs
     for st in steps:
         sent = {tag: (t0, t1) for r in results for tag, t0, t1 in r["logs"][st].sends}
         issue += [t1 - t0 for t0, t1 in sent.values()]
-        latency += [done - max(posted, sent[tag][0]) for r in results for tag, posted, done in r["logs"][st].recvs
-                    if tag in sent]  # fmt: skip
-    return Costs(f=mean(per["F"]), b=mean(per["B"]), w=mean(per["W"]), send=statistics.fmean(issue) if issue else 0.0,
-                 comm=statistics.fmean(latency) if latency else 0.0)  # fmt: skip
+        latency += [
+            done - max(posted, sent[tag][0])
+            for r in results
+            for tag, posted, done in r["logs"][st].recvs
+            if tag in sent
+        ]
+    return Costs(
+        f=mean(per["F"]),
+        b=mean(per["B"]),
+        w=mean(per["W"]),
+        send=statistics.fmean(issue) if issue else 0.0,
+        comm=statistics.fmean(latency) if latency else 0.0,
+    )
 
 
 def compare_bubble(results: list[dict], schedule: Schedule, steps=None) -> dict:
@@ -63,11 +72,18 @@ def compare_bubble(results: list[dict], schedule: Schedule, steps=None) -> dict:
     predicted = simulate(schedule, costs)
     runs = [measured_timeline(results, st) for st in steps]
     measured = {k: sum(t.bubble()[k] for t in runs) / len(runs) for k in DEFINITIONS}
-    return {"name": schedule.name, "p": schedule.p, "m": schedule.m, "v": schedule.v,
-            "bubble_predicted": predicted.bubble(), "bubble_measured": measured,
-            "makespan_predicted_s": predicted.makespan, "makespan_measured_s": sum(t.makespan for t in runs) / len(runs),
-            "definition": DEFINITIONS,
-            "costs_s": {"f": costs.f, "b": costs.b, "w": costs.w, "send": costs.send, "comm": costs.comm}}  # fmt: skip
+    return {
+        "name": schedule.name,
+        "p": schedule.p,
+        "m": schedule.m,
+        "v": schedule.v,
+        "bubble_predicted": predicted.bubble(),
+        "bubble_measured": measured,
+        "makespan_predicted_s": predicted.makespan,
+        "makespan_measured_s": sum(t.makespan for t in runs) / len(runs),
+        "definition": DEFINITIONS,
+        "costs_s": {"f": costs.f, "b": costs.b, "w": costs.w, "send": costs.send, "comm": costs.comm},
+    }
 
 
 def activation_report(results: list[dict], schedule: Schedule, setup) -> dict:
@@ -76,9 +92,14 @@ def activation_report(results: list[dict], schedule: Schedule, setup) -> dict:
     cfg, b = setup.config(), setup.global_batch // schedule.m
     per_chunk = [[chunk_activation_bytes(cfg, *rg, b, setup.seq_len) for rg in r["ranges"]] for r in results]
     tl = simulate(schedule)
-    return {"predicted_bytes": held_bytes(schedule, per_chunk), "measured_bytes": [r["logs"][0].peak_bytes for r in results],
-            "chunk_bytes_predicted": per_chunk, "chunk_bytes_measured": [r["logs"][0].chunk_bytes for r in results],
-            "peak_in_flight": tl.peak_in_flight, "peak_held": tl.peak_held}  # fmt: skip
+    return {
+        "predicted_bytes": held_bytes(schedule, per_chunk),
+        "measured_bytes": [r["logs"][0].peak_bytes for r in results],
+        "chunk_bytes_predicted": per_chunk,
+        "chunk_bytes_measured": [r["logs"][0].chunk_bytes for r in results],
+        "peak_in_flight": tl.peak_in_flight,
+        "peak_held": tl.peak_held,
+    }
 
 
 def piece_costs(setup, micro_batch: int, repeats: int = 5) -> dict[str, list[float]]:

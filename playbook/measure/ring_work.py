@@ -14,8 +14,19 @@ from playbook.dims import ParallelDims
 from playbook.parallel.ring_attention import VARIANTS
 
 
-def ring_work_on_rank(ctx, *, seq_len: int, zigzag: bool, causal: bool = True, batch: int = 1, heads: int = 4,
-                      kv_heads: int = 4, head_dim: int = 32, repeats: int = 3, warmup: int = 1) -> dict:  # fmt: skip
+def ring_work_on_rank(
+    ctx,
+    *,
+    seq_len: int,
+    zigzag: bool,
+    causal: bool = True,
+    batch: int = 1,
+    heads: int = 4,
+    kv_heads: int = 4,
+    head_dim: int = 32,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> dict:
     """Rank function: ring attention alone, forward + backward on random data. Returns the blocks
     this rank computed in one forward (the kernel's own log), their score elements, and per pass
     (mean of ``repeats`` after ``warmup`` untimed passes, forward + backward) the seconds inside ring
@@ -35,6 +46,9 @@ def ring_work_on_rank(ctx, *, seq_len: int, zigzag: bool, causal: bool = True, b
         VARIANTS["ring"](q, k, v, group, zigzag=zigzag, causal=causal, log=log).sum().backward()
     spans = [s for s in ctx.tracer.spans[first_timed:] if s.name.startswith("ring block")]
     forward = [b for b in log if b["pass_"] == "forward"][: len(log) // (2 * repeats)]
-    return {"blocks": forward, "elements": sum(b["rows"] * b["cols"] for b in forward),
-            "seconds": sum(s.duration for s in spans) / repeats,
-            "cpu_seconds": sum(b["cpu_seconds"] for b in log) / repeats}  # fmt: skip
+    return {
+        "blocks": forward,
+        "elements": sum(b["rows"] * b["cols"] for b in forward),
+        "seconds": sum(s.duration for s in spans) / repeats,
+        "cpu_seconds": sum(b["cpu_seconds"] for b in log) / repeats,
+    }

@@ -24,7 +24,11 @@ import torch
 import torch.distributed as dist
 
 # How each traced op's buffer S and per-rank sent bytes are read from its arguments.
-_RING = {"all_reduce": lambda S, n: 2 * S * (n - 1) / n, "broadcast": lambda S, n: S, "reduce": lambda S, n: S * (n - 1) / n}
+_RING = {
+    "all_reduce": lambda S, n: 2 * S * (n - 1) / n,
+    "broadcast": lambda S, n: S,
+    "reduce": lambda S, n: S * (n - 1) / n,
+}
 _GATHER_LIKE = lambda S, n: S * (n - 1) / n  # noqa: E731  all-gather, reduce-scatter, all-to-all
 
 
@@ -149,10 +153,26 @@ def _measure(op: str, args, kwargs, n: int, rank_in_group: int) -> tuple[int, fl
 
 
 TRACED_OPS = (
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
-    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
-    "send", "recv", "isend", "irecv", "batch_isend_irecv", "gather", "scatter", "barrier",
-)  # fmt: skip
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "gather",
+    "scatter",
+    "barrier",
+)
 _ASYNC_ALWAYS = {"isend", "irecv", "batch_isend_irecv"}
 
 

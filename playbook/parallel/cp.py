@@ -95,8 +95,17 @@ class CPResult(TrainResult):
 
 
 # ---- training: the one loop, with CP's hooks ----------------------------------------------------
-def train_cp(setup: TrainSetup, *, group=None, variant: str = "ring", zigzag: bool = False, causal: bool = True,
-             device="cpu", dtype=torch.float32, progress=None) -> CPResult:  # fmt: skip
+def train_cp(
+    setup: TrainSetup,
+    *,
+    group=None,
+    variant: str = "ring",
+    zigzag: bool = False,
+    causal: bool = True,
+    device="cpu",
+    dtype=torch.float32,
+    progress=None,
+) -> CPResult:
     """``training.train`` with each sequence split over the ranks of ``group`` (None: one process,
     the whole sequence). Every rank reads every row of the global batch, the tokens at its
     positions; its loss is its share of the global mean (``cp_loss``), so the gradients of the
@@ -132,15 +141,24 @@ def train_cp(setup: TrainSetup, *, group=None, variant: str = "ring", zigzag: bo
         blocks=[b for b in log if b["pass_"] == "forward"][: len(log) // (2 * calls)] if log else [],
         block_seconds=sum(s.duration for s in spans if s.name.startswith("ring block")),
         sent_per_step=bytes_by_op(spans, per=setup.steps),
-    )  # fmt: skip
+    )
 
 
-def on_rank(ctx, setup: TrainSetup, *, variant: str = "ring", zigzag: bool = False, causal: bool = True,
-            dtype=torch.float32) -> CPResult:  # fmt: skip
+def on_rank(
+    ctx, setup: TrainSetup, *, variant: str = "ring", zigzag: bool = False, causal: bool = True, dtype=torch.float32
+) -> CPResult:
     """Rank function: train with the sequence split over the ``cp`` axis of every rank."""
     group = ctx.mesh_for(ParallelDims(cp=ctx.world_size)).group("cp")
-    return train_cp(setup, group=group, variant=variant, zigzag=zigzag, causal=causal, device=ctx.device, dtype=dtype,
-                    progress=ctx.progress)  # fmt: skip
+    return train_cp(
+        setup,
+        group=group,
+        variant=variant,
+        zigzag=zigzag,
+        causal=causal,
+        device=ctx.device,
+        dtype=dtype,
+        progress=ctx.progress,
+    )
 
 
 # ---- checks, the reference and the prediction ---------------------------------------------------
@@ -151,8 +169,10 @@ def check(setup: TrainSetup, n: int, variant: str, zigzag: bool) -> None:
     theory.check_layout(setup.seq_len, n, zigzag)
     cfg = setup.config()
     if cfg.is_moe:
-        raise ValueError(f"{cfg.name} is a mixture of experts; this chapter's CP forward is for dense models "
-                         "(its loss has no load-balancing term): use gpt-tiny or gpt-small")  # fmt: skip
+        raise ValueError(
+            f"{cfg.name} is a mixture of experts; this chapter's CP forward is for dense models "
+            "(its loss has no load-balancing term): use gpt-tiny or gpt-small"
+        )
     if variant == "ulysses":
         theory.check_ulysses(n, cfg.n_heads, cfg.kv_heads)
 
@@ -167,8 +187,9 @@ def predicted_memory(setup: TrainSetup, n: int, variant: str, causal: bool = Tru
     """Bytes per rank by category: fp32 AdamW model state (replicated) and this variant's activations."""
     cfg = setup.config()
     state = model_state_bytes(cfg.num_params(), precision="fp32", n_tensors=cfg.num_param_tensors())
-    acts = theory.cp_activation_bytes(cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, cp=n, variant=variant,
-                                       causal=causal)  # fmt: skip
+    acts = theory.cp_activation_bytes(
+        cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, cp=n, variant=variant, causal=causal
+    )
     return {"params": state.params, "grads": state.grads, "optimizer": state.optimizer, "activations": float(acts)}
 
 
@@ -182,30 +203,45 @@ class CPReport(RunReport):
     def summary(self) -> str:
         lines = [super().summary()]
         if self.work:
-            lines.append(f"  ring blocks per rank per attention call ({self.work['layout']}): "
-                         f"predicted {self.work['predicted']}, measured {self.work['measured']}")  # fmt: skip
+            lines.append(
+                f"  ring blocks per rank per attention call ({self.work['layout']}): "
+                f"predicted {self.work['predicted']}, measured {self.work['measured']}"
+            )
         return "\n".join(lines)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--variant", default="ring", choices=list(VARIANTS), help="how queries see remote keys")
-    parser.add_argument("--zigzag", action="store_true", help="2n chunks, rank i holds i and 2n-1-i (balances causal work)")
+    parser.add_argument(
+        "--zigzag", action="store_true", help="2n chunks, rank i holds i and 2n-1-i (balances causal work)"
+    )
 
 
-@register("cp", help="context parallel: ring / all-gather / Ulysses attention over a sharded sequence", arguments=add_arguments,
-          on_rank=on_rank, predict=theory.comm_bytes_per_step)
-def run_cp(setup: TrainSetup, *, world_size: int, backend: str = "auto", variant: str = "ring", zigzag: bool = False) -> CPReport:
+@register(
+    "cp",
+    help="context parallel: ring / all-gather / Ulysses attention over a sharded sequence",
+    arguments=add_arguments,
+    on_rank=on_rank,
+    predict=theory.comm_bytes_per_step,
+)
+def run_cp(
+    setup: TrainSetup, *, world_size: int, backend: str = "auto", variant: str = "ring", zigzag: bool = False
+) -> CPReport:
     check(setup, world_size, variant, zigzag)
     backend = default_backend(world_size) if backend == "auto" else backend
     results = launch(on_rank, world_size, setup, variant=variant, zigzag=zigzag, backend=backend)
     measured = {k: results[0].memory[k] for k in ("params", "grads", "activations", "optimizer")}
     cfg = setup.config()
-    comm = theory.comm_bytes_per_step(cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, cp=world_size, variant=variant)
+    comm = theory.comm_bytes_per_step(
+        cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, cp=world_size, variant=variant
+    )
     work = {}
     if variant == "ring":
-        work = {"layout": "zig-zag" if zigzag else "contiguous",
-                "predicted": theory.ring_blocks_per_rank(world_size, zigzag),
-                "measured": [len(r.blocks) for r in results]}  # fmt: skip
+        work = {
+            "layout": "zig-zag" if zigzag else "contiguous",
+            "predicted": theory.ring_blocks_per_rank(world_size, zigzag),
+            "measured": [len(r.blocks) for r in results],
+        }
     return CPReport(
         strategy="cp",
         world_size=world_size,

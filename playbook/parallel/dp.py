@@ -51,8 +51,11 @@ def micro_batch(setup: TrainSetup, world_size: int, accumulate: int = 1) -> int:
     require_positive(world_size=world_size, accumulate=accumulate)
     pieces, g = world_size * accumulate, setup.global_batch
     if g % pieces:
-        fix = (f"world_size in {{{', '.join(map(str, divisors(g)))}}}" if g % world_size
-               else f"accumulate in {{{', '.join(map(str, divisors(g // world_size)))}}}")  # fmt: skip
+        fix = (
+            f"world_size in {{{', '.join(map(str, divisors(g)))}}}"
+            if g % world_size
+            else f"accumulate in {{{', '.join(map(str, divisors(g // world_size)))}}}"
+        )
         raise ValueError(
             f"global_batch={g} does not split into world_size × accumulate = {world_size} × {accumulate} = "
             f"{pieces} equal micro-batches; try {fix}, or a global_batch that is a multiple of {pieces}"
@@ -88,7 +91,9 @@ class BucketedAllReduce:
         self.bucket_of = {name: b.index for b in self.plan for name in b.names}
         self.group, self.n, self.tracer, self.sync = group, dist.get_world_size(group), tracer, True
         p0 = named[0][1]
-        self.buffers = [torch.empty(b.numel, dtype=p0.dtype, device=p0.device) for b in self.plan]  # [bucket numel] each
+        self.buffers = [
+            torch.empty(b.numel, dtype=p0.dtype, device=p0.device) for b in self.plan
+        ]  # [bucket numel] each
         self.hooks = [p.register_post_accumulate_grad_hook(partial(self._ready, name)) for name, p in named]
         self._reset()
 
@@ -116,8 +121,10 @@ class BucketedAllReduce:
     def wait(self) -> None:
         if self.next < len(self.plan):
             late = [n for b in self.plan[self.next :] for n in b.names if self.params[n].grad is None]
-            raise RuntimeError(f"bucket {self.next} never filled: no gradient for {late or 'some parameters'}; "
-                               "every parameter must get a gradient in every backward (DDP: find_unused_parameters)")  # fmt: skip
+            raise RuntimeError(
+                f"bucket {self.next} never filled: no gradient for {late or 'some parameters'}; "
+                "every parameter must get a gradient in every backward (DDP: find_unused_parameters)"
+            )
         for b, work in enumerate(self.works):
             work.wait()
             buffer, offset = self.buffers[b].div_(self.n), 0  # the sum -> the mean
@@ -155,8 +162,13 @@ def traced_allreduce_hook(state: HookState, bucket):  # no annotations: DDP chec
 
 def wrap_ddp(model: torch.nn.Module, cap_bytes: int, group, tracer: Tracer | None) -> tuple[DDP, HookState]:
     device = next(model.parameters()).device
-    ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None, process_group=group,
-              bucket_cap_mb=cap_bytes / 2**20, forward_sync_buffers=False)  # fmt: skip  (RoPE tables: constants)
+    ddp = DDP(
+        model,
+        device_ids=[device] if device.type == "cuda" else None,
+        process_group=group,
+        bucket_cap_mb=cap_bytes / 2**20,
+        forward_sync_buffers=False,
+    )  # (RoPE tables: constants)
     state = HookState(group, tracer, {id(p): n for n, p in model.named_parameters()})
     ddp.register_comm_hook(state, traced_allreduce_hook)
     return ddp, state

@@ -60,8 +60,17 @@ class _Traced:
             self.optimizer.step()
 
 
-def train_dp(setup: TrainSetup, *, variant: str, group, device="cpu", cap_bytes: int = 2**20,
-             accumulate: int = 1, tracer: Tracer | None = None, progress=None) -> DPResult:  # fmt: skip
+def train_dp(
+    setup: TrainSetup,
+    *,
+    variant: str,
+    group,
+    device="cpu",
+    cap_bytes: int = 2**20,
+    accumulate: int = 1,
+    tracer: Tracer | None = None,
+    progress=None,
+) -> DPResult:
     """``setup.steps`` AdamW steps of data parallelism over ``group`` on ``training.train``: same
     model, data, optimizer as the single process; this rank's rows split into ``accumulate``
     micro-batches; the loss reported is the global batch's. Memory is measured in the first step."""
@@ -120,8 +129,17 @@ def train_dp(setup: TrainSetup, *, variant: str, group, device="cpu", cap_bytes:
         if progress is not None:
             progress(done, total)
 
-    result = train(setup, device=device, model=net, optimizer=_Traced(optimizer, tracer), batch=batch,
-                   forward_backward=forward_backward, sync_grads=sync_grads, sync_loss=global_loss, progress=step_done)  # fmt: skip
+    result = train(
+        setup,
+        device=device,
+        model=net,
+        optimizer=_Traced(optimizer, tracer),
+        batch=batch,
+        forward_backward=forward_backward,
+        sync_grads=sync_grads,
+        sync_loss=global_loss,
+        progress=step_done,
+    )
     out.losses, out.grads, out.params = result.losses, result.grads, result.params
     out.memory["optimizer"] = optimizer_bytes(optimizer)  # AdamW's states are whole from the first step on
     out.memory["comm_buffers"] = sum(b.numel() * b.element_size() for b in reducer.buffers) if reducer else None
@@ -135,11 +153,20 @@ def train_dp(setup: TrainSetup, *, variant: str, group, device="cpu", cap_bytes:
     return out
 
 
-def on_rank(ctx, setup: TrainSetup, *, variant: str = "bucketed", bucket_mb: float = DEFAULT_BUCKET_MB,
-            accumulate: int = 1) -> DPResult:  # fmt: skip
+def on_rank(
+    ctx, setup: TrainSetup, *, variant: str = "bucketed", bucket_mb: float = DEFAULT_BUCKET_MB, accumulate: int = 1
+) -> DPResult:
     """The rank function: ``ranks(n).run(on_rank, setup, variant="bucketed")``, over ``ctx.mesh``'s dp group."""
-    return train_dp(setup, variant=variant, group=ctx.mesh.group("dp"), device=ctx.device, cap_bytes=bucket_cap_bytes(bucket_mb),
-                    accumulate=accumulate, tracer=ctx.tracer, progress=ctx.progress)  # fmt: skip
+    return train_dp(
+        setup,
+        variant=variant,
+        group=ctx.mesh.group("dp"),
+        device=ctx.device,
+        cap_bytes=bucket_cap_bytes(bucket_mb),
+        accumulate=accumulate,
+        tracer=ctx.tracer,
+        progress=ctx.progress,
+    )
 
 
 # ---- parity and scaling -----------------------------------------------------------------------
@@ -150,8 +177,15 @@ def _median_after_first(values: list[float]) -> float:
     return statistics.median(values[1:] or values)  # step 0 warms up (allocations, DDP's first bucket pass)
 
 
-def scaling_on_rank(ctx, setup: TrainSetup, *, sizes=(1, 2, 4), weak: bool = False, variant: str = "bucketed",
-                    bucket_mb: float = DEFAULT_BUCKET_MB) -> list[dict]:  # fmt: skip
+def scaling_on_rank(
+    ctx,
+    setup: TrainSetup,
+    *,
+    sizes=(1, 2, 4),
+    weak: bool = False,
+    variant: str = "bucketed",
+    bucket_mb: float = DEFAULT_BUCKET_MB,
+) -> list[dict]:
     """Train on the first n ranks of this world for each n in ``sizes`` (a subgroup each; the other
     ranks wait at a barrier). Strong scaling: ``setup.global_batch`` fixed. Weak (``weak=True``):
     ``setup.global_batch`` rows *per rank*. Rank 0 returns one row per n; the others []."""
@@ -164,11 +198,31 @@ def scaling_on_rank(ctx, setup: TrainSetup, *, sizes=(1, 2, 4), weak: bool = Fal
         group = dist.new_group(list(range(n)))
         if ctx.rank < n:
             run = replace(setup, global_batch=setup.global_batch * n) if weak else setup
-            r = train_dp(run, variant=variant, group=group, device=ctx.device, cap_bytes=bucket_cap_bytes(bucket_mb), tracer=ctx.tracer)
-            compute = [sum(s["end"] - s["start"] for s in r.spans if s["name"] in ("forward", "backward") and a <= s["start"] <= b)
-                       for a, b in r.windows]  # fmt: skip
-            rows.append({"ranks": n, "global_batch": run.global_batch, "per_rank_batch": run.global_batch // n,
-                         "step_s": _median_after_first(r.step_seconds), "compute_s": _median_after_first(compute)})  # fmt: skip
+            r = train_dp(
+                run,
+                variant=variant,
+                group=group,
+                device=ctx.device,
+                cap_bytes=bucket_cap_bytes(bucket_mb),
+                tracer=ctx.tracer,
+            )
+            compute = [
+                sum(
+                    s["end"] - s["start"]
+                    for s in r.spans
+                    if s["name"] in ("forward", "backward") and a <= s["start"] <= b
+                )
+                for a, b in r.windows
+            ]
+            rows.append(
+                {
+                    "ranks": n,
+                    "global_batch": run.global_batch,
+                    "per_rank_batch": run.global_batch // n,
+                    "step_s": _median_after_first(r.step_seconds),
+                    "compute_s": _median_after_first(compute),
+                }
+            )
         dist.barrier(group=world)
     return rows if ctx.rank == 0 else []
 
@@ -181,9 +235,15 @@ def scaling_table(rows: list[dict], seq_len: int, weak: bool = False) -> list[di
     for r in rows:
         speedup = base["step_s"] / r["step_s"]
         scale = r["ranks"] / base["ranks"]
-        out.append({**r, "tokens_per_s": r["global_batch"] * seq_len / r["step_s"],
-                    "speedup": speedup * (scale if weak else 1), "efficiency": speedup if weak else speedup / scale,
-                    "compute_vs_base": r["compute_s"] / base["compute_s"]})  # fmt: skip
+        out.append(
+            {
+                **r,
+                "tokens_per_s": r["global_batch"] * seq_len / r["step_s"],
+                "speedup": speedup * (scale if weak else 1),
+                "efficiency": speedup if weak else speedup / scale,
+                "compute_vs_base": r["compute_s"] / base["compute_s"],
+            }
+        )
     return out
 
 
@@ -191,41 +251,81 @@ def scaling_table(rows: list[dict], seq_len: int, weak: bool = False) -> list[di
 def with_ddp_on_rank(ctx, setup: TrainSetup, *, variant: str, bucket_mb: float, accumulate: int):
     """Our variant, then DDP on the same ranks and data (once, if the variant is DDP)."""
     ours = on_rank(ctx, setup, variant=variant, bucket_mb=bucket_mb, accumulate=accumulate)
-    return ours, (ours if variant == "ddp" else on_rank(ctx, setup, variant="ddp", bucket_mb=bucket_mb, accumulate=accumulate))
+    return ours, (
+        ours if variant == "ddp" else on_rank(ctx, setup, variant="ddp", bucket_mb=bucket_mb, accumulate=accumulate)
+    )
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--variant", choices=VARIANTS, default="bucketed")
-    parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="bucket cap in MiB, as DDP's bucket_cap_mb")
+    parser.add_argument(
+        "--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="bucket cap in MiB, as DDP's bucket_cap_mb"
+    )
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step, reduced once (no_sync)")
 
 
-@register("dp", help="data parallel: naive, bucketed with overlap, or DDP; --accumulate K micro-batches", arguments=add_arguments,
-          on_rank=on_rank, predict=predicted_comm)
-def run_dp(setup: TrainSetup, *, world_size: int, backend: str = "auto", variant: str = "bucketed",
-           bucket_mb: float = DEFAULT_BUCKET_MB, accumulate: int = 1) -> RunReport:  # fmt: skip
+@register(
+    "dp",
+    help="data parallel: naive, bucketed with overlap, or DDP; --accumulate K micro-batches",
+    arguments=add_arguments,
+    on_rank=on_rank,
+    predict=predicted_comm,
+)
+def run_dp(
+    setup: TrainSetup,
+    *,
+    world_size: int,
+    backend: str = "auto",
+    variant: str = "bucketed",
+    bucket_mb: float = DEFAULT_BUCKET_MB,
+    accumulate: int = 1,
+) -> RunReport:
     if variant not in VARIANTS:
         raise ValueError(f"--variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
     cap = bucket_cap_bytes(bucket_mb)
     micro = micro_batch(setup, world_size, accumulate)
     backend = default_backend(world_size) if backend == "auto" else backend
-    ours, ddp = launch(with_ddp_on_rank, world_size, setup, variant=variant, bucket_mb=bucket_mb, accumulate=accumulate,
-                       backend=backend)[0]  # fmt: skip
+    ours, ddp = launch(
+        with_ddp_on_rank,
+        world_size,
+        setup,
+        variant=variant,
+        bucket_mb=bucket_mb,
+        accumulate=accumulate,
+        backend=backend,
+    )[0]
     cfg = setup.config()
-    predicted = training_memory(cfg, seq_len=setup.seq_len, micro_batch=micro, precision="fp32", n_tensors=cfg.num_param_tensors()).as_dict()  # fmt: skip
+    predicted = training_memory(
+        cfg, seq_len=setup.seq_len, micro_batch=micro, precision="fp32", n_tensors=cfg.num_param_tensors()
+    ).as_dict()
     predicted["comm_buffers"] = 4 * cfg.num_params() if variant == "bucketed" else None
     step = lambda r: _median_after_first(r.step_seconds)  # noqa: E731
     native = None
     if variant != "ddp":
-        native = {**parity(ours, ddp, "DistributedDataParallel, same ranks and data"),
-                  "step_seconds": step(ddp), "step_time_ratio": step(ours) / step(ddp)}  # fmt: skip
+        native = {
+            **parity(ours, ddp, "DistributedDataParallel, same ranks and data"),
+            "step_seconds": step(ddp),
+            "step_time_ratio": step(ours) / step(ddp),
+        }
     return RunReport(
-        strategy="dp", world_size=world_size, backend=backend,
-        parity=parity(ours, train(setup)), native=native,
+        strategy="dp",
+        world_size=world_size,
+        backend=backend,
+        parity=parity(ours, train(setup)),
+        native=native,
         memory={"predicted": predicted, "measured": ours.memory},
-        comm={"predicted": predicted_comm(setup, world_size=world_size, variant=variant, cap_bytes=cap),
-              "measured": measured_comm(ours, setup.steps)},
-        setup={**setup.as_dict(), "variant": variant, "bucket_mb": bucket_mb, "accumulate": accumulate,
-               "micro_batch": micro, "step_seconds": step(ours), "buckets": ours.buckets},
+        comm={
+            "predicted": predicted_comm(setup, world_size=world_size, variant=variant, cap_bytes=cap),
+            "measured": measured_comm(ours, setup.steps),
+        },
+        setup={
+            **setup.as_dict(),
+            "variant": variant,
+            "bucket_mb": bucket_mb,
+            "accumulate": accumulate,
+            "micro_batch": micro,
+            "step_seconds": step(ours),
+            "buckets": ours.buckets,
+        },
         losses=ours.losses,
-    )  # fmt: skip
+    )

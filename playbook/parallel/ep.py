@@ -44,9 +44,14 @@ from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, all_finite, max_abs_loss_diff, max_rel_diff, rel_l2_diff
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.moe import (
-    alltoall_bytes_from_routing, check_capacity_factor, check_ep, model_activation_bytes_moe, moe_model_state_bytes,
-    param_tensors_per_rank, routing_report,
-)  # fmt: skip
+    alltoall_bytes_from_routing,
+    check_capacity_factor,
+    check_ep,
+    model_activation_bytes_moe,
+    moe_model_state_bytes,
+    param_tensors_per_rank,
+    routing_report,
+)
 from playbook.theory.moe import step_comm_bytes as predicted_comm  # the chapter calls it by this name
 
 
@@ -62,12 +67,19 @@ def parallelize(model: nn.Module, mesh, mode: str) -> nn.Module:
     for block in model.blocks:
         if isinstance(block.mlp, MoEMLP):
             if mode == "ep":
-                block.mlp = ExpertParallelMoE(block.mlp, ep_group=mesh.group("ep"), data_group=mesh.group("dp_cp"),
-                                              ep=mesh.size("ep"), ep_rank=mesh.index("ep"),
-                                              data_rank=mesh.index("dp_cp"), n_data=mesh.size("dp_cp"))  # fmt: skip
+                block.mlp = ExpertParallelMoE(
+                    block.mlp,
+                    ep_group=mesh.group("ep"),
+                    data_group=mesh.group("dp_cp"),
+                    ep=mesh.size("ep"),
+                    ep_rank=mesh.index("ep"),
+                    data_rank=mesh.index("dp_cp"),
+                    n_data=mesh.size("dp_cp"),
+                )
             else:
-                block.mlp = TensorParallelExperts(block.mlp, group=mesh.group("dp_cp"), tp=mesh.size("dp_cp"),
-                                                  rank=mesh.index("dp_cp"))  # fmt: skip
+                block.mlp = TensorParallelExperts(
+                    block.mlp, group=mesh.group("dp_cp"), tp=mesh.size("dp_cp"), rank=mesh.index("dp_cp")
+                )
     return model
 
 
@@ -117,9 +129,17 @@ class StepRecord:
         return loss
 
 
-def train_moe(setup: TrainSetup, cfg: ModelConfig, *, capacity_factor: float | None = None,
-              aux_alpha: float = AUX_ALPHA, ctx=None, mode: str = "ep", ep: int | None = None,
-              native: bool = False) -> MoERun:  # fmt: skip
+def train_moe(
+    setup: TrainSetup,
+    cfg: ModelConfig,
+    *,
+    capacity_factor: float | None = None,
+    aux_alpha: float = AUX_ALPHA,
+    ctx=None,
+    mode: str = "ep",
+    ep: int | None = None,
+    native: bool = False,
+) -> MoERun:
     """``parallel.training.train`` for a mixture of experts: without ``ctx`` the single-process
     reference; with ``ctx`` (a rank) expert parallelism over ``ep`` ranks (default all) inside
     data parallelism over all, or ``mode="tp"``: tensor parallelism inside every expert.
@@ -137,8 +157,9 @@ def train_moe(setup: TrainSetup, cfg: ModelConfig, *, capacity_factor: float | N
         record = StepRecord(model, mode=mode, group=mesh.group("dp_cp"), n=n, spans=ctx.tracer.spans)
         hooks = dict(sync_grads=lambda m: sync_gradients(m, mesh, sequence_parallel=False), progress=ctx.progress)
     result = train(setup, rank=rank, world_size=n, device=device, model=model.to(device), sync_loss=record, **hooks)
-    return MoERun(**vars(result), routing=record.routing, choices=record.choices, ce=record.ce, comm=record.comm,
-                  rank=rank)  # fmt: skip
+    return MoERun(
+        **vars(result), routing=record.routing, choices=record.choices, ce=record.ce, comm=record.comm, rank=rank
+    )
 
 
 def validate(cfg: ModelConfig, world_size: int, ep: int, capacity_factor, global_batch: int, mode: str = "ep") -> None:
@@ -153,8 +174,10 @@ def validate(cfg: ModelConfig, world_size: int, ep: int, capacity_factor, global
     else:
         require_divides("tp", world_size, "expert_ffn_hidden", cfg.expert_ffn_hidden)
     if global_batch % world_size:
-        raise ValueError(f"global_batch={global_batch} does not split over {world_size} ranks; "
-                         f"try world_size in {{{', '.join(map(str, divisors(global_batch)))}}}")  # fmt: skip
+        raise ValueError(
+            f"global_batch={global_batch} does not split over {world_size} ranks; "
+            f"try world_size in {{{', '.join(map(str, divisors(global_batch)))}}}"
+        )
 
 
 # ---- putting the ranks' pieces back together ---------------------------------------------------
@@ -181,14 +204,32 @@ def merge(results: list[MoERun], mode: str = "ep") -> MoERun:
         layers = []
         for i, layer in enumerate(r0.routing[step]):
             shares = [r.routing[step][i] for r in results] if mode == "ep" else [layer]
-            layers.append(layer | {"aux": sum(s["aux"] for s in shares),
-                                   "router_entropy": sum(s["router_entropy"] for s in shares) / len(shares)})  # fmt: skip
+            layers.append(
+                layer
+                | {
+                    "aux": sum(s["aux"] for s in shares),
+                    "router_entropy": sum(s["router_entropy"] for s in shares) / len(shares),
+                }
+            )
         routing.append(layers)
-    choices = [[torch.cat([r.choices[s][i] for r in results]) if mode == "ep" else r0.choices[s][i]
-                for i in range(len(r0.choices[s]))] for s in range(len(r0.choices))]  # fmt: skip
+    choices = [
+        [
+            torch.cat([r.choices[s][i] for r in results]) if mode == "ep" else r0.choices[s][i]
+            for i in range(len(r0.choices[s]))
+        ]
+        for s in range(len(r0.choices))
+    ]
     ce = r0.ce  # every rank computed the global batch's cross-entropy
-    return MoERun(r0.losses, _full([r.grads for r in results], mode), _full([r.params for r in results], mode),
-                  r0.memory, routing, choices, ce, r0.comm)  # fmt: skip
+    return MoERun(
+        r0.losses,
+        _full([r.grads for r in results], mode),
+        _full([r.params for r in results], mode),
+        r0.memory,
+        routing,
+        choices,
+        ce,
+        r0.comm,
+    )
 
 
 def replicas_agree(results: list[MoERun], mode: str = "ep") -> float:
@@ -202,19 +243,22 @@ def replicas_agree(results: list[MoERun], mode: str = "ep") -> float:
 
 def parity(candidate: MoERun, reference: MoERun) -> dict:
     """Loss, aux loss, first-step gradients, parameters after the last step, and the routing."""
-    same_routing = all(torch.equal(a, b) for sa, sb in zip(candidate.choices, reference.choices) for a, b in zip(sa, sb))
+    same_routing = all(
+        torch.equal(a, b) for sa, sb in zip(candidate.choices, reference.choices) for a, b in zip(sa, sb)
+    )
     return {
         "reference": "single-process MoE, same global batch",
         "finite": all_finite(candidate, reference),
         "max_abs_loss_diff": max_abs_loss_diff(candidate.losses, reference.losses),
-        "max_abs_aux_diff": max_abs_loss_diff([a["aux"] for s in candidate.routing for a in s],
-                                              [b["aux"] for s in reference.routing for b in s]),  # fmt: skip
+        "max_abs_aux_diff": max_abs_loss_diff(
+            [a["aux"] for s in candidate.routing for a in s], [b["aux"] for s in reference.routing for b in s]
+        ),
         "max_rel_grad_diff": max_rel_diff(candidate.grads, reference.grads),
         "max_rel_param_diff": max_rel_diff(candidate.params, reference.params),
         "max_rel_l2_param_diff": rel_l2_diff(candidate.params, reference.params),
         "same_experts_chosen": same_routing,
-        "same_tokens_dropped": same_routing and all(a["kept"] == b["kept"] for sa, sb in zip(candidate.routing, reference.routing)
-                                                    for a, b in zip(sa, sb)),  # fmt: skip
+        "same_tokens_dropped": same_routing
+        and all(a["kept"] == b["kept"] for sa, sb in zip(candidate.routing, reference.routing) for a, b in zip(sa, sb)),
     }
 
 
@@ -235,14 +279,29 @@ def moe_config(setup: TrainSetup, experts: int | None, top_k: int | None) -> Mod
             cfg = ModelConfig.preset(f"{setup.model}-moe")
         except ValueError:
             k = 2 if top_k is None else top_k
-            cfg = cfg.replace(n_experts=4 if experts is None else experts, top_k=k, expert_ffn_hidden=max(1, cfg.ffn_hidden // max(k, 1)))
+            cfg = cfg.replace(
+                n_experts=4 if experts is None else experts,
+                top_k=k,
+                expert_ffn_hidden=max(1, cfg.ffn_hidden // max(k, 1)),
+            )
     if experts is not None or top_k is not None:  # 0 is a value to refuse, not "use the preset's"
-        cfg = cfg.replace(n_experts=cfg.n_experts if experts is None else experts, top_k=cfg.top_k if top_k is None else top_k)
+        cfg = cfg.replace(
+            n_experts=cfg.n_experts if experts is None else experts, top_k=cfg.top_k if top_k is None else top_k
+        )
     return cfg
 
 
-def on_rank(ctx, setup: TrainSetup, cfg: ModelConfig, *, capacity_factor: float | None = None,
-            aux_alpha: float = AUX_ALPHA, mode: str = "ep", ep: int | None = None, native: bool = False):  # fmt: skip
+def on_rank(
+    ctx,
+    setup: TrainSetup,
+    cfg: ModelConfig,
+    *,
+    capacity_factor: float | None = None,
+    aux_alpha: float = AUX_ALPHA,
+    mode: str = "ep",
+    ep: int | None = None,
+    native: bool = False,
+):
     """Rank function: ``train_moe`` on this rank; with ``native``, a pair: ours, then the same run
     with PyTorch's differentiable all-to-all."""
     kw = dict(capacity_factor=capacity_factor, aux_alpha=aux_alpha, ctx=ctx, mode=mode, ep=ep)
@@ -256,8 +315,12 @@ def add_arguments(p) -> None:
     p.add_argument("--experts", type=int, default=None, help="number of experts (default: the preset's)")
     p.add_argument("--top-k", type=int, default=None, help="experts per token (default: the preset's)")
     p.add_argument("--capacity-factor", type=float, default=None, help="Switch capacity factor; default: no dropping")
-    p.add_argument("--ep", type=int, default=None, help="expert-parallel degree (divides world size); default: world size")
-    p.add_argument("--aux-alpha", type=float, default=AUX_ALPHA, help="weight of the load-balancing loss (Switch: 0.01)")
+    p.add_argument(
+        "--ep", type=int, default=None, help="expert-parallel degree (divides world size); default: world size"
+    )
+    p.add_argument(
+        "--aux-alpha", type=float, default=AUX_ALPHA, help="weight of the load-balancing loss (Switch: 0.01)"
+    )
     p.add_argument("--experts-tp", action="store_true", help="contrast: tensor parallelism inside each expert instead")
 
 
@@ -269,7 +332,10 @@ class EPReport(RunReport):
     routing: dict = field(default_factory=dict)
 
     def summary(self) -> str:
-        lines = [super().summary(), "  routing (step: tokens per expert per layer; dropped; all-to-all bytes rank 0 pred/meas)"]
+        lines = [
+            super().summary(),
+            "  routing (step: tokens per expert per layer; dropped; all-to-all bytes rank 0 pred/meas)",
+        ]
         for s, step in enumerate(self.routing.get("steps", [])):
             per_layer = " | ".join(str(L["tokens_per_expert"]) for L in step["layers"])
             dropped = sum(L["dropped"] for L in step["layers"])
@@ -278,52 +344,104 @@ class EPReport(RunReport):
         return "\n".join(lines)
 
 
-@register("ep", help="expert parallelism: MoE experts split over ranks, tokens sent by all-to-all", arguments=add_arguments,
-          on_rank=on_rank, predict=predicted_comm)
-def run_ep(setup: TrainSetup, *, world_size: int, backend: str = "auto", experts: int | None = None,
-           top_k: int | None = None, capacity_factor: float | None = None, ep: int | None = None,
-           aux_alpha: float = AUX_ALPHA, experts_tp: bool = False) -> EPReport:  # fmt: skip
+@register(
+    "ep",
+    help="expert parallelism: MoE experts split over ranks, tokens sent by all-to-all",
+    arguments=add_arguments,
+    on_rank=on_rank,
+    predict=predicted_comm,
+)
+def run_ep(
+    setup: TrainSetup,
+    *,
+    world_size: int,
+    backend: str = "auto",
+    experts: int | None = None,
+    top_k: int | None = None,
+    capacity_factor: float | None = None,
+    ep: int | None = None,
+    aux_alpha: float = AUX_ALPHA,
+    experts_tp: bool = False,
+) -> EPReport:
     from playbook.cluster import default_backend, launch
 
     cfg = moe_config(setup, experts, top_k)
     mode, ep = ("tp", world_size) if experts_tp else ("ep", world_size if ep is None else ep)
     validate(cfg, world_size, ep, capacity_factor, setup.global_batch, mode)
     backend = default_backend(world_size) if backend == "auto" else backend
-    both = launch(on_rank, world_size, setup, cfg, capacity_factor=capacity_factor, aux_alpha=aux_alpha, mode=mode,
-                  ep=ep, native=mode == "ep", backend=backend)  # fmt: skip
+    both = launch(
+        on_rank,
+        world_size,
+        setup,
+        cfg,
+        capacity_factor=capacity_factor,
+        aux_alpha=aux_alpha,
+        mode=mode,
+        ep=ep,
+        native=mode == "ep",
+        backend=backend,
+    )
     results = [b[0] for b in both] if mode == "ep" else both
     reference = train_moe(setup, cfg, capacity_factor=capacity_factor, aux_alpha=aux_alpha)
     whole = merge(results, mode)
     native = None
     if mode == "ep":
         theirs = merge([b[1] for b in both], mode)
-        native = {"reference": "torch functional all_to_all_single_autograd in place of ours",
-                  "max_rel_grad_diff": max_rel_diff(theirs.grads, whole.grads),
-                  "max_rel_param_diff": max_rel_diff(theirs.params, whole.params)}  # fmt: skip
+        native = {
+            "reference": "torch functional all_to_all_single_autograd in place of ours",
+            "max_rel_grad_diff": max_rel_diff(theirs.grads, whole.grads),
+            "max_rel_param_diff": max_rel_diff(theirs.params, whole.params),
+        }
     tokens = setup.global_batch // world_size * setup.seq_len
     measured_a2a = [[r.comm[s].get("all_to_all_single", 0.0) for r in results] for s in range(setup.steps)]
     seconds = [[r.comm[s]["all_to_all_seconds"] for r in results] for s in range(setup.steps)]
     split = dict(ep=ep, expert_tp=1) if mode == "ep" else dict(ep=1, expert_tp=world_size)
-    state = moe_model_state_bytes(cfg, **split, dp=world_size, precision="fp32",
-                                  n_tensors=param_tensors_per_rank(cfg, split["ep"]))  # fmt: skip
-    acts = model_activation_bytes_moe(cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch // world_size,
-                                      layers=whole.routing[0], rank=0, ep=ep, mode=mode, tp=world_size)  # fmt: skip
+    state = moe_model_state_bytes(
+        cfg, **split, dp=world_size, precision="fp32", n_tensors=param_tensors_per_rank(cfg, split["ep"])
+    )
+    acts = model_activation_bytes_moe(
+        cfg,
+        seq_len=setup.seq_len,
+        micro_batch=setup.global_batch // world_size,
+        layers=whole.routing[0],
+        rank=0,
+        ep=ep,
+        mode=mode,
+        tp=world_size,
+    )
     predicted = {"params": state.params, "grads": state.grads, "optimizer": state.optimizer, "activations": float(acts)}
     comm_pred = predicted_comm(cfg, world_size, ep, mode, tokens)
     if mode == "ep":
-        comm_pred["all_to_all_single"] = sum(predicted_alltoall_bytes(whole, ep, cfg.hidden)[s][0] for s in range(setup.steps)) / setup.steps
+        comm_pred["all_to_all_single"] = (
+            sum(predicted_alltoall_bytes(whole, ep, cfg.hidden)[s][0] for s in range(setup.steps)) / setup.steps
+        )
     comm_meas: dict[str, float] = {}
     for step in results[0].comm:
         for k, v in step.items():
             if k != "all_to_all_seconds":
                 comm_meas[k] = comm_meas.get(k, 0.0) + v / setup.steps
     return EPReport(
-        strategy="ep" if mode == "ep" else "ep (tensor-parallel experts)", world_size=world_size, backend=backend,
-        parity=parity(whole, reference) | {"replicas_max_rel_diff": replicas_agree(results, mode)}, native=native,
-        memory={"predicted": predicted, "measured": {k: results[0].memory[k] for k in ("params", "grads", "optimizer", "activations")}},
+        strategy="ep" if mode == "ep" else "ep (tensor-parallel experts)",
+        world_size=world_size,
+        backend=backend,
+        parity=parity(whole, reference) | {"replicas_max_rel_diff": replicas_agree(results, mode)},
+        native=native,
+        memory={
+            "predicted": predicted,
+            "measured": {k: results[0].memory[k] for k in ("params", "grads", "optimizer", "activations")},
+        },
         comm={"predicted": comm_pred, "measured": comm_meas},
-        setup=setup.as_dict() | {"model": cfg.name, "model_config": cfg.name, "n_experts": cfg.n_experts, "top_k": cfg.top_k,
-                                 "capacity_factor": capacity_factor, "aux_alpha": aux_alpha, "ep": ep, "mode": mode},
+        setup=setup.as_dict()
+        | {
+            "model": cfg.name,
+            "model_config": cfg.name,
+            "n_experts": cfg.n_experts,
+            "top_k": cfg.top_k,
+            "capacity_factor": capacity_factor,
+            "aux_alpha": aux_alpha,
+            "ep": ep,
+            "mode": mode,
+        },
         losses=whole.losses,
         routing=routing_report(whole.routing, whole.ce, ep if mode == "ep" else 1, cfg.hidden, measured_a2a, seconds),
-    )  # fmt: skip
+    )

@@ -48,23 +48,35 @@ def on_rank(ctx, setup: TrainSetup, *, reshard_after_forward: bool = True) -> Sh
     """Rank function: ``setup.steps`` AdamW steps with FSDP2 over the dp axis of ``ctx.mesh``
     (its ``DeviceMesh``); gradients (first step) and parameters (last) come back whole."""
     mesh = ctx.mesh.device_mesh(ctx.device.type)["dp"]
-    model = shard_model(GPT(setup.config(), seed=setup.seed).to(ctx.device), mesh,
-                        reshard_after_forward=reshard_after_forward)  # fmt: skip
+    model = shard_model(
+        GPT(setup.config(), seed=setup.seed).to(ctx.device), mesh, reshard_after_forward=reshard_after_forward
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr)  # after sharding: sees the DTensor shards
 
     def weights() -> set[int]:  # as they are now: shards, or whole during their group's forward; RoPE tables
         return storages([*(local(p) for p in model.parameters()), *model.buffers()])
 
-    result = train_sharded(ctx, setup, model=model, optimizer=optimizer, loss=lambda x, y: model(x, y)[1],
-                           held=lambda: held_bytes(model, optimizer), weights=weights,
-                           collect=lambda t: t.detach().clone())  # fmt: skip  (DTensors: gathered below, uncounted)
+    result = train_sharded(
+        ctx,
+        setup,
+        model=model,
+        optimizer=optimizer,
+        loss=lambda x, y: model(x, y)[1],
+        held=lambda: held_bytes(model, optimizer),
+        weights=weights,
+        collect=lambda t: t.detach().clone(),
+    )  # (DTensors: gathered below, uncounted)
     result.grads = {k: _whole(g) for k, g in result.grads.items()}
     result.params = {k: _whole(p) for k, p in result.params.items()}
     return result
 
 
-@register("fsdp2", help="PyTorch FSDP2 fully_shard (per block, then root): the native counterpart of ZeRO-3",
-          on_rank=on_rank, predict=fsdp2_comm_per_step)
+@register(
+    "fsdp2",
+    help="PyTorch FSDP2 fully_shard (per block, then root): the native counterpart of ZeRO-3",
+    on_rank=on_rank,
+    predict=fsdp2_comm_per_step,
+)
 def run_fsdp2(setup: TrainSetup, *, world_size: int, backend: str = "auto") -> ShardedReport:
     setup.local_batch(world_size)
     backend = default_backend(world_size) if backend == "auto" else backend
@@ -72,12 +84,20 @@ def run_fsdp2(setup: TrainSetup, *, world_size: int, backend: str = "auto") -> S
     predicted_state.pop("total")
     r0 = launch(on_rank, world_size, setup, backend=backend)[0]
     return ShardedReport(
-        strategy="fsdp2", world_size=world_size, backend=backend,
+        strategy="fsdp2",
+        world_size=world_size,
+        backend=backend,
         parity=compare(r0, train(setup)),
-        memory={"predicted": {**predicted_state, "activations": setup.predicted_memory(world_size).activations},
-                "measured": r0.memory, "by_moment": {"measured": {m: r0.moments[m] for m in MOMENTS}}},
+        memory={
+            "predicted": {**predicted_state, "activations": setup.predicted_memory(world_size).activations},
+            "measured": r0.memory,
+            "by_moment": {"measured": {m: r0.moments[m] for m in MOMENTS}},
+        },
         comm={"predicted": fsdp2_comm_per_step(setup, world_size=world_size), "measured": r0.comm},
-        setup=setup.as_dict(), losses=r0.losses,
-        notes=["FSDP2's all-gathers and reduce-scatters are recorded by our tracer (torch 2.13 issues them "
-               "through torch.distributed.all_gather_single / reduce_scatter_single)"],
-    )  # fmt: skip
+        setup=setup.as_dict(),
+        losses=r0.losses,
+        notes=[
+            "FSDP2's all-gathers and reduce-scatters are recorded by our tracer (torch 2.13 issues them "
+            "through torch.distributed.all_gather_single / reduce_scatter_single)"
+        ],
+    )

@@ -61,8 +61,13 @@ class Plan:
     def check(self, setup: TrainSetup) -> None:
         """Every constraint, before any rank starts: one ``ValueError`` naming it and what would work."""
         cfg, d = setup.config(), self.dims
-        d.check(cfg, seq_len=setup.seq_len, global_batch=setup.global_batch, zigzag=self.zigzag,
-                microbatches=self.m if d.pp > 1 else None)  # fmt: skip
+        d.check(
+            cfg,
+            seq_len=setup.seq_len,
+            global_batch=setup.global_batch,
+            zigzag=self.zigzag,
+            microbatches=self.m if d.pp > 1 else None,
+        )
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.sequence_parallel and d.tp == 1:
@@ -70,25 +75,34 @@ class Plan:
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
-            (self.zero and (d.pp > 1 or d.cp > 1 or d.ep > 1 or self.sequence_parallel),
-             "ZeRO here shards over dp with tp inside; combine it with pp, cp, ep or sequence parallelism later"),
-            (d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1), "expert parallelism here lives inside dp alone (tp=pp=cp=1)"),
+            (
+                self.zero and (d.pp > 1 or d.cp > 1 or d.ep > 1 or self.sequence_parallel),
+                "ZeRO here shards over dp with tp inside; combine it with pp, cp, ep or sequence parallelism later",
+            ),
+            (
+                d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
+                "expert parallelism here lives inside dp alone (tp=pp=cp=1)",
+            ),
             (d.cp > 1 and d.pp > 1, "context parallelism inside a pipeline is not composed yet; use pp=1 with cp"),
             (d.cp > 1 and self.sequence_parallel, "sequence parallelism with context parallelism is not composed yet"),
             (d.pp > 1 and self.sequence_parallel, "sequence parallelism inside a pipeline is not composed yet"),
-        ]  # fmt: skip
+        ]
         for refused, why in not_yet:
             if refused:
                 raise ValueError(f"layout {d}: {why}")
         if d.pp > 1:
             check_pipeline(d.pp, self.m, 1, name=self.schedule, n_layers=cfg.n_layers)
             if cfg.n_layers % d.pp:
-                raise ValueError(f"pp={d.pp} must divide n_layers={cfg.n_layers} (equal stages); try pp in "
-                                 f"{{{', '.join(str(k) for k in range(1, cfg.n_layers + 1) if cfg.n_layers % k == 0)}}}")
+                raise ValueError(
+                    f"pp={d.pp} must divide n_layers={cfg.n_layers} (equal stages); try pp in "
+                    f"{{{', '.join(str(k) for k in range(1, cfg.n_layers + 1) if cfg.n_layers % k == 0)}}}"
+                )
             if cfg.tie_embeddings:
                 raise ValueError("a tied embedding sits on the first and the last stage; use an untied preset")
         if d.cp > 1 and self.cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp:
-            raise ValueError(f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})")
+            raise ValueError(
+                f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})"
+            )
 
 
 # ---- 1-3: parallelize the one GPT --------------------------------------------------------------
@@ -104,16 +118,24 @@ def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = N
     if d.cp > 1:
         from playbook.parallel.cp import cp_attention_fn, use_attention
 
-        use_attention(model, cp_attention_fn(plan.cp_variant, mesh.group("cp"), zigzag=plan.zigzag, positions=positions))
+        use_attention(
+            model, cp_attention_fn(plan.cp_variant, mesh.group("cp"), zigzag=plan.zigzag, positions=positions)
+        )
     if d.ep > 1:
         from playbook.moe import MoEMLP
         from playbook.parallel.ep import ExpertParallelMoE
 
         for block in model.blocks:
             if isinstance(block.mlp, MoEMLP):
-                block.mlp = ExpertParallelMoE(block.mlp, ep_group=mesh.group("ep"), data_group=mesh.group("dp_cp"),
-                                              ep=d.ep, ep_rank=mesh.index("ep"), data_rank=mesh.index("dp_cp"),
-                                              n_data=d.dp * d.cp)  # fmt: skip
+                block.mlp = ExpertParallelMoE(
+                    block.mlp,
+                    ep_group=mesh.group("ep"),
+                    data_group=mesh.group("dp_cp"),
+                    ep=d.ep,
+                    ep_rank=mesh.index("ep"),
+                    data_rank=mesh.index("dp_cp"),
+                    n_data=d.dp * d.cp,
+                )
     return model
 
 
@@ -167,7 +189,9 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     if d.cp > 1:
         from playbook.theory.cp import shard_positions
 
-        positions = torch.tensor(shard_positions(setup.seq_len, d.cp, mesh.coords["cp"], plan.zigzag), device=ctx.device)
+        positions = torch.tensor(
+            shard_positions(setup.seq_len, d.cp, mesh.coords["cp"], plan.zigzag), device=ctx.device
+        )
     if cfg.is_moe:
         from playbook.moe import build
 
@@ -183,7 +207,9 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     task, rows = setup.task(), setup.global_batch // d.dp
 
     def batch(step):
-        tokens, targets = task.batch(step, setup.global_batch, setup.seq_len, mesh.coords["dp"], d.dp, device=ctx.device)
+        tokens, targets = task.batch(
+            step, setup.global_batch, setup.seq_len, mesh.coords["dp"], d.dp, device=ctx.device
+        )
         if positions is not None:
             tokens, targets = tokens[:, positions], targets[:, positions]  # [rows, s/cp]: this rank's tokens
         return tokens, targets

@@ -50,8 +50,12 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list) -> tuple[nn.
     optimizer = torch.optim.AdamW(own.parameters(), lr=setup.lr)
 
     def finish(result):
-        result.memory = {"params": parameter_bytes(own), "grads": gradient_bytes(own),
-                         "optimizer": optimizer_bytes(optimizer), "activations": logs[0].peak_bytes}  # fmt: skip
+        result.memory = {
+            "params": parameter_bytes(own),
+            "grads": gradient_bytes(own),
+            "optimizer": optimizer_bytes(optimizer),
+            "activations": logs[0].peak_bytes,
+        }
         return result
 
     return own, {"model": own, "optimizer": optimizer, "forward_backward": forward_backward, "finish": finish}

@@ -37,8 +37,12 @@ def merge(answers: list[dict], tp: int) -> TrainResult:
     out = {}
     for kind in ("grads", "params"):
         names = by_tp[0][kind]
-        out[kind] = {n: names[n] if tp == 1 or dims.get(n) is None else
-                     torch.cat([by_tp[i][kind][n] for i in range(tp)], dims[n]) for n in names}  # fmt: skip
+        out[kind] = {
+            n: names[n]
+            if tp == 1 or dims.get(n) is None
+            else torch.cat([by_tp[i][kind][n] for i in range(tp)], dims[n])
+            for n in names
+        }
     first = min(answers, key=lambda a: a["rank"])["result"]
     return TrainResult(first.losses, out["grads"], out["params"], first.memory)
 
@@ -50,16 +54,41 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
     rows = []
     for a in sorted(answers, key=lambda a: a["rank"]):
         measured = bytes_by_axis([s for s in a["spans"] if s["axis"] != "report"], per=setup.steps)
-        predicted = comm_per_axis(setup.config(), plan.dims, rank=a["rank"], global_batch=setup.global_batch,
-                                  seq_len=setup.seq_len, zero=plan.zero, sequence_parallel=plan.sequence_parallel,
-                                  cp_variant=plan.cp_variant, schedule=plan.schedule, microbatches=plan.m,
-                                  routing=routing)  # fmt: skip
-        memory = memory_per_rank(setup.config(), plan.dims, rank=a["rank"], global_batch=setup.global_batch,
-                                 seq_len=setup.seq_len, sequence_parallel=plan.sequence_parallel, cp_variant=plan.cp_variant,
-                                 schedule=plan.schedule, microbatches=plan.m, routing=routing[0] if routing else None)
+        predicted = comm_per_axis(
+            setup.config(),
+            plan.dims,
+            rank=a["rank"],
+            global_batch=setup.global_batch,
+            seq_len=setup.seq_len,
+            zero=plan.zero,
+            sequence_parallel=plan.sequence_parallel,
+            cp_variant=plan.cp_variant,
+            schedule=plan.schedule,
+            microbatches=plan.m,
+            routing=routing,
+        )
+        memory = memory_per_rank(
+            setup.config(),
+            plan.dims,
+            rank=a["rank"],
+            global_batch=setup.global_batch,
+            seq_len=setup.seq_len,
+            sequence_parallel=plan.sequence_parallel,
+            cp_variant=plan.cp_variant,
+            schedule=plan.schedule,
+            microbatches=plan.m,
+            routing=routing[0] if routing else None,
+        )
         measured_memory = {k: a["result"].memory.get(k) for k in memory}
-        rows.append({"rank": a["rank"], "coords": a["coords"], "predicted": predicted, "measured": measured,
-                     "memory": {"predicted": memory if not plan.zero else {}, "measured": measured_memory}})
+        rows.append(
+            {
+                "rank": a["rank"],
+                "coords": a["coords"],
+                "predicted": predicted,
+                "measured": measured,
+                "memory": {"predicted": memory if not plan.zero else {}, "measured": measured_memory},
+            }
+        )
     return rows
 
 
@@ -86,18 +115,27 @@ class HybridReport(RunReport):
 
     def summary(self) -> str:
         p = self.parity
-        lines = [f"hybrid {self.layout['name']} on {self.world_size} rank(s), backend {self.backend}",
-                 f"  loss per step: {', '.join(f'{x:.4f}' for x in self.losses)}",
-                 f"  parity vs {p['reference']}: loss {p['max_abs_loss_diff']:.2e} (abs), grads {p['max_rel_grad_diff']:.2e} "
-                 f"(rel), params {p['max_rel_l2_param_diff']:.2e} (rel L2)",
-                 "  per rank: bytes sent per step by axis, predicted / measured; memory (bytes) predicted / measured"]  # fmt: skip
+        lines = [
+            f"hybrid {self.layout['name']} on {self.world_size} rank(s), backend {self.backend}",
+            f"  loss per step: {', '.join(f'{x:.4f}' for x in self.losses)}",
+            f"  parity vs {p['reference']}: loss {p['max_abs_loss_diff']:.2e} (abs), grads {p['max_rel_grad_diff']:.2e} "
+            f"(rel), params {p['max_rel_l2_param_diff']:.2e} (rel L2)",
+            "  per rank: bytes sent per step by axis, predicted / measured; memory (bytes) predicted / measured",
+        ]
         for row in self.per_rank:
             axes = sorted(set(row["predicted"]) | set(row["measured"]))
-            cells = ", ".join(f"{ax} {row['predicted'].get(ax, 0):,.0f} / {row['measured'].get(ax, 0):,.0f}" for ax in axes)
+            cells = ", ".join(
+                f"{ax} {row['predicted'].get(ax, 0):,.0f} / {row['measured'].get(ax, 0):,.0f}" for ax in axes
+            )
             lines.append(f"    rank {row['rank']} {_where(row['coords'])}: {cells or 'no communication'}")
             mem = row["memory"]
-            lines.append("      " + ", ".join(f"{k} {_num(mem['predicted'].get(k))} / {_num(mem['measured'].get(k))}"
-                                              for k in ("params", "grads", "optimizer", "activations")))  # fmt: skip
+            lines.append(
+                "      "
+                + ", ".join(
+                    f"{k} {_num(mem['predicted'].get(k))} / {_num(mem['measured'].get(k))}"
+                    for k in ("params", "grads", "optimizer", "activations")
+                )
+            )
         return "\n".join(lines)
 
 
@@ -119,13 +157,17 @@ def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto") -> HybridRe
     table = comm_table(answers, setup, plan)
     mine = table[0]
     return HybridReport(
-        strategy="hybrid", world_size=world, backend=backend, parity=compare(ours, reference(setup)),
+        strategy="hybrid",
+        world_size=world,
+        backend=backend,
+        parity=compare(ours, reference(setup)),
         memory=mine["memory"],
         comm={"predicted": mine["predicted"], "measured": mine["measured"]},
-        setup={**setup.as_dict(), **plan.as_dict()}, losses=ours.losses,
+        setup={**setup.as_dict(), **plan.as_dict()},
+        losses=ours.losses,
         layout={"name": str(plan.dims), "groups": plan.dims.describe()},
         per_rank=table,
-    )  # fmt: skip
+    )
 
 
 def add_arguments(parser) -> None:
@@ -136,7 +178,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cp-variant", default="ring", choices=list(CP_VARIANTS))
     parser.add_argument("--zigzag", action="store_true", help="with --cp: zig-zag causal balance")
     parser.add_argument("--schedule", default="1f1b", choices=list(SCHEDULES))
-    parser.add_argument("--microbatches", type=int, default=None, help="with --pp: micro-batches per step (default: pp)")
+    parser.add_argument(
+        "--microbatches", type=int, default=None, help="with --pp: micro-batches per step (default: pp)"
+    )
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
@@ -144,10 +188,26 @@ def implied_world_size(options: dict) -> int:
     return options["dp"] * options["tp"] * options["pp"] * options["cp"]
 
 
-@register("hybrid", help="every strategy at once on one mesh: --dp --tp --pp --cp --ep [--zero K]", arguments=add_arguments,
-          world_size=implied_world_size, on_rank=train_hybrid, predict=comm_per_axis)
-def run_hybrid(setup: TrainSetup, *, world_size: int | None = None, backend: str = "auto", dp: int = 1, tp: int = 1, pp: int = 1,
-               cp: int = 1, ep: int = 1, **plan) -> HybridReport:  # fmt: skip
+@register(
+    "hybrid",
+    help="every strategy at once on one mesh: --dp --tp --pp --cp --ep [--zero K]",
+    arguments=add_arguments,
+    world_size=implied_world_size,
+    on_rank=train_hybrid,
+    predict=comm_per_axis,
+)
+def run_hybrid(
+    setup: TrainSetup,
+    *,
+    world_size: int | None = None,
+    backend: str = "auto",
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    **plan,
+) -> HybridReport:
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     if world_size and world_size != dims.world:
         raise ValueError(f"--world-size {world_size} but the degrees {dims} need {dims.world} ranks; omit --world-size")

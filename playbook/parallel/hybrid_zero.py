@@ -28,5 +28,10 @@ def zero_hooks(model, mesh, plan, setup, tracer) -> dict:
             result.params = {k: v.cpu() for k, v in zero.gather([u.opt_param for u in zero.units]).items()}
         return result
 
-    return {"model": model, "optimizer": zero, "forward_backward": forward_backward, "sync_grads": sync,
-            "finish": finish}
+    return {
+        "model": model,
+        "optimizer": zero,
+        "forward_backward": forward_backward,
+        "sync_grads": sync,
+        "finish": finish,
+    }

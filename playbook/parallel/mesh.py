@@ -120,7 +120,9 @@ class Mesh:
             from torch.distributed.device_mesh import init_device_mesh
 
             d = self.dims
-            self._device_mesh = init_device_mesh(device_type, (d.pp, d.dp, d.cp, d.tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+            self._device_mesh = init_device_mesh(
+                device_type, (d.pp, d.dp, d.cp, d.tp), mesh_dim_names=("pp", "dp", "cp", "tp")
+            )
         return self._device_mesh
 
 
@@ -128,8 +130,10 @@ def build_mesh(dims: ParallelDims) -> Mesh:
     """This rank's mesh for ``dims`` (cached per process); every rank of the world must call it."""
     world = dist.get_world_size()
     if dims.world != world:
-        raise ValueError(f"layout {dims} needs {dims.world} ranks but this world has {world}; "
-                         f"start {dims.world} ranks or choose degrees whose product is {world}")  # fmt: skip
+        raise ValueError(
+            f"layout {dims} needs {dims.world} ranks but this world has {world}; "
+            f"start {dims.world} ranks or choose degrees whose product is {world}"
+        )
     if dims not in _meshes:
         rank = dist.get_rank()
         groups = {axis: _axis_group(dims, axis, rank) for axis in GROUP_AXES}

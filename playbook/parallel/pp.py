@@ -41,8 +41,20 @@ from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.pipeline import predicted_memory, stage_ranges
 from playbook.theory.schedules import DEFINITIONS, Schedule, check_pipeline, make_schedule
 
-__all__ = ["Chunk", "HeldActivations", "PipelineReport", "PipelineSetup", "Pieces", "StepLog", "merge",
-           "native_on_rank", "on_rank", "run_pp", "run_step", "stage_ranges"]  # fmt: skip
+__all__ = [
+    "Chunk",
+    "HeldActivations",
+    "PipelineReport",
+    "PipelineSetup",
+    "Pieces",
+    "StepLog",
+    "merge",
+    "native_on_rank",
+    "on_rank",
+    "run_pp",
+    "run_step",
+    "stage_ranges",
+]
 
 
 @dataclass(frozen=True)
@@ -58,8 +70,9 @@ class PipelineSetup(TrainSetup):
 
 
 # ---- a whole training run on one rank: the one loop, a pipeline step as its forward_backward ----
-def on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1, partition=None, group=None,
-            prepost: bool = True) -> dict:  # fmt: skip
+def on_rank(
+    ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1, partition=None, group=None, prepost: bool = True
+) -> dict:
     """Rank function: train ``setup`` with schedule ``schedule`` (m micro-batches, v chunks per rank)
     on this rank's chunks; returns its losses (last rank), first-step gradients and final parameters
     (GPT names), per-step logs and times, memory by category. ``group``: the ranks of the pipeline
@@ -69,8 +82,10 @@ def on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1, partit
     p, rank, cfg = dist.get_world_size(group), dist.get_rank(group), setup.config()
     check_pipeline(p, m, v, name=schedule, n_layers=cfg.n_layers)
     if cfg.tie_embeddings:
-        raise NotImplementedError("a tied embedding lives on the first and the last stage, whose gradients would have to be "
-                                  "summed across them; use an untied preset such as gpt-tiny")  # fmt: skip
+        raise NotImplementedError(
+            "a tied embedding lives on the first and the last stage, whose gradients would have to be "
+            "summed across them; use an untied preset such as gpt-tiny"
+        )
     plan = make_schedule(schedule, p, m, v)
     ranges = [stage_ranges(cfg, p * v, partition)[plan.stage(rank, c)] for c in range(v)]
     model = GPT(cfg, seed=setup.seed).to(ctx.device)
@@ -85,17 +100,37 @@ def on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1, partit
     def forward_backward(_, tokens, targets):  # tokens, targets: m micro-batches, [global_batch / m, s] each
         held.peak = held.now
         t0 = time.perf_counter()
-        logs.append(run_step(plan, rank, chunks, tokens, targets, shape, group, held, tracer=ctx.tracer, prepost=prepost))
+        logs.append(
+            run_step(plan, rank, chunks, tokens, targets, shape, group, held, tracer=ctx.tracer, prepost=prepost)
+        )
         times.append(time.perf_counter() - t0)
         return torch.tensor(logs[-1].loss, dtype=torch.float64)  # the last stage's loss, exactly; 0 elsewhere
 
-    result = train(setup, model=share, optimizer=optimizer, batch=lambda step: microbatches(setup, step, m, ctx.device),
-                   forward_backward=forward_backward, progress=ctx.progress)  # fmt: skip
+    result = train(
+        setup,
+        model=share,
+        optimizer=optimizer,
+        batch=lambda step: microbatches(setup, step, m, ctx.device),
+        forward_backward=forward_backward,
+        progress=ctx.progress,
+    )
     # by category; parameters, gradients and AdamW state keep the sizes they had after the first step
-    memory = {"params": parameter_bytes(share), "grads": gradient_bytes(share), "optimizer": optimizer_bytes(optimizer),
-              "activations": logs[0].peak_bytes}  # fmt: skip
-    return {"rank": rank, "losses": result.losses, "grads": result.grads, "params": result.params, "logs": logs,
-            "step_s": times, "memory": memory, "ranges": ranges}  # fmt: skip
+    memory = {
+        "params": parameter_bytes(share),
+        "grads": gradient_bytes(share),
+        "optimizer": optimizer_bytes(optimizer),
+        "activations": logs[0].peak_bytes,
+    }
+    return {
+        "rank": rank,
+        "losses": result.losses,
+        "grads": result.grads,
+        "params": result.params,
+        "logs": logs,
+        "step_s": times,
+        "memory": memory,
+        "ranges": ranges,
+    }
 
 
 def merge(answers: list[dict]) -> TrainResult:
@@ -128,15 +163,21 @@ class PipelineReport(RunReport):
             lines.append(f"  native: skipped, {skipped}")
         lines.append(f"  schedule {s['name']} (p={s['p']}, m={s['m']}, v={s['v']})")
         for k in DEFINITIONS:
-            lines.append(f"    bubble {k:<18} predicted {s['bubble_predicted'][k]:.3f}  measured {s['bubble_measured'][k]:.3f}")
-        lines.append(f"    peak activations per rank (bytes): predicted {s['activations']['predicted_bytes']}, "
-                     f"measured {s['activations']['measured_bytes']}")  # fmt: skip
+            lines.append(
+                f"    bubble {k:<18} predicted {s['bubble_predicted'][k]:.3f}  measured {s['bubble_measured'][k]:.3f}"
+            )
+        lines.append(
+            f"    peak activations per rank (bytes): predicted {s['activations']['predicted_bytes']}, "
+            f"measured {s['activations']['measured_bytes']}"
+        )
         return "\n".join(lines)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"])
-    parser.add_argument("--microbatches", type=int, default=4, help="m: micro-batches per step (divides --global-batch)")
+    parser.add_argument(
+        "--microbatches", type=int, default=4, help="m: micro-batches per step (divides --global-batch)"
+    )
     parser.add_argument("--chunks", type=int, default=1, help="v: model chunks per rank (interleaved only)")
     parser.add_argument("--layers", type=int, default=0, help="override the preset's number of layers (0: keep)")
     parser.add_argument("--no-native", action="store_true", help="skip torch.distributed.pipelining")
@@ -156,10 +197,24 @@ def predicted_p2p_bytes(plan: Schedule, setup: TrainSetup, rank: int = 0) -> flo
     return float(sum(message for a in plan.actions[rank] if a.kind.startswith("send") and a.peer != rank))
 
 
-@register("pp", help="pipeline parallel: GPipe, 1F1B, interleaved 1F1B, ZB-H1 on real stages", arguments=add_arguments,
-          on_rank=on_rank, predict=predicted_memory)
-def run_pp(setup: TrainSetup, *, world_size: int = 2, backend: str = "auto", schedule: str = "1f1b",
-           microbatches: int = 4, chunks: int = 1, layers: int = 0, no_native: bool = False) -> PipelineReport:  # fmt: skip
+@register(
+    "pp",
+    help="pipeline parallel: GPipe, 1F1B, interleaved 1F1B, ZB-H1 on real stages",
+    arguments=add_arguments,
+    on_rank=on_rank,
+    predict=predicted_memory,
+)
+def run_pp(
+    setup: TrainSetup,
+    *,
+    world_size: int = 2,
+    backend: str = "auto",
+    schedule: str = "1f1b",
+    microbatches: int = 4,
+    chunks: int = 1,
+    layers: int = 0,
+    no_native: bool = False,
+) -> PipelineReport:
     setup = PipelineSetup(**setup.as_dict(), n_layers=layers) if not isinstance(setup, PipelineSetup) else setup
     check_pipeline(world_size, microbatches, chunks, name=schedule, n_layers=setup.config().n_layers)
     check_microbatches(setup, microbatches)
@@ -174,14 +229,23 @@ def run_pp(setup: TrainSetup, *, world_size: int = 2, backend: str = "auto", sch
         nat = launch(native_on_rank, world_size, setup, schedule=schedule, m=microbatches, v=chunks, backend=backend)
         native = compare(merge(nat), reference, name="single process, same global batch") | {
             "implementation": f"torch.distributed.pipelining.{NATIVE[schedule]}",
-            "step_s": sum(r["step_s"][-1] for r in nat) / len(nat)}  # fmt: skip
+            "step_s": sum(r["step_s"][-1] for r in nat) / len(nat),
+        }
     ours = merge(results)
     bubble = compare_bubble(results, plan)
     bubble["activations"] = activation_report(results, plan, setup)
     return PipelineReport(
-        strategy="pp", world_size=world_size, backend=backend, parity=compare(ours, reference), native=native,
+        strategy="pp",
+        world_size=world_size,
+        backend=backend,
+        parity=compare(ours, reference),
+        native=native,
         memory={"predicted": predicted_memory(setup, plan), "measured": results[0]["memory"]},
-        comm={"predicted": {"isend": predicted_p2p_bytes(plan, setup)},  # rank 0, per step
-              "measured": {op: b / setup.steps for op, b in results[0]["sent_bytes"].items() if b}},
-        setup=setup.as_dict(), losses=ours.losses, schedule=bubble,
-    )  # fmt: skip
+        comm={
+            "predicted": {"isend": predicted_p2p_bytes(plan, setup)},  # rank 0, per step
+            "measured": {op: b / setup.steps for op, b in results[0]["sent_bytes"].items() if b},
+        },
+        setup=setup.as_dict(),
+        losses=ours.losses,
+        schedule=bubble,
+    )

@@ -97,8 +97,19 @@ def _tag(mb: int, stage: int, n_stages: int, grad: bool) -> int:
     return (mb * n_stages + stage) * 2 + int(grad)
 
 
-def run_step(schedule: Schedule, rank: int, chunks: list[Chunk], tokens: list[torch.Tensor], targets: list[torch.Tensor],
-             shape: tuple, group, held: HeldActivations, *, tracer=None, prepost: bool = True) -> StepLog:  # fmt: skip
+def run_step(
+    schedule: Schedule,
+    rank: int,
+    chunks: list[Chunk],
+    tokens: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    shape: tuple,
+    group,
+    held: HeldActivations,
+    *,
+    tracer=None,
+    prepost: bool = True,
+) -> StepLog:
     """Play ``schedule.actions[rank]`` once: micro-batch inputs ``tokens[i]``, ``targets[i]``; every
     activation and gradient message has ``shape`` ([micro_batch, seq, hidden]). Gradients
     accumulate into ``p.grad`` of the chunks' parameters. ``rank`` and the peers are ranks of

@@ -21,8 +21,12 @@ from playbook.parallel.training import TrainSetup, train
 from playbook.theory.pipeline import stage_ranges
 from playbook.theory.schedules import check_pipeline
 
-NATIVE = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-          "zb-h1": "ScheduleInterleavedZeroBubble"}  # fmt: skip
+NATIVE = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zb-h1": "ScheduleInterleavedZeroBubble",
+}
 
 
 def native_limits(name: str, p: int, m: int) -> str | None:

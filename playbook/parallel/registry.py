@@ -27,9 +27,17 @@ from typing import Callable
 
 # name -> module of playbook/parallel/ that registers it
 STRATEGY_MODULES = {
-    "single": "single", "dp": "dp_run", "zero": "zero_run", "fsdp2": "fsdp2", "tp": "tp", "pp": "pp", "cp": "cp",
-    "ep": "ep", "hybrid": "hybrid_run", "serve": "serve",
-}  # fmt: skip
+    "single": "single",
+    "dp": "dp_run",
+    "zero": "zero_run",
+    "fsdp2": "fsdp2",
+    "tp": "tp",
+    "pp": "pp",
+    "cp": "cp",
+    "ep": "ep",
+    "hybrid": "hybrid_run",
+    "serve": "serve",
+}
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,13 @@ class Strategy:
             params = list(inspect.signature(self.on_rank).parameters.values())
             if not params or params[0].name != "ctx":
                 out.append("on_rank's first parameter must be ctx")
-            flags = [p.name for p in params if p.default is not inspect.Parameter.empty and isinstance(p.default, bool)
-                     and p.kind is not inspect.Parameter.KEYWORD_ONLY]  # fmt: skip
+            flags = [
+                p.name
+                for p in params
+                if p.default is not inspect.Parameter.empty
+                and isinstance(p.default, bool)
+                and p.kind is not inspect.Parameter.KEYWORD_ONLY
+            ]
             if flags:
                 out.append(f"on_rank takes positional booleans {flags}: make them keyword-only")
         if self.predict is None or not self.predict.__module__.startswith("playbook.theory"):
@@ -69,8 +82,15 @@ class Strategy:
 _registry: dict[str, Strategy] = {}
 
 
-def register(name: str, *, help: str, arguments: Callable | None = None, world_size: Callable | None = None,
-             on_rank: Callable | None = None, predict: Callable | None = None):  # fmt: skip
+def register(
+    name: str,
+    *,
+    help: str,
+    arguments: Callable | None = None,
+    world_size: Callable | None = None,
+    on_rank: Callable | None = None,
+    predict: Callable | None = None,
+):
     def add(run: Callable) -> Callable:
         _registry[name] = Strategy(name, run, help, arguments, world_size, on_rank, predict)
         return run

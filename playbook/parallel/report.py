@@ -65,8 +65,10 @@ def rel_l2_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> 
 def max_abs_loss_diff(got: list[float], want: list[float]) -> float:
     """Worst |got − want| over steps; ``inf`` if either side has a NaN or inf loss."""
     if len(got) != len(want):
-        raise ValueError(f"cannot compare losses: the run has {len(got)} step(s), the reference {len(want)}; "
-                         "train both for the same number of steps")  # fmt: skip
+        raise ValueError(
+            f"cannot compare losses: the run has {len(got)} step(s), the reference {len(want)}; "
+            "train both for the same number of steps"
+        )
     return _worst(abs(a - b) if math.isfinite(a) and math.isfinite(b) else float("inf") for a, b in zip(got, want))
 
 
@@ -158,5 +160,7 @@ class RunReport:
         if self.comm["predicted"] or self.comm["measured"]:
             lines.append("  comm per rank per step (bytes sent)")
             for op in sorted(set(self.comm["predicted"]) | set(self.comm["measured"])):
-                lines.append(f"    {op:<22} {self.comm['predicted'].get(op, 0):>12,.0f} {self.comm['measured'].get(op, 0):>12,.0f}")
+                lines.append(
+                    f"    {op:<22} {self.comm['predicted'].get(op, 0):>12,.0f} {self.comm['measured'].get(op, 0):>12,.0f}"
+                )
         return "\n".join(lines)

@@ -116,12 +116,24 @@ class RingAttention(torch.autograd.Function):
                     block_lse = s.logsumexp(-1)  # [b, a, c]
                     block_out = torch.exp(s - block_lse[..., None]).to(vb.dtype) @ vb  # [b, a, c, d]
                     new = torch.logaddexp(lse[:, :, rows], block_lse)  # [b, a, c]
-                    out[:, :, rows] = (out[:, :, rows] * torch.exp(lse[:, :, rows] - new)[..., None]
-                                       + block_out * torch.exp(block_lse - new)[..., None])  # fmt: skip
+                    out[:, :, rows] = (
+                        out[:, :, rows] * torch.exp(lse[:, :, rows] - new)[..., None]
+                        + block_out * torch.exp(block_lse - new)[..., None]
+                    )
                     lse[:, :, rows] = new
                 if log is not None:
-                    log.append(dict(step=step, q_chunk=chunks[rank][i], k_chunk=chunks[(rank - step) % n][j], rows=c,
-                                    cols=c, diagonal=diag, pass_="forward", cpu_seconds=time.thread_time() - cpu))  # fmt: skip
+                    log.append(
+                        dict(
+                            step=step,
+                            q_chunk=chunks[rank][i],
+                            k_chunk=chunks[(rank - step) % n][j],
+                            rows=c,
+                            cols=c,
+                            diagonal=diag,
+                            pass_="forward",
+                            cpu_seconds=time.thread_time() - cpu,
+                        )
+                    )
             if step < n - 1:
                 _wait(works)
                 kv = nxt
@@ -161,8 +173,18 @@ class RingAttention(torch.autograd.Function):
                     dq[:, :, rows] += (ds.to(kb.dtype) @ kb).to(acc) * scale
                     grad[0, :, :, cols] += sum_kv(ds.transpose(-2, -1).to(qb.dtype) @ qb, rep).to(acc) * scale  # dK
                 if ctx.log is not None:
-                    ctx.log.append(dict(step=step, q_chunk=chunks[rank][i], k_chunk=chunks[(rank - step) % n][j], rows=c,
-                                        cols=c, diagonal=diag, pass_="backward", cpu_seconds=time.thread_time() - cpu))  # fmt: skip
+                    ctx.log.append(
+                        dict(
+                            step=step,
+                            q_chunk=chunks[rank][i],
+                            k_chunk=chunks[(rank - step) % n][j],
+                            rows=c,
+                            cols=c,
+                            diagonal=diag,
+                            pass_="backward",
+                            cpu_seconds=time.thread_time() - cpu,
+                        )
+                    )
             if step < n - 1:
                 _wait(works)
                 kv = nxt

@@ -53,8 +53,9 @@ def layer_allreduce_bytes(spans, window: str = "decode") -> float:
     for c in spans:
         if c["kind"] != "comm" or c["name"] != "all_reduce":
             continue
-        if any(w["start"] <= c["start"] <= w["end"] for w in windows) and \
-                any(r["start"] <= c["start"] and c["end"] <= r["end"] for r in layers):  # fmt: skip
+        if any(w["start"] <= c["start"] <= w["end"] for w in windows) and any(
+            r["start"] <= c["start"] and c["end"] <= r["end"] for r in layers
+        ):
             total += c["sent_bytes"]
     return total
 
@@ -65,21 +66,46 @@ def greedy_on_rank(ctx, *, cfg: ModelConfig, seed: int, dims: ParallelDims, prom
     model, mesh = build(ctx, cfg, seed, dims)
     rows = [i for i in range(prompts.shape[0]) if i % dims.dp == mesh.coords["dp"]]
     out = greedy(model, prompts[rows], new_tokens)
-    return {"rank": ctx.rank, "coords": mesh.coords, "rows": rows, "tokens": out.tokens, "logits": out.logits,
-            "prefill_seconds": out.prefill_seconds, "step_seconds": out.step_seconds, "kv_bytes": out.kv_bytes,
-            "decoded": len(rows) * (new_tokens - 1), "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans)}
+    return {
+        "rank": ctx.rank,
+        "coords": mesh.coords,
+        "rows": rows,
+        "tokens": out.tokens,
+        "logits": out.logits,
+        "prefill_seconds": out.prefill_seconds,
+        "step_seconds": out.step_seconds,
+        "kv_bytes": out.kv_bytes,
+        "decoded": len(rows) * (new_tokens - 1),
+        "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans),
+    }
 
 
-def serve_on_rank(ctx, *, cfg: ModelConfig, seed: int, dims: ParallelDims, requests: list[Request],
-                  n_blocks: int, block_size: int, max_batch: int):  # fmt: skip
+def serve_on_rank(
+    ctx,
+    *,
+    cfg: ModelConfig,
+    seed: int,
+    dims: ParallelDims,
+    requests: list[Request],
+    n_blocks: int,
+    block_size: int,
+    max_batch: int,
+):
     """Each replica serves its requests (i mod dp) by continuous batching; returns tokens, logits and
     the step records of this rank, and its layer all-reduce bytes while decoding."""
     model, mesh = build(ctx, cfg, seed, dims)
     mine = [r for r in requests if r.id % dims.dp == mesh.coords["dp"]]
     run = ContinuousBatcher(model, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch).run(mine)
     decoded = sum(len(s["decoded"]) for s in run.steps)
-    return {"rank": ctx.rank, "coords": mesh.coords, "tokens": run.tokens, "logits": run.logits, "steps": run.steps,
-            "decoded": decoded, "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans)}
+    return {
+        "rank": ctx.rank,
+        "coords": mesh.coords,
+        "tokens": run.tokens,
+        "logits": run.logits,
+        "steps": run.steps,
+        "decoded": decoded,
+        "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans),
+    }
 
 
 def reference(cfg: ModelConfig, seed: int, requests: list[Request]) -> dict[int, tuple[list[int], torch.Tensor]]:
@@ -110,9 +136,15 @@ def merge(answers: list[dict], cfg: ModelConfig, dims: ParallelDims, want: dict)
         for s in a["steps"]:
             kv.append(s["kv_bytes"] == s["kv_predicted"])
     measured = [a["layer_bytes"] / max(a["decoded"], 1) / cfg.n_layers for a in answers]
-    return {"requests": len(want), "tokens_identical": not mismatched, "mismatched_requests": sorted(set(mismatched)),
-            "max_abs_logit_diff": worst, "tp_bytes_per_token_per_layer": {"predicted": per_layer, "measured": measured},
-            "kv_bytes_match_every_step": all(kv), "steps": max(len(a["steps"]) for a in answers)}
+    return {
+        "requests": len(want),
+        "tokens_identical": not mismatched,
+        "mismatched_requests": sorted(set(mismatched)),
+        "max_abs_logit_diff": worst,
+        "tp_bytes_per_token_per_layer": {"predicted": per_layer, "measured": measured},
+        "kv_bytes_match_every_step": all(kv),
+        "steps": max(len(a["steps"]) for a in answers),
+    }
 
 
 @dataclass
@@ -145,13 +177,15 @@ class ServeReport:
 
     def summary(self) -> str:
         p, b = self.parity, self.parity["tp_bytes_per_token_per_layer"]
-        lines = [f"serve {self.layout} on {self.world_size} rank(s), backend {self.backend}: {p['requests']} requests "
-                 f"in {p['steps']} scheduler steps",
-                 f"  tokens identical to the reference (greedy, no cache): {p['tokens_identical']}; "
-                 f"max |logit diff| {p['max_abs_logit_diff']:.2e}",
-                 f"  TP all-reduce bytes per decoded token per layer: predicted {b['predicted']:,.0f}, measured "
-                 + ", ".join(f"{x:,.0f}" for x in b["measured"]),
-                 f"  KV bytes held == paged prediction at every step: {p['kv_bytes_match_every_step']}"]  # fmt: skip
+        lines = [
+            f"serve {self.layout} on {self.world_size} rank(s), backend {self.backend}: {p['requests']} requests "
+            f"in {p['steps']} scheduler steps",
+            f"  tokens identical to the reference (greedy, no cache): {p['tokens_identical']}; "
+            f"max |logit diff| {p['max_abs_logit_diff']:.2e}",
+            f"  TP all-reduce bytes per decoded token per layer: predicted {b['predicted']:,.0f}, measured "
+            + ", ".join(f"{x:,.0f}" for x in b["measured"]),
+            f"  KV bytes held == paged prediction at every step: {p['kv_bytes_match_every_step']}",
+        ]
         for r in self.replicas:
             lines.append(f"  replica {r['dp']}: requests {r['requests']}, {r['decoded']} tokens decoded")
         if self.problem():
@@ -173,16 +207,39 @@ def implied_world_size(options: dict) -> int:
     return options["dp"] * options["tp"]
 
 
-@register("serve", help="serving on real ranks: --tp T --dp D replicas, continuous batching over a paged KV cache",
-          arguments=add_arguments, world_size=implied_world_size, on_rank=serve_on_rank, predict=tp_allreduce_bytes)
-def run_serve(setup, *, world_size: int | None = None, backend: str = "auto", tp: int = 1, dp: int = 1,
-              requests: int = 6, blocks: int = 16, block_size: int = 4, max_batch: int = 4) -> ServeReport:  # fmt: skip
+@register(
+    "serve",
+    help="serving on real ranks: --tp T --dp D replicas, continuous batching over a paged KV cache",
+    arguments=add_arguments,
+    world_size=implied_world_size,
+    on_rank=serve_on_rank,
+    predict=tp_allreduce_bytes,
+)
+def run_serve(
+    setup,
+    *,
+    world_size: int | None = None,
+    backend: str = "auto",
+    tp: int = 1,
+    dp: int = 1,
+    requests: int = 6,
+    blocks: int = 16,
+    block_size: int = 4,
+    max_batch: int = 4,
+) -> ServeReport:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
     reference; ``setup.seed`` draws the weights and the requests."""
     dims = ParallelDims(dp=dp, tp=tp)
     if world_size and world_size != dims.world:
-        raise ValueError(f"--world-size {world_size} but --tp {tp} --dp {dp} need {dims.world} ranks; omit --world-size")
-    for name, value in (("requests", requests), ("blocks", blocks), ("block-size", block_size), ("max-batch", max_batch)):
+        raise ValueError(
+            f"--world-size {world_size} but --tp {tp} --dp {dp} need {dims.world} ranks; omit --world-size"
+        )
+    for name, value in (
+        ("requests", requests),
+        ("blocks", blocks),
+        ("block-size", block_size),
+        ("max-batch", max_batch),
+    ):
         if value < 1:
             raise ValueError(f"--{name} must be a positive integer, got {value}; try --{name} 4")
     cfg = setup.config()
@@ -191,14 +248,44 @@ def run_serve(setup, *, world_size: int | None = None, backend: str = "auto", tp
     reqs = make_requests(requests, cfg.vocab_size, seed=setup.seed, new=new)
     longest = max(len(r.prompt) + r.max_new - 1 for r in reqs)
     if -(-longest // block_size) > blocks:
-        raise ValueError(f"--blocks {blocks} of {block_size} tokens cannot hold a request of {longest} tokens; "
-                         f"use --blocks {-(-longest // block_size)} or more")  # fmt: skip
+        raise ValueError(
+            f"--blocks {blocks} of {block_size} tokens cannot hold a request of {longest} tokens; "
+            f"use --blocks {-(-longest // block_size)} or more"
+        )
     backend = default_backend(dims.world) if backend == "auto" else backend
-    answers = launch(serve_on_rank, dims.world, cfg=cfg, seed=setup.seed, dims=dims, requests=reqs, n_blocks=blocks,
-                     block_size=block_size, max_batch=max_batch, backend=backend)  # fmt: skip
+    answers = launch(
+        serve_on_rank,
+        dims.world,
+        cfg=cfg,
+        seed=setup.seed,
+        dims=dims,
+        requests=reqs,
+        n_blocks=blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        backend=backend,
+    )
     parity = merge(answers, cfg, dims, reference(cfg, setup.seed, reqs))
-    replicas = [{"dp": a["coords"]["dp"], "requests": sorted(a["tokens"]), "decoded": a["decoded"]}
-                for a in answers if a["coords"]["tp"] == 0]  # fmt: skip
-    return ServeReport("serve", dims.world, backend, str(dims), parity,
-                       {"model": setup.model, "seed": setup.seed, "tp": tp, "dp": dp, "requests": requests,
-                        "blocks": blocks, "block_size": block_size, "max_batch": max_batch}, replicas)  # fmt: skip
+    replicas = [
+        {"dp": a["coords"]["dp"], "requests": sorted(a["tokens"]), "decoded": a["decoded"]}
+        for a in answers
+        if a["coords"]["tp"] == 0
+    ]
+    return ServeReport(
+        "serve",
+        dims.world,
+        backend,
+        str(dims),
+        parity,
+        {
+            "model": setup.model,
+            "seed": setup.seed,
+            "tp": tp,
+            "dp": dp,
+            "requests": requests,
+            "blocks": blocks,
+            "block_size": block_size,
+            "max_batch": max_batch,
+        },
+        replicas,
+    )

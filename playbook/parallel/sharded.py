@@ -63,8 +63,19 @@ class _Stepped:
         self.moments["after step"] = self.held()
 
 
-def train_sharded(ctx, setup: TrainSetup, *, model, optimizer, loss, held, weights, sync_grads=None,
-                  compute_spans: bool = True, collect=None) -> ShardedResult:  # fmt: skip
+def train_sharded(
+    ctx,
+    setup: TrainSetup,
+    *,
+    model,
+    optimizer,
+    loss,
+    held,
+    weights,
+    sync_grads=None,
+    compute_spans: bool = True,
+    collect=None,
+) -> ShardedResult:
     """``setup.steps`` steps of ``training.train`` on this rank's rows, over ``ctx.mesh``'s dp group.
 
     - ``loss(tokens, targets)``: the sharded forward, the mean loss of these rows;
@@ -107,11 +118,28 @@ def train_sharded(ctx, setup: TrainSetup, *, model, optimizer, loss, held, weigh
         step_seconds.append(time.perf_counter() - now["t0"])
         ctx.progress(done, total)
 
-    result = train(setup, device=ctx.device, model=model, optimizer=_Stepped(optimizer, ctx.tracer, held, moments),
-                   batch=batch, forward_backward=forward_backward, sync_grads=after_backward, sync_loss=global_loss,
-                   collect=collect, progress=progress)  # fmt: skip
+    result = train(
+        setup,
+        device=ctx.device,
+        model=model,
+        optimizer=_Stepped(optimizer, ctx.tracer, held, moments),
+        batch=batch,
+        forward_backward=forward_backward,
+        sync_grads=after_backward,
+        sync_loss=global_loss,
+        collect=collect,
+        progress=progress,
+    )
     sent, calls = comm_per_step(spans[first:], setup.steps)
     memory = {**moments["after step"], "grads": moments["after backward"]["grads"], "activations": now["activations"]}
-    return ShardedResult(result.losses, result.grads, result.params, memory, moments=moments, comm=sent,
-                         counts=calls, spans=without_loop_steps(spans[now["start"]:]),
-                         step_seconds=step_seconds)  # fmt: skip
+    return ShardedResult(
+        result.losses,
+        result.grads,
+        result.params,
+        memory,
+        moments=moments,
+        comm=sent,
+        counts=calls,
+        spans=without_loop_steps(spans[now["start"] :]),
+        step_seconds=step_seconds,
+    )

@@ -19,8 +19,12 @@ def on_rank(ctx, setup: TrainSetup):
     return train(setup, device=ctx.device, progress=ctx.progress)
 
 
-@register("single", help="one rank, no parallelism: the reference every chapter compares against", on_rank=on_rank,
-          predict=training_memory)
+@register(
+    "single",
+    help="one rank, no parallelism: the reference every chapter compares against",
+    on_rank=on_rank,
+    predict=training_memory,
+)
 def run_single(setup: TrainSetup, *, world_size: int = 1, backend: str = "auto") -> RunReport:
     if world_size != 1:
         raise ValueError(f"the single strategy runs on one rank; got --world-size {world_size}, use --world-size 1")

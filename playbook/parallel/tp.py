@@ -51,7 +51,12 @@ from playbook.model import GPT, RECOMPUTE_MODES, Attention
 from playbook.measure.matmul import matmul_throughput  # noqa: F401  (the chapter imports it from here)
 from playbook.parallel.comm import all_reduce, f, g  # noqa: F401  (f, g: the chapter imports them from here)
 from playbook.parallel.tp_layers import (  # noqa: F401  (layers, re-exported for the chapter and tests)
-    ColumnParallelLinear, Region, RowParallelLinear, VocabParallelCrossEntropy, VocabParallelEmbedding, shard,
+    ColumnParallelLinear,
+    Region,
+    RowParallelLinear,
+    VocabParallelCrossEntropy,
+    VocabParallelEmbedding,
+    shard,
 )
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
@@ -67,7 +72,12 @@ class TPAttention(Attention):
 
     def __init__(self, ref, rank, t, region: Region):
         nn.Module.__init__(self)
-        self.n_heads, self.kv_heads, self.head_dim, self.region = ref.n_heads // t, ref.kv_heads // t, ref.head_dim, region
+        self.n_heads, self.kv_heads, self.head_dim, self.region = (
+            ref.n_heads // t,
+            ref.kv_heads // t,
+            ref.head_dim,
+            region,
+        )
         self.q_proj = ColumnParallelLinear(shard(ref.q_proj.weight, 0, rank, t))  # [a/t*d, h]
         self.k_proj = ColumnParallelLinear(shard(ref.k_proj.weight, 0, rank, t))  # [g/t*d, h]
         self.v_proj = ColumnParallelLinear(shard(ref.v_proj.weight, 0, rank, t))  # [g/t*d, h]
@@ -120,21 +130,25 @@ class TPGPT(nn.Module):
     see :class:`LinearsWithSequenceParallelRegather`.
     """
 
-    def __init__(self, ref: GPT, group, *, sequence_parallel: bool = False, regather: bool = False,
-                 recompute: str = "none"):  # fmt: skip
+    def __init__(
+        self, ref: GPT, group, *, sequence_parallel: bool = False, regather: bool = False, recompute: str = "none"
+    ):
         super().__init__()
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
         cfg, rank, t = ref.cfg, dist.get_rank(group), dist.get_world_size(group)
         if cfg.is_moe:
-            raise NotImplementedError("TPGPT splits the dense SwiGLU MLP; experts are split by the expert-parallel chapter")
+            raise NotImplementedError(
+                "TPGPT splits the dense SwiGLU MLP; experts are split by the expert-parallel chapter"
+            )
         if regather and not sequence_parallel:
             raise ValueError("regather saves sequence shards, so it needs sequence_parallel=True")
         check_tp(cfg, t)
         self.cfg, self.group, self.sp, self.vocab_start = cfg, group, sequence_parallel, rank * cfg.vocab_size // t
         mode = dict(group=group, sequence_parallel=sequence_parallel, regather=regather)
-        self.tok_emb = VocabParallelEmbedding(shard(ref.tok_emb.weight, 0, rank, t), self.vocab_start,
-                                              Region(label="embedding", **mode))  # fmt: skip
+        self.tok_emb = VocabParallelEmbedding(
+            shard(ref.tok_emb.weight, 0, rank, t), self.vocab_start, Region(label="embedding", **mode)
+        )
         self.blocks = nn.ModuleList(TPBlock(b, rank, t, i, **mode) for i, b in enumerate(ref.blocks))
         self.norm = copy.deepcopy(ref.norm)
         self.lm_head = ColumnParallelLinear(shard(ref.lm_head.weight, 0, rank, t))  # [V/t, h]
@@ -199,8 +213,12 @@ def train_loop(model, setup: TrainSetup, device, *, after_backward=None, **hooks
     return train(setup, model=model, device=device, sync_grads=after_backward, **hooks)
 
 
-_OP = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
-       "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter"}  # fmt: skip
+_OP = {
+    "all_gather_single": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_single": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+}
 
 
 def measured_collectives(spans, step: int = 0) -> list[dict]:
@@ -216,8 +234,15 @@ def measured_collectives(spans, step: int = 0) -> list[dict]:
             continue
         inside = [s for s in labels if s["start"] <= c["start"] and c["end"] <= s["end"]]
         _, region, phase = max(inside, key=lambda s: s["start"])["name"].split(":") if inside else ("", "?", "?")
-        out.append({"region": region, "phase": phase, "op": _OP.get(c["name"], c["name"]),
-                    "bytes": c["bytes"], "sent_bytes": c["sent_bytes"]})  # fmt: skip
+        out.append(
+            {
+                "region": region,
+                "phase": phase,
+                "op": _OP.get(c["name"], c["name"]),
+                "bytes": c["bytes"],
+                "sent_bytes": c["sent_bytes"],
+            }
+        )
     return out
 
 
@@ -228,13 +253,19 @@ def tp_group(ctx):
     return ctx.mesh_for(ParallelDims(tp=ctx.world_size)).group("tp")
 
 
-def train_tp(ctx, setup: TrainSetup, *, sequence_parallel: bool = False, regather: bool = False,
-             recompute: str = "none"):  # fmt: skip
+def train_tp(
+    ctx, setup: TrainSetup, *, sequence_parallel: bool = False, regather: bool = False, recompute: str = "none"
+):
     """Rank function: build this rank's shard from the reference GPT, train, and return
     (TrainResult of this rank's slices, shard dims, the collectives of step 0)."""
     group = tp_group(ctx)
-    model = TPGPT(GPT(setup.config(), seed=setup.seed).to(ctx.device), group,
-                  sequence_parallel=sequence_parallel, regather=regather, recompute=recompute)  # fmt: skip
+    model = TPGPT(
+        GPT(setup.config(), seed=setup.seed).to(ctx.device),
+        group,
+        sequence_parallel=sequence_parallel,
+        regather=regather,
+        recompute=recompute,
+    )
     sync = (lambda m: sync_replicated_grads(m, group)) if sequence_parallel else None
     result = train_loop(model, setup, ctx.device, after_backward=sync, progress=ctx.progress)
     return result, shard_dims(model), measured_collectives(ctx.tracer.spans)
@@ -243,12 +274,23 @@ def train_tp(ctx, setup: TrainSetup, *, sequence_parallel: bool = False, regathe
 def gather_result(per_rank) -> TrainResult:
     """One TrainResult with full tensors from the ranks' (result, dims, ...) answers; rank 0's memory."""
     results, dims = [r[0] for r in per_rank], per_rank[0][1]
-    return TrainResult(results[0].losses, unshard([r.grads for r in results], dims),
-                       unshard([r.params for r in results], dims), results[0].memory)  # fmt: skip
+    return TrainResult(
+        results[0].losses,
+        unshard([r.grads for r in results], dims),
+        unshard([r.params for r in results], dims),
+        results[0].memory,
+    )
 
 
-def on_rank(ctx, setup: TrainSetup, *, sequence_parallel: bool = False, native: bool = False, regather: bool = False,
-            recompute: str = "none"):  # fmt: skip
+def on_rank(
+    ctx,
+    setup: TrainSetup,
+    *,
+    sequence_parallel: bool = False,
+    native: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+):
     """Rank function of ``playbook run tp``: ours, and (``native``) DTensor's on the same setup."""
     ours = train_tp(ctx, setup, sequence_parallel=sequence_parallel, regather=regather, recompute=recompute)
     if not native:
@@ -259,24 +301,54 @@ def on_rank(ctx, setup: TrainSetup, *, sequence_parallel: bool = False, native: 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism (Korthikanti et al. 2022)")
-    parser.add_argument("--regather", action="store_true",
-                        help="with --sequence-parallel: save sequence shards, all-gather again in backward (Megatron-LM)")
-    parser.add_argument("--recompute", default="none", choices=list(RECOMPUTE_MODES),
-                        help="activation recomputation: selective (attention core) or full (each block)")
+    parser.add_argument(
+        "--sequence-parallel", action="store_true", help="sequence parallelism (Korthikanti et al. 2022)"
+    )
+    parser.add_argument(
+        "--regather",
+        action="store_true",
+        help="with --sequence-parallel: save sequence shards, all-gather again in backward (Megatron-LM)",
+    )
+    parser.add_argument(
+        "--recompute",
+        default="none",
+        choices=list(RECOMPUTE_MODES),
+        help="activation recomputation: selective (attention core) or full (each block)",
+    )
     parser.add_argument("--no-native", dest="native", action="store_false", help="skip the DTensor counterpart")
 
 
-@register("tp", help="Megatron tensor parallelism (+ --sequence-parallel), from scratch and with DTensor",
-          arguments=add_arguments, on_rank=on_rank, predict=step_collectives)
-def run_tp(setup: TrainSetup, *, world_size: int, backend: str = "auto", sequence_parallel: bool = False,
-           regather: bool = False, recompute: str = "none", native: bool = True) -> RunReport:  # fmt: skip
+@register(
+    "tp",
+    help="Megatron tensor parallelism (+ --sequence-parallel), from scratch and with DTensor",
+    arguments=add_arguments,
+    on_rank=on_rank,
+    predict=step_collectives,
+)
+def run_tp(
+    setup: TrainSetup,
+    *,
+    world_size: int,
+    backend: str = "auto",
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+    native: bool = True,
+) -> RunReport:
     """t = world_size tensor-parallel ranks on the whole global batch, against the single process."""
     cfg = setup.config()
     check_tp(cfg, world_size, seq_len=setup.seq_len, sequence_parallel=sequence_parallel, regather=regather)
     backend = default_backend(world_size) if backend == "auto" else backend
-    answers = launch(on_rank, world_size, setup, sequence_parallel=sequence_parallel, native=native, regather=regather,
-                     recompute=recompute, backend=backend)  # fmt: skip
+    answers = launch(
+        on_rank,
+        world_size,
+        setup,
+        sequence_parallel=sequence_parallel,
+        native=native,
+        regather=regather,
+        recompute=recompute,
+        backend=backend,
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like one rank: several threads on a busy 2-core machine run 10-30x slower
     try:
@@ -284,8 +356,14 @@ def run_tp(setup: TrainSetup, *, world_size: int, backend: str = "auto", sequenc
     finally:
         torch.set_num_threads(threads)
     ours = gather_result([a[0] for a in answers])
-    sizes = dict(seq_len=setup.seq_len, micro_batch=setup.global_batch, tp=world_size,
-                 sequence_parallel=sequence_parallel, regather=regather, recompute=recompute)  # fmt: skip
+    sizes = dict(
+        seq_len=setup.seq_len,
+        micro_batch=setup.global_batch,
+        tp=world_size,
+        sequence_parallel=sequence_parallel,
+        regather=regather,
+        recompute=recompute,
+    )
     predicted = summarize(step_collectives(cfg, **sizes), by=("op",))
     measured = summarize(answers[0][0][2], by=("op",))
     return RunReport(
@@ -294,10 +372,14 @@ def run_tp(setup: TrainSetup, *, world_size: int, backend: str = "auto", sequenc
         backend=backend,
         parity=compare(ours, reference),
         native=compare(answers[0][1], reference, "DTensor parallelize_module, same global batch") if native else None,
-        memory={"predicted": tp_training_memory(cfg, **sizes, n_tensors=cfg.num_param_tensors()).as_dict(),
-                "measured": {k: ours.memory[k] for k in ("params", "grads", "optimizer", "activations")}},
-        comm={"predicted": {op[0]: v["sent_bytes"] for op, v in predicted.items()},
-              "measured": {op[0]: v["sent_bytes"] for op, v in measured.items()}},
+        memory={
+            "predicted": tp_training_memory(cfg, **sizes, n_tensors=cfg.num_param_tensors()).as_dict(),
+            "measured": {k: ours.memory[k] for k in ("params", "grads", "optimizer", "activations")},
+        },
+        comm={
+            "predicted": {op[0]: v["sent_bytes"] for op, v in predicted.items()},
+            "measured": {op[0]: v["sent_bytes"] for op, v in measured.items()},
+        },
         setup={**setup.as_dict(), "sequence_parallel": sequence_parallel, "regather": regather, "recompute": recompute},
         losses=ours.losses,
-    )  # fmt: skip
+    )

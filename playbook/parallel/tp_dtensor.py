@@ -40,9 +40,10 @@ def tp_plan(n_layers: int, sequence_parallel: bool = False) -> dict:
     seq = Shard(1)  # [batch, seq, hidden]: sequence shards
     plan = {
         "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate()),
-        "lm_head": ColwiseParallel(input_layouts=seq if sequence_parallel else Replicate(),
-                                   output_layouts=Shard(-1), use_local_output=False),  # for loss_parallel
-    }  # fmt: skip
+        "lm_head": ColwiseParallel(
+            input_layouts=seq if sequence_parallel else Replicate(), output_layouts=Shard(-1), use_local_output=False
+        ),  # for loss_parallel
+    }
     if sequence_parallel:
         plan["norm"] = SequenceParallel()
     for i in range(n_layers):
@@ -79,7 +80,12 @@ def train_dtensor(ctx, setup: TrainSetup, *, sequence_parallel: bool = False):
     from playbook.parallel.tp import tp_group, train_loop
 
     check_tp(setup.config(), ctx.world_size, seq_len=setup.seq_len, sequence_parallel=sequence_parallel)
-    model = dtensor_gpt(GPT(setup.config(), seed=setup.seed).to(ctx.device), tp_group(ctx), ctx.device.type,
-                        sequence_parallel=sequence_parallel)  # fmt: skip
-    return train_loop(model, setup, ctx.device, context=loss_parallel, measure=False,
-                      collect=_full, progress=ctx.progress)  # fmt: skip
+    model = dtensor_gpt(
+        GPT(setup.config(), seed=setup.seed).to(ctx.device),
+        tp_group(ctx),
+        ctx.device.type,
+        sequence_parallel=sequence_parallel,
+    )
+    return train_loop(
+        model, setup, ctx.device, context=loss_parallel, measure=False, collect=_full, progress=ctx.progress
+    )

@@ -18,8 +18,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from playbook.parallel.comm import (
-    CopyToModelParallelRegion, GatherFromSequenceParallelRegion, ReduceFromModelParallelRegion,
-    ReduceScatterToSequenceParallelRegion, all_gather, all_reduce, reduce_scatter,
+    CopyToModelParallelRegion,
+    GatherFromSequenceParallelRegion,
+    ReduceFromModelParallelRegion,
+    ReduceScatterToSequenceParallelRegion,
+    all_gather,
+    all_reduce,
+    reduce_scatter,
 )
 
 

@@ -53,9 +53,12 @@ class TrainSetup:
         activations of this rank's micro-batch."""
         cfg = self.config()
         return training_memory(
-            cfg, seq_len=self.seq_len, micro_batch=self.local_batch(world_size),
-            precision="fp32", n_tensors=cfg.num_param_tensors(),
-        )  # fmt: skip
+            cfg,
+            seq_len=self.seq_len,
+            micro_batch=self.local_batch(world_size),
+            precision="fp32",
+            n_tensors=cfg.num_param_tensors(),
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -120,7 +123,7 @@ def train(
     losses, grads, memory = [], {}, {}
     for step in range(setup.steps):
         tokens, targets = batch(step)
-        with context(), (tracer.span(f"step {step}") if tracer else nullcontext()):
+        with context(), tracer.span(f"step {step}") if tracer else nullcontext():
             if step == 0 and measure and forward_backward is None:  # the first step, measured by category
                 snapshot = measure_training_step(model, optimizer, tokens, targets, after_backward=sync_grads)
                 loss, memory = snapshot.loss, snapshot.as_dict()

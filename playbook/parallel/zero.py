@@ -49,8 +49,12 @@ class FlatUnit:
 
     def __init__(self, name: str, modules: list[nn.Module], names: dict, stage: int, rank: int, n: int):
         self.name, self.stage = name, stage
-        self.specs = [(m, attr, p.shape, p.numel(), names[id(p)]) for mod in modules
-                      for m in mod.modules() for attr, p in m.named_parameters(recurse=False)]  # fmt: skip
+        self.specs = [
+            (m, attr, p.shape, p.numel(), names[id(p)])
+            for mod in modules
+            for m in mod.modules()
+            for attr, p in m.named_parameters(recurse=False)
+        ]
         self.numel = sum(s[3] for s in self.specs)
         self.padded = -(-self.numel // n) * n
         self.shard = self.padded // n

@@ -37,8 +37,17 @@ def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True) -> Sha
         if not first:  # the first step's gradient slices, after the reduce-scatter
             first.extend(u.opt_param.grad.clone() for u in zero.units)
 
-    result = train_sharded(ctx, setup, model=model, optimizer=zero, loss=loss, held=zero.held,
-                           weights=zero.unit_buffers, sync_grads=sync, compute_spans=stage < 3)  # fmt: skip
+    result = train_sharded(
+        ctx,
+        setup,
+        model=model,
+        optimizer=zero,
+        loss=loss,
+        held=zero.held,
+        weights=zero.unit_buffers,
+        sync_grads=sync,
+        compute_spans=stage < 3,
+    )
     result.grads, result.params = zero.gather(first), zero.gather([u.opt_param for u in zero.units])
     result.memory["peak_gathered"] = dict(zero.peak_gathered)
     result.gathered_log = list(zero.gathered_log)
@@ -47,12 +56,21 @@ def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True) -> Sha
 
 def add_arguments(parser) -> None:
     parser.add_argument("--stage", type=int, default=3, help="ZeRO stage: 1, 2 or 3 (0 = plain data parallel)")
-    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
-                        help="ZeRO-3: gather the next unit while this one computes")  # fmt: skip
+    parser.add_argument(
+        "--prefetch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ZeRO-3: gather the next unit while this one computes",
+    )
 
 
-@register("zero", help="ZeRO-1/2/3 from scratch: sharded optimizer, gradients, parameters", arguments=add_arguments,
-          on_rank=on_rank, predict=zero_comm_per_step)
+@register(
+    "zero",
+    help="ZeRO-1/2/3 from scratch: sharded optimizer, gradients, parameters",
+    arguments=add_arguments,
+    on_rank=on_rank,
+    predict=zero_comm_per_step,
+)
 def run_zero(setup: TrainSetup, *, world_size: int, backend: str = "auto", stage: int = 3, prefetch: bool = True):
     check_stage(stage)
     setup.local_batch(world_size)  # the global batch must split over the ranks (clear error otherwise)
@@ -63,14 +81,23 @@ def run_zero(setup: TrainSetup, *, world_size: int, backend: str = "auto", stage
     notes = padding_note(setup, world_size=world_size)
     if stage == 3:
         pg, mg = predicted["peak_gathered"], r0.memory["peak_gathered"]
-        notes.append(f"ZeRO-3 transient whole units ({'with' if prefetch else 'without'} prefetch), peak bytes: "
-                     f"forward {mg['forward']:,} (predicted {pg['forward']:,}), "
-                     f"backward {mg['backward']:,} (predicted {pg['backward']:,})")  # fmt: skip
+        notes.append(
+            f"ZeRO-3 transient whole units ({'with' if prefetch else 'without'} prefetch), peak bytes: "
+            f"forward {mg['forward']:,} (predicted {pg['forward']:,}), "
+            f"backward {mg['backward']:,} (predicted {pg['backward']:,})"
+        )
     return ShardedReport(
-        strategy=f"zero-{stage}", world_size=world_size, backend=backend,
+        strategy=f"zero-{stage}",
+        world_size=world_size,
+        backend=backend,
         parity=compare(r0, train(setup)),
-        memory={"predicted": predicted, "measured": r0.memory,
-                "by_moment": {"predicted": by_moment, "measured": {m: r0.moments[m] for m in MOMENTS}}},
+        memory={
+            "predicted": predicted,
+            "measured": r0.memory,
+            "by_moment": {"predicted": by_moment, "measured": {m: r0.moments[m] for m in MOMENTS}},
+        },
         comm={"predicted": zero_comm_per_step(cfg, stage=stage, world_size=world_size), "measured": r0.comm},
-        setup={**setup.as_dict(), "stage": stage, "prefetch": prefetch}, losses=r0.losses, notes=notes,
-    )  # fmt: skip
+        setup={**setup.as_dict(), "stage": stage, "prefetch": prefetch},
+        losses=r0.losses,
+        notes=notes,
+    )

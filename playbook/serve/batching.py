@@ -39,8 +39,15 @@ class Request:
     arrival: int = 0
 
 
-def make_requests(n: int, vocab: int, *, seed: int = 0, prompt: tuple[int, int] = (3, 12),
-                  new: tuple[int, int] = (2, 10), every: int = 1) -> list[Request]:  # fmt: skip
+def make_requests(
+    n: int,
+    vocab: int,
+    *,
+    seed: int = 0,
+    prompt: tuple[int, int] = (3, 12),
+    new: tuple[int, int] = (2, 10),
+    every: int = 1,
+) -> list[Request]:
     """``n`` requests with random prompt lengths and token counts in the given [low, high] ranges,
     one arriving every ``every`` steps (request i at step i·every), drawn from ``seed`` alone."""
     gen = torch.Generator().manual_seed(seed)
@@ -68,8 +75,13 @@ class ContinuousBatcher:
     def __init__(self, model, *, n_blocks: int, block_size: int = 4, max_batch: int = 8):
         attn = model.blocks[0].attn
         self.model, self.max_batch = model, max_batch
-        self.cache = PagedKVCache(n_layers=len(model.blocks), kv_heads=attn.kv_heads, head_dim=attn.head_dim,
-                                  n_blocks=n_blocks, block_size=block_size)  # fmt: skip
+        self.cache = PagedKVCache(
+            n_layers=len(model.blocks),
+            kv_heads=attn.kv_heads,
+            head_dim=attn.head_dim,
+            n_blocks=n_blocks,
+            block_size=block_size,
+        )
         tp = dist.get_world_size(model.group) if getattr(model, "group", None) is not None else 1
         self.kv_per_token = kv_bytes_per_token(model.cfg, tp=tp, dtype="fp32")  # this rank's share, predicted
 
@@ -104,8 +116,10 @@ class ContinuousBatcher:
         need = {r.id: self.cache.blocks_for(len(r.prompt) + r.max_new - 1) for r in requests}
         if max(need.values(), default=0) > self.cache.n_blocks:
             worst = max(requests, key=lambda r: need[r.id])
-            raise ValueError(f"request {worst.id} needs {need[worst.id]} blocks of {self.cache.block_size} tokens "
-                             f"but the cache has {self.cache.n_blocks}; use n_blocks >= {need[worst.id]}")  # fmt: skip
+            raise ValueError(
+                f"request {worst.id} needs {need[worst.id]} blocks of {self.cache.block_size} tokens "
+                f"but the cache has {self.cache.n_blocks}; use n_blocks >= {need[worst.id]}"
+            )
         waiting = sorted(requests, key=lambda r: (r.arrival, r.id))
         running: dict[int, Request] = {}
         run, step, tracer = BatchRun(), 0, trace.current()
@@ -113,8 +127,12 @@ class ContinuousBatcher:
             t0 = time.perf_counter()
             decoding = list(running)  # admitted at an earlier step: one token each this step
             admitted = []
-            while (waiting and waiting[0].arrival <= step and len(running) < self.max_batch
-                   and sum(need[i] for i in running) + need[waiting[0].id] <= self.cache.n_blocks):  # fmt: skip
+            while (
+                waiting
+                and waiting[0].arrival <= step
+                and len(running) < self.max_batch
+                and sum(need[i] for i in running) + need[waiting[0].id] <= self.cache.n_blocks
+            ):
                 r = waiting.pop(0)
                 running[r.id], run.tokens[r.id] = r, []
                 self.cache.add(r.id)
@@ -132,10 +150,19 @@ class ContinuousBatcher:
             for i in finished:
                 running.pop(i)
                 self.cache.release(i)
-            run.steps.append({"step": step, "admitted": admitted, "decoded": decoding, "finished": finished,
-                              "tables": tables, "lengths": lengths, "free_blocks_after": len(self.cache.free),
-                              "kv_bytes": held,
-                              "kv_predicted": paged_kv_bytes(lengths.values(), self.kv_per_token, self.cache.block_size),
-                              "seconds": time.perf_counter() - t0})  # fmt: skip
+            run.steps.append(
+                {
+                    "step": step,
+                    "admitted": admitted,
+                    "decoded": decoding,
+                    "finished": finished,
+                    "tables": tables,
+                    "lengths": lengths,
+                    "free_blocks_after": len(self.cache.free),
+                    "kv_bytes": held,
+                    "kv_predicted": paged_kv_bytes(lengths.values(), self.kv_per_token, self.cache.block_size),
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
             step += 1
         return run

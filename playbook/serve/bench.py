@@ -32,8 +32,16 @@ def bench_config() -> ModelConfig:
     """A GPT big enough that reading its weights (25.6M fp32 parameters, 102 MB) outweighs Python's
     per-layer overhead on a CPU, small enough to decode in milliseconds: hidden 768, 4 layers,
     12 heads (4 KV heads: tp up to 4), ffn 2048, a 256-token vocabulary."""
-    return ModelConfig(vocab_size=256, hidden=768, n_layers=4, n_heads=12, n_kv_heads=4, ffn_hidden=2048,
-                       max_seq_len=256, name="gpt-serve-bench")  # fmt: skip
+    return ModelConfig(
+        vocab_size=256,
+        hidden=768,
+        n_layers=4,
+        n_heads=12,
+        n_kv_heads=4,
+        ffn_hidden=2048,
+        max_seq_len=256,
+        name="gpt-serve-bench",
+    )
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -47,8 +55,9 @@ def _median_seconds(fn, repeats: int) -> float:
 
 
 @torch.no_grad()
-def calibrate_on_rank(ctx, *, hidden: int = 768, ffn: int = 2048, weight_bytes: float = 100e6, tokens: int = 128,
-                      repeats: int = 7) -> dict:  # fmt: skip
+def calibrate_on_rank(
+    ctx, *, hidden: int = 768, ffn: int = 2048, weight_bytes: float = 100e6, tokens: int = 128, repeats: int = 7
+) -> dict:
     """This rank's achievable FLOP/s ([tokens, h] @ [h, 4f] matmul), bandwidth ([1, h] @ [h, n] with
     a ``weight_bytes`` matrix, as large as the weights a decode step reads, so that it does not sit
     in the CPU's cache: a matrix-vector product's time is its weight's bytes) and one small
@@ -63,9 +72,13 @@ def calibrate_on_rank(ctx, *, hidden: int = 768, ffn: int = 2048, weight_bytes: 
     small = torch.zeros(hidden)
     dist.barrier()
     allreduce = _median_seconds(lambda: dist.all_reduce(small), repeats) if ctx.world_size > 1 else 0.0
-    return {"rank": ctx.rank, "flops_per_s": 2 * tokens * hidden * 4 * ffn / matmul,
-            "bytes_per_s": big.numel() * big.element_size() / gemv, "allreduce_seconds": allreduce,
-            "load": os.getloadavg()[0]}  # fmt: skip
+    return {
+        "rank": ctx.rank,
+        "flops_per_s": 2 * tokens * hidden * 4 * ffn / matmul,
+        "bytes_per_s": big.numel() * big.element_size() / gemv,
+        "allreduce_seconds": allreduce,
+        "load": os.getloadavg()[0],
+    }
 
 
 def local_hardware(calibration: list[dict], name: str = "this machine") -> tuple[Hardware, float]:
@@ -76,13 +89,29 @@ def local_hardware(calibration: list[dict], name: str = "this machine") -> tuple
     bw = min(c["bytes_per_s"] for c in calibration)
     allreduce = max(c["allreduce_seconds"] for c in calibration)
     latency = allreduce / (2 * (n - 1)) if n > 1 else 0.0
-    return Hardware(name=name, memory_bytes=16e9, peak_bf16_flops=flops, memory_bandwidth=bw,
-                    intra_node_bandwidth=10e9, inter_node_bandwidth=1e9, devices_per_node=max(n, 1)), latency  # fmt: skip
+    return Hardware(
+        name=name,
+        memory_bytes=16e9,
+        peak_bf16_flops=flops,
+        memory_bandwidth=bw,
+        intra_node_bandwidth=10e9,
+        inter_node_bandwidth=1e9,
+        devices_per_node=max(n, 1),
+    ), latency
 
 
 @torch.no_grad()
-def phases_on_rank(ctx, *, cfg: ModelConfig, seed: int = 0, tp: int | None = None, prompts=(16, 32, 64, 128),
-                   batches=(1, 2, 4, 8, 16), context: int = 64, repeats: int = 3) -> dict:  # fmt: skip
+def phases_on_rank(
+    ctx,
+    *,
+    cfg: ModelConfig,
+    seed: int = 0,
+    tp: int | None = None,
+    prompts=(16, 32, 64, 128),
+    batches=(1, 2, 4, 8, 16),
+    context: int = 64,
+    repeats: int = 3,
+) -> dict:
     """Time prefill of one prompt of each length in ``prompts`` and one decode step of each batch in
     ``batches`` with ``context`` tokens already cached, over ``tp`` ranks (default: the world)."""
     from playbook.parallel.serve import build
@@ -103,8 +132,12 @@ def phases_on_rank(ctx, *, cfg: ModelConfig, seed: int = 0, tp: int | None = Non
     decode = []
     for b in batches:
         cache = KVCache(len(model.blocks), b)
-        forward_step(model, torch.randint(0, cfg.vocab_size, (b, context), generator=gen), [0] * b,
-                     lambda i: contiguous_store(cache, i))  # fmt: skip
+        forward_step(
+            model,
+            torch.randint(0, cfg.vocab_size, (b, context), generator=gen),
+            [0] * b,
+            lambda i: contiguous_store(cache, i),
+        )
         saved = [[list(cache.k[i]), list(cache.v[i])] for i in layers]
         last = torch.randint(0, cfg.vocab_size, (b, 1), generator=gen)  # [b, 1]
 
@@ -113,13 +146,15 @@ def phases_on_rank(ctx, *, cfg: ModelConfig, seed: int = 0, tp: int | None = Non
                 cache.k[i], cache.v[i] = list(saved[i][0]), list(saved[i][1])
             forward_step(model, last, [context] * b, lambda i: contiguous_store(cache, i))
 
-        decode.append({"batch": b, "context": context, "seconds": _median_seconds(step, repeats),
-                       "load": os.getloadavg()[0]})  # fmt: skip
+        decode.append(
+            {"batch": b, "context": context, "seconds": _median_seconds(step, repeats), "load": os.getloadavg()[0]}
+        )
     return {"rank": ctx.rank, "tp": tp, "prefill": prefill, "decode": decode}
 
 
-def layout_on_rank(ctx, *, cfg: ModelConfig, dims: ParallelDims, prompts: torch.Tensor, new_tokens: int,
-                   seed: int = 0) -> dict:  # fmt: skip
+def layout_on_rank(
+    ctx, *, cfg: ModelConfig, dims: ParallelDims, prompts: torch.Tensor, new_tokens: int, seed: int = 0
+) -> dict:
     """One serving layout on these ranks: calibrate (every rank at once, the gemv as large as this
     rank's weights), then each replica greedy-decodes its rows of ``prompts``
     (``parallel.serve.greedy_on_rank``)."""
@@ -137,5 +172,9 @@ def measured_layout(answers: list[dict], dims: ParallelDims) -> dict:
     first = [a for a in answers if a["coords"]["tp"] == 0]
     steps = [s for a in first for s in a["step_seconds"]]
     slowest = max(sum(a["step_seconds"]) for a in first)
-    return {"layout": f"tp{dims.tp}×dp{dims.dp}", "tpot": statistics.median(steps),
-            "tokens_per_s": sum(a["decoded"] for a in first) / slowest, "load": max(a["load"] for a in answers)}
+    return {
+        "layout": f"tp{dims.tp}×dp{dims.dp}",
+        "tpot": statistics.median(steps),
+        "tokens_per_s": sum(a["decoded"] for a in first) / slowest,
+        "load": max(a["load"] for a in answers),
+    }

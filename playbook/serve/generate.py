@@ -116,8 +116,10 @@ def greedy(model, prompt: torch.Tensor, new_tokens: int) -> Generation:
     argmax of the last logits. Traced as spans "prefill" and "decode k" (decode step k)."""
     b, p = prompt.shape
     if p + new_tokens - 1 > model.cfg.max_seq_len:
-        raise ValueError(f"prompt {p} + {new_tokens} new tokens exceeds max_seq_len={model.cfg.max_seq_len}; "
-                         f"generate at most {model.cfg.max_seq_len - p + 1} tokens")  # fmt: skip
+        raise ValueError(
+            f"prompt {p} + {new_tokens} new tokens exceeds max_seq_len={model.cfg.max_seq_len}; "
+            f"generate at most {model.cfg.max_seq_len - p + 1} tokens"
+        )
     cache = KVCache(len(model.blocks), b)
     t0 = time.perf_counter()
     with _span("prefill"):
@@ -127,7 +129,9 @@ def greedy(model, prompt: torch.Tensor, new_tokens: int) -> Generation:
     for k in range(new_tokens - 1):
         t0 = time.perf_counter()
         with _span(f"decode {k}"):
-            logits = forward_step(model, out[-1][:, None], [p + k] * b, lambda layer: contiguous_store(cache, layer))[:, -1]
+            logits = forward_step(model, out[-1][:, None], [p + k] * b, lambda layer: contiguous_store(cache, layer))[
+                :, -1
+            ]
         steps.append(time.perf_counter() - t0)
         out.append(logits.argmax(-1))  # [b]
         kept.append(logits)

@@ -42,8 +42,9 @@ class PagedKVCache:
     """A pool of ``n_blocks`` blocks of ``block_size`` tokens, each holding k and v for every layer
     ([n_layers, n_blocks, g, block_size, d] each), and a block table per sequence."""
 
-    def __init__(self, *, n_layers: int, kv_heads: int, head_dim: int, n_blocks: int, block_size: int = 16,
-                 dtype=torch.float32):  # fmt: skip
+    def __init__(
+        self, *, n_layers: int, kv_heads: int, head_dim: int, n_blocks: int, block_size: int = 16, dtype=torch.float32
+    ):
         if n_blocks < 1 or block_size < 1:
             raise ValueError(f"n_blocks and block_size must be >= 1, got {n_blocks} and {block_size}")
         shape = (n_layers, n_blocks, kv_heads, block_size, head_dim)

@@ -109,7 +109,12 @@ def _moe_mlp_terms(cfg: ModelConfig, b: int, s: int, B: int) -> dict[str, int]:
 
 
 def block_activation_breakdown(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none",
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
     moe: bool = False,
 ) -> dict[str, int]:
     """Bytes saved for backward by one transformer block, term by term (see the module docstring).
@@ -157,7 +162,12 @@ def block_activation_breakdown(
 
 
 def block_activation_bytes(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none",
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
     moe: bool = False,
 ) -> int:
     """Bytes autograd saves for one block of our GPT (module docstring): with recompute="none",
@@ -201,7 +211,6 @@ def model_activation_bytes(
     )
 
 
-
 def korthikanti_vs_exact(
     cfg: ModelConfig, seq_lens: list[int], *, micro_batch: int = 1, dtype_bytes: int = 2
 ) -> list[dict[str, float]]:
@@ -217,7 +226,13 @@ def korthikanti_vs_exact(
         sizes = dict(seq_len=s, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
         paper = activation_bytes_per_layer(seq_len=s, micro_batch=micro_batch, hidden=cfg.hidden, heads=cfg.n_heads)
         ours = block_activation_bytes(cfg, **sizes)
-        rows.append({"seq_len": s, "korthikanti": float(paper), "ours": float(ours),
-                     "ours_selective": float(block_activation_bytes(cfg, **sizes, recompute="selective")),
-                     "ratio": ours / paper})  # fmt: skip
+        rows.append(
+            {
+                "seq_len": s,
+                "korthikanti": float(paper),
+                "ours": float(ours),
+                "ours_selective": float(block_activation_bytes(cfg, **sizes, recompute="selective")),
+                "ratio": ours / paper,
+            }
+        )
     return rows

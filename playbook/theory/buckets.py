@@ -55,7 +55,11 @@ def parameter_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every parameter of ``playbook.model.GPT(cfg)``, in registration order,
     without building it (a tied output head is the embedding, listed once)."""
     if cfg.is_moe or cfg.attention != "gqa":
-        dense = [n for n in ModelConfig.presets() if not ModelConfig.preset(n).is_moe and ModelConfig.preset(n).attention == "gqa"]
+        dense = [
+            n
+            for n in ModelConfig.presets()
+            if not ModelConfig.preset(n).is_moe and ModelConfig.preset(n).attention == "gqa"
+        ]
         raise ValueError(f"{cfg.name}: only dense GQA models are listed here; try one of {', '.join(dense)}")
     h, f, d = cfg.hidden, cfg.ffn_hidden, cfg.dim_head
     shapes = [("tok_emb.weight", (cfg.vocab_size, h))]
@@ -101,8 +105,14 @@ def _numel(size) -> int:
     return int(prod(size)) if isinstance(size, (tuple, list)) else int(size)
 
 
-def bucket_plan(params: Sequence[tuple[str, int | tuple[int, ...]]], cap_bytes: int, *, element_bytes: int = 4,
-                ready_order: str = "reverse", first_cap_bytes: int | None = None) -> list[Bucket]:  # fmt: skip
+def bucket_plan(
+    params: Sequence[tuple[str, int | tuple[int, ...]]],
+    cap_bytes: int,
+    *,
+    element_bytes: int = 4,
+    ready_order: str = "reverse",
+    first_cap_bytes: int | None = None,
+) -> list[Bucket]:
     """Buckets for ``params`` ((name, numel or shape) in registration order), as DDP builds them.
 
     ``ready_order="reverse"``: gradients arrive in reverse registration order (our GPT, and DDP's
@@ -200,7 +210,9 @@ def predict_dp_step(
         start = max(ready, free_at)  # one all-reduce at a time, in bucket order
         free_at = start + seconds
         comm += seconds
-        spans.append(_span("comm", "all_reduce", start, free_at, b.bytes, sent_bytes("all_reduce", b.bytes, world_size)))
+        spans.append(
+            _span("comm", "all_reduce", start, free_at, b.bytes, sent_bytes("all_reduce", b.bytes, world_size))
+        )
     opt_start = max(forward + backward, free_at)
     spans.append(_span("compute", "optimizer", opt_start, opt_start + optimizer))
     return DPStepPrediction(spans, plan, forward, backward, optimizer, comm, opt_start + optimizer)

@@ -190,9 +190,15 @@ def comm_bytes_per_step(
 
 # ---- activation memory -------------------------------------------------------------------------
 def cp_block_activation_breakdown(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, cp: int, variant: str = "ring", dtype_bytes: int = 4,
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    cp: int,
+    variant: str = "ring",
+    dtype_bytes: int = 4,
     causal: bool = True,
-) -> dict[str, int]:  # fmt: skip
+) -> dict[str, int]:
     """Bytes one block of our GPT saves for backward on one rank under context parallelism.
 
     As ``playbook.theory.activations.block_activation_breakdown`` with s → s/n for everything
@@ -207,7 +213,16 @@ def cp_block_activation_breakdown(
       the [s, s] mask and b·(a/n)·s² probabilities; then the output travels back.
     Without the causal mask (``causal=False``) the boolean mask is not kept.
     """
-    n, b, a, g, d, f, h, B = cp, micro_batch, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden, cfg.hidden, dtype_bytes
+    n, b, a, g, d, f, h, B = (
+        cp,
+        micro_batch,
+        cfg.n_heads,
+        cfg.kv_heads,
+        cfg.dim_head,
+        cfg.ffn_hidden,
+        cfg.hidden,
+        dtype_bytes,
+    )
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
     if seq_len % n:
@@ -261,9 +276,16 @@ def cp_block_activation_breakdown(
 
 
 def cp_activation_bytes(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, cp: int, variant: str = "ring", dtype_bytes: int = 4,
-    causal: bool = True, recompute: str = "none",
-) -> int:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    cp: int,
+    variant: str = "ring",
+    dtype_bytes: int = 4,
+    causal: bool = True,
+    recompute: str = "none",
+) -> int:
     """Bytes one rank saves for one forward of the whole model and its loss under cp = n: the
     blocks (``cp_block_activation_breakdown``) and, at s/n tokens, the token ids and targets
     (int64), the final norm (3·b·(s/n)·h + b·(s/n)), the log-probabilities b·(s/n)·V and the
@@ -272,13 +294,20 @@ def cp_activation_bytes(
     measured): the CP forward here does not checkpoint; note that the ring kernel already
     recomputes its probabilities, so for the ring "selective" would change nothing."""
     if recompute != "none":
-        raise NotImplementedError(f"recompute={recompute!r} with context parallelism is not modelled; use recompute='none'")
+        raise NotImplementedError(
+            f"recompute={recompute!r} with context parallelism is not modelled; use recompute='none'"
+        )
     block = sum(
         cp_block_activation_breakdown(
-            cfg, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant, dtype_bytes=dtype_bytes,
+            cfg,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            cp=cp,
+            variant=variant,
+            dtype_bytes=dtype_bytes,
             causal=causal,
         ).values()
-    )  # fmt: skip
+    )
     b, s, h, V, B = micro_batch, seq_len // cp, cfg.hidden, cfg.vocab_size, dtype_bytes
     return cfg.n_layers * block + 2 * 8 * b * s + (3 * b * s * h + b * s + b * s * V + 1) * B
 
@@ -299,9 +328,16 @@ class Overlap:
 
 
 def overlap(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, cp: int, peak_flops: float, bandwidth: float,
-    dtype_bytes: int = 2, zigzag: bool = False,
-) -> Overlap:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    cp: int,
+    peak_flops: float,
+    bandwidth: float,
+    dtype_bytes: int = 2,
+    zigzag: bool = False,
+) -> Overlap:
     """Liu et al. 2023 §3: a block of c query × c key tokens costs 4·b·a·c²·d FLOPs forward (q·kᵀ and
     p·v, 2 FLOPs per multiply-add) and its K/V shard 2·b·g·c'·d·B bytes, c' = s/n the tokens a rank
     sends (zig-zag blocks are half as wide, c = s/2n, but a rank still sends all its s/n tokens

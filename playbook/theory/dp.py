@@ -22,4 +22,8 @@ def predicted_comm(setup, *, world_size: int, variant: str, cap_bytes: int) -> d
     cfg = setup.config()
     buffer = 4 * cfg.num_params() + 4
     calls = cfg.num_param_tensors() if variant == "naive" else len(bucket_plan(parameter_shapes(cfg), cap_bytes))
-    return {"all_reduce": sent_bytes("all_reduce", buffer, world_size), "all_reduce buffer": buffer, "all_reduce calls": calls + 1}
+    return {
+        "all_reduce": sent_bytes("all_reduce", buffer, world_size),
+        "all_reduce buffer": buffer,
+        "all_reduce calls": calls + 1,
+    }

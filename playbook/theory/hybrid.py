@@ -58,9 +58,20 @@ def local_units(cfg: ModelConfig, dims: ParallelDims, stage: int = 0) -> list[tu
     return units
 
 
-def comm_per_axis(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_batch: int, seq_len: int,
-                  zero: int = 0, sequence_parallel: bool = False, cp_variant: str = "ring",
-                  schedule: str = "1f1b", microbatches: int = 1, routing: list | None = None) -> dict[str, float]:
+def comm_per_axis(
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    *,
+    rank: int,
+    global_batch: int,
+    seq_len: int,
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    cp_variant: str = "ring",
+    schedule: str = "1f1b",
+    microbatches: int = 1,
+    routing: list | None = None,
+) -> dict[str, float]:
     """Bytes ``rank`` sends per training step on each axis of ``dims`` (see the module docstring).
     ``routing``: for expert parallelism, the routing stats of the run (``[step][layer]`` dicts with
     ``counts_by_rank`` and ``capacity``), from which the all-to-all bytes follow (mean per step)."""
@@ -75,8 +86,9 @@ def comm_per_axis(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_bat
     if dims.tp > 1:
         layers = {f"layer{i}" for i in stage_layers(cfg, dims.pp, stage)}
         keep = layers | ({"embedding"} if stage == 0 else set()) | ({"head", "loss"} if stage == dims.pp - 1 else set())
-        for col in step_collectives(cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp,
-                                    sequence_parallel=sequence_parallel):
+        for col in step_collectives(
+            cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel
+        ):
             if col.region.split(".")[0] in keep or col.region == "grad sync":
                 add("tp", col.sent_bytes)
     if dims.cp > 1:
@@ -127,15 +139,30 @@ def _tp_pieces(cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, seq
         return {"first": ids, "block": block, "last": sum(parts.values()) - parts["blocks"] - ids}
     from playbook.theory.tp import tp_model_activation_breakdown
 
-    parts = tp_model_activation_breakdown(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
-                                          sequence_parallel=sequence_parallel)  # fmt: skip
+    parts = tp_model_activation_breakdown(
+        cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel
+    )
     first = next(v for k, v in parts.items() if k.startswith("embedding"))
-    return {"first": first, "block": parts["blocks"] // cfg.n_layers, "last": sum(parts.values()) - parts["blocks"] - first}
+    return {
+        "first": first,
+        "block": parts["blocks"] // cfg.n_layers,
+        "last": sum(parts.values()) - parts["blocks"] - first,
+    }
 
 
-def memory_per_rank(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_batch: int, seq_len: int,
-                    sequence_parallel: bool = False, cp_variant: str = "ring", schedule: str = "1f1b",
-                    microbatches: int = 1, routing: list | None = None) -> dict[str, float | None]:
+def memory_per_rank(
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    *,
+    rank: int,
+    global_batch: int,
+    seq_len: int,
+    sequence_parallel: bool = False,
+    cp_variant: str = "ring",
+    schedule: str = "1f1b",
+    microbatches: int = 1,
+    routing: list | None = None,
+) -> dict[str, float | None]:
     """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (no ZeRO): its parameters
     (1/tp of every split matrix of its stage, norms whole; MoE: E/ep experts), as many gradient bytes,
     AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
@@ -153,14 +180,19 @@ def memory_per_rank(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_b
         units = local_units(cfg, dims, stage)
         numel = sum(split + rep for _, split, rep in units)
         tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
-    out: dict[str, float | None] = {"params": FP32 * numel, "grads": FP32 * numel,
-                                    "optimizer": 2 * FP32 * numel + 4 * tensors, "activations": None}  # fmt: skip
+    out: dict[str, float | None] = {
+        "params": FP32 * numel,
+        "grads": FP32 * numel,
+        "optimizer": 2 * FP32 * numel + 4 * tensors,
+        "activations": None,
+    }
     if cfg.is_moe:
         if routing is not None and dims.tp == dims.cp == dims.pp == 1:
             from playbook.theory.moe import model_activation_bytes_moe
 
-            out["activations"] = model_activation_bytes_moe(cfg, seq_len=seq_len, micro_batch=rows, layers=routing,
-                                                            rank=dims.data_index(rank), ep=dims.ep)  # fmt: skip
+            out["activations"] = model_activation_bytes_moe(
+                cfg, seq_len=seq_len, micro_batch=rows, layers=routing, rank=dims.data_index(rank), ep=dims.ep
+            )
         return out
     if dims.tp > 1 and dims.cp > 1:
         return out
@@ -176,7 +208,11 @@ def memory_per_rank(cfg: ModelConfig, dims: ParallelDims, *, rank: int, global_b
         return out
     from playbook.theory.schedules import held_bytes
 
-    per_stage = [(s == 0) * piece["first"] + len(stage_layers(cfg, dims.pp, s)) * piece["block"]
-                 + (s == dims.pp - 1) * piece["last"] for s in range(dims.pp)]  # fmt: skip
+    per_stage = [
+        (s == 0) * piece["first"]
+        + len(stage_layers(cfg, dims.pp, s)) * piece["block"]
+        + (s == dims.pp - 1) * piece["last"]
+        for s in range(dims.pp)
+    ]
     out["activations"] = held_bytes(make_schedule(schedule, dims.pp, microbatches), [[x] for x in per_stage])[stage]
     return out

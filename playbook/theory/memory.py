@@ -103,12 +103,19 @@ def _check_grad_accum(fp32_grad_accum, precision: str) -> None:
     if not isinstance(fp32_grad_accum, bool):
         raise ValueError(f"fp32_grad_accum must be True or False, got {fp32_grad_accum!r}")
     if fp32_grad_accum and precision != "mixed":
-        raise ValueError(f"fp32_grad_accum needs precision='mixed': with precision={precision!r} the gradients already are fp32")
+        raise ValueError(
+            f"fp32_grad_accum needs precision='mixed': with precision={precision!r} the gradients already are fp32"
+        )
 
 
 # ---- model state (ZeRO) ------------------------------------------------------------------------
 def model_state_bytes(
-    num_params: float, *, dp: int = 1, zero: int = 0, precision: str = "mixed", n_tensors: int = 0,
+    num_params: float,
+    *,
+    dp: int = 1,
+    zero: int = 0,
+    precision: str = "mixed",
+    n_tensors: int = 0,
     fp32_grad_accum: bool = False,
 ) -> TrainingMemory:
     """Bytes of weights, gradients and Adam optimizer states held by one data-parallel rank.
@@ -153,7 +160,9 @@ def model_state_bytes(
     _choice("zero", zero, ZERO_STAGES)
     _choice("precision", precision, tuple(_STATE_BYTES))
     if isinstance(n_tensors, bool) or not isinstance(n_tensors, int) or n_tensors < 0:
-        raise ValueError(f"n_tensors must be a non-negative integer (the number of parameter tensors), got {n_tensors!r}")
+        raise ValueError(
+            f"n_tensors must be a non-negative integer (the number of parameter tensors), got {n_tensors!r}"
+        )
     _check_grad_accum(fp32_grad_accum, precision)
 
     p, g, o = (b * num_params for b in _STATE_BYTES[precision])
@@ -281,7 +290,9 @@ def training_memory(
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
     common = dict(dp=dp, zero=zero, precision=precision, n_tensors=n_tensors, fp32_grad_accum=fp32_grad_accum)
     if pp > 1:  # 1F1B pipeline: the most loaded stage, holding p - i micro-batches in flight
-        stages = pipeline_stage_memory(cfg, pp=pp, seq_len=seq_len, micro_batch=micro_batch, recompute=recompute, **common)
+        stages = pipeline_stage_memory(
+            cfg, pp=pp, seq_len=seq_len, micro_batch=micro_batch, recompute=recompute, **common
+        )
         return stages[most_loaded_stage(stages)].memory
     if tp > 1:  # Megatron TP (+ SP): matrices split 1/t, norms replicated; exact activations of our TP model
         from playbook.theory.tp import check_tp, params_per_rank, tp_model_activation_bytes
@@ -371,7 +382,9 @@ def inference_memory(
     nbytes = _dtype_bytes(dtype)
     require_divides("tp", tp, "n_heads", cfg.n_heads)
     if pp > cfg.n_layers:
-        raise ValueError(f"pp={pp} exceeds n_layers={cfg.n_layers}: every stage needs a layer; try pp in 1..{cfg.n_layers}")
+        raise ValueError(
+            f"pp={pp} exceeds n_layers={cfg.n_layers}: every stage needs a layer; try pp in 1..{cfg.n_layers}"
+        )
 
     if ep > 1:
         from playbook.theory.moe import inference_weight_bytes

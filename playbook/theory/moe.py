@@ -42,8 +42,10 @@ def check_capacity_factor(capacity_factor) -> None:
 def check_routing(n_experts: int, top_k: int) -> None:
     require_positive(n_experts=n_experts, top_k=top_k)
     if top_k > n_experts:
-        raise ValueError(f"top_k={top_k} exceeds n_experts={n_experts}: a token cannot pick more experts than there are; "
-                         f"try top_k in 1..{n_experts}")  # fmt: skip
+        raise ValueError(
+            f"top_k={top_k} exceeds n_experts={n_experts}: a token cannot pick more experts than there are; "
+            f"try top_k in 1..{n_experts}"
+        )
 
 
 def check_ep(n_experts: int, ep: int, dp: int | None = None) -> None:
@@ -125,8 +127,15 @@ def param_tensors_per_rank(cfg: ModelConfig, ep: int = 1) -> int:
 
 
 def moe_model_state_bytes(
-    cfg: ModelConfig, *, ep: int = 1, dp: int = 1, zero: int = 0, precision: str = "mixed", n_tensors: int = 0,
-    expert_tp: int = 1, fp32_grad_accum: bool = False,
+    cfg: ModelConfig,
+    *,
+    ep: int = 1,
+    dp: int = 1,
+    zero: int = 0,
+    precision: str = "mixed",
+    n_tensors: int = 0,
+    expert_tp: int = 1,
+    fp32_grad_accum: bool = False,
 ) -> TrainingMemory:
     """Bytes of weights, gradients and Adam states on one rank with expert parallelism.
 
@@ -144,8 +153,10 @@ def moe_model_state_bytes(
     """
     check_ep(cfg.n_experts if cfg.is_moe else ep, ep, dp)
     if dp % (ep * expert_tp):
-        raise ValueError(f"ep·expert_tp={ep * expert_tp} must divide dp={dp}; try expert_tp in "
-                         f"{{{', '.join(str(t) for t in divisors(dp // ep))}}}")  # fmt: skip
+        raise ValueError(
+            f"ep·expert_tp={ep * expert_tp} must divide dp={dp}; try expert_tp in "
+            f"{{{', '.join(str(t) for t in divisors(dp // ep))}}}"
+        )
     p = params_per_rank(cfg, ep, expert_tp)
     acc = dict(zero=zero, precision=precision, fp32_grad_accum=fp32_grad_accum)
     dense = model_state_bytes(p["dense"], dp=dp, **acc)
@@ -172,8 +183,12 @@ def inference_weight_bytes(cfg: ModelConfig, *, ep: int = 1, tp: int = 1, pp: in
 def total_vs_active(cfg: ModelConfig) -> dict[str, float]:
     """Total parameters (what memory must hold) vs active ones (what one token's FLOPs touch)."""
     total, active = cfg.num_params(), cfg.active_params()
-    return {"total": total, "active": active, "active_fraction": active / total,
-            "routed_experts": cfg.n_moe_layers * cfg.n_experts * expert_params(cfg)}  # fmt: skip
+    return {
+        "total": total,
+        "active": active,
+        "active_fraction": active / total,
+        "routed_experts": cfg.n_moe_layers * cfg.n_experts * expert_params(cfg),
+    }
 
 
 # ---- communication -----------------------------------------------------------------------------
@@ -218,7 +233,9 @@ def tp_experts_bytes_per_step(tokens_per_rank: int, tp: int, hidden: int, dtype_
     return 4 * tokens_per_rank * tp * hidden * dtype_bytes * (tp - 1) / tp
 
 
-def alltoall_bytes_from_routing(routing: list[list[dict]], ep: int, hidden: int, dtype_bytes: int = 4) -> list[list[float]]:
+def alltoall_bytes_from_routing(
+    routing: list[list[dict]], ep: int, hidden: int, dtype_bytes: int = 4
+) -> list[list[float]]:
     """[step][rank] bytes sent through all-to-all by every MoE layer together, from the routing
     counts alone (``routing[step][layer]`` with ``counts_by_rank`` and ``capacity``)."""
     out = []
@@ -243,18 +260,30 @@ def step_comm_bytes(cfg: ModelConfig, n: int, ep: int, mode: str, tokens_per_ran
     p = params_per_rank(cfg, ep if mode == "ep" else 1)
     reduce = sent_bytes("all_reduce", 4 * p["dense"], n) + sent_bytes("all_reduce", 8, n)
     if mode == "ep":
-        out = {"all_gather_single": cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n), "all_reduce": reduce}
+        out = {
+            "all_gather_single": cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n),
+            "all_reduce": reduce,
+        }
         if n > ep:
             tensors = 3 * cfg.n_experts // ep * cfg.n_moe_layers
             out["all_reduce"] += sent_bytes("all_reduce", 4 * (p["experts"] + tensors), n // ep)
         return out
     S = 4 * tokens_per_rank * n * cfg.hidden * cfg.n_moe_layers
-    return {"all_gather_single": 2 * sent_bytes("all_gather", S, n),
-            "reduce_scatter_single": 2 * sent_bytes("reduce_scatter", S, n), "all_reduce": reduce}  # fmt: skip
+    return {
+        "all_gather_single": 2 * sent_bytes("all_gather", S, n),
+        "reduce_scatter_single": 2 * sent_bytes("reduce_scatter", S, n),
+        "all_reduce": reduce,
+    }
 
 
-def routing_report(routing: list[list[dict]], ce: list[float], ep: int, hidden: int,
-                   measured_bytes: list[list[float]], seconds: list[list[float]]) -> dict:  # fmt: skip
+def routing_report(
+    routing: list[list[dict]],
+    ce: list[float],
+    ep: int,
+    hidden: int,
+    measured_bytes: list[list[float]],
+    seconds: list[list[float]],
+) -> dict:
     """The ``routing`` block of ``playbook run ep --json``: per step and MoE layer, tokens per
     expert, kept, dropped, imbalance, entropies, aux loss, load per EP rank; per step the
     all-to-all bytes per rank predicted from the counts beside those measured, and the time."""
@@ -262,15 +291,28 @@ def routing_report(routing: list[list[dict]], ce: list[float], ep: int, hidden: 
     predicted = alltoall_bytes_from_routing(routing, ep, hidden)
     steps = []
     for s, layers in enumerate(routing):
-        rows = [{
-            "tokens_per_expert": L["counts"], "kept_per_expert": L["kept"], "capacity": L["capacity"],
-            "dropped": L["dropped"], "imbalance": imbalance(L["counts"]), "load_entropy": load_entropy(L["counts"]),
-            "router_entropy": L["router_entropy"], "aux": L["aux"],
-            "load_per_rank": [sum(L["kept"][i * per : (i + 1) * per]) for i in range(ep)],
-        } for L in layers]  # fmt: skip
-        steps.append({"layers": rows, "ce": ce[s],
-                      "alltoall_bytes_per_rank": {"predicted": predicted[s], "measured": measured_bytes[s]},
-                      "alltoall_seconds_per_rank": seconds[s]})  # fmt: skip
+        rows = [
+            {
+                "tokens_per_expert": L["counts"],
+                "kept_per_expert": L["kept"],
+                "capacity": L["capacity"],
+                "dropped": L["dropped"],
+                "imbalance": imbalance(L["counts"]),
+                "load_entropy": load_entropy(L["counts"]),
+                "router_entropy": L["router_entropy"],
+                "aux": L["aux"],
+                "load_per_rank": [sum(L["kept"][i * per : (i + 1) * per]) for i in range(ep)],
+            }
+            for L in layers
+        ]
+        steps.append(
+            {
+                "layers": rows,
+                "ce": ce[s],
+                "alltoall_bytes_per_rank": {"predicted": predicted[s], "measured": measured_bytes[s]},
+                "alltoall_seconds_per_rank": seconds[s],
+            }
+        )
     return {"ep": ep, "steps": steps}
 
 
@@ -284,8 +326,14 @@ class SimulatedRouting:
 
 
 def simulate_routing(
-    *, n_experts: int, top_k: int, tokens: int, capacity_factor: float | None, skew: float = 0.0,
-    steps: int = 10, seed: int = 0,
+    *,
+    n_experts: int,
+    top_k: int,
+    tokens: int,
+    capacity_factor: float | None,
+    skew: float = 0.0,
+    steps: int = 10,
+    seed: int = 0,
 ) -> SimulatedRouting:
     """Route ``tokens`` random tokens for ``steps`` steps: router logits ~ N(0, 1) plus a bias of
     ``skew`` · (E−1−i)/(E−1) for expert i (skew 0: even on average; larger: expert 0 popular),
@@ -327,8 +375,15 @@ def load_entropy(counts: list[int]) -> float:
 
 # ---- activations: the exact count for our MoE layer, given its routing ------------------------
 def moe_mlp_activation_terms(
-    cfg: ModelConfig, *, tokens: int, slots: int, rows: int, shared_tokens: int | None = None,
-    dtype_bytes: int = 4, expert_split: int = 1, gathered: bool = False,
+    cfg: ModelConfig,
+    *,
+    tokens: int,
+    slots: int,
+    rows: int,
+    shared_tokens: int | None = None,
+    dtype_bytes: int = 4,
+    expert_split: int = 1,
+    gathered: bool = False,
 ) -> dict[str, int]:
     """Bytes ``playbook.moe.MoEMLP`` (and its parallel versions) saves for backward in one layer,
     read from its code. It depends on the routing, so it takes the counts:
@@ -361,7 +416,9 @@ def moe_mlp_activation_terms(
     if gathered:
         terms["gathered tokens (router input)"] = T * h * B
     if cfg.n_shared_experts:
-        terms["shared experts' SwiGLU tensors"] = 4 * (T if shared_tokens is None else shared_tokens) * fe * cfg.n_shared_experts * B
+        terms["shared experts' SwiGLU tensors"] = (
+            4 * (T if shared_tokens is None else shared_tokens) * fe * cfg.n_shared_experts * B
+        )
     return terms
 
 
@@ -387,7 +444,9 @@ def moe_block_activation_bytes(
     rest = sum(v for k, v in block.items() if "(estimate)" not in k)
     T = micro_batch * seq_len
     slots = cfg.top_k * T
-    return rest + sum(moe_mlp_activation_terms(cfg, tokens=T, slots=slots, rows=slots, dtype_bytes=dtype_bytes).values())
+    return rest + sum(
+        moe_mlp_activation_terms(cfg, tokens=T, slots=slots, rows=slots, dtype_bytes=dtype_bytes).values()
+    )
 
 
 def rank_rows(counts_by_rank: list[list[int]], capacity: int | None, rank: int, ep: int) -> tuple[int, int]:
@@ -401,8 +460,16 @@ def rank_rows(counts_by_rank: list[list[int]], capacity: int | None, rank: int, 
 
 
 def model_activation_bytes_moe(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, layers: list[dict], rank: int = 0, ep: int = 1,
-    mode: str = "ep", tp: int = 1, dtype_bytes: int = 4,
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    layers: list[dict],
+    rank: int = 0,
+    ep: int = 1,
+    mode: str = "ep",
+    tp: int = 1,
+    dtype_bytes: int = 4,
 ) -> int:
     """Exact bytes saved by one forward of our MoE GPT on ``rank``, given each MoE layer's routing
     (``layers[i]`` has ``counts_by_rank``, ``capacity`` and ``tokens``, as in ``RoutingStats``).
@@ -418,8 +485,16 @@ def model_activation_bytes_moe(
     for layer in layers:
         if mode == "tp":
             S = sum(sum(r) for r in kept_counts(layer["counts_by_rank"], layer["capacity"]))
-            terms = moe_mlp_activation_terms(cfg, tokens=layer["tokens"], slots=S, rows=S, shared_tokens=local,
-                                             dtype_bytes=dtype_bytes, expert_split=tp, gathered=tp > 1)  # fmt: skip
+            terms = moe_mlp_activation_terms(
+                cfg,
+                tokens=layer["tokens"],
+                slots=S,
+                rows=S,
+                shared_tokens=local,
+                dtype_bytes=dtype_bytes,
+                expert_split=tp,
+                gathered=tp > 1,
+            )
             if tp > 1 and not cfg.n_shared_experts:  # the norm output feeds only the gather: nobody saves it
                 terms["mlp norm output (not saved: only gathered)"] = -local * cfg.hidden * dtype_bytes
         else:

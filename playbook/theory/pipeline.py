@@ -19,10 +19,14 @@ def stage_ranges(cfg, n_stages: int, partition=None) -> list[tuple[int, int]]:
     """Pieces per virtual stage: ``partition`` if given (e.g. ``balanced_partition`` of measured
     costs), else equal block counts with the embedding on the first stage and the head on the last."""
     if n_stages > cfg.n_layers + 2:
-        raise ValueError(f"{n_stages} stages but {cfg.n_layers} layers plus embedding and head; use stages <= {cfg.n_layers + 2}")
+        raise ValueError(
+            f"{n_stages} stages but {cfg.n_layers} layers plus embedding and head; use stages <= {cfg.n_layers + 2}"
+        )
     ranges = list(partition) if partition is not None else equal_partition(cfg.n_layers, n_stages)
     if len(ranges) != n_stages or ranges[0][0] != 0 or ranges[-1][1] != cfg.n_layers + 2:
-        raise ValueError(f"partition must be {n_stages} contiguous ranges covering pieces 0..{cfg.n_layers + 1}; got {ranges}")
+        raise ValueError(
+            f"partition must be {n_stages} contiguous ranges covering pieces 0..{cfg.n_layers + 1}; got {ranges}"
+        )
     return ranges
 
 
@@ -36,7 +40,9 @@ def chunk_activation_bytes(cfg, start: int, end: int, micro_batch: int, seq_len:
     if start == 0:
         total += b * s * INDEX_BYTES  # token ids, saved by the embedding
     if end == L + 2:
-        total += (3 * b * s * h + b * s) * B + b * s * V * B + b * s * INDEX_BYTES + B  # norm, log-probs, targets, total_weight
+        total += (
+            (3 * b * s * h + b * s) * B + b * s * V * B + b * s * INDEX_BYTES + B
+        )  # norm, log-probs, targets, total_weight
     return total
 
 
@@ -57,7 +63,13 @@ def predicted_memory(setup, schedule: Schedule, rank: int = 0, partition=None) -
         if end == L + 2:
             n_params, n_tensors = n_params + cfg.hidden + cfg.vocab_size * cfg.hidden, n_tensors + 2
     b = setup.global_batch // schedule.m
-    per_chunk = [[chunk_activation_bytes(cfg, *ranges[schedule.stage(r, c)], b, setup.seq_len) for c in range(schedule.v)]
-                 for r in range(schedule.p)]  # fmt: skip
-    return {"params": 4 * n_params, "grads": 4 * n_params, "optimizer": 8 * n_params + 4 * n_tensors,
-            "activations": held_bytes(schedule, per_chunk)[rank]}  # fmt: skip
+    per_chunk = [
+        [chunk_activation_bytes(cfg, *ranges[schedule.stage(r, c)], b, setup.seq_len) for c in range(schedule.v)]
+        for r in range(schedule.p)
+    ]
+    return {
+        "params": 4 * n_params,
+        "grads": 4 * n_params,
+        "optimizer": 8 * n_params + 4 * n_tensors,
+        "activations": held_bytes(schedule, per_chunk)[rank],
+    }

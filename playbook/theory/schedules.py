@@ -251,7 +251,9 @@ def validate(schedule: Schedule) -> None:
             raise ValueError(f"rank {r}: missing (micro-batch, chunk) pairs {sorted(want - set(seen))}")
         for key, kinds in seen.items():
             if kinds != list(need):
-                raise ValueError(f"rank {r}: micro-batch {key[0]} chunk {key[1]} runs {kinds}, expected {list(need)} in order")
+                raise ValueError(
+                    f"rank {r}: micro-batch {key[0]} chunk {key[1]} runs {kinds}, expected {list(need)} in order"
+                )
 
 
 # ---- the simulator -----------------------------------------------------------------------------
@@ -476,7 +478,9 @@ def equal_partition(n_layers: int, parts: int) -> list[tuple[int, int]]:
     """The naive cut: transformer blocks split as evenly as possible, the embedding (piece 0) added to
     the first stage and the head (piece n_layers + 1) to the last; ranges over the n_layers + 2 pieces."""
     if parts > n_layers + 2:
-        raise ValueError(f"{parts} stages but only {n_layers} layers plus embedding and head; use stages <= {n_layers + 2}")
+        raise ValueError(
+            f"{parts} stages but only {n_layers} layers plus embedding and head; use stages <= {n_layers + 2}"
+        )
     if parts > n_layers:  # too few blocks: give embedding and head stages of their own where needed
         return balanced_partition([1.0] * (n_layers + 2), parts)
     base, extra = divmod(n_layers, parts)

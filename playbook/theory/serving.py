@@ -64,14 +64,26 @@ def kv_per_token_by_attention(cfg: ModelConfig, dtype: str = "bf16") -> dict[str
     and V), GQA (``kv_heads`` of them) and, when the config has a latent (``kv_lora_rank``), MLA."""
     b, L = _dtype_bytes(dtype), cfg.n_layers
     if cfg.kv_lora_rank:  # MHA would cache every head's key (nope + rope part) and value
-        return {"MHA": float(L * cfg.n_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * b),
-                "MLA": float(L * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * b)}
+        return {
+            "MHA": float(L * cfg.n_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * b),
+            "MLA": float(L * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * b),
+        }
     out = {"MHA": 2.0 * L * cfg.n_heads * cfg.dim_head * b, "GQA": 2.0 * L * cfg.kv_heads * cfg.dim_head * b}
     return out
 
 
-def kv_capacity(cfg: ModelConfig, hw: Hardware, *, context: int, tp: int = 1, pp: int = 1, ep: int = 1,
-                mem_util: float = 0.9, block_size: int = BLOCK_SIZE, dtype: str = "bf16") -> dict:
+def kv_capacity(
+    cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    context: int,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    mem_util: float = 0.9,
+    block_size: int = BLOCK_SIZE,
+    dtype: str = "bf16",
+) -> dict:
     """How much KV cache one GPU of a replica holds at ``mem_util`` of its memory, and how many
     sequences of ``context`` tokens fit (paged: whole blocks of ``block_size`` tokens). Raises
     ``ValueError`` when the weights alone do not fit, naming a tp that would."""
@@ -84,14 +96,29 @@ def kv_capacity(cfg: ModelConfig, hw: Hardware, *, context: int, tp: int = 1, pp
     block = block_size * per_token
     per_seq = math.ceil(context / block_size)
     if budget < block * per_seq:
-        ok = [t for t in divisors(cfg.n_heads) if t > tp and mem_util * hw.memory_bytes - weights_per_gpu(
-            cfg, tp=t, pp=pp, ep=ep, dtype=dtype) >= per_seq * block_size * kv_bytes_per_token(cfg, tp=t, pp=pp, dtype=dtype)]
-        raise ValueError(f"{cfg.name} at tp={tp} pp={pp}: weights {weights / 1e9:.1f} GB per GPU leave "
-                         f"{max(budget, 0) / 1e9:.2f} GB of {mem_util:g} × {hw.memory_bytes / 1e9:.0f} GB, not one sequence "
-                         f"of {context} tokens; " + (f"try tp >= {ok[0]}" if ok else "use more GPUs per replica"))
+        ok = [
+            t
+            for t in divisors(cfg.n_heads)
+            if t > tp
+            and mem_util * hw.memory_bytes - weights_per_gpu(cfg, tp=t, pp=pp, ep=ep, dtype=dtype)
+            >= per_seq * block_size * kv_bytes_per_token(cfg, tp=t, pp=pp, dtype=dtype)
+        ]
+        raise ValueError(
+            f"{cfg.name} at tp={tp} pp={pp}: weights {weights / 1e9:.1f} GB per GPU leave "
+            f"{max(budget, 0) / 1e9:.2f} GB of {mem_util:g} × {hw.memory_bytes / 1e9:.0f} GB, not one sequence "
+            f"of {context} tokens; " + (f"try tp >= {ok[0]}" if ok else "use more GPUs per replica")
+        )
     blocks = int(budget // block)
-    return {"weights": weights, "kv_budget": budget, "kv_bytes_per_token": per_token, "block_bytes": block,
-            "blocks": blocks, "tokens": blocks * block_size, "blocks_per_seq": per_seq, "max_seqs": blocks // per_seq}
+    return {
+        "weights": weights,
+        "kv_budget": budget,
+        "kv_bytes_per_token": per_token,
+        "block_bytes": block,
+        "blocks": blocks,
+        "tokens": blocks * block_size,
+        "blocks_per_seq": per_seq,
+        "max_seqs": blocks // per_seq,
+    }
 
 
 def paged_kv_bytes(lengths, kv_per_token: float, block_size: int = BLOCK_SIZE) -> float:
@@ -134,7 +161,9 @@ def _phase(cfg, hw, *, tokens, seq_len, kv_tokens, tp, pp, dtype, mfu, mbu, late
         raise ValueError(f"mfu and mbu must be in (0, 1], got {mfu} and {mbu}")
     b = _dtype_bytes(dtype)
     flops = tokens * flops_per_token(cfg, seq_len, training=False) / (tp * pp)
-    read = weights_per_gpu(cfg, tp=tp, pp=pp, dtype=dtype) + kv_tokens * kv_bytes_per_token(cfg, tp=tp, pp=pp, dtype=dtype)
+    read = weights_per_gpu(cfg, tp=tp, pp=pp, dtype=dtype) + kv_tokens * kv_bytes_per_token(
+        cfg, tp=tp, pp=pp, dtype=dtype
+    )
     message = tokens * cfg.hidden * b
     comm = 2 * cfg.n_layers * collective_seconds("all_reduce", message, tp, hw.intra_node_bandwidth, latency)
     if pp > 1:
@@ -142,19 +171,63 @@ def _phase(cfg, hw, *, tokens, seq_len, kv_tokens, tp, pp, dtype, mfu, mbu, late
     return Phase(flops, read, flops / (hw.peak_bf16_flops * mfu), read / (hw.memory_bandwidth * mbu), comm, pp)
 
 
-def prefill(cfg: ModelConfig, hw: Hardware, *, prompt: int, batch: int = 1, tp: int = 1, pp: int = 1,
-            dtype: str = "bf16", mfu: float = 0.5, mbu: float = 0.8, latency: float = 5e-6) -> Phase:
+def prefill(
+    cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    prompt: int,
+    batch: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    dtype: str = "bf16",
+    mfu: float = 0.5,
+    mbu: float = 0.8,
+    latency: float = 5e-6,
+) -> Phase:
     """Prefill of ``batch`` prompts of ``prompt`` tokens: its ``seconds`` is the time to first token."""
-    return _phase(cfg, hw, tokens=batch * prompt, seq_len=prompt, kv_tokens=batch * prompt, tp=tp, pp=pp,
-                  dtype=dtype, mfu=mfu, mbu=mbu, latency=latency)
+    return _phase(
+        cfg,
+        hw,
+        tokens=batch * prompt,
+        seq_len=prompt,
+        kv_tokens=batch * prompt,
+        tp=tp,
+        pp=pp,
+        dtype=dtype,
+        mfu=mfu,
+        mbu=mbu,
+        latency=latency,
+    )
 
 
-def decode(cfg: ModelConfig, hw: Hardware, *, context: int, batch: int = 1, tp: int = 1, pp: int = 1,
-           dtype: str = "bf16", mfu: float = 0.5, mbu: float = 0.8, latency: float = 5e-6) -> Phase:
+def decode(
+    cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    context: int,
+    batch: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    dtype: str = "bf16",
+    mfu: float = 0.5,
+    mbu: float = 0.8,
+    latency: float = 5e-6,
+) -> Phase:
     """One decode step of ``batch`` sequences with ``context`` tokens cached each: its ``seconds``
     is the time per output token; it reads this GPU's weights and ``batch·context`` tokens of KV."""
-    return _phase(cfg, hw, tokens=batch, seq_len=context, kv_tokens=batch * context, tp=tp, pp=pp,
-                  dtype=dtype, mfu=mfu, mbu=mbu, latency=latency)
+    return _phase(
+        cfg,
+        hw,
+        tokens=batch,
+        seq_len=context,
+        kv_tokens=batch * context,
+        tp=tp,
+        pp=pp,
+        dtype=dtype,
+        mfu=mfu,
+        mbu=mbu,
+        latency=latency,
+    )
 
 
 def critical_batch(cfg: ModelConfig, hw: Hardware, *, dtype: str = "bf16", mfu: float = 0.5, mbu: float = 0.8) -> float:
@@ -164,9 +237,22 @@ def critical_batch(cfg: ModelConfig, hw: Hardware, *, dtype: str = "bf16", mfu: 
 
 
 # ---- layouts on a fixed number of GPUs ----------------------------------------------------------
-def serving_layout(cfg: ModelConfig, hw: Hardware, *, tp: int, dp: int, pp: int = 1, context: int,
-                   mem_util: float = 0.9, block_size: int = BLOCK_SIZE, batch: int | None = None,
-                   dtype: str = "bf16", mfu: float = 0.5, mbu: float = 0.8, latency: float = 5e-6) -> dict:
+def serving_layout(
+    cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    tp: int,
+    dp: int,
+    pp: int = 1,
+    context: int,
+    mem_util: float = 0.9,
+    block_size: int = BLOCK_SIZE,
+    batch: int | None = None,
+    dtype: str = "bf16",
+    mfu: float = 0.5,
+    mbu: float = 0.8,
+    latency: float = 5e-6,
+) -> dict:
     """One row of article 2's comparison: ``dp`` replicas of ``tp·pp`` GPUs each. KV capacity,
     TTFT of a ``context``-token prompt, TPOT with ``batch`` sequences per replica (default as many
     as fit) at ``context`` tokens each, and tokens/s in all and per GPU."""
@@ -176,13 +262,25 @@ def serving_layout(cfg: ModelConfig, hw: Hardware, *, tp: int, dp: int, pp: int 
     rates = dict(tp=tp, pp=pp, dtype=dtype, mfu=mfu, mbu=mbu, latency=latency)
     step = decode(cfg, hw, context=context, batch=micro, **rates)
     tokens_per_s = dp * micro * pp / step.seconds
-    return {"layout": f"tp{tp}×dp{dp}" + (f"×pp{pp}" if pp > 1 else ""), "tp": tp, "dp": dp, "pp": pp,
-            "gpus": tp * dp * pp, "weights_per_gpu": cap["weights"], "kv_per_gpu": cap["kv_budget"],
-            "kv_tokens_per_replica": cap["tokens"], "seqs_per_replica": seqs, "seqs": dp * seqs,
-            "ttft": prefill(cfg, hw, prompt=context, **rates).seconds,
-            "tpot_batch1": decode(cfg, hw, context=context, batch=1, **rates).seconds,
-            "tpot": step.seconds, "decode_bound": step.bound, "tp_comm_per_token": step.comm,
-            "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / (tp * dp * pp)}
+    return {
+        "layout": f"tp{tp}×dp{dp}" + (f"×pp{pp}" if pp > 1 else ""),
+        "tp": tp,
+        "dp": dp,
+        "pp": pp,
+        "gpus": tp * dp * pp,
+        "weights_per_gpu": cap["weights"],
+        "kv_per_gpu": cap["kv_budget"],
+        "kv_tokens_per_replica": cap["tokens"],
+        "seqs_per_replica": seqs,
+        "seqs": dp * seqs,
+        "ttft": prefill(cfg, hw, prompt=context, **rates).seconds,
+        "tpot_batch1": decode(cfg, hw, context=context, batch=1, **rates).seconds,
+        "tpot": step.seconds,
+        "decode_bound": step.bound,
+        "tp_comm_per_token": step.comm,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_gpu": tokens_per_s / (tp * dp * pp),
+    }
 
 
 def compare_layouts(cfg: ModelConfig, hw: Hardware, *, gpus: int, context: int, **options) -> list[dict]:
@@ -206,11 +304,15 @@ def recommend(rows: list[dict]) -> tuple[dict, str]:
         raise ValueError("no layout fits: add GPUs, shorten the context or quantize the weights")
     best = max(rows, key=lambda r: r["tokens_per_s"])
     fastest = min(rows, key=lambda r: r["tpot_batch1"])
-    why = (f"{best['layout']} serves the most tokens/s ({best['tokens_per_s']:,.0f}) with {best['seqs']} sequences "
-           f"of KV room in all")
+    why = (
+        f"{best['layout']} serves the most tokens/s ({best['tokens_per_s']:,.0f}) with {best['seqs']} sequences "
+        f"of KV room in all"
+    )
     if fastest is not best:
-        why += (f"; {fastest['layout']} answers one request fastest ({fastest['tpot_batch1'] * 1e3:.1f} ms per token "
-                f"vs {best['tpot_batch1'] * 1e3:.1f} ms)")
+        why += (
+            f"; {fastest['layout']} answers one request fastest ({fastest['tpot_batch1'] * 1e3:.1f} ms per token "
+            f"vs {best['tpot_batch1'] * 1e3:.1f} ms)"
+        )
     else:
         why += f", and it also has the lowest latency per token ({best['tpot_batch1'] * 1e3:.1f} ms at batch 1)"
     return best, why

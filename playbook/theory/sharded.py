@@ -31,8 +31,10 @@ def padding_note(setup, *, world_size: int) -> list[str]:
     if not pads:
         return []
     listed = ", ".join(f"{k} +{v}" for k, v in pads.items())
-    return [f"{world_size} ranks do not divide every unit evenly: padded with zeros ({listed} elements, "
-            f"{4 * sum(pads.values())} bytes in all); the predictions include the padding"]  # fmt: skip
+    return [
+        f"{world_size} ranks do not divide every unit evenly: padded with zeros ({listed} elements, "
+        f"{4 * sum(pads.values())} bytes in all); the predictions include the padding"
+    ]
 
 
 def fsdp2_comm_per_step(setup, *, world_size: int) -> dict[str, float]:

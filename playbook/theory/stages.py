@@ -81,7 +81,9 @@ class StageMemory:
     memory: TrainingMemory
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "memory"} | {"memory": self.memory.as_dict()}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "memory"} | {
+            "memory": self.memory.as_dict()
+        }
 
 
 def stage_layers(n_layers: int, pp: int) -> list[range]:
@@ -94,8 +96,17 @@ def stage_layers(n_layers: int, pp: int) -> list[range]:
 
 
 def pipeline_stage_memory(
-    cfg: ModelConfig, *, pp: int, seq_len: int, micro_batch: int, dp: int = 1, zero: int = 0,
-    precision: str = "mixed", recompute: str = "none", n_tensors: int = 0, fp32_grad_accum: bool = False,
+    cfg: ModelConfig,
+    *,
+    pp: int,
+    seq_len: int,
+    micro_batch: int,
+    dp: int = 1,
+    zero: int = 0,
+    precision: str = "mixed",
+    recompute: str = "none",
+    n_tensors: int = 0,
+    fp32_grad_accum: bool = False,
 ) -> list[StageMemory]:
     """Bytes per rank of every stage of a 1F1B pipeline over ``pp`` stages (module docstring), each
     stage's model state sharded by ZeRO over its ``dp`` replicas. ``n_tensors`` (AdamW's 4-byte
@@ -117,8 +128,9 @@ def pipeline_stage_memory(
         if i == pp - 1:
             params += cfg.hidden + table  # final norm and head (a second copy of a tied table)
             acts += last_extra
-        state = model_state_bytes(params, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors,
-                                  fp32_grad_accum=fp32_grad_accum)  # fmt: skip
+        state = model_state_bytes(
+            params, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors, fp32_grad_accum=fp32_grad_accum
+        )
         memory = TrainingMemory(state.params, state.grads, state.optimizer, float(acts * (pp - i)))
         out.append(StageMemory(i, layers.start, len(layers), moe, i == 0, i == pp - 1, params, pp - i, memory))
     return out
@@ -129,5 +141,12 @@ def most_loaded_stage(stages: list[StageMemory]) -> int:
     return max(range(len(stages)), key=lambda i: (stages[i].memory.total, -i))
 
 
-__all__ = ["StageMemory", "activation_bytes", "is_moe_layer", "layer_activation_bytes", "most_loaded_stage",
-           "pipeline_stage_memory", "stage_layers"]  # fmt: skip
+__all__ = [
+    "StageMemory",
+    "activation_bytes",
+    "is_moe_layer",
+    "layer_activation_bytes",
+    "most_loaded_stage",
+    "pipeline_stage_memory",
+    "stage_layers",
+]

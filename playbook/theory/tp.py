@@ -58,7 +58,12 @@ def valid_tp(cfg: ModelConfig) -> list[int]:
 
 
 def _split_sizes(cfg: ModelConfig) -> dict[str, int]:
-    return {"n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "ffn_hidden": cfg.ffn_hidden, "vocab_size": cfg.vocab_size}
+    return {
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.kv_heads,
+        "ffn_hidden": cfg.ffn_hidden,
+        "vocab_size": cfg.vocab_size,
+    }
 
 
 def check_tp(
@@ -96,13 +101,17 @@ def matrix_shards(cfg: ModelConfig, tp: int) -> list[dict]:
     check_tp(cfg, tp)
     h, a, g, d, f, V = cfg.hidden, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden, cfg.vocab_size
     mats = [
-        ("tok_emb", (V, h), "rows", "vocabulary rows"), ("q_proj", (a * d, h), "rows", "query heads"),
-        ("k_proj", (g * d, h), "rows", "key/value heads"), ("v_proj", (g * d, h), "rows", "key/value heads"),
-        ("o_proj", (h, a * d), "cols", "query heads"), ("gate_proj", (f, h), "rows", "ffn channels"),
-        ("up_proj", (f, h), "rows", "ffn channels"), ("down_proj", (h, f), "cols", "ffn channels"),
+        ("tok_emb", (V, h), "rows", "vocabulary rows"),
+        ("q_proj", (a * d, h), "rows", "query heads"),
+        ("k_proj", (g * d, h), "rows", "key/value heads"),
+        ("v_proj", (g * d, h), "rows", "key/value heads"),
+        ("o_proj", (h, a * d), "cols", "query heads"),
+        ("gate_proj", (f, h), "rows", "ffn channels"),
+        ("up_proj", (f, h), "rows", "ffn channels"),
+        ("down_proj", (h, f), "cols", "ffn channels"),
         ("lm_head", (V, h), "rows", "vocabulary rows"),
         ("norms", (2 * cfg.n_layers + 1, h), None, "replicated"),
-    ]  # fmt: skip
+    ]
     out = []
     for name, (rows, cols), split, by in mats:
         local = (rows // tp, cols) if split == "rows" else (rows, cols // tp) if split == "cols" else (rows, cols)
@@ -124,9 +133,16 @@ class Collective:
 
 
 def step_collectives(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool = False,
-    regather: bool = False, recompute: str = "none", dtype_bytes: int = 4,
-) -> list[Collective]:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+    dtype_bytes: int = 4,
+) -> list[Collective]:
     """Every collective one rank issues in one training step of our TP model, in order (module
     docstring). ``regather``: each region's backward all-gathers its input's shard once more.
     ``recompute="full"``: in backward, each block's forward runs again (phase "recompute") as far
@@ -195,13 +211,27 @@ def layer_summary(collectives, layer: int = 0) -> dict[tuple, dict[str, float]]:
 
 
 def layer_comm(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool = False,
-    regather: bool = False, recompute: str = "none", dtype_bytes: int = 4,
-) -> dict[str, dict[str, int | float]]:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+    dtype_bytes: int = 4,
+) -> dict[str, dict[str, int | float]]:
     """One transformer layer, forward and backward: ``{"forward": {op: count, ..., "sent_bytes": x}, ...}``
     (and "recompute" with ``recompute="full"``). TP: 2 all-reduces each way, 4·B·bsh(t−1)/t bytes sent each way."""
-    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
-                 regather=regather, recompute=recompute, dtype_bytes=dtype_bytes)  # fmt: skip
+    sizes = dict(
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        regather=regather,
+        recompute=recompute,
+        dtype_bytes=dtype_bytes,
+    )
     layer = [x for x in step_collectives(cfg, **sizes) if x.region.startswith("layer0.")]
     out = {"forward": {"sent_bytes": 0.0}, "backward": {"sent_bytes": 0.0}}
     for x in layer:
@@ -212,16 +242,30 @@ def layer_comm(
 
 
 def layer_comm_seconds(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, hardware: Hardware,
-    sequence_parallel: bool = False, regather: bool = False, dtype_bytes: int = 2, latency: float = 5e-6,
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    hardware: Hardware,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    dtype_bytes: int = 2,
+    latency: float = 5e-6,
     bandwidth: float | None = None,
-) -> float:  # fmt: skip
+) -> float:
     """Predicted seconds of communication per layer, forward + backward (alpha-beta model,
     ``theory.comm.collective_seconds``), collectives not overlapped. The link is ``hardware``'s
     intra-node one while the t ranks fit in one node (``devices_per_node``), its inter-node one
     beyond (which is why TP stays inside a node); ``bandwidth`` (bytes/s) overrides both."""
-    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
-                 regather=regather, dtype_bytes=dtype_bytes)  # fmt: skip
+    sizes = dict(
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        regather=regather,
+        dtype_bytes=dtype_bytes,
+    )
     layer = [x for x in step_collectives(cfg, **sizes) if x.region.startswith("layer0.")]
     if bandwidth is None:
         bandwidth = hardware.intra_node_bandwidth if tp <= hardware.devices_per_node else hardware.inter_node_bandwidth
@@ -238,25 +282,49 @@ def layer_flops(cfg: ModelConfig, *, seq_len: int, micro_batch: int) -> float:
 
 
 def layer_seconds(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, hardware: Hardware, flops_per_s: float,
-    sequence_parallel: bool = False, regather: bool = False, dtype_bytes: int = 2, bandwidth: float | None = None,
-) -> dict[str, float]:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    hardware: Hardware,
+    flops_per_s: float,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    dtype_bytes: int = 2,
+    bandwidth: float | None = None,
+) -> dict[str, float]:
     """One layer, forward + backward, on one of t ranks: ``compute`` = layer FLOPs / t at
     ``flops_per_s`` (what a matmul of the local size achieves: measured, or peak × an efficiency),
     ``comm`` = :func:`layer_comm_seconds` (not overlapped). TP pays while the compute it removes
     exceeds the communication it adds."""
     compute = layer_flops(cfg, seq_len=seq_len, micro_batch=micro_batch) / tp / flops_per_s
-    comm = layer_comm_seconds(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, hardware=hardware,
-                              sequence_parallel=sequence_parallel, regather=regather, dtype_bytes=dtype_bytes,
-                              bandwidth=bandwidth)  # fmt: skip
+    comm = layer_comm_seconds(
+        cfg,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        hardware=hardware,
+        sequence_parallel=sequence_parallel,
+        regather=regather,
+        dtype_bytes=dtype_bytes,
+        bandwidth=bandwidth,
+    )
     return {"tp": tp, "compute": compute, "comm": comm, "total": compute + comm}
 
 
 # ---- activations -------------------------------------------------------------------------------
 def tp_block_activation_breakdown(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool = False,
-    regather: bool = False, recompute: str = "none", dtype_bytes: int = 4,
-) -> dict[str, int]:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+    dtype_bytes: int = 4,
+) -> dict[str, int]:
     """Bytes one rank's block of our TP model saves for backward, term by term.
 
     Compared with the single-process block (``theory.activations``): everything between entering and
@@ -284,8 +352,11 @@ def tp_block_activation_breakdown(
             f"{part} norm: input": b * sn * h * B,
             f"{part} norm: inv_rms": b * sn * B,
             f"{part} norm: x * inv_rms": b * sn * h * B,
-            **({f"{part} region input (sequence shard)": b * sn * h * B} if regather else
-               {f"{part} region input ({'all-gathered' if sequence_parallel else 'norm output'})": b * s * h * B}),
+            **(
+                {f"{part} region input (sequence shard)": b * sn * h * B}
+                if regather
+                else {f"{part} region input ({'all-gathered' if sequence_parallel else 'norm output'})": b * s * h * B}
+            ),
         }
         if part == "attn" and recompute == "selective":
             terms |= {
@@ -312,15 +383,29 @@ def tp_block_activation_breakdown(
 
 
 def tp_model_activation_breakdown(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool = False,
-    regather: bool = False, recompute: str = "none", dtype_bytes: int = 4,
-) -> dict[str, int]:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+    dtype_bytes: int = 4,
+) -> dict[str, int]:
     """Bytes one rank saves for one forward of our whole TP model with its vocabulary-parallel loss:
     embedding (the local token ids, int64, and the "owned by another rank" mask), the blocks, the
     final norm (on s/t tokens with SP) and the head's input, and the loss's softmax over this rank's
     V/t vocabulary slice plus the targets (int64). The full [b, s, V] logits never exist."""
-    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
-                 regather=regather, recompute=recompute, dtype_bytes=dtype_bytes)  # fmt: skip
+    sizes = dict(
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        regather=regather,
+        recompute=recompute,
+        dtype_bytes=dtype_bytes,
+    )
     block = sum(tp_block_activation_breakdown(cfg, **sizes).values())
     b, s, h, B, V = micro_batch, seq_len, cfg.hidden, dtype_bytes, cfg.vocab_size
     sn = s // tp if sequence_parallel else s
@@ -340,9 +425,17 @@ def tp_model_activation_bytes(cfg: ModelConfig, **sizes) -> int:
 
 
 def tp_training_memory(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool = False,
-    regather: bool = False, recompute: str = "none", precision: str = "fp32", n_tensors: int = 0,
-) -> TrainingMemory:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+    precision: str = "fp32",
+    n_tensors: int = 0,
+) -> TrainingMemory:
     """Bytes one tensor-parallel rank holds by category: params/grads/Adam for its own parameters
     (:func:`params_per_rank`, ZeRO's per-parameter bytes), activations exactly as above (B = 4 for
     fp32, 2 for mixed). ``n_tensors``: AdamW's 4-byte step counter per tensor (every rank holds a
@@ -350,9 +443,15 @@ def tp_training_memory(
     p = params_per_rank(cfg, tp)
     state = model_state_bytes(p["split"] + p["replicated"], precision=precision, n_tensors=n_tensors)
     acts = tp_model_activation_bytes(
-        cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
-        regather=regather, recompute=recompute, dtype_bytes=4 if precision == "fp32" else 2,
-    )  # fmt: skip
+        cfg,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        regather=regather,
+        recompute=recompute,
+        dtype_bytes=4 if precision == "fp32" else 2,
+    )
     return TrainingMemory(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=float(acts))
 
 

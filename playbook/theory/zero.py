@@ -208,7 +208,9 @@ def zero_comm_seconds(
             total += collective_seconds("all_reduce", g * size, world_size, bandwidth, latency)
         else:
             total += collective_seconds("reduce_scatter", g * size, world_size, bandwidth, latency)
-            total += (2 if stage == 3 else 1) * collective_seconds("all_gather", w * size, world_size, bandwidth, latency)
+            total += (2 if stage == 3 else 1) * collective_seconds(
+                "all_gather", w * size, world_size, bandwidth, latency
+            )
     return total
 
 
@@ -230,8 +232,11 @@ def fsdp2_state_bytes(cfg: ModelConfig, *, world_size: int, n_tensors: int | Non
         )
     psi = cfg.num_params()
     tensors = cfg.num_param_tensors() if n_tensors is None else n_tensors
-    return ZeroMemory(params=4 * psi // world_size, grads=4 * psi // world_size,
-                      optimizer=8 * psi // world_size + STEP_COUNTER_BYTES * tensors)  # fmt: skip
+    return ZeroMemory(
+        params=4 * psi // world_size,
+        grads=4 * psi // world_size,
+        optimizer=8 * psi // world_size + STEP_COUNTER_BYTES * tensors,
+    )
 
 
 __all__ = [

@@ -22,11 +22,22 @@ def activation_formulas_figure(rows: list[dict], *, unit: str = "GB", title: str
     x = [r["seq_len"] for r in rows]
     fig = go.Figure()
     for key, name in SERIES.items():
-        fig.add_trace(go.Scatter(x=x, y=[r[key] / scale for r in rows], name=name, mode="lines+markers",
-                                 hovertemplate=f"s=%{{x}}: %{{y:.3g}} {unit}<extra></extra>"))  # fmt: skip
-    return _layout(fig, title=title, xaxis=dict(title="sequence length s", type="log", tickvals=x),
-                   yaxis=dict(title=f"activations per layer ({unit}, log scale)", type="log"),
-                   legend=dict(x=0.01, y=0.99))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[r[key] / scale for r in rows],
+                name=name,
+                mode="lines+markers",
+                hovertemplate=f"s=%{{x}}: %{{y:.3g}} {unit}<extra></extra>",
+            )
+        )
+    return _layout(
+        fig,
+        title=title,
+        xaxis=dict(title="sequence length s", type="log", tickvals=x),
+        yaxis=dict(title=f"activations per layer ({unit}, log scale)", type="log"),
+        legend=dict(x=0.01, y=0.99),
+    )
 
 
 __all__ = ["SERIES", "activation_formulas_figure"]

@@ -21,7 +21,13 @@ from playbook.theory.buckets import MIB, Bucket, bucket_cap_bytes, predict_dp_st
 from playbook.viz.figures import TEMPLATE, format_value
 
 # One colour per span name in every DP figure, so naive, bucketed, DDP and predictions read alike.
-COLORS = {"forward": "#3b7dd8", "backward": "#52a852", "wait": "#b0b0b0", "optimizer": "#8a63b8", "all_reduce": "#e4572e"}
+COLORS = {
+    "forward": "#3b7dd8",
+    "backward": "#52a852",
+    "wait": "#b0b0b0",
+    "optimizer": "#8a63b8",
+    "all_reduce": "#e4572e",
+}
 LABELS = {"wait": "waiting for all-reduces", "all_reduce": "all-reduce (comm)"}
 
 
@@ -31,8 +37,11 @@ def step_spans(spans: Iterable[Mapping], window: tuple[float, float], zero: floa
     since ``zero`` (default: the window's start)."""
     a, b = window
     zero = a if zero is None else zero
-    return [{**s, "start": s["start"] - zero, "end": s["end"] - zero}
-            for s in spans if s.get("end") is not None and a <= s["start"] <= b]  # fmt: skip
+    return [
+        {**s, "start": s["start"] - zero, "end": s["end"] - zero}
+        for s in spans
+        if s.get("end") is not None and a <= s["start"] <= b
+    ]
 
 
 def measured_rows(results: Sequence, step: int = -1, label: str = "") -> dict[str, list[dict]]:
@@ -57,23 +66,32 @@ def gantt(rows: Mapping[str, Iterable[Mapping]], *, title: str = "", height: int
             by_name.setdefault((s.get("kind", "compute"), s["name"]), []).append((row, s))
     for (kind, name), items in sorted(by_name.items(), key=lambda kv: kv[0][0] == "comm"):
         comm = kind == "comm"
-        fig.add_trace(go.Bar(
-            name=LABELS.get(name, name), orientation="h", width=0.38 if comm else 0.8,
-            y=[row for row, _ in items], base=[s["start"] * 1e3 for _, s in items],
-            x=[(s["end"] - s["start"]) * 1e3 for _, s in items],
-            marker=dict(color=COLORS.get(name, "#7f7f7f"), line=dict(width=0.6, color="white")),
-            customdata=[[s.get("bytes", 0) or 0] for _, s in items],
-            hovertemplate=f"<b>{name}</b> (%{{y}})<br>start %{{base:.3f}} ms, %{{x:.3f}} ms"
-            + ("<br>%{customdata[0]:,} bytes" if comm else "") + "<extra></extra>",
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                name=LABELS.get(name, name),
+                orientation="h",
+                width=0.38 if comm else 0.8,
+                y=[row for row, _ in items],
+                base=[s["start"] * 1e3 for _, s in items],
+                x=[(s["end"] - s["start"]) * 1e3 for _, s in items],
+                marker=dict(color=COLORS.get(name, "#7f7f7f"), line=dict(width=0.6, color="white")),
+                customdata=[[s.get("bytes", 0) or 0] for _, s in items],
+                hovertemplate=f"<b>{name}</b> (%{{y}})<br>start %{{base:.3f}} ms, %{{x:.3f}} ms"
+                + ("<br>%{customdata[0]:,} bytes" if comm else "")
+                + "<extra></extra>",
+            )
+        )
     labels = list(rows)
     fig.update_layout(
-        template=TEMPLATE, barmode="overlay", height=height or max(240, 110 + 38 * len(labels)),
-        title=dict(text=title, x=0.01, xanchor="left") if title else None, margin=dict(l=130, r=30, t=60 if title else 30, b=50),
+        template=TEMPLATE,
+        barmode="overlay",
+        height=height or max(240, 110 + 38 * len(labels)),
+        title=dict(text=title, x=0.01, xanchor="left") if title else None,
+        margin=dict(l=130, r=30, t=60 if title else 30, b=50),
         xaxis=dict(title="time since the step started (ms)", rangemode="tozero"),
         yaxis=dict(categoryorder="array", categoryarray=labels, autorange="reversed"),
         legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
-    )  # fmt: skip
+    )
     return fig
 
 
@@ -83,7 +101,9 @@ def compare_timelines(runs: Mapping[str, Sequence], step: int = -1, title: str =
     rows: dict[str, list[dict]] = {}
     for label, results in runs.items():
         rows.update(measured_rows(results, step, label))
-    return gantt(rows, title=title or f"one training step (step {step if step >= 0 else 'last'}), measured on every rank")
+    return gantt(
+        rows, title=title or f"one training step (step {step if step >= 0 else 'last'}), measured on every rank"
+    )
 
 
 def predicted_timelines(predictions: Mapping[str, object], title: str = "") -> go.Figure:
@@ -96,8 +116,9 @@ def predicted_timelines(predictions: Mapping[str, object], title: str = "") -> g
     return gantt(rows, title=title)
 
 
-def bucket_plan_figure(plan: Sequence[Bucket], cap_bytes: int, measured: Sequence[Sequence[str]] | None = None,
-                       title: str = "") -> go.Figure:  # fmt: skip
+def bucket_plan_figure(
+    plan: Sequence[Bucket], cap_bytes: int, measured: Sequence[Sequence[str]] | None = None, title: str = ""
+) -> go.Figure:
     """Bytes per bucket as planned (and as measured: the names each all-reduce carried, sized from
     the plan), with the cap as a dashed line; hover lists the parameters in each bucket."""
     numel = {n: k for b in plan for n, k in zip(b.names, b.numels)}
@@ -107,21 +128,40 @@ def bucket_plan_figure(plan: Sequence[Bucket], cap_bytes: int, measured: Sequenc
     if measured is not None:
         sets.append(("measured", [list(m) for m in measured], "#2f4b7c"))
     for name, buckets, color in sets:
-        fig.add_trace(go.Bar(
-            name=name, x=[f"bucket {i}" for i in range(len(buckets))], y=[sum(numel[n] for n in b) * elt for b in buckets],
-            marker_color=color, text=[f"{len(b)} tensors" for b in buckets], textposition="outside",
-            customdata=["<br>".join(b) for b in buckets],
-            hovertemplate="<b>%{x}</b> (" + name + ")<br>%{y:,} bytes<br>%{customdata}<extra></extra>",
-        ))  # fmt: skip
-    fig.add_hline(y=cap_bytes, line_dash="dash", line_color="#444", annotation_text=f"cap {cap_bytes / MIB:.3g} MiB = {cap_bytes:,} bytes",
-                  annotation_position="top right")  # fmt: skip
-    fig.update_layout(template=TEMPLATE, barmode="group", height=380, title=dict(text=title, x=0.01) if title else None,
-                      yaxis=dict(title="bytes", rangemode="tozero"), margin=dict(l=70, r=30, t=60, b=40),
-                      xaxis_title="in the order the all-reduces start (gradients ready: last layer first)")  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=[f"bucket {i}" for i in range(len(buckets))],
+                y=[sum(numel[n] for n in b) * elt for b in buckets],
+                marker_color=color,
+                text=[f"{len(b)} tensors" for b in buckets],
+                textposition="outside",
+                customdata=["<br>".join(b) for b in buckets],
+                hovertemplate="<b>%{x}</b> (" + name + ")<br>%{y:,} bytes<br>%{customdata}<extra></extra>",
+            )
+        )
+    fig.add_hline(
+        y=cap_bytes,
+        line_dash="dash",
+        line_color="#444",
+        annotation_text=f"cap {cap_bytes / MIB:.3g} MiB = {cap_bytes:,} bytes",
+        annotation_position="top right",
+    )
+    fig.update_layout(
+        template=TEMPLATE,
+        barmode="group",
+        height=380,
+        title=dict(text=title, x=0.01) if title else None,
+        yaxis=dict(title="bytes", rangemode="tozero"),
+        margin=dict(l=70, r=30, t=60, b=40),
+        xaxis_title="in the order the all-reduces start (gradients ready: last layer first)",
+    )
     return fig
 
 
-def scaling_figure(strong: Sequence[Mapping], weak: Sequence[Mapping], *, cores: int | None = None, title: str = "") -> go.Figure:
+def scaling_figure(
+    strong: Sequence[Mapping], weak: Sequence[Mapping], *, cores: int | None = None, title: str = ""
+) -> go.Figure:
     """Throughput (tokens/s of the global batch) against ranks, measured and ideal (baseline ×
     ranks), for strong and weak scaling side by side; a dotted line marks the CPU core count."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("strong: global batch fixed", "weak: batch per rank fixed"))
@@ -129,32 +169,74 @@ def scaling_figure(strong: Sequence[Mapping], weak: Sequence[Mapping], *, cores:
         n = [r["ranks"] for r in rows]
         base = rows[0]["tokens_per_s"] / (rows[0]["ranks"] if col == 2 else 1)
         ideal = [base * k for k in n] if col == 2 else [rows[0]["tokens_per_s"] * k / rows[0]["ranks"] for k in n]
-        fig.add_trace(go.Scatter(x=n, y=ideal, name="ideal (baseline × ranks)", mode="lines", line=dict(dash="dash", color="#999"),
-                                 showlegend=col == 1), row=1, col=col)  # fmt: skip
-        fig.add_trace(go.Scatter(x=n, y=[r["tokens_per_s"] for r in rows], name="measured", mode="lines+markers",
-                                 line=dict(color="#2f4b7c"), showlegend=col == 1,
-                                 text=[f"efficiency {r['efficiency']:.0%}" for r in rows],
-                                 hovertemplate="%{x} ranks: %{y:,.0f} tokens/s, %{text}<extra></extra>"), row=1, col=col)  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=n,
+                y=ideal,
+                name="ideal (baseline × ranks)",
+                mode="lines",
+                line=dict(dash="dash", color="#999"),
+                showlegend=col == 1,
+            ),
+            row=1,
+            col=col,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=n,
+                y=[r["tokens_per_s"] for r in rows],
+                name="measured",
+                mode="lines+markers",
+                line=dict(color="#2f4b7c"),
+                showlegend=col == 1,
+                text=[f"efficiency {r['efficiency']:.0%}" for r in rows],
+                hovertemplate="%{x} ranks: %{y:,.0f} tokens/s, %{text}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
         if cores:
             top = max(ideal + [r["tokens_per_s"] for r in rows])
-            fig.add_trace(go.Scatter(x=[cores, cores], y=[0, top], mode="lines", name=f"ranks = CPU cores ({cores})",
-                                     line=dict(dash="dot", color="#c62828"), showlegend=col == 1), row=1, col=col)  # fmt: skip
-        fig.update_xaxes(title_text="ranks", type="log", tickvals=n, range=[-0.1, math.log10(max(n)) + 0.1], row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[cores, cores],
+                    y=[0, top],
+                    mode="lines",
+                    name=f"ranks = CPU cores ({cores})",
+                    line=dict(dash="dot", color="#c62828"),
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(
+            title_text="ranks", type="log", tickvals=n, range=[-0.1, math.log10(max(n)) + 0.1], row=1, col=col
+        )
         fig.update_yaxes(title_text="tokens / s" if col == 1 else None, rangemode="tozero", row=1, col=col)
-    fig.update_layout(template=TEMPLATE, height=380, title=dict(text=title, x=0.01) if title else None,
-                      margin=dict(l=70, r=30, t=70, b=50))  # fmt: skip
+    fig.update_layout(
+        template=TEMPLATE,
+        height=380,
+        title=dict(text=title, x=0.01) if title else None,
+        margin=dict(l=70, r=30, t=70, b=50),
+    )
     return fig
 
 
 # ---- dashboard ---------------------------------------------------------------------------------
 def dense_presets() -> list[str]:
-    return [n for n in ModelConfig.presets() if not ModelConfig.preset(n).is_moe and ModelConfig.preset(n).attention == "gqa"]
+    return [
+        n
+        for n in ModelConfig.presets()
+        if not ModelConfig.preset(n).is_moe and ModelConfig.preset(n).attention == "gqa"
+    ]
 
 
 def predict_both(cfg: ModelConfig, hw: Hardware, **kwargs) -> dict[str, object]:
     """The same step predicted without overlap (all-reduces after backward) and with it."""
-    return {"after backward": predict_dp_step(cfg, hw, overlap=False, **kwargs),
-            "overlapped": predict_dp_step(cfg, hw, overlap=True, **kwargs)}  # fmt: skip
+    return {
+        "after backward": predict_dp_step(cfg, hw, overlap=False, **kwargs),
+        "overlapped": predict_dp_step(cfg, hw, overlap=True, **kwargs),
+    }
 
 
 def _summary(cfg, hw, world_size, both) -> str:
@@ -162,17 +244,28 @@ def _summary(cfg, hw, world_size, both) -> str:
     ms = lambda s: f"{s * 1e3:,.2f} ms" if s >= 1e-3 else f"{s * 1e6:,.1f} µs"  # noqa: E731
     buf = sum(b.bytes for b in early.plan)
     size = f"{format_value(buf / 1e9)} GB" if buf >= 1e9 else f"{format_value(buf / 1e6)} MB"
-    return "<br>".join([
-        f"<b>{cfg.name}</b> on {world_size} × {hw.name}: {len(early.plan)} bucket{'s' if len(early.plan) != 1 else ''}, {size} of gradients all-reduced per step.",
-        f"Compute {ms(early.forward + early.backward + early.optimizer)}; all-reduce {ms(early.comm)} in total.",
-        f"Step <b>{ms(late.total)}</b> with the all-reduces after backward, <b>{ms(early.total)}</b> overlapped "
-        f"({ms(early.exposed_comm)} of communication left exposed).",
-    ])  # fmt: skip
+    return "<br>".join(
+        [
+            f"<b>{cfg.name}</b> on {world_size} × {hw.name}: {len(early.plan)} bucket{'s' if len(early.plan) != 1 else ''}, {size} of gradients all-reduced per step.",
+            f"Compute {ms(early.forward + early.backward + early.optimizer)}; all-reduce {ms(early.comm)} in total.",
+            f"Step <b>{ms(late.total)}</b> with the all-reduces after backward, <b>{ms(early.total)}</b> overlapped "
+            f"({ms(early.exposed_comm)} of communication left exposed).",
+        ]
+    )
 
 
-def dp_dashboard(*, model: str = "llama-3.1-8b", hardware: str = "h100-sxm", world_size: int = 8, bucket_mb: float = 25,
-                 tokens_per_rank: int = 8192, seq_len: int = 4096, mfu: float = 0.4, grad_dtype: str = "bf16",
-                 measured: go.Figure | None = None) -> w.VBox:  # fmt: skip
+def dp_dashboard(
+    *,
+    model: str = "llama-3.1-8b",
+    hardware: str = "h100-sxm",
+    world_size: int = 8,
+    bucket_mb: float = 25,
+    tokens_per_rank: int = 8192,
+    seq_len: int = 4096,
+    mfu: float = 0.4,
+    grad_dtype: str = "bf16",
+    measured: go.Figure | None = None,
+) -> w.VBox:
     """Predicted step of one data-parallel rank, with and without overlap, for a model preset, a
     hardware profile, a world size and a bucket size; below it, ``measured`` (e.g. the timeline of
     the last real run, from :func:`compare_timelines`). Returns a ``VBox`` with ``figure``,
@@ -181,28 +274,45 @@ def dp_dashboard(*, model: str = "llama-3.1-8b", hardware: str = "h100-sxm", wor
         "model": w.Dropdown(options=dense_presets(), value=model, description="model"),
         "hardware": w.Dropdown(options=Hardware.presets(), value=hardware, description="device"),
         "world_size": w.SelectionSlider(options=[2**k for k in range(0, 11)], value=world_size, description="ranks"),
-        "bucket_mb": w.SelectionSlider(options=[0.01, 0.1, 0.5, 1, 5, 25, 100, 1000], value=bucket_mb, description="bucket MiB"),
-        "tokens_per_rank": w.SelectionSlider(options=[2**k for k in range(6, 18)], value=tokens_per_rank, description="tokens/rank"),
+        "bucket_mb": w.SelectionSlider(
+            options=[0.01, 0.1, 0.5, 1, 5, 25, 100, 1000], value=bucket_mb, description="bucket MiB"
+        ),
+        "tokens_per_rank": w.SelectionSlider(
+            options=[2**k for k in range(6, 18)], value=tokens_per_rank, description="tokens/rank"
+        ),
         "seq_len": w.SelectionSlider(options=[2**k for k in range(5, 16)], value=seq_len, description="seq_len"),
         "mfu": w.FloatSlider(min=0.05, max=1.0, step=0.05, value=mfu, description="MFU"),
         "grad_dtype": w.ToggleButtons(options=["bf16", "fp32"], value=grad_dtype, description="gradients"),
     }
     for ctl in c.values():
-        ctl.style = {"description_width": "90px", **({"button_width": "60px"} if isinstance(ctl, w.ToggleButtons) else {})}
+        ctl.style = {
+            "description_width": "90px",
+            **({"button_width": "60px"} if isinstance(ctl, w.ToggleButtons) else {}),
+        }
     fig, message = go.FigureWidget(), w.HTML()
 
     def update(_change=None) -> None:
         v = {k: ctl.value for k, ctl in c.items()}
         try:
             cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
-            both = predict_both(cfg, hw, world_size=v["world_size"], bucket_bytes=bucket_cap_bytes(v["bucket_mb"]),
-                                tokens=max(v["tokens_per_rank"], v["seq_len"]), seq_len=v["seq_len"], mfu=v["mfu"],
-                                grad_bytes=2 if v["grad_dtype"] == "bf16" else 4)  # fmt: skip
+            both = predict_both(
+                cfg,
+                hw,
+                world_size=v["world_size"],
+                bucket_bytes=bucket_cap_bytes(v["bucket_mb"]),
+                tokens=max(v["tokens_per_rank"], v["seq_len"]),
+                seq_len=v["seq_len"],
+                mfu=v["mfu"],
+                grad_bytes=2 if v["grad_dtype"] == "bf16" else 4,
+            )
         except ValueError as e:
             message.value = f"<span style='color:#c62828'><b>Cannot predict:</b> {html.escape(str(e))}</span>"
             return
-        new = predicted_timelines(both, title=f"predicted step of one rank: {v['model']}, {v['world_size']} × {v['hardware']}, "
-                                              f"buckets of {v['bucket_mb']:g} MiB")  # fmt: skip
+        new = predicted_timelines(
+            both,
+            title=f"predicted step of one rank: {v['model']}, {v['world_size']} × {v['hardware']}, "
+            f"buckets of {v['bucket_mb']:g} MiB",
+        )
         fig.data = ()
         fig.add_traces(new.data)
         fig.layout = new.layout

@@ -18,47 +18,114 @@ from playbook.viz.figures import TEMPLATE, format_value
 HEIGHT = 380
 
 
-def routing_figure(counts: list[list[int]], kept: list[list[int]] | None = None, capacity: int | None = None,
-                   *, title: str = "tokens per expert") -> go.Figure:  # fmt: skip
+def routing_figure(
+    counts: list[list[int]],
+    kept: list[list[int]] | None = None,
+    capacity: int | None = None,
+    *,
+    title: str = "tokens per expert",
+) -> go.Figure:
     """Left: heatmap of slots routed to each expert (columns) at each step (rows). Right: per step,
     the drop rate (share of slots over capacity) and the imbalance (max load / mean load)."""
     steps = list(range(len(counts)))
     E = len(counts[0])
     kept = kept or counts
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.14,
-                        specs=[[{}, {"secondary_y": True}]],
-                        subplot_titles=("slots per expert" + (f" (capacity {capacity})" if capacity else ""),
-                                        "drop rate and imbalance"))  # fmt: skip
-    fig.add_trace(go.Heatmap(z=counts, x=[f"e{i}" for i in range(E)], y=steps, colorscale="Blues",
-                             colorbar=dict(orientation="h", x=0.27, y=-0.32, len=0.5, thickness=10,
-                                           title=dict(text="slots", side="right")),
-                             hovertemplate="step %{y}, expert %{x}: %{z} slots<extra></extra>"), 1, 1)  # fmt: skip
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.55, 0.45],
+        horizontal_spacing=0.14,
+        specs=[[{}, {"secondary_y": True}]],
+        subplot_titles=(
+            "slots per expert" + (f" (capacity {capacity})" if capacity else ""),
+            "drop rate and imbalance",
+        ),
+    )
+    fig.add_trace(
+        go.Heatmap(
+            z=counts,
+            x=[f"e{i}" for i in range(E)],
+            y=steps,
+            colorscale="Blues",
+            colorbar=dict(
+                orientation="h", x=0.27, y=-0.32, len=0.5, thickness=10, title=dict(text="slots", side="right")
+            ),
+            hovertemplate="step %{y}, expert %{x}: %{z} slots<extra></extra>",
+        ),
+        1,
+        1,
+    )
     drop = [1 - sum(k) / sum(c) if sum(c) else 0.0 for c, k in zip(counts, kept)]
     fig.add_trace(go.Scatter(x=steps, y=drop, name="drop rate", mode="lines+markers", line=dict(color="#c94a4a")), 1, 2)
-    fig.add_trace(go.Scatter(x=steps, y=[imbalance(c) for c in counts], name="imbalance (max/mean)",
-                             mode="lines+markers", line=dict(color="#2f6db5")), 1, 2, secondary_y=True)  # fmt: skip
-    fig.update_layout(template=TEMPLATE, height=HEIGHT + 40, title=title, margin=dict(t=70, r=60, b=90),
-                      legend=dict(orientation="h", x=0.58, y=-0.3))  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=steps,
+            y=[imbalance(c) for c in counts],
+            name="imbalance (max/mean)",
+            mode="lines+markers",
+            line=dict(color="#2f6db5"),
+        ),
+        1,
+        2,
+        secondary_y=True,
+    )
+    fig.update_layout(
+        template=TEMPLATE,
+        height=HEIGHT + 40,
+        title=title,
+        margin=dict(t=70, r=60, b=90),
+        legend=dict(orientation="h", x=0.58, y=-0.3),
+    )
     fig.update_yaxes(title_text="step", autorange="reversed", dtick=1 if len(counts) <= 12 else None, row=1, col=1)
     fig.update_xaxes(dtick=1 if len(counts) <= 12 else None, row=1, col=2)
     fig.update_yaxes(title_text="drop rate", rangemode="tozero", tickformat=".0%", row=1, col=2, secondary_y=False)
-    fig.update_yaxes(title_text="imbalance (max/mean)", rangemode="tozero", tickformat=".1f", showgrid=False,
-                     row=1, col=2, secondary_y=True)
+    fig.update_yaxes(
+        title_text="imbalance (max/mean)",
+        rangemode="tozero",
+        tickformat=".1f",
+        showgrid=False,
+        row=1,
+        col=2,
+        secondary_y=True,
+    )
     fig.update_xaxes(title_text="step", row=1, col=2)
     return fig
 
 
-def bytes_figure(predicted: list[float], measured: list[float] | None = None, *,
-                 title: str = "all-to-all bytes sent per rank") -> go.Figure:  # fmt: skip
+def bytes_figure(
+    predicted: list[float], measured: list[float] | None = None, *, title: str = "all-to-all bytes sent per rank"
+) -> go.Figure:
     """Bars per rank: bytes predicted from the routing counts, and measured by the tracer."""
     ranks = [f"rank {r}" for r in range(len(predicted))]
-    fig = go.Figure(go.Bar(x=ranks, y=predicted, name="predicted from routing counts", marker_color="#7ea6dc",
-                           text=[format_value(b) for b in predicted], textposition="outside"))  # fmt: skip
+    fig = go.Figure(
+        go.Bar(
+            x=ranks,
+            y=predicted,
+            name="predicted from routing counts",
+            marker_color="#7ea6dc",
+            text=[format_value(b) for b in predicted],
+            textposition="outside",
+        )
+    )
     if measured is not None:
-        fig.add_trace(go.Bar(x=ranks, y=measured, name="measured (tracer)", marker_color="#2f6db5",
-                             text=[format_value(b) for b in measured], textposition="outside"))  # fmt: skip
-    fig.update_layout(template=TEMPLATE, height=HEIGHT, title=title, yaxis_title="bytes", barmode="group",
-                      legend=dict(orientation="h", y=-0.15))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=ranks,
+                y=measured,
+                name="measured (tracer)",
+                marker_color="#2f6db5",
+                text=[format_value(b) for b in measured],
+                textposition="outside",
+            )
+        )
+    fig.update_layout(
+        template=TEMPLATE,
+        height=HEIGHT,
+        title=title,
+        yaxis_title="bytes",
+        barmode="group",
+        legend=dict(orientation="h", y=-0.15),
+    )
     return fig
 
 
@@ -85,9 +152,19 @@ def run_routing(routing: list[list[dict]], layer: int = 0) -> dict:
     return {"counts": [r["counts"] for r in rows], "kept": [r["kept"] for r in rows], "capacity": rows[-1]["capacity"]}
 
 
-def routing_dashboard(*, n_experts: int = 8, top_k: int = 2, capacity_factor: float = 1.25, skew: float = 0.0,
-                      tokens: int = 256, steps: int = 10, ep: int = 4, hidden: int = 64,
-                      last_run: list[list[dict]] | None = None, layer: int = 0):  # fmt: skip
+def routing_dashboard(
+    *,
+    n_experts: int = 8,
+    top_k: int = 2,
+    capacity_factor: float = 1.25,
+    skew: float = 0.0,
+    tokens: int = 256,
+    steps: int = 10,
+    ep: int = 4,
+    hidden: int = 64,
+    last_run: list[list[dict]] | None = None,
+    layer: int = 0,
+):
     """Sliders for experts, top-k, capacity factor (0 = no dropping) and router skew -> the routing
     figure of a simulated router, with drop rate, imbalance and bytes per all-to-all in words.
     ``last_run`` (``MoERun.routing`` of a real run) adds the same figure for that run below."""
@@ -108,7 +185,9 @@ def routing_dashboard(*, n_experts: int = 8, top_k: int = 2, capacity_factor: fl
         if k > E:
             text.value = f"<b>top_k={k} exceeds n_experts={E}</b>: try top_k in 1..{E}"
             return
-        sim = simulate_routing(n_experts=E, top_k=k, tokens=tokens, capacity_factor=cf, skew=controls["skew"].value, steps=steps)
+        sim = simulate_routing(
+            n_experts=E, top_k=k, tokens=tokens, capacity_factor=cf, skew=controls["skew"].value, steps=steps
+        )
         new = routing_figure(sim.counts, sim.kept, sim.capacity, title=f"simulated router: {E} experts, top-{k}")
         with fig.batch_update():
             for old, fresh in zip(fig.data, new.data):
@@ -118,10 +197,12 @@ def routing_dashboard(*, n_experts: int = 8, top_k: int = 2, capacity_factor: fl
         per_rank = [[c // g for c in step] for step in sim.kept]  # even split of the tokens over g ranks
         b = alltoall_bytes_per_step(kept_counts([per_rank[-1]] * g, None), g, hidden)[0] / 4 if g > 1 else 0.0
         drops = 1 - sum(map(sum, sim.kept)) / sum(map(sum, sim.counts))
-        text.value = (f"capacity {sim.capacity if sim.capacity else 'none (no drops)'} slots per expert; "
-                      f"dropped {drops:.1%} of slots; imbalance {sum(imbalance(c) for c in sim.counts) / steps:.2f}; "
-                      f"load entropy {sum(load_entropy(c) for c in sim.counts) / steps:.2f} (1 = even); "
-                      f"about {format_value(b)} bytes per all-to-all per rank with ep={g}, h={hidden}, fp32")  # fmt: skip
+        text.value = (
+            f"capacity {sim.capacity if sim.capacity else 'none (no drops)'} slots per expert; "
+            f"dropped {drops:.1%} of slots; imbalance {sum(imbalance(c) for c in sim.counts) / steps:.2f}; "
+            f"load entropy {sum(load_entropy(c) for c in sim.counts) / steps:.2f} (1 = even); "
+            f"about {format_value(b)} bytes per all-to-all per rank with ep={g}, h={hidden}, fp32"
+        )
         text.value = html.unescape(text.value)
 
     for c in controls.values():

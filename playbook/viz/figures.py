@@ -150,8 +150,13 @@ def memory_bars(
     totals = [sum(float(v) for k, v in budgets[n].items() if k not in _TOTAL_KEYS and v) for n in names]
     for name, total in zip(names, totals):
         fig.add_annotation(
-            x=name, y=total / scale, text=f"<b>{format_value(total / scale)} {unit}</b>",
-            showarrow=False, yanchor="bottom", yshift=3, font=dict(size=13),
+            x=name,
+            y=total / scale,
+            text=f"<b>{format_value(total / scale)} {unit}</b>",
+            showarrow=False,
+            yanchor="bottom",
+            yshift=3,
+            font=dict(size=13),
         )
     tallest = max([*totals, 0.0])
     top = tallest
@@ -160,17 +165,31 @@ def memory_bars(
         if tallest == 0 or capacity <= OFF_SCALE * tallest:
             top = max(top, capacity)
             fig.add_hline(
-                y=capacity / scale, line_dash="dash", line_color="#444", line_width=1.5,
-                annotation_text=label, annotation_position="top right", annotation_font_color="#444",
+                y=capacity / scale,
+                line_dash="dash",
+                line_color="#444",
+                line_width=1.5,
+                annotation_text=label,
+                annotation_position="top right",
+                annotation_font_color="#444",
             )
         else:  # a line far above would flatten the bars: name it instead
             fig.add_annotation(
-                xref="paper", yref="paper", x=1, y=1, xanchor="right", yanchor="bottom", showarrow=False,
-                text=f"{label} (off the scale: {capacity / tallest:,.0f}× the tallest bar)", font_color="#444",
+                xref="paper",
+                yref="paper",
+                x=1,
+                y=1,
+                xanchor="right",
+                yanchor="bottom",
+                showarrow=False,
+                text=f"{label} (off the scale: {capacity / tallest:,.0f}× the tallest bar)",
+                font_color="#444",
             )
     top = (top or 1) / scale
     return _layout(
-        fig, title=title, barmode="stack",
+        fig,
+        title=title,
+        barmode="stack",
         xaxis=dict(type="category"),
         yaxis=dict(title=f"memory ({unit})", range=[0, top * 1.15], rangemode="tozero"),
         legend=dict(title="category", traceorder="normal"),
@@ -229,7 +248,9 @@ def predicted_vs_measured(
             )
         )
     return _layout(
-        fig, title=title, barmode="group",
+        fig,
+        title=title,
+        barmode="group",
         yaxis=dict(title=f"bytes ({unit})", rangemode="tozero"),
         xaxis=dict(title=None, type="category"),
         legend=dict(title=None, orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
@@ -260,12 +281,17 @@ def loss_curves(curves: Mapping[str, list[float]], *, floor: float | None = None
         )
     if floor is not None:
         fig.add_hline(
-            y=floor, line_dash="dash", line_color="#777", line_width=1.5,
-            annotation_text=f"entropy floor {floor:.3f}", annotation_position="top left",
+            y=floor,
+            line_dash="dash",
+            line_color="#777",
+            line_width=1.5,
+            annotation_text=f"entropy floor {floor:.3f}",
+            annotation_position="top left",
             annotation_font_color="#555",
         )
     return _layout(
-        fig, title=title,
+        fig,
+        title=title,
         xaxis=dict(title="step"),
         yaxis=dict(title="cross-entropy loss (nats/token)"),
         legend=dict(title="run"),
@@ -321,15 +347,20 @@ def timeline(spans: Iterable[Mapping | object], *, title: str = "") -> go.Figure
                 ],
                 hovertemplate=(
                     f"<b>{name}</b> (%{{y}})<br>start %{{base:.3f}} ms, duration %{{x:.3f}} ms"
-                    + ("<br>%{customdata[0]:,} bytes, sent %{customdata[1]:,.0f}<br>group %{customdata[2]}"
-                       if kind == "comm" else "")
+                    + (
+                        "<br>%{customdata[0]:,} bytes, sent %{customdata[1]:,.0f}<br>group %{customdata[2]}"
+                        if kind == "comm"
+                        else ""
+                    )
                     + "<extra></extra>"
                 ),
             )
         )
     labels = [f"rank {r}" for r in ranks]
     return _layout(
-        fig, title=title, barmode="overlay",
+        fig,
+        title=title,
+        barmode="overlay",
         height=max(260, min(HEIGHT + 120, 120 + 45 * len(ranks))),
         xaxis=dict(title="time since first span (ms)", rangemode="tozero"),
         yaxis=dict(title=None, categoryorder="array", categoryarray=labels, autorange="reversed"),

@@ -24,11 +24,30 @@ from playbook.theory.comm import collective_seconds, sent_bytes
 from playbook.theory.memory import inference_memory, training_memory
 from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS, _layout, format_value, timeline, unit_scale
 
-PALETTE = ["#2f6db5", "#e8893a", "#5b9a48", "#c94a4a", "#8a63b8", "#3aa6a0", "#b8860b", "#d36fa5",
-           "#4c4c9d", "#9c6b30", "#6b8e23", "#7f7f7f"]  # fmt: skip  # dark enough for white labels
+PALETTE = [
+    "#2f6db5",
+    "#e8893a",
+    "#5b9a48",
+    "#c94a4a",
+    "#8a63b8",
+    "#3aa6a0",
+    "#b8860b",
+    "#d36fa5",
+    "#4c4c9d",
+    "#9c6b30",
+    "#6b8e23",
+    "#7f7f7f",
+]  # # dark enough for white labels
 AXIS_ORDER = ("tp", "cp", "dp", "dp×cp", "pp", "ep", "ep_replica")  # how axes are listed in figures
-AXIS_COLORS = {"tp": "#6a3d9a", "cp": "#d36fa5", "dp": "#3aa6a0", "dp×cp": "#1f6f6b", "pp": "#b8860b",
-               "ep": "#9c6b30", "ep_replica": "#4c4c9d"}  # fmt: skip  # none of the memory categories' colours
+AXIS_COLORS = {
+    "tp": "#6a3d9a",
+    "cp": "#d36fa5",
+    "dp": "#3aa6a0",
+    "dp×cp": "#1f6f6b",
+    "pp": "#b8860b",
+    "ep": "#9c6b30",
+    "ep_replica": "#4c4c9d",
+}  # # none of the memory categories' colours
 MEMORY = ("params", "grads", "optimizer", "activations")
 
 
@@ -98,12 +117,27 @@ def rank_grid(dims: ParallelDims, *, devices_per_node: int = 8, title: str = "")
             for r in g:
                 z[r // cols][r % cols] = k
         n = len(groups)
-        scale = [s for k in range(n) for s in ((k / n, PALETTE[k % len(PALETTE)]), ((k + 1) / n, PALETTE[k % len(PALETTE)]))]
-        fig.add_trace(go.Heatmap(
-            z=z, text=text, customdata=hover, texttemplate="%{text}", textfont=dict(color="white", size=11 if small else 13),
-            colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False, xgap=3, ygap=3, name=axis, visible=i == 0,
-            hovertemplate="%{customdata}<extra></extra>",
-        ))  # fmt: skip
+        scale = [
+            s for k in range(n) for s in ((k / n, PALETTE[k % len(PALETTE)]), ((k + 1) / n, PALETTE[k % len(PALETTE)]))
+        ]
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                text=text,
+                customdata=hover,
+                texttemplate="%{text}",
+                textfont=dict(color="white", size=11 if small else 13),
+                colorscale=scale,
+                zmin=-0.5,
+                zmax=n - 0.5,
+                showscale=False,
+                xgap=3,
+                ygap=3,
+                name=axis,
+                visible=i == 0,
+                hovertemplate="%{customdata}<extra></extra>",
+            )
+        )
     lines = []
     for r in range(dims.world):  # node boundaries: between neighbours on different nodes
         y, x = divmod(r, cols)
@@ -119,12 +153,28 @@ def rank_grid(dims: ParallelDims, *, devices_per_node: int = 8, title: str = "")
     yt = [f"pp{y // dims.dp} dp{y % dims.dp}" if dims.pp > 1 else f"dp{y}" for y in range(rows)]
     title = title or f"{dims}: {dims.world} ranks, {devices_per_node} per node (thick lines: node boundaries)"
     _layout(
-        fig, title=title, height=160 + rows * cell_h, width=max(520, 140 + cols * cell_w), shapes=shapes,
-        updatemenus=[dict(type="buttons", direction="right", buttons=buttons, x=0, xanchor="left", y=1.0,
-                          yanchor="bottom", pad=dict(t=0, b=8), showactive=True, active=0)],
+        fig,
+        title=title,
+        height=160 + rows * cell_h,
+        width=max(520, 140 + cols * cell_w),
+        shapes=shapes,
+        updatemenus=[
+            dict(
+                type="buttons",
+                direction="right",
+                buttons=buttons,
+                x=0,
+                xanchor="left",
+                y=1.0,
+                yanchor="bottom",
+                pad=dict(t=0, b=8),
+                showactive=True,
+                active=0,
+            )
+        ],
         xaxis=dict(tickvals=list(range(cols)), ticktext=xt, showgrid=False, zeroline=False),
         yaxis=dict(tickvals=list(range(rows)), ticktext=yt, autorange="reversed", showgrid=False, zeroline=False),
-    )  # fmt: skip
+    )
     return fig.update_layout(margin=dict(l=90, r=20, t=110, b=40))
 
 
@@ -134,20 +184,37 @@ def bytes_per_axis(rows: Sequence[Mapping], *, unit: str = "KB", title: str = ""
     (``rows`` as ``comm_table`` returns them). ``customdata`` holds the exact bytes."""
     scale = unit_scale(unit)
     axes = _axes({a for row in rows for k in ("predicted", "measured") for a in row[k]})
-    fig = make_subplots(rows=1, cols=max(1, len(axes)), subplot_titles=[f"<b>{a}</b>" for a in axes],
-                        horizontal_spacing=0.06)  # fmt: skip
+    fig = make_subplots(
+        rows=1, cols=max(1, len(axes)), subplot_titles=[f"<b>{a}</b>" for a in axes], horizontal_spacing=0.06
+    )
     x = [f"rank {row['rank']}" for row in rows]
     for i, axis in enumerate(axes):
         for kind, color in (("predicted", "#9fb7d9"), ("measured", "#2f4b7c")):
             values = [float(row[kind].get(axis, 0.0)) for row in rows]
-            fig.add_trace(go.Bar(
-                x=x, y=[v / scale for v in values], customdata=values, name=kind, legendgroup=kind, marker_color=color,
-                showlegend=i == 0, meta=axis, hovertemplate=f"<b>{axis}, {kind}</b> %{{x}}<br>%{{customdata:,.0f}} bytes<extra></extra>",
-            ), row=1, col=i + 1)  # fmt: skip
+            fig.add_trace(
+                go.Bar(
+                    x=x,
+                    y=[v / scale for v in values],
+                    customdata=values,
+                    name=kind,
+                    legendgroup=kind,
+                    marker_color=color,
+                    showlegend=i == 0,
+                    meta=axis,
+                    hovertemplate=f"<b>{axis}, {kind}</b> %{{x}}<br>%{{customdata:,.0f}} bytes<extra></extra>",
+                ),
+                row=1,
+                col=i + 1,
+            )
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text=f"bytes sent per step ({unit})", row=1, col=1)
-    return _layout(fig, title=title, barmode="group", height=380,
-                   legend=dict(orientation="h", yanchor="bottom", y=1.12, xanchor="right", x=1.0))  # fmt: skip
+    return _layout(
+        fig,
+        title=title,
+        barmode="group",
+        height=380,
+        legend=dict(orientation="h", yanchor="bottom", y=1.12, xanchor="right", x=1.0),
+    )
 
 
 def _memory(row: Mapping) -> tuple[Mapping, Mapping]:
@@ -167,25 +234,49 @@ def memory_per_rank(rows: Sequence[Mapping], *, unit: str = "KB", title: str = "
     fig = go.Figure()
     for cat in MEMORY:
         values = [_memory(row)[0].get(cat) or 0 for row in rows]
-        fig.add_trace(go.Bar(
-            x=x, y=[v / scale for v in values], customdata=values, name=CATEGORY_LABELS[cat], legendgroup=cat,
-            marker_color=CATEGORY_COLORS[cat], hovertemplate=f"<b>{CATEGORY_LABELS[cat]}</b> %{{x}}<br>%{{customdata:,}} bytes<extra></extra>",
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=[v / scale for v in values],
+                customdata=values,
+                name=CATEGORY_LABELS[cat],
+                legendgroup=cat,
+                marker_color=CATEGORY_COLORS[cat],
+                hovertemplate=f"<b>{CATEGORY_LABELS[cat]}</b> %{{x}}<br>%{{customdata:,}} bytes<extra></extra>",
+            )
+        )
     predicted = [_memory(row)[1] for row in rows]
     if all(p and all(p.get(c) is not None for c in MEMORY) for p in predicted):
         totals = [sum(p[c] for c in MEMORY) for p in predicted]
-        fig.add_trace(go.Scatter(x=x, y=[t / scale for t in totals], customdata=totals, mode="markers", name="predicted total",
-                                 legendgroup="predicted", marker=dict(symbol="diamond", size=11, color="#222"),
-                                 hovertemplate="predicted total %{x}<br>%{customdata:,.0f} bytes<extra></extra>"))  # fmt: skip
-    return _layout(fig, title=title, barmode="stack", height=380, yaxis=dict(title=f"bytes ({unit}), measured"),
-                   legend=dict(traceorder="normal"))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[t / scale for t in totals],
+                customdata=totals,
+                mode="markers",
+                name="predicted total",
+                legendgroup="predicted",
+                marker=dict(symbol="diamond", size=11, color="#222"),
+                hovertemplate="predicted total %{x}<br>%{customdata:,.0f} bytes<extra></extra>",
+            )
+        )
+    return _layout(
+        fig,
+        title=title,
+        barmode="stack",
+        height=380,
+        yaxis=dict(title=f"bytes ({unit}), measured"),
+        legend=dict(traceorder="normal"),
+    )
 
 
 def step_timeline(spans: Sequence[Mapping], *, step: int = -1, title: str = "") -> go.Figure:
     """One training step on every rank (``figures.timeline``), from a rank set's trace: the window of
     each rank's compute span ``"step N"``; collectives named by their mesh axis (``"tp all_reduce"``),
     compute regions by their direction (``"forward"``, ``"backward"``)."""
-    steps = sorted({int(s["name"].split()[1]) for s in spans if s["kind"] == "compute" and s["name"].startswith("step ")})
+    steps = sorted(
+        {int(s["name"].split()[1]) for s in spans if s["kind"] == "compute" and s["name"].startswith("step ")}
+    )
     if not steps:
         return timeline([], title=title)
     n = steps[step]
@@ -210,8 +301,14 @@ def layout_summary(rows: Sequence[Mapping]) -> dict:
     busiest = max(rows, key=lambda r: sum(r["measured"].values()))
     fullest = max(rows, key=lambda r: sum(_memory(r)[0].get(c) or 0 for c in MEMORY))
     memory = {c: _memory(fullest)[0].get(c) or 0 for c in MEMORY}
-    return {"bytes": dict(busiest["measured"]), "sent": sum(busiest["measured"].values()), "busiest": busiest["rank"],
-            "memory": memory, "held": sum(memory.values()), "fullest": fullest["rank"]}  # fmt: skip
+    return {
+        "bytes": dict(busiest["measured"]),
+        "sent": sum(busiest["measured"].values()),
+        "busiest": busiest["rank"],
+        "memory": memory,
+        "held": sum(memory.values()),
+        "fullest": fullest["rank"],
+    }
 
 
 def compare_layouts(runs: Mapping[str, Sequence[Mapping]], *, unit: str = "KB", title: str = "") -> go.Figure:
@@ -219,19 +316,44 @@ def compare_layouts(runs: Mapping[str, Sequence[Mapping]], *, unit: str = "KB", 
     memory of the fullest rank, stacked by category (both measured; ``layout_summary``)."""
     scale = unit_scale(unit)
     names, summary = list(runs), {k: layout_summary(v) for k, v in runs.items()}
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=[
-        "bytes sent per step, busiest rank", "memory, fullest rank"])  # fmt: skip
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.1,
+        subplot_titles=["bytes sent per step, busiest rank", "memory, fullest rank"],
+    )
     for axis in _axes({a for s in summary.values() for a in s["bytes"]}):
         values = [summary[n]["bytes"].get(axis, 0.0) for n in names]
-        fig.add_trace(go.Bar(x=names, y=[v / scale for v in values], customdata=values, name=axis, legendgroup="axis",
-                             legendgrouptitle_text="axis", marker_color=AXIS_COLORS.get(axis, "#7f7f7f"),
-                             hovertemplate=f"<b>{axis}</b> %{{x}}<br>%{{customdata:,.0f}} bytes<extra></extra>"), row=1, col=1)  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=names,
+                y=[v / scale for v in values],
+                customdata=values,
+                name=axis,
+                legendgroup="axis",
+                legendgrouptitle_text="axis",
+                marker_color=AXIS_COLORS.get(axis, "#7f7f7f"),
+                hovertemplate=f"<b>{axis}</b> %{{x}}<br>%{{customdata:,.0f}} bytes<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
     for cat in MEMORY:
         values = [summary[n]["memory"][cat] for n in names]
-        fig.add_trace(go.Bar(x=names, y=[v / scale for v in values], customdata=values, name=CATEGORY_LABELS[cat],
-                             legendgroup="memory", legendgrouptitle_text="memory", marker_color=CATEGORY_COLORS[cat],
-                             hovertemplate=f"<b>{CATEGORY_LABELS[cat]}</b> %{{x}}<br>%{{customdata:,}} bytes<extra></extra>"),
-                      row=1, col=2)  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=names,
+                y=[v / scale for v in values],
+                customdata=values,
+                name=CATEGORY_LABELS[cat],
+                legendgroup="memory",
+                legendgrouptitle_text="memory",
+                marker_color=CATEGORY_COLORS[cat],
+                hovertemplate=f"<b>{CATEGORY_LABELS[cat]}</b> %{{x}}<br>%{{customdata:,}} bytes<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
     fig.update_yaxes(title_text=f"bytes ({unit})", rangemode="tozero")
     _layout(fig, title=title, barmode="stack", height=440)
     return fig.update_layout(margin=dict(t=100))
@@ -248,25 +370,39 @@ def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, titl
         return format_value(float(v))
 
     values = [[cell(row.get(c)) for row in rows] for c in columns]
-    numeric = [all(isinstance(row.get(c), (int, float)) and not isinstance(row.get(c), bool) for row in rows if row.get(c) is not None)
-               for c in columns]  # fmt: skip
+    numeric = [
+        all(
+            isinstance(row.get(c), (int, float)) and not isinstance(row.get(c), bool)
+            for row in rows
+            if row.get(c) is not None
+        )
+        for c in columns
+    ]
     widths = [1.2] + [1] * (len(columns) - 1)
     chars = [max(6, 950 * w / sum(widths) / 7) for w in widths]  # characters per header line at ~7 px each
     lines = max([-(-len(c) // int(n)) for c, n in zip(columns, chars)] or [1])
     header = 14 + 17 * lines
-    fig = go.Figure(go.Table(
-        header=dict(values=[f"<b>{c}</b>" for c in columns], fill_color="#e8eef7", align="left", font=dict(size=12),
-                    height=header),
-        cells=dict(values=values, align=["right" if n else "left" for n in numeric], height=26, font=dict(size=12)),
-        columnwidth=widths,
-    ))  # fmt: skip
+    fig = go.Figure(
+        go.Table(
+            header=dict(
+                values=[f"<b>{c}</b>" for c in columns],
+                fill_color="#e8eef7",
+                align="left",
+                font=dict(size=12),
+                height=header,
+            ),
+            cells=dict(values=values, align=["right" if n else "left" for n in numeric], height=26, font=dict(size=12)),
+            columnwidth=widths,
+        )
+    )
     _layout(fig, title=title, height=(50 if title else 10) + header + 26 * len(rows) + 24)
     return fig.update_layout(margin=dict(l=10, r=10, t=50 if title else 10, b=10))
 
 
 # ---- calculators for the chapter's tables -----------------------------------------------------------------
-def axis_seconds(bytes_by_axis: Mapping[str, float], dims: ParallelDims, hw: Hardware,
-                 order: Sequence[str] = AXES) -> list[dict]:
+def axis_seconds(
+    bytes_by_axis: Mapping[str, float], dims: ParallelDims, hw: Hardware, order: Sequence[str] = AXES
+) -> list[dict]:
     """Per axis: bytes a rank sends per step, the link its groups use with ranks numbered in
     ``order`` (``links``), that link's bandwidth (``hw.intra_node_bandwidth`` inside a node,
     ``hw.inter_node_bandwidth`` across) and bytes / bandwidth, in seconds (no latency, no overlap)."""
@@ -276,13 +412,21 @@ def axis_seconds(bytes_by_axis: Mapping[str, float], dims: ParallelDims, hw: Har
         parts = [a for a in axis.split("×") if a in where]
         link = "inter-node" if any(where[a] == "inter-node" for a in parts) else "intra-node"
         bw = hw.intra_node_bandwidth if link == "intra-node" else hw.inter_node_bandwidth
-        out.append({"axis": axis, "bytes": float(bytes_by_axis[axis]), "link": link, "bandwidth": bw,
-                    "seconds": bytes_by_axis[axis] / bw})  # fmt: skip
+        out.append(
+            {
+                "axis": axis,
+                "bytes": float(bytes_by_axis[axis]),
+                "link": link,
+                "bandwidth": bw,
+                "seconds": bytes_by_axis[axis] / bw,
+            }
+        )
     return out
 
 
-def serving_rows(cfg: ModelConfig, hw: Hardware, layouts: Sequence[tuple[int, int]], *, dtype: str = "bf16",
-                 latency: float = 5e-6) -> list[dict]:
+def serving_rows(
+    cfg: ModelConfig, hw: Hardware, layouts: Sequence[tuple[int, int]], *, dtype: str = "bf16", latency: float = 5e-6
+) -> list[dict]:
     """Article 2's question, ``(tp, dp)`` replicas of ``cfg`` on ``tp·dp`` devices of ``hw``: weights per
     device (``inference_memory``: bf16, even split), memory left for the KV cache (capacity minus weights:
     no workspace or headroom), how many tokens of cache fit per replica and in all, and the tensor-parallel
@@ -295,23 +439,52 @@ def serving_rows(cfg: ModelConfig, hw: Hardware, layouts: Sequence[tuple[int, in
         free = max(hw.memory_bytes - one.weights, 0.0)
         tokens = free / one.kv_cache  # one.kv_cache: this device's share of one token's cache
         message = cfg.hidden * nbytes
-        out.append({"layout": f"tp{tp}×dp{dp}", "tp": tp, "dp": dp, "weights": one.weights, "free": free,
-                    "tokens_per_replica": tokens, "tokens": tokens * dp,
-                    "tp_bytes_per_token": 2 * cfg.n_layers * sent_bytes("all_reduce", message, tp),
-                    "tp_seconds_per_token": 2 * cfg.n_layers * collective_seconds("all_reduce", message, tp,
-                                                                                  hw.intra_node_bandwidth, latency)})  # fmt: skip
+        out.append(
+            {
+                "layout": f"tp{tp}×dp{dp}",
+                "tp": tp,
+                "dp": dp,
+                "weights": one.weights,
+                "free": free,
+                "tokens_per_replica": tokens,
+                "tokens": tokens * dp,
+                "tp_bytes_per_token": 2 * cfg.n_layers * sent_bytes("all_reduce", message, tp),
+                "tp_seconds_per_token": 2
+                * cfg.n_layers
+                * collective_seconds("all_reduce", message, tp, hw.intra_node_bandwidth, latency),
+            }
+        )
     return out
 
 
-def training_rows(cfg: ModelConfig, layouts: Sequence[tuple[int, int]], *, seq_len: int, micro_batch: int = 1,
-                  zero: int = 1) -> list[dict]:
+def training_rows(
+    cfg: ModelConfig, layouts: Sequence[tuple[int, int]], *, seq_len: int, micro_batch: int = 1, zero: int = 1
+) -> list[dict]:
     """Training memory per device for ``(tp, dp)`` layouts (``training_memory``: mixed-precision Adam,
     Megatron TP with sequence parallelism, ZeRO stage ``zero`` over dp; Rajbhandari et al. 2019,
     Korthikanti et al. 2022), by category, in bytes."""
-    return [{"layout": f"tp{tp}×dp{dp}", **training_memory(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, dp=dp,
-                                                            zero=zero, sequence_parallel=True).as_dict()}
-            for tp, dp in layouts]  # fmt: skip
+    return [
+        {
+            "layout": f"tp{tp}×dp{dp}",
+            **training_memory(
+                cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, dp=dp, zero=zero, sequence_parallel=True
+            ).as_dict(),
+        }
+        for tp, dp in layouts
+    ]
 
 
-__all__ = ["axis_seconds", "bytes_per_axis", "compare_layouts", "groups_in_order", "layout_summary", "links",
-           "memory_per_rank", "rank_grid", "serving_rows", "step_timeline", "table", "training_rows"]  # fmt: skip
+__all__ = [
+    "axis_seconds",
+    "bytes_per_axis",
+    "compare_layouts",
+    "groups_in_order",
+    "layout_summary",
+    "links",
+    "memory_per_rank",
+    "rank_grid",
+    "serving_rows",
+    "step_timeline",
+    "table",
+    "training_rows",
+]

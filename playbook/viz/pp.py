@@ -29,17 +29,22 @@ def _bars(fig: go.Figure, tl: Timeline, scale: float, upto: float | None, row=No
         t0 = tl.start
         ends = [min(s.end, upto) if upto is not None else s.end for s in slots]
         trace = go.Bar(
-            name=KIND_NAMES[kind], legendgroup=kind, showlegend=show_legend, orientation="h",
+            name=KIND_NAMES[kind],
+            legendgroup=kind,
+            showlegend=show_legend,
+            orientation="h",
             y=[f"rank {s.rank}" for s in slots],
             base=[(s.start - t0) * scale for s in slots],
             x=[(e - s.start) * scale for s, e in zip(slots, ends)],
             text=[f"{s.mb}" + (f".{s.chunk}" if s.chunk else "") for s in slots],
-            textposition="inside", insidetextanchor="middle", textfont=dict(color="white", size=10),
+            textposition="inside",
+            insidetextanchor="middle",
+            textfont=dict(color="white", size=10),
             marker=dict(color=KIND_COLORS[kind], line=dict(width=0.5, color="white")),
             customdata=[[s.mb, s.chunk, (s.end - s.start) * scale] for s in slots],
             hovertemplate=f"<b>{kind}</b> micro-batch %{{customdata[0]}}, chunk %{{customdata[1]}}<br>"
             "start %{base:.3g}, duration %{customdata[2]:.3g}<extra></extra>",
-        )  # fmt: skip
+        )
         fig.add_trace(trace, row=row, col=1 if row else None)
 
 
@@ -53,34 +58,53 @@ def gantt(tl: Timeline, *, title: str = "", unit: str = "units", upto: float | N
     b = tl.bubble()
     ranks = [f"rank {r}" for r in range(tl.p)]
     fig.update_layout(
-        template=TEMPLATE, barmode="overlay", height=120 + 40 * tl.p,
-        title=dict(text=f"{title}<br><sup>bubble: idle/total {b['idle_over_total']:.1%}, "
-                        f"bubble/ideal {b['bubble_over_ideal']:.1%}</sup>", x=0.01),
+        template=TEMPLATE,
+        barmode="overlay",
+        height=120 + 40 * tl.p,
+        title=dict(
+            text=f"{title}<br><sup>bubble: idle/total {b['idle_over_total']:.1%}, "
+            f"bubble/ideal {b['bubble_over_ideal']:.1%}</sup>",
+            x=0.01,
+        ),
         xaxis=dict(title=f"time ({unit})", range=[0, tl.makespan * scale * 1.01]),
         yaxis=dict(categoryorder="array", categoryarray=ranks, autorange="reversed"),
-        margin=dict(l=60, r=20, t=70, b=45), legend=dict(orientation="h", y=-0.35 if tl.p <= 2 else -0.2),
-    )  # fmt: skip
+        margin=dict(l=60, r=20, t=70, b=45),
+        legend=dict(orientation="h", y=-0.35 if tl.p <= 2 else -0.2),
+    )
     return fig
 
 
 def gantt_pair(simulated: Timeline, measured: Timeline, *, title: str = "") -> go.Figure:
     """The simulated and the measured timeline of one step, one above the other, both in ms."""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.16,
-                        subplot_titles=[f"simulated from measured costs: idle/total {simulated.bubble_over_total:.1%}",
-                                        f"measured on real ranks: idle/total {measured.bubble_over_total:.1%}"])  # fmt: skip
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.16,
+        subplot_titles=[
+            f"simulated from measured costs: idle/total {simulated.bubble_over_total:.1%}",
+            f"measured on real ranks: idle/total {measured.bubble_over_total:.1%}",
+        ],
+    )
     _bars(fig, simulated, 1e3, None, row=1)
     _bars(fig, measured, 1e3, None, row=2, show_legend=False)
     ranks = [f"rank {r}" for r in range(simulated.p)]
     for row in (1, 2):
         fig.update_yaxes(categoryorder="array", categoryarray=ranks, autorange="reversed", row=row, col=1)
     fig.update_xaxes(title_text="time (ms)", row=2, col=1)
-    fig.update_layout(template=TEMPLATE, barmode="overlay", height=200 + 80 * simulated.p, title=dict(text=title, x=0.01),
-                      margin=dict(l=60, r=20, t=80, b=45))  # fmt: skip
+    fig.update_layout(
+        template=TEMPLATE,
+        barmode="overlay",
+        height=200 + 80 * simulated.p,
+        title=dict(text=title, x=0.01),
+        margin=dict(l=60, r=20, t=80, b=45),
+    )
     return fig
 
 
-def bubble_vs_m(p: int, ms: list[int], *, v: int = 2, definition: str = "bubble_over_ideal",
-                costs: Costs | None = None) -> go.Figure:  # fmt: skip
+def bubble_vs_m(
+    p: int, ms: list[int], *, v: int = 2, definition: str = "bubble_over_ideal", costs: Costs | None = None
+) -> go.Figure:
     """Simulated bubble (markers) and the closed form (lines) against m for each schedule at p ranks
     (interleaved with v chunks, only at m a multiple of p; ZB-H1's formula only for m >= p)."""
     costs = costs or Costs()
@@ -90,33 +114,65 @@ def bubble_vs_m(p: int, ms: list[int], *, v: int = 2, definition: str = "bubble_
         vv = v if name == "interleaved" else 1
         xs = [m for m in ms if not (name == "interleaved" and m % p)]
         sim = [simulate(make_schedule(name, p, m, vv), costs).bubble()[definition] for m in xs]
-        fig.add_trace(go.Scatter(x=xs, y=sim, mode="markers", name=f"{name} (simulated)", legendgroup=name,
-                                 marker=dict(color=colors[name], size=9, symbol="circle-open")))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=sim,
+                mode="markers",
+                name=f"{name} (simulated)",
+                legendgroup=name,
+                marker=dict(color=colors[name], size=9, symbol="circle-open"),
+            )
+        )
         if costs == Costs():
             form = [closed_form(name, p, m, vv)[definition] if (m >= p or name != "zb-h1") else None for m in xs]
-            fig.add_trace(go.Scatter(x=xs, y=form, mode="lines", name=f"{name} (closed form)", legendgroup=name,
-                                     line=dict(color=colors[name], dash="dot" if name == "gpipe" else "solid")))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=form,
+                    mode="lines",
+                    name=f"{name} (closed form)",
+                    legendgroup=name,
+                    line=dict(color=colors[name], dash="dot" if name == "gpipe" else "solid"),
+                )
+            )
     label = "bubble / ideal time" if definition == "bubble_over_ideal" else "idle / total time"
-    fig.update_layout(template=TEMPLATE, height=380, title=dict(text=f"bubble vs micro-batches, p={p} (v={v} for interleaved)", x=0.01),
-                      xaxis=dict(title="m (micro-batches per step)", type="log", tickvals=ms), yaxis=dict(title=label, tickformat=".0%"),
-                      margin=dict(l=60, r=20, t=50, b=45))  # fmt: skip
+    fig.update_layout(
+        template=TEMPLATE,
+        height=380,
+        title=dict(text=f"bubble vs micro-batches, p={p} (v={v} for interleaved)", x=0.01),
+        xaxis=dict(title="m (micro-batches per step)", type="log", tickvals=ms),
+        yaxis=dict(title=label, tickformat=".0%"),
+        margin=dict(l=60, r=20, t=50, b=45),
+    )
     return fig
 
 
-def activation_bars(predicted: list[float], measured: list[float] | None = None, *, unit: str = "micro-batches",
-                    title: str = "") -> go.Figure:  # fmt: skip
+def activation_bars(
+    predicted: list[float], measured: list[float] | None = None, *, unit: str = "micro-batches", title: str = ""
+) -> go.Figure:
     """Peak held activations per rank: predicted (and measured) side by side."""
     ranks = [f"rank {r}" for r in range(len(predicted))]
     fig = go.Figure(go.Bar(name="predicted", x=ranks, y=predicted, marker_color="#9fb7d9"))
     if measured is not None:
         text = ["exact" if m == p else f"{(m - p) / p:+.1%}" for p, m in zip(predicted, measured)]
-        fig.add_trace(go.Bar(name="measured", x=ranks, y=measured, marker_color="#2f4b7c", text=text, textposition="outside"))
-    fig.update_layout(template=TEMPLATE, barmode="group", height=320, title=dict(text=title, x=0.01),
-                      yaxis=dict(title=f"peak held ({unit})"), margin=dict(l=60, r=20, t=50, b=40))  # fmt: skip
+        fig.add_trace(
+            go.Bar(name="measured", x=ranks, y=measured, marker_color="#2f4b7c", text=text, textposition="outside")
+        )
+    fig.update_layout(
+        template=TEMPLATE,
+        barmode="group",
+        height=320,
+        title=dict(text=title, x=0.01),
+        yaxis=dict(title=f"peak held ({unit})"),
+        margin=dict(l=60, r=20, t=50, b=40),
+    )
     return fig
 
 
-def pipeline_explorer(*, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f1b", last_run: Timeline | None = None) -> w.VBox:
+def pipeline_explorer(
+    *, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f1b", last_run: Timeline | None = None
+) -> w.VBox:
     """Controls p, m, v, schedule and a time step -> the Gantt chart up to that step, both bubble
     fractions, and the peak activations per rank (1F1B: p − r; GPipe: m); under it bubble vs m,
     and, if given, the last real run's measured Gantt. ``.controls``, ``.figure``, ``.message``."""
@@ -140,17 +196,24 @@ def pipeline_explorer(*, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f
             message.value = f"<span style='color:#c62828'><b>Not a valid schedule:</b> {html.escape(str(e))}</span>"
             return
         tl = simulate(sched)
-        new = gantt(tl, upto=s["t"] * tl.makespan + 1e-9,
-                    title=f"{s['schedule']}: p={s['p']}, m={s['m']}" + (f", v={vv}" if vv > 1 else "") + " (F = 1, B = 1, W = 1)")  # fmt: skip
+        new = gantt(
+            tl,
+            upto=s["t"] * tl.makespan + 1e-9,
+            title=f"{s['schedule']}: p={s['p']}, m={s['m']}"
+            + (f", v={vv}" if vv > 1 else "")
+            + " (F = 1, B = 1, W = 1)",
+        )
         with fig.batch_update():
             fig.data = ()
             fig.add_traces(new.data)
             fig.layout = new.layout
         unit = "chunk activations" if vv > 1 else "micro-batches"
-        message.value = (f"bubble: idle/total <b>{tl.bubble_over_total:.1%}</b>, bubble/ideal <b>{tl.bubble_over_ideal:.1%}</b> "
-                         f"(closed form {closed_form(s['schedule'], s['p'], s['m'], vv)['bubble_over_ideal']:.1%})<br>"
-                         f"peak activations held per rank ({unit}): until B {tl.peak_in_flight}"
-                         + (f", until W {tl.peak_held}" if sched.split_backward else ""))  # fmt: skip
+        message.value = (
+            f"bubble: idle/total <b>{tl.bubble_over_total:.1%}</b>, bubble/ideal <b>{tl.bubble_over_ideal:.1%}</b> "
+            f"(closed form {closed_form(s['schedule'], s['p'], s['m'], vv)['bubble_over_ideal']:.1%})<br>"
+            f"peak activations held per rank ({unit}): until B {tl.peak_in_flight}"
+            + (f", until W {tl.peak_held}" if sched.split_backward else "")
+        )
         if _change is None or _change["owner"] in (c["p"], c["v"]):  # bubble vs m depends on p and v only
             bf = bubble_vs_m(s["p"], [1, 2, 4, 8, 16, 32], v=max(2, vv))
             with bubble_fig.batch_update():

@@ -56,8 +56,14 @@ def shard_diagram(cfg: ModelConfig, tp: int, *, title: str = "", per_row: int = 
         x0, y0 = (i % per_row) * 1.4, -(i // per_row) * 1.7
         rows, cols = m["shape"]
         how = {"rows": f"rows split: {m['by']}", "cols": f"columns split: {m['by']}", None: "on every rank"}[m["split"]]
-        fig.add_annotation(x=x0 + 0.5, y=y0 + 1.02, text=f"<b>{m['name']}</b> [{rows:,}×{cols:,}]<br>{how}",
-                           showarrow=False, yanchor="bottom", font=dict(size=11))  # fmt: skip
+        fig.add_annotation(
+            x=x0 + 0.5,
+            y=y0 + 1.02,
+            text=f"<b>{m['name']}</b> [{rows:,}×{cols:,}]<br>{how}",
+            showarrow=False,
+            yanchor="bottom",
+            font=dict(size=11),
+        )
         if m["split"] is None:
             rep_x += [x0, x0 + 1, x0 + 1, x0, x0, None]
             rep_y += [y0 + 0.4, y0 + 0.4, y0 + 0.6, y0 + 0.6, y0 + 0.4, None]
@@ -75,19 +81,43 @@ def shard_diagram(cfg: ModelConfig, tp: int, *, title: str = "", per_row: int = 
             text = f"rank {r}: {m['name']} {part} ({m['by']}), local {m['local'][0]:,}×{m['local'][1]:,}"
             texts[r] += [text] * 5 + [None]
     for r in range(shown):
-        fig.add_trace(go.Scatter(x=xs[r], y=ys[r], fill="toself", mode="lines", name=f"rank {r}",
-                                 line=dict(color="white", width=1), fillcolor=rank_color(r),
-                                 text=texts[r], hoverinfo="text", hoveron="fills+points"))  # fmt: skip
-    fig.add_trace(go.Scatter(x=rep_x, y=rep_y, fill="toself", mode="lines", name="replicated (every rank)",
-                             line=dict(color="white", width=1), fillcolor=REPLICATED, hoverinfo="text",
-                             text=["RMSNorm weights: every rank holds all of them"] * len(rep_x)))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=xs[r],
+                y=ys[r],
+                fill="toself",
+                mode="lines",
+                name=f"rank {r}",
+                line=dict(color="white", width=1),
+                fillcolor=rank_color(r),
+                text=texts[r],
+                hoverinfo="text",
+                hoveron="fills+points",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=rep_x,
+            y=rep_y,
+            fill="toself",
+            mode="lines",
+            name="replicated (every rank)",
+            line=dict(color="white", width=1),
+            fillcolor=REPLICATED,
+            hoverinfo="text",
+            text=["RMSNorm weights: every rank holds all of them"] * len(rep_x),
+        )
+    )
     n_rows = (len(mats) + per_row - 1) // per_row
     more = f" (first 16 of {tp} ranks drawn)" if tp > shown else ""
     return _layout(
-        fig, title=title or f"{cfg.name}, t={tp}: which rank holds which slice{more}", height=205 * n_rows + 100,
-        xaxis=dict(visible=False, range=[-0.1, per_row * 1.4]), yaxis=dict(visible=False, scaleanchor="x"),
+        fig,
+        title=title or f"{cfg.name}, t={tp}: which rank holds which slice{more}",
+        height=205 * n_rows + 100,
+        xaxis=dict(visible=False, range=[-0.1, per_row * 1.4]),
+        yaxis=dict(visible=False, scaleanchor="x"),
         legend=dict(orientation="h", y=-0.02, yanchor="top"),
-    )  # fmt: skip
+    )
 
 
 # ---- communication ------------------------------------------------------------------------------
@@ -100,40 +130,77 @@ def comm_bars(summaries: Mapping[str, Mapping], *, value: str = "count", title: 
     fig = go.Figure()
     for i, (name, s) in enumerate(summaries.items()):
         ys = [s.get(k, {}).get(value, 0) for k in keys]
-        fig.add_trace(go.Bar(name=name, x=labels, y=ys, marker_color=["#7ea6dc", "#c94a4a", "#5b9a48"][i % 3],
-                             text=[format_value(y) for y in ys], textposition="outside"))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=labels,
+                y=ys,
+                marker_color=["#7ea6dc", "#c94a4a", "#5b9a48"][i % 3],
+                text=[format_value(y) for y in ys],
+                textposition="outside",
+            )
+        )
     ytitle = {"count": "collectives", "bytes": "buffer bytes", "sent_bytes": "bytes sent per rank"}[value]
     return _layout(fig, title=title, barmode="group", yaxis=dict(title=ytitle, rangemode="tozero"), height=360)
 
 
 # ---- memory -------------------------------------------------------------------------------------
 def activation_rows(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, dtype_bytes: int = 2, unit: str = "MB",
-    measured: Mapping[str, float] | None = None, title: str = "",
-) -> go.Figure:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    dtype_bytes: int = 2,
+    unit: str = "MB",
+    measured: Mapping[str, float] | None = None,
+    title: str = "",
+) -> go.Figure:
     """Activations of one layer per rank: our model (exact count) and Korthikanti et al.'s Table 2
     (a GPT block with dropout, 16-bit, scaled to ``dtype_bytes``), each with t=1, TP and TP+SP, and
     ours with SP saving only sequence shards (``regather``); ``measured`` adds bars."""
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch)
     bars = {}
-    rows = (("no parallelism", 1, False, False), (f"TP t={tp}", tp, False, False), (f"TP+SP t={tp}", tp, True, False),
-            (f"TP+SP t={tp}, shards saved", tp, True, True))  # fmt: skip
+    rows = (
+        ("no parallelism", 1, False, False),
+        (f"TP t={tp}", tp, False, False),
+        (f"TP+SP t={tp}", tp, True, False),
+        (f"TP+SP t={tp}, shards saved", tp, True, True),
+    )
     for label, t, sp, regather in rows:
-        bars[f"ours, {label}"] = sum(tp_block_activation_breakdown(
-            cfg, **sizes, tp=t, sequence_parallel=sp, regather=regather, dtype_bytes=dtype_bytes).values())  # fmt: skip
+        bars[f"ours, {label}"] = sum(
+            tp_block_activation_breakdown(
+                cfg, **sizes, tp=t, sequence_parallel=sp, regather=regather, dtype_bytes=dtype_bytes
+            ).values()
+        )
         if not regather:
-            bars[f"Korthikanti, {label}"] = activation_bytes_per_layer(
-                **sizes, hidden=cfg.hidden, heads=cfg.n_heads, tp=t, sequence_parallel=sp) * dtype_bytes / 2
+            bars[f"Korthikanti, {label}"] = (
+                activation_bytes_per_layer(**sizes, hidden=cfg.hidden, heads=cfg.n_heads, tp=t, sequence_parallel=sp)
+                * dtype_bytes
+                / 2
+            )
     bars |= dict(measured or {})
     scale = unit_scale(unit)
     colors = ["#c94a4a" if k.startswith("ours") else "#e8a0a0" if k.startswith("Korth") else "#5b9a48" for k in bars]
-    fig = go.Figure(go.Bar(x=[v / scale for v in bars.values()], y=list(bars), orientation="h", marker_color=colors,
-                           text=[f"{format_value(v / scale)} {unit}" for v in bars.values()], textposition="outside",
-                           customdata=list(bars.values()),
-                           hovertemplate="%{y}: %{customdata:,.0f} bytes<extra></extra>"))  # fmt: skip
-    fig = _layout(fig, title=title or f"{cfg.name}: activations of one layer per rank, {8 * dtype_bytes}-bit",
-                  xaxis=dict(title=f"bytes per layer per rank ({unit})", range=[0, max(bars.values()) / scale * 1.25]),
-                  yaxis=dict(autorange="reversed"), height=110 + 34 * len(bars))  # fmt: skip
+    fig = go.Figure(
+        go.Bar(
+            x=[v / scale for v in bars.values()],
+            y=list(bars),
+            orientation="h",
+            marker_color=colors,
+            text=[f"{format_value(v / scale)} {unit}" for v in bars.values()],
+            textposition="outside",
+            customdata=list(bars.values()),
+            hovertemplate="%{y}: %{customdata:,.0f} bytes<extra></extra>",
+        )
+    )
+    fig = _layout(
+        fig,
+        title=title or f"{cfg.name}: activations of one layer per rank, {8 * dtype_bytes}-bit",
+        xaxis=dict(title=f"bytes per layer per rank ({unit})", range=[0, max(bars.values()) / scale * 1.25]),
+        yaxis=dict(autorange="reversed"),
+        height=110 + 34 * len(bars),
+    )
     return fig.update_layout(margin=dict(l=230, r=40))
 
 
@@ -143,26 +210,48 @@ def matmul_efficiency(curve: list[dict], *, title: str = "") -> go.Figure:
     x = [r["tp"] for r in curve]
     y = [r["flops_per_s"] / 1e9 for r in curve]
     text = [f"[{a}×{b}]·[{b}×{c}]" for a, b, c in (r["shape"] for r in curve)]
-    fig = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers", text=text, name="measured",
-                               hovertemplate="t=%{x}: %{y:.1f} GFLOP/s<br>%{text}<extra></extra>"))  # fmt: skip
-    return _layout(fig, title=title or "matmul throughput as the local matrix shrinks",
-                   xaxis=dict(title="t (the local matrix has 1/t of the columns)", type="log", tickvals=x),
-                   yaxis=dict(title="GFLOP/s", rangemode="tozero"), height=340)  # fmt: skip
+    fig = go.Figure(
+        go.Scatter(
+            x=x,
+            y=y,
+            mode="lines+markers",
+            text=text,
+            name="measured",
+            hovertemplate="t=%{x}: %{y:.1f} GFLOP/s<br>%{text}<extra></extra>",
+        )
+    )
+    return _layout(
+        fig,
+        title=title or "matmul throughput as the local matrix shrinks",
+        xaxis=dict(title="t (the local matrix has 1/t of the columns)", type="log", tickvals=x),
+        yaxis=dict(title="GFLOP/s", rangemode="tozero"),
+        height=340,
+    )
 
 
 def layer_time(rows: list[dict], *, title: str = "") -> go.Figure:
     """Stacked bars per t: compute and communication seconds of one layer (``theory.tp.layer_seconds``),
     in milliseconds; the total is written on top. Where the bars stop shrinking, TP stopped paying."""
     x = [f"t={r['tp']}" for r in rows]
-    fig = go.Figure([
-        go.Bar(name="compute (1/t of the layer)", x=x, y=[r["compute"] * 1e3 for r in rows], marker_color="#3b7dd8"),
-        go.Bar(name="communication (predicted)", x=x, y=[r["comm"] * 1e3 for r in rows], marker_color="#e4572e"),
-    ])  # fmt: skip
+    fig = go.Figure(
+        [
+            go.Bar(
+                name="compute (1/t of the layer)", x=x, y=[r["compute"] * 1e3 for r in rows], marker_color="#3b7dd8"
+            ),
+            go.Bar(name="communication (predicted)", x=x, y=[r["comm"] * 1e3 for r in rows], marker_color="#e4572e"),
+        ]
+    )
     for xi, r in zip(x, rows):
-        fig.add_annotation(x=xi, y=r["total"] * 1e3, text=f"{format_value(r['total'] * 1e3)} ms",
-                           showarrow=False, yanchor="bottom")  # fmt: skip
-    return _layout(fig, title=title or "one layer, forward + backward, per rank", barmode="stack",
-                   yaxis=dict(title="milliseconds", rangemode="tozero"), height=340)  # fmt: skip
+        fig.add_annotation(
+            x=xi, y=r["total"] * 1e3, text=f"{format_value(r['total'] * 1e3)} ms", showarrow=False, yanchor="bottom"
+        )
+    return _layout(
+        fig,
+        title=title or "one layer, forward + backward, per rank",
+        barmode="stack",
+        yaxis=dict(title="milliseconds", rangemode="tozero"),
+        height=340,
+    )
 
 
 # ---- the dashboard ------------------------------------------------------------------------------
@@ -171,27 +260,61 @@ def _dense_presets() -> list[str]:
     return [n for n in ModelConfig.presets() if dense(ModelConfig.preset(n))]
 
 
-def tp_numbers(cfg: ModelConfig, *, tp: int, sequence_parallel: bool, seq_len: int, micro_batch: int,
-               hardware: Hardware, efficiency: float = 0.5, regather: bool = False) -> dict:  # fmt: skip
+def tp_numbers(
+    cfg: ModelConfig,
+    *,
+    tp: int,
+    sequence_parallel: bool,
+    seq_len: int,
+    micro_batch: int,
+    hardware: Hardware,
+    efficiency: float = 0.5,
+    regather: bool = False,
+) -> dict:
     """Everything the dashboard shows, in bytes and seconds, 16-bit (bf16 weights and activations)."""
     regather = regather and sequence_parallel
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch)
     budgets = {}
     for t in valid_tp(cfg):
         p = params_per_rank(cfg, t)
-        acts = cfg.n_layers * sum(tp_block_activation_breakdown(
-            cfg, **sizes, tp=t, sequence_parallel=sequence_parallel and t > 1, regather=regather and t > 1,
-            dtype_bytes=2).values())  # fmt: skip
+        acts = cfg.n_layers * sum(
+            tp_block_activation_breakdown(
+                cfg,
+                **sizes,
+                tp=t,
+                sequence_parallel=sequence_parallel and t > 1,
+                regather=regather and t > 1,
+                dtype_bytes=2,
+            ).values()
+        )
         budgets[f"t={t}"] = {"weights": 2 * (p["split"] + p["replicated"]), "activations": acts}
     comm = layer_comm(cfg, **sizes, tp=tp, sequence_parallel=sequence_parallel, regather=regather, dtype_bytes=2)
-    times = [layer_seconds(cfg, **sizes, tp=t, hardware=hardware, flops_per_s=efficiency * hardware.peak_bf16_flops,
-                           sequence_parallel=sequence_parallel, regather=regather) for t in valid_tp(cfg)]  # fmt: skip
+    times = [
+        layer_seconds(
+            cfg,
+            **sizes,
+            tp=t,
+            hardware=hardware,
+            flops_per_s=efficiency * hardware.peak_bf16_flops,
+            sequence_parallel=sequence_parallel,
+            regather=regather,
+        )
+        for t in valid_tp(cfg)
+    ]
     return {"budgets": budgets, "comm": comm, "times": times, "params": params_per_rank(cfg, tp)}
 
 
-def tp_dashboard(*, model: str = "llama-3.1-70b", tp: int = 8, sequence_parallel: bool = True, regather: bool = False,
-                 seq_len: int = 4096, micro_batch: int = 1, hardware: str = "h100-sxm",
-                 efficiency: float = 0.5) -> w.VBox:  # fmt: skip
+def tp_dashboard(
+    *,
+    model: str = "llama-3.1-70b",
+    tp: int = 8,
+    sequence_parallel: bool = True,
+    regather: bool = False,
+    seq_len: int = 4096,
+    micro_batch: int = 1,
+    hardware: str = "h100-sxm",
+    efficiency: float = 0.5,
+) -> w.VBox:
     """Controls (preset, t, SP, regather, sequence length, micro-batch, hardware) -> per-rank weights and
     activations for every valid t, one layer's communication and time, and the shard diagram.
     Returns a VBox with ``figures`` (dict of live FigureWidgets), ``controls`` and ``message``."""
@@ -223,20 +346,41 @@ def tp_dashboard(*, model: str = "llama-3.1-70b", tp: int = 8, sequence_parallel
         v = {k: ctl.value for k, ctl in c.items()}
         try:
             cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
-            n = tp_numbers(cfg, tp=v["tp"], sequence_parallel=v["sequence_parallel"], seq_len=v["seq_len"],
-                           micro_batch=v["micro_batch"], hardware=hw, efficiency=efficiency,
-                           regather=v["regather"])  # fmt: skip
+            n = tp_numbers(
+                cfg,
+                tp=v["tp"],
+                sequence_parallel=v["sequence_parallel"],
+                seq_len=v["seq_len"],
+                micro_batch=v["micro_batch"],
+                hardware=hw,
+                efficiency=efficiency,
+                regather=v["regather"],
+            )
         except (ValueError, NotImplementedError) as e:
             message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
             return
         mode = ("TP+SP" + (" (shards saved)" if v["regather"] else "")) if v["sequence_parallel"] else "TP"
         top = max(sum(b.values()) for b in n["budgets"].values())
         unit = "GB" if top >= 1e9 else "MB" if top >= 1e6 else "KB"
-        replace(figs["memory"], memory_bars(n["budgets"], unit=unit, capacity=hw.memory_bytes, capacity_label=hw.name,
+        replace(
+            figs["memory"],
+            memory_bars(
+                n["budgets"],
+                unit=unit,
+                capacity=hw.memory_bytes,
+                capacity_label=hw.name,
                 title=f"{cfg.name} per rank, bf16 weights + activations "
-                      f"({mode}, seq {v['seq_len']:,} × {v['micro_batch']})"))  # fmt: skip
-        replace(figs["time"], layer_time(n["times"], title=f"one layer per rank on {hw.name}: compute at "
-                f"{efficiency:.0%} of peak vs predicted {mode} communication"))  # fmt: skip
+                f"({mode}, seq {v['seq_len']:,} × {v['micro_batch']})",
+            ),
+        )
+        replace(
+            figs["time"],
+            layer_time(
+                n["times"],
+                title=f"one layer per rank on {hw.name}: compute at "
+                f"{efficiency:.0%} of peak vs predicted {mode} communication",
+            ),
+        )
         replace(figs["shards"], shard_diagram(cfg, v["tp"]))
         fwd, p, t = n["comm"]["forward"], n["params"], v["tp"]
         now = n["times"][valid_tp(cfg).index(t)]
@@ -253,18 +397,32 @@ def tp_dashboard(*, model: str = "llama-3.1-70b", tp: int = 8, sequence_parallel
             f"({'intra' if t <= hw.devices_per_node else 'inter'}-node link).",
         ]
         if v["seq_len"] > cfg.max_seq_len:
-            lines.append(f"<span style='color:#b26a00'>Note: seq_len={v['seq_len']:,} exceeds this model's "
-                         f"max_seq_len={cfg.max_seq_len:,}.</span>")  # fmt: skip
+            lines.append(
+                f"<span style='color:#b26a00'>Note: seq_len={v['seq_len']:,} exceeds this model's "
+                f"max_seq_len={cfg.max_seq_len:,}.</span>"
+            )
         message.value = "<br>".join(lines)
 
     for ctl in c.values():
         ctl.observe(update, names="value")
     update()
-    controls = w.HBox([w.VBox([c["model"], c["tp"], c["sequence_parallel"], c["regather"]]),
-                       w.VBox([c["seq_len"], c["micro_batch"], c["hardware"]])])  # fmt: skip
+    controls = w.HBox(
+        [
+            w.VBox([c["model"], c["tp"], c["sequence_parallel"], c["regather"]]),
+            w.VBox([c["seq_len"], c["micro_batch"], c["hardware"]]),
+        ]
+    )
     box = w.VBox([controls, message, figs["memory"], figs["time"], figs["shards"]])
     box.figures, box.controls, box.message, box.update = figs, c, message, update
     return box
 
 
-__all__ = ["activation_rows", "comm_bars", "layer_time", "matmul_efficiency", "shard_diagram", "tp_dashboard", "tp_numbers"]
+__all__ = [
+    "activation_rows",
+    "comm_bars",
+    "layer_time",
+    "matmul_efficiency",
+    "shard_diagram",
+    "tp_dashboard",
+    "tp_numbers",
+]

@@ -47,9 +47,20 @@ def memory_budgets(
     Pure: feed the result to :func:`~playbook.viz.figures.memory_bars` for a static figure.
     """
     train = training_memory(
-        cfg, seq_len=seq_len, micro_batch=micro_batch, dp=dp, zero=zero, tp=tp, pp=pp, cp=cp, ep=ep,
-        sequence_parallel=sequence_parallel, recompute=recompute, precision=precision, fp32_grad_accum=fp32_grad_accum,
-    )  # fmt: skip
+        cfg,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        dp=dp,
+        zero=zero,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        precision=precision,
+        fp32_grad_accum=fp32_grad_accum,
+    )
     serve = inference_memory(cfg, batch=micro_batch, seq_len=seq_len, tp=tp, pp=pp, ep=ep, dtype=serve_dtype)
     return {TRAINING: train.as_dict(), SERVING: serve.as_dict()}
 
@@ -62,8 +73,9 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _summary(cfg: ModelConfig, budgets: dict, hw: Hardware, unit: str, precision: str, seq_len: int,
-             grad_accum: bool = False) -> str:  # fmt: skip
+def _summary(
+    cfg: ModelConfig, budgets: dict, hw: Hardware, unit: str, precision: str, seq_len: int, grad_accum: bool = False
+) -> str:
     s = unit_scale(unit)
     fmt = lambda b: f"{format_value(b / s)} {unit}"  # noqa: E731
     cap, psi = hw.memory_bytes, cfg.num_params()
@@ -71,7 +83,9 @@ def _summary(cfg: ModelConfig, budgets: dict, hw: Hardware, unit: str, precision
     def fits(total: float) -> str:
         if total <= cap:
             return f"<span style='color:#2e7d32'>fits one {hw.name} ({fmt(cap)}, {total / cap:.0%} used)</span>"
-        return f"<span style='color:#c62828'>does not fit one {hw.name} ({fmt(cap)}): {total / cap:.1f}× its memory</span>"
+        return (
+            f"<span style='color:#c62828'>does not fit one {hw.name} ({fmt(cap)}): {total / cap:.1f}× its memory</span>"
+        )
 
     train, serve = budgets[TRAINING]["total"], budgets[SERVING]["total"]
     per = 20 if grad_accum else 16  # 2 + 2 + 12 bytes mixed (+ 4 for an fp32 grad buffer), 4 + 4 + 8 in fp32
@@ -142,9 +156,19 @@ def memory_dashboard(
         try:
             cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
             budgets = memory_budgets(
-                cfg, seq_len=v["seq_len"], micro_batch=v["micro_batch"], precision=v["precision"],
-                recompute=v["recompute"], zero=v["zero"], dp=v["dp"], tp=v["tp"], pp=v["pp"], cp=v["cp"],
-                ep=v["ep"], sequence_parallel=v["sequence_parallel"], fp32_grad_accum=v["fp32_grad_accum"],
+                cfg,
+                seq_len=v["seq_len"],
+                micro_batch=v["micro_batch"],
+                precision=v["precision"],
+                recompute=v["recompute"],
+                zero=v["zero"],
+                dp=v["dp"],
+                tp=v["tp"],
+                pp=v["pp"],
+                cp=v["cp"],
+                ep=v["ep"],
+                sequence_parallel=v["sequence_parallel"],
+                fp32_grad_accum=v["fp32_grad_accum"],
             )
         except (ValueError, NotImplementedError) as e:
             message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
@@ -152,9 +176,13 @@ def memory_dashboard(
                 fig.layout.title.text += STALE
             return
         new = memory_bars(
-            budgets, unit=v["unit"], capacity=hw.memory_bytes, capacity_label=hw.name,
+            budgets,
+            unit=v["unit"],
+            capacity=hw.memory_bytes,
+            capacity_label=hw.name,
             title=f"{cfg.name}: {_count(cfg.num_params())} params, ZeRO-{v['zero']} over dp={v['dp']}"
-            + "".join(f", {d}={v[d]}" for d in ("tp", "pp", "cp", "ep") if v[d] > 1) + ", "
+            + "".join(f", {d}={v[d]}" for d in ("tp", "pp", "cp", "ep") if v[d] > 1)
+            + ", "
             f"seq {v['seq_len']:,} × micro-batch {v['micro_batch']}",
         )
         if [t.name for t in fig.data] != [t.name for t in new.data]:  # first call, or categories changed
