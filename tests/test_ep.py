@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from playbook.parallel import ep as E
+from playbook.parallel import ep_run as R
 from playbook.parallel.training import TrainSetup
 from playbook.theory import moe as T
 
@@ -24,7 +25,7 @@ def reference(capacity_factor):
 
 
 def run(ranks, capacity_factor, mode="ep", ep=None):
-    results = ranks.run(E.on_rank, SETUP, CFG, capacity_factor=capacity_factor, mode=mode, ep=ep, progress=False)
+    results = ranks.run(R.on_rank, SETUP, CFG, capacity_factor=capacity_factor, mode=mode, ep=ep, progress=False)
     return results, E.merge(results, mode)
 
 
@@ -131,13 +132,13 @@ def test_a_missing_division_of_expert_gradients_is_caught(ranks2):
 
 def test_bad_degrees_are_refused_before_any_rank_starts():
     with pytest.raises(ValueError, match=r"ep=3 does not divide n_experts=4.*try ep in \{1, 2, 4\}"):
-        E.run_ep(SETUP, world_size=3, ep=3)
+        R.run_ep(SETUP, world_size=3, ep=3)
     with pytest.raises(ValueError, match=r"ep=4 does not divide dp=2"):
         E.validate(CFG.replace(n_experts=8), 2, 4, None, 8)
     with pytest.raises(ValueError, match="top_k=5 exceeds n_experts=4"):
-        E.run_ep(SETUP, world_size=2, top_k=5)
+        R.run_ep(SETUP, world_size=2, top_k=5)
     with pytest.raises(ValueError, match="capacity_factor must be > 0"):
-        E.run_ep(SETUP, world_size=2, capacity_factor=0.0)
+        R.run_ep(SETUP, world_size=2, capacity_factor=0.0)
     with pytest.raises(ValueError, match="tp=3 does not divide expert_ffn_hidden=64"):
         E.validate(CFG, 3, 3, None, 6, mode="tp")
 

@@ -22,16 +22,8 @@ from playbook.parallel.comm import (
     ReduceFromModelParallelRegion,
     ReduceScatterToSequenceParallelRegion,
 )
-from playbook.parallel.tp import (
-    TPGPT,
-    VocabParallelCrossEntropy,
-    on_rank,
-    gather_result,
-    matmul_throughput,
-    run_tp,
-    train_loop,
-    unshard,
-)
+from playbook.parallel.tp import TPGPT, VocabParallelCrossEntropy, matmul_throughput, unshard
+from playbook.parallel.tp_run import gather_result, on_rank, run_tp, train_loop
 from playbook.parallel.training import TrainSetup, train
 from playbook.theory.activations import block_activation_bytes
 from playbook.theory.tp import (

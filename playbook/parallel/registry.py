@@ -31,10 +31,10 @@ STRATEGY_MODULES = {
     "dp": "dp_run",
     "zero": "zero_run",
     "fsdp2": "fsdp2",
-    "tp": "tp",
+    "tp": "tp_run",
     "pp": "pp",
     "cp": "cp",
-    "ep": "ep",
+    "ep": "ep_run",
     "hybrid": "hybrid_run",
     "serve": "serve",
 }

@@ -77,7 +77,7 @@ def _full(x):
 def train_dtensor(ctx, setup: TrainSetup, *, sequence_parallel: bool = False):
     """Rank function: the reference GPT parallelized by DTensor, trained by the same loop as ours,
     the whole step inside ``loss_parallel()``; returns a TrainResult of full tensors."""
-    from playbook.parallel.tp import tp_group, train_loop
+    from playbook.parallel.tp_run import tp_group, train_loop
 
     check_tp(setup.config(), ctx.world_size, seq_len=setup.seq_len, sequence_parallel=sequence_parallel)
     model = dtensor_gpt(
