@@ -3,8 +3,9 @@
 The loop's ``forward_backward`` hook is replaced by the schedule executor of ``parallel.pp``
 (``run_step``), playing this rank's list of the schedule with its stage index ``mesh.index("pp")``
 and the ``pp`` process group; peers are group-local indices, translated to global ranks where the
-messages are sent. The stage holds the GPT's own modules under their own names, so parameters and
-gradients compare with the single process name for name, whatever tensor parallelism did to them.
+messages are sent. The stage (``pp_executor.Chunk``) holds the GPT's own modules under their own
+names, so parameters and gradients compare with the single process name for name, whatever tensor
+parallelism did to them.
 """
 
 from __future__ import annotations
@@ -17,26 +18,12 @@ from playbook.parallel.pp import Chunk, HeldActivations, run_step, stage_ranges
 from playbook.theory.schedules import make_schedule
 
 
-class Stage(nn.Module):
-    """The modules of pieces [start, end) of ``model`` under their names in ``model``:
-    ``tok_emb`` (first stage), ``blocks.<i>`` for its blocks, ``norm`` and ``lm_head`` (last)."""
-
-    def __init__(self, model: nn.Module, start: int, end: int):
-        super().__init__()
-        L = model.cfg.n_layers
-        if start == 0:
-            self.tok_emb = model.tok_emb
-        self.blocks = nn.ModuleDict({str(i - 1): model.blocks[i - 1] for i in range(max(start, 1), min(end, L + 1))})
-        if end == L + 2:
-            self.norm, self.lm_head = model.norm, model.lm_head
-
-
 def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list) -> tuple[nn.Module, dict]:
     """(the stage module to train, the loop hooks that run one pipeline step on it)."""
     p, stage, cfg = mesh.size("pp"), mesh.index("pp"), setup.config()
     schedule = make_schedule(plan.schedule, p, plan.m, 1)
     start, end = stage_ranges(cfg, p)[stage]
-    chunk, own = Chunk(model, start, end), Stage(model, start, end)
+    chunk = own = Chunk(model, start, end)  # the GPT's own modules under their names in it
     held = HeldActivations(model)
     shape = (rows // plan.m, setup.seq_len, cfg.hidden)  # one message: [micro_batch, seq, hidden]
 

@@ -54,31 +54,17 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
     rows = []
     for a in sorted(answers, key=lambda a: a["rank"]):
         measured = bytes_by_axis([s for s in a["spans"] if s["axis"] != "report"], per=setup.steps)
-        predicted = comm_per_axis(
-            setup.config(),
-            plan.dims,
+        layout = dict(
             rank=a["rank"],
             global_batch=setup.global_batch,
             seq_len=setup.seq_len,
-            zero=plan.zero,
+            schedule=plan.schedule,
             sequence_parallel=plan.sequence_parallel,
             cp_variant=plan.cp_variant,
-            schedule=plan.schedule,
             microbatches=plan.m,
-            routing=routing,
         )
-        memory = memory_per_rank(
-            setup.config(),
-            plan.dims,
-            rank=a["rank"],
-            global_batch=setup.global_batch,
-            seq_len=setup.seq_len,
-            sequence_parallel=plan.sequence_parallel,
-            cp_variant=plan.cp_variant,
-            schedule=plan.schedule,
-            microbatches=plan.m,
-            routing=routing[0] if routing else None,
-        )
+        predicted = comm_per_axis(setup.config(), plan.dims, zero=plan.zero, routing=routing, **layout)
+        memory = memory_per_rank(setup.config(), plan.dims, routing=routing[0] if routing else None, **layout)
         measured_memory = {k: a["result"].memory.get(k) for k in memory}
         rows.append(
             {
