@@ -264,12 +264,12 @@ def training_memory(
     every ``pp`` and ``ep`` (``playbook.theory.stages.activation_bytes``). Compare with Korthikanti
     et al. 2022, Table 2 (:func:`activation_bytes_per_layer` × ``cfg.n_layers``), which counts a GPT block.
 
-    Degrees: ``dp`` with ``zero`` (ZeRO stages); one of ``tp`` (Megatron TP, with
-    ``sequence_parallel``: ``playbook.theory.tp``), ``cp`` (ring attention: ``playbook.theory.cp``;
-    no recomputation yet), ``ep`` (experts split: ``playbook.theory.moe``) or ``pp`` (1F1B: the
-    most loaded stage of ``playbook.theory.stages.pipeline_stage_memory``, which also gives every
-    stage's bytes) may exceed 1 at a time; combinations raise ``NotImplementedError`` naming the
-    chapter that brings them.
+    Degrees: ``dp`` with ``zero`` (ZeRO stages); ``tp`` (Megatron TP, with ``sequence_parallel``:
+    ``playbook.theory.tp``), ``cp`` (ring attention: ``playbook.theory.cp``), ``ep`` (experts split:
+    ``playbook.theory.moe``) and ``pp`` (1F1B: the most loaded stage). Alone, each uses its
+    chapter's exact count; together, ``playbook.theory.stages.layout_stage_memory`` builds every
+    stage from its ranks' local shapes (and gives each stage's bytes); with ZeRO, dense weights
+    shard over the dp·cp data ranks.
     """
     require_positive(seq_len=seq_len, micro_batch=micro_batch, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     _choice("zero", zero, ZERO_STAGES)
@@ -278,10 +278,27 @@ def training_memory(
     if not isinstance(sequence_parallel, bool):
         raise ValueError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
     split = {name: d for name, d in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)) if d != 1}
-    if len(split) > 1:
-        raise NotImplementedError(
-            f"combining {' and '.join(split)} arrives with the hybrid-mesh chapter; set one of them > 1 at a time"
+    if len(split) > 1:  # every degree together: each stage from its ranks' local shapes
+        from playbook.theory.stages import layout_stage_memory, most_loaded_stage
+
+        _check_grad_accum(fp32_grad_accum, precision)
+        stages = layout_stage_memory(
+            cfg,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            zero=zero,
+            sequence_parallel=sequence_parallel,
+            precision=precision,
+            recompute=recompute,
+            n_tensors=n_tensors,
+            fp32_grad_accum=fp32_grad_accum,
         )
+        return stages[most_loaded_stage(stages)].memory
 
     _check_grad_accum(fp32_grad_accum, precision)
     from playbook.theory.stages import activation_bytes, most_loaded_stage, pipeline_stage_memory  # lazily: no cycles

@@ -150,3 +150,107 @@ __all__ = [
     "pipeline_stage_memory",
     "stage_layers",
 ]
+
+
+# ---- every degree together ---------------------------------------------------------------------
+def _stage_params(cfg: ModelConfig, layers: range, *, tp: int, ep: int, first: bool, last: bool) -> tuple[float, float]:
+    """(dense, routed-expert) parameters one rank of a stage holds: attention, dense MLPs, shared
+    experts, embedding and head split 1/tp (Megatron; the vocabulary split too); norms and routers
+    whole; routed experts E/ep each, not split by tp (expert parallelism instead)."""
+    h = cfg.hidden
+    dense = experts = 0.0
+    for j in layers:
+        dense += 2 * h + cfg.attention_params() / tp
+        if is_moe_layer(cfg, j):
+            expert = 3 * h * cfg.expert_ffn_hidden
+            dense += h * cfg.n_experts + cfg.n_shared_experts * expert / tp
+            experts += cfg.n_experts // ep * expert
+        else:
+            dense += cfg.dense_mlp_params() / tp
+    table = cfg.vocab_size * h / tp
+    if first:
+        dense += table
+    if last:
+        dense += h + table
+    return dense, experts
+
+
+def _block_activations(cfg: ModelConfig, layer: int, *, seq_len: int, micro_batch: int, tp: int, cp: int,
+                       sequence_parallel: bool, dtype_bytes: int, recompute: str) -> int:  # fmt: skip
+    """Bytes one block saves for one micro-batch on one rank, at s/cp tokens: our TP model's exact
+    count (``theory.tp``), ring CP's (``theory.cp``), or the plain block's; an MoE block at even
+    routing (``theory.moe``). TP with CP counts the TP block at s/cp tokens (the ring's own saved
+    statistics are left out: an estimate), and TP with MoE is not modelled."""
+    sizes = dict(micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    if is_moe_layer(cfg, layer):
+        if tp > 1:
+            raise NotImplementedError("tensor parallelism inside MoE layers is not modelled; use ep (and tp=1) for MoE")
+        from playbook.theory.moe import moe_block_activation_bytes
+
+        return moe_block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
+    if tp > 1:
+        from playbook.theory.tp import tp_block_activation_breakdown
+
+        parts = tp_block_activation_breakdown(
+            cfg, seq_len=seq_len // cp, tp=tp, sequence_parallel=sequence_parallel, **sizes
+        )
+        return sum(parts.values())
+    if cp > 1 and recompute == "none":
+        from playbook.theory.cp import cp_block_activation_breakdown
+
+        parts = cp_block_activation_breakdown(
+            cfg, seq_len=seq_len, micro_batch=micro_batch, cp=cp, dtype_bytes=dtype_bytes
+        )
+        return sum(parts.values())
+    from playbook.theory.activations import block_activation_bytes
+
+    return block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
+
+
+def layout_stage_memory(
+    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1,
+    ep: int = 1, zero: int = 0, sequence_parallel: bool = False, precision: str = "mixed", recompute: str = "none",
+    n_tensors: int = 0, fp32_grad_accum: bool = False,
+) -> list[StageMemory]:  # fmt: skip
+    """Bytes per rank of every pipeline stage when every degree is > 1 at once, from each rank's
+    local shapes: 1/tp of the split matrices, E/ep routed experts, s/cp tokens, the stage's layers,
+    and the 1F1B peak of ``pp − i`` micro-batches in flight on stage i (Narayanan et al. 2021 §2.2).
+    Dense weights are sharded by ZeRO over the ``dp·cp`` ranks that hold them (the data ranks);
+    routed experts over their ``dp·cp/ep`` replicas. Ends (token ids; final norm, head, loss) are
+    counted as the unsplit model's at s/cp tokens, and as our vocab-parallel head's under TP.
+    ``ep`` must divide ``dp·cp`` (it borrows data ranks, ``playbook.dims``)."""
+    if (dp * cp) % ep:
+        raise ValueError(f"ep={ep} must divide dp·cp={dp * cp}: expert parallelism borrows data-parallel ranks")
+    dtype_bytes = 2 if precision == "mixed" else 4
+    s = seq_len // cp
+    if tp > 1:
+        from playbook.theory.tp import tp_model_activation_breakdown
+
+        parts = tp_model_activation_breakdown(cfg, seq_len=s, micro_batch=micro_batch, tp=tp,
+                                              sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes)  # fmt: skip
+        first_extra = next(v for k, v in parts.items() if k.startswith("embedding"))
+        last_extra = sum(parts.values()) - parts["blocks"] - first_extra
+    else:
+        first_extra, last_extra = _ends(
+            cfg, seq_len=s, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute
+        )
+    out = []
+    for i, layers in enumerate(stage_layers(cfg.n_layers, pp)):
+        first, last = i == 0, i == pp - 1
+        dense, experts = _stage_params(cfg, layers, tp=tp, ep=ep, first=first, last=last)
+        common = dict(zero=zero, precision=precision, fp32_grad_accum=fp32_grad_accum)
+        state = model_state_bytes(dense, dp=dp * cp, n_tensors=n_tensors, **common)
+        if experts:
+            more = model_state_bytes(experts, dp=dp * cp // ep, **common)
+            state = TrainingMemory(
+                state.params + more.params, state.grads + more.grads, state.optimizer + more.optimizer, 0.0
+            )
+        acts = first * first_extra + last * last_extra + sum(
+            _block_activations(cfg, j, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
+                               sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes, recompute=recompute)
+            for j in layers
+        )  # fmt: skip
+        memory = TrainingMemory(state.params, state.grads, state.optimizer, float(acts * (pp - i)))
+        moe = sum(is_moe_layer(cfg, j) for j in layers)
+        out.append(StageMemory(i, layers.start, len(layers), moe, first, last, int(dense + experts), pp - i, memory))
+    return out
