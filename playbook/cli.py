@@ -202,20 +202,34 @@ def cmd_memory(args) -> int:
     serve = inference_memory(
         cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.serve_dtype
     ).as_dict()
+    stages = []
+    if args.pp > 1:  # every stage's bytes per rank, and which one is the most loaded
+        from playbook.theory.stages import layout_stage_memory
+
+        stages = layout_stage_memory(
+            cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, dp=args.dp, zero=args.zero, tp=args.tp,
+            cp=args.cp, ep=args.ep, pp=args.pp, sequence_parallel=args.sequence_parallel, precision=args.precision,
+            recompute=args.recompute, fp32_grad_accum=args.fp32_grad_accum,
+        )  # fmt: skip
     if args.json:
-        print(
-            json.dumps(
-                {"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}, indent=2
-            )
-        )
+        report = {"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}
+        if stages:
+            report["training_stages"] = [st.as_dict() for st in stages]
+        print(json.dumps(report, indent=2))
         return 0
     print(
         f"{args.model}: {cfg.num_params():,} parameters; per rank, seq_len {args.seq_len}, micro-batch {args.micro_batch}"
     )
-    for title, budget in (("training", train), ("inference", serve)):
+    for title, budget in (("training (the most loaded rank)", train), ("inference", serve)):
         print(f"  {title}")
         for k, v in budget.items():
             print(f"    {k:<12} {bytes_to_gb(v):>10.2f} GB {bytes_to_gib(v):>10.2f} GiB")
+    if stages:
+        print("  training, per pipeline stage (GB per rank): layers, micro-batches in flight, total")
+        for st in stages:
+            ends = " + embedding" * st.embedding + " + head" * st.head
+            print(f"    stage {st.stage:>3}: layers {st.first_layer}-{st.first_layer + st.n_layers - 1}{ends}, "
+                  f"{st.in_flight} in flight, {bytes_to_gb(st.memory.total):.2f} GB")  # fmt: skip
     return 0
 
 

@@ -155,3 +155,14 @@ def test_ep_refuses_zero_experts_and_reports_what_it_trained(capsys):
     assert report["parity"]["finite"] is True and report["parity"]["max_rel_l2_param_diff"] < 1e-3
     summary = RunReport(**{k: report[k] for k in ("strategy", "world_size", "backend", "parity", "losses")}).summary()
     assert "nan" not in summary
+
+
+def test_memory_command_takes_every_degree_together_and_lists_the_stages(capsys):
+    argv = ["memory", "--model", "llama-3.1-405b", "--seq-len", "8192", "--tp", "8", "--pp", "16", "--dp", "64"]
+    code, out, _ = run_cli(capsys, *argv, "--zero", "1", "--recompute", "full", "--json")
+    assert code == 0
+    report = json.loads(out)
+    stages = report["training_stages"]
+    assert len(stages) == 16 and stages[0]["embedding"] and stages[-1]["head"]
+    assert [s["in_flight"] for s in stages] == list(range(16, 0, -1))  # 1F1B: p - i micro-batches on stage i
+    assert report["training"]["total"] == max(s["memory"]["total"] for s in stages)  # the most loaded stage
