@@ -367,6 +367,8 @@ def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, titl
     def cell(v) -> str:
         if isinstance(v, bool) or v is None or isinstance(v, str):
             return "—" if v is None else str(v)
+        if isinstance(v, int):  # counts stay whole: stage 3, 16 in flight
+            return f"{v:,}"
         return format_value(float(v))
 
     values = [[cell(row.get(c)) for row in rows] for c in columns]
@@ -382,6 +384,11 @@ def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, titl
     chars = [max(6, 950 * w / sum(widths) / 7) for w in widths]  # characters per header line at ~7 px each
     lines = max([-(-len(c) // int(n)) for c, n in zip(columns, chars)] or [1])
     header = 14 + 17 * lines
+    # a cell's text wraps at its column's width: each row as tall as its longest cell
+    row_lines = [
+        max([-(-len(values[j][i]) // int(chars[j])) for j in range(len(columns))] or [1]) for i in range(len(rows))
+    ]
+    heights = [26 + 21 * (n - 1) for n in row_lines]
     fig = go.Figure(
         go.Table(
             header=dict(
@@ -395,7 +402,7 @@ def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, titl
             columnwidth=widths,
         )
     )
-    _layout(fig, title=title, height=(50 if title else 10) + header + 26 * len(rows) + 24)
+    _layout(fig, title=title, height=(50 if title else 10) + header + sum(heights) + 24)
     return fig.update_layout(margin=dict(l=10, r=10, t=50 if title else 10, b=10))
 
 
