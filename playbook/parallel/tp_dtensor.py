@@ -60,10 +60,12 @@ def tp_plan(n_layers: int, sequence_parallel: bool = False) -> dict:
 
 
 def dtensor_gpt(model: GPT, group, device_type: str, *, sequence_parallel: bool = False) -> GPT:
-    """Parallelize ``model`` in place over the ranks of ``group`` and return it."""
+    """Parallelize ``model`` in place over the ranks of ``group`` and return it. ``group`` may also
+    be a 1-D ``DeviceMesh``, such as the ``["tp"]`` slice of a larger mesh: FSDP2 composes with TP
+    only when both axes are slices of the same mesh (``parallel.hybrid_native``)."""
     t = group.size()
     check_tp(model.cfg, t)
-    mesh = DeviceMesh.from_group(group, device_type)
+    mesh = group if isinstance(group, DeviceMesh) else DeviceMesh.from_group(group, device_type)
     for block in model.blocks:  # each rank reshapes its own heads
         block.attn.n_heads, block.attn.kv_heads = block.attn.n_heads // t, block.attn.kv_heads // t
     return parallelize_module(model, mesh, tp_plan(model.cfg.n_layers, sequence_parallel))
