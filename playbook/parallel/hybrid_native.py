@@ -36,6 +36,7 @@ from playbook.parallel.hybrid import Plan, global_loss, train_hybrid
 from playbook.parallel.report import compare
 from playbook.parallel.tp_dtensor import dtensor_gpt
 from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.theory.tp import valid_tp
 
 NAME = "PyTorch FSDP2 over dp + DTensor TP over tp, same mesh and global batch"
 
@@ -43,9 +44,11 @@ NAME = "PyTorch FSDP2 over dp + DTensor TP over tp, same mesh and global batch"
 def check_native(setup: TrainSetup, dims: ParallelDims, *, sequence_parallel: bool = False) -> None:
     """One ``ValueError`` naming the constraint and what works, before any rank starts."""
     if dims.pp > 1 or dims.cp > 1 or dims.ep > 1:
+        n = dims.world
+        same = [f"dp={n // t} tp={t}" for t in valid_tp(setup.config()) if n % t == 0]
         raise ValueError(
             f"layout {dims}: the native counterpart covers dp × tp only (pp = cp = ep = 1); "
-            f"try ParallelDims(dp={dims.dp}, tp={dims.tp})"
+            f"on the same {n} ranks try {', '.join(same)}"
         )
     if setup.config().is_moe:
         raise ValueError(f"{setup.model} is a mixture of experts; the native dp × tp run takes a dense preset")
@@ -118,3 +121,13 @@ def native_parity(
         "single": compare(native, reference(setup)),
         "losses": native.losses,
     }
+
+
+def summary_line(native: dict) -> str:
+    """One line for ``HybridReport.summary``: the native run against ours and the single process."""
+    s = native["single"]
+    return (
+        f"  native ({native['reference']}): vs ours grads {native['max_rel_grad_diff']:.2e} (rel), params "
+        f"{native['max_rel_l2_param_diff']:.2e} (rel L2); vs single process loss {s['max_abs_loss_diff']:.2e}, "
+        f"grads {s['max_rel_grad_diff']:.2e}, params {s['max_rel_l2_param_diff']:.2e}"
+    )
