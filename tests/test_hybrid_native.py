@@ -70,3 +70,15 @@ def test_bad_layouts_are_refused_in_one_line_before_ranks_start(dims, model, wor
     with pytest.raises(ValueError, match=words) as e:
         check_native(TrainSetup(model=model), dims)
     assert "\n" not in str(e.value)
+
+
+def test_playbook_run_hybrid_native_reports_both_parities(capsys):
+    import json
+
+    from playbook.cli import main
+
+    assert main(["run", "hybrid", "--dp", "2", "--tp", "2", "--native", "--steps", "2", "--json"]) == 0
+    native = json.loads(capsys.readouterr().out)["native"]
+    assert native["max_rel_grad_diff"] < 1e-5 and native["single"]["max_rel_grad_diff"] < 1e-5
+    assert main(["run", "hybrid", "--dp", "2", "--pp", "2", "--native"]) == 2  # refused before ranks start
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -16,6 +16,7 @@ from playbook.cluster import default_backend, launch
 from playbook.dims import ParallelDims
 from playbook.measure.trace import bytes_by_axis
 from playbook.parallel.hybrid import CP_VARIANTS, Plan, train_hybrid
+from playbook.parallel.hybrid_native import check_native, native_parity, summary_line
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
@@ -122,6 +123,8 @@ class HybridReport(RunReport):
                     for k in ("params", "grads", "optimizer", "activations")
                 )
             )
+        if self.native:
+            lines.append(summary_line(self.native))
         return "\n".join(lines)
 
 
@@ -133,9 +136,11 @@ def _num(x) -> str:
     return "—" if x is None else f"{x:,.0f}"
 
 
-def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto") -> HybridReport:
+def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto", native: bool = False) -> HybridReport:
     """Check ``plan``, run it on ``plan.dims.world`` fresh ranks, and compare with the single process."""
     plan.check(setup)
+    if native:
+        check_native(setup, plan.dims, sequence_parallel=plan.sequence_parallel)
     world = plan.dims.world
     backend = default_backend(world) if backend == "auto" else backend
     answers = launch(train_hybrid, world, setup, plan, backend=backend)
@@ -153,6 +158,9 @@ def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto") -> HybridRe
         losses=ours.losses,
         layout={"name": str(plan.dims), "groups": plan.dims.describe()},
         per_rank=table,
+        native=native_parity(setup, plan.dims, backend, sequence_parallel=plan.sequence_parallel, ours=ours)
+        if native
+        else None,
     )
 
 
@@ -160,6 +168,7 @@ def add_arguments(parser) -> None:
     for axis, what in (("dp", "data"), ("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"), ("ep", "expert")):
         parser.add_argument(f"--{axis}", type=int, default=1, help=f"{what}-parallel degree")
     parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp")
+    parser.add_argument("--native", action="store_true", help="with --dp/--tp: also PyTorch's FSDP2 + DTensor TP")
     parser.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism")
     parser.add_argument("--cp-variant", default="ring", choices=list(CP_VARIANTS))
     parser.add_argument("--zigzag", action="store_true", help="with --cp: zig-zag causal balance")
@@ -197,4 +206,5 @@ def run_hybrid(
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     if world_size and world_size != dims.world:
         raise ValueError(f"--world-size {world_size} but the degrees {dims} need {dims.world} ranks; omit --world-size")
-    return run_layout(setup, Plan(dims, **plan), backend)
+    native = plan.pop("native", False)
+    return run_layout(setup, Plan(dims, **plan), backend, native=native)
