@@ -85,3 +85,25 @@ def test_refusals_before_ranks_start():
         serve_ep(MOE, ep=2, rows=3)
     with pytest.raises(ValueError, match="ep=3 must divide n_experts=4"):
         serve_ep(MOE, ep=3, rows=3)
+
+
+@pytest.mark.parametrize("argv", [["--pp", "2"], ["--ep", "2", "--model", "gpt-tiny-moe"]])
+def test_playbook_run_serve_pp_and_ep(capsys, argv):
+    import json
+
+    from playbook.cli import main
+
+    assert main(["run", "serve", *argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    result = report["result"]
+    assert result["tokens_identical"] and result["max_abs_logit_diff"] <= 1e-5
+    got = result.get("bytes_per_token") or result["alltoall_bytes_per_token"]
+    assert got["measured"] == pytest.approx(got["predicted"], rel=1e-9)
+
+
+def test_playbook_run_serve_refuses_pp_with_tp_in_one_line(capsys):
+    from playbook.cli import main
+
+    assert main(["run", "serve", "--pp", "2", "--tp", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pp and --ep run alone here" in err[0]

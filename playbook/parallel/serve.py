@@ -196,6 +196,8 @@ class ServeReport:
 def add_arguments(parser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica")
     parser.add_argument("--dp", type=int, default=1, help="replicas, each serving its own requests")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages: micro-batched decode (alone)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks for an MoE model (alone)")
     parser.add_argument("--requests", type=int, default=6, help="requests to serve, one arriving per step")
     parser.add_argument("--blocks", type=int, default=16, help="KV blocks per rank (paged cache)")
     parser.add_argument("--block-size", type=int, default=4, help="tokens per KV block")
@@ -204,7 +206,7 @@ def add_arguments(parser) -> None:
 
 
 def implied_world_size(options: dict) -> int:
-    return options["dp"] * options["tp"]
+    return options["dp"] * options["tp"] * options.get("pp", 1) * options.get("ep", 1)
 
 
 @register(
@@ -222,13 +224,18 @@ def run_serve(
     backend: str = "auto",
     tp: int = 1,
     dp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
     requests: int = 6,
     blocks: int = 16,
     block_size: int = 4,
     max_batch: int = 4,
 ) -> ServeReport:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
-    reference; ``setup.seed`` draws the weights and the requests."""
+    reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
+    pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``)."""
+    if pp > 1 or ep > 1:
+        return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep)
     dims = ParallelDims(dp=dp, tp=tp)
     if world_size and world_size != dims.world:
         raise ValueError(
@@ -289,3 +296,22 @@ def run_serve(
         },
         replicas,
     )
+
+
+def _pipeline_or_experts(setup, world_size, *, tp: int, dp: int, pp: int, ep: int):
+    from playbook.serve.report import ParallelDecodeReport
+
+    if (pp > 1) + (ep > 1) + (tp > 1) + (dp > 1) > 1:
+        raise ValueError(
+            f"--pp and --ep run alone here (got tp={tp}, dp={dp}, pp={pp}, ep={ep}); e.g. --pp 2 or --ep 2"
+        )
+    degree = max(pp, ep)
+    if world_size and world_size != degree:
+        raise ValueError(f"--world-size {world_size} but --{'pp' if pp > 1 else 'ep'} {degree} needs {degree} ranks")
+    if pp > 1:
+        from playbook.serve.pipeline import serve_pp
+
+        return ParallelDecodeReport("serve pp", pp, pp, serve_pp(setup.config(), pp=pp, seed=setup.seed))
+    from playbook.serve.experts import serve_ep
+
+    return ParallelDecodeReport("serve ep", ep, ep, serve_ep(setup.config(), ep=ep, seed=setup.seed))
