@@ -379,3 +379,29 @@ def test_dashboard_step_slider_changes_the_figure_and_errors_are_shown():
     box.controls["n"].value = 8
     box.controls["model"].value = "gpt-tiny"  # 2 kv heads: Ulysses cannot go to 8
     assert "must divide n_heads=4 and n_kv_heads=2" in box.message.value
+
+
+def test_chapter5_overlap_thresholds_full_block_and_zigzag():
+    # chapter 5: g·B·peak / (2·a·bandwidth) = 8·2·989.4e12 / (64·bw); zig-zag does half the compute per step
+    from playbook.config import Hardware
+
+    h100 = Hardware.preset("h100-sxm")
+    cfg = ModelConfig.preset("llama-3.1-8b")
+
+    def tokens(bw, zigzag):
+        o = th.overlap(
+            cfg, seq_len=131072, micro_batch=1, cp=32, peak_flops=h100.peak_bf16_flops, bandwidth=bw, zigzag=zigzag
+        )
+        return o.min_shard_tokens
+
+    nvlink, network = h100.intra_node_bandwidth, h100.inter_node_bandwidth
+    assert [round(tokens(nvlink, z), -1) for z in (False, True)] == [550, 1100]
+    assert [round(tokens(network, z), -2) for z in (False, True)] == [4900, 9900]
+    # the step itself: zig-zag computes half as long for the same bytes
+    full, zz = (
+        th.overlap(cfg, seq_len=131072, micro_batch=1, cp=32, peak_flops=1e15, bandwidth=nvlink, zigzag=z)
+        for z in (False, True)
+    )
+    assert (
+        zz.compute_seconds == pytest.approx(full.compute_seconds / 2) and zz.transfer_seconds == full.transfer_seconds
+    )

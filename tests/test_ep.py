@@ -260,3 +260,12 @@ def test_an_expert_without_tokens_inside_ep_x_dp_matches_the_reference(ranks4):
         for key in ("exp_avg", "exp_avg_sq"):
             w, g = want[key], got[name][key]
             assert (g - w).abs().max() <= 1e-4 * w.abs().max() + 1e-12, (name, key)
+
+
+@pytest.mark.parametrize("k, n, ratio", [(2, 4, 0.5), (2, 8, 0.25), (8, 4, 2.0), (8, 8, 1.0)])
+def test_chapter6_ep_over_tp_bytes_is_k_over_tp(k, n, ratio):
+    # chapter 6: 4·k·T·h·(n−1)/n against 4·T·n·h·(n−1)/n; DeepSeek-V3's k = 8 sends as much or more
+    from playbook.theory import moe
+
+    ep_bytes = 4 * moe.uniform_alltoall_bytes(16, k, n, 64)
+    assert ep_bytes / moe.tp_experts_bytes_per_step(16, n, 64) == pytest.approx(ratio)

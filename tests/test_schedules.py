@@ -176,3 +176,12 @@ def test_partitions():
 def test_theory_imports_no_torch():
     code = "import sys, playbook.theory.schedules; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_chapter4_gpipe_and_1f1b_coincide_for_m_up_to_p(m):
+    # chapter 4, question 2: same bubble, and rank 0 holds all m micro-batches in both
+    gpipe = simulate(make_schedule("gpipe", p=4, m=m), Costs(f=1, b=1, w=1))
+    one_f = simulate(make_schedule("1f1b", p=4, m=m), Costs(f=1, b=1, w=1))
+    assert gpipe.bubble() == one_f.bubble()
+    assert max(gpipe.peak_in_flight) == max(one_f.peak_in_flight) == gpipe.peak_in_flight[0] == m

@@ -565,3 +565,28 @@ def test_inference_memory_with_experts_split():
     routed = 2 * 4 * 3 * 64 * 64  # 2 MoE layers × 4 experts × 3·h·f_e
     got = inference_memory(moe, batch=1, seq_len=16, ep=4, dtype="bf16")
     assert got.weights == 2 * ((131_904 - routed) + routed / 4)  # one expert of four per rank
+
+
+# ---- chapter 0's corrected claims ------------------------------------------------------------------
+def test_chapter0_fp32_training_holds_as_much_model_state_as_mixed_precision():
+    # 4 + 4 + 8 = 16 bytes in fp32, 2 + 2 + 12 = 16 mixed, 2 + (2 + 4) + 12 = 20 with an fp32 grad buffer
+    assert model_state_bytes(PSI, precision="fp32").total == model_state_bytes(PSI, precision="mixed").total == 16 * PSI
+    assert model_state_bytes(PSI, precision="mixed", fp32_grad_accum=True).total == 20 * PSI
+
+
+@pytest.mark.parametrize("name, ratio", [("llama-3.1-8b", 4), ("llama-3.1-70b", 8), ("llama-3.1-405b", 16)])
+def test_chapter0_gqa_shrinks_the_kv_cache_by_query_over_kv_heads(name, ratio):
+    # 8 key/value heads in every size; 32, 64 and 128 query heads
+    cfg = ModelConfig.preset(name)
+    mha = kv_cache_bytes_per_token(cfg.replace(n_kv_heads=None))
+    assert mha == ratio * kv_cache_bytes_per_token(cfg)
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_chapter0_pipeline_cuts_weights_not_peak_activations(pp):
+    # 1F1B: stage 0 holds p micro-batches of L/p layers = one micro-batch of all L layers (less the head)
+    cfg = ModelConfig.preset("llama-3.1-70b")
+    sizes = dict(seq_len=4096, micro_batch=1)
+    alone, piped = training_memory(cfg, **sizes), training_memory(cfg, **sizes, pp=pp)
+    assert piped.activations > 0.98 * alone.activations
+    assert piped.params < 1.1 * alone.params / pp

@@ -484,3 +484,26 @@ def test_dashboard_follows_its_controls():
     d.controls["model"].value = "gpt-tiny"  # only t in {1, 2} split gpt-tiny
     assert list(d.controls["tp"].options) == [1, 2] and d.controls["tp"].value == 2
     assert len(d.figures["shards"].data) == 3
+
+
+# ---- chapter 3's quoted shares -------------------------------------------------------------------
+def test_chapter3_communication_share_of_a_layer():
+    # the chapter's cell: H100 profile, compute at half the bf16 peak, no overlap
+    from playbook.config import Hardware
+    from playbook.theory.tp import layer_seconds
+
+    h100 = Hardware.preset("h100-sxm")
+
+    def share(name, seq, t):
+        r = layer_seconds(
+            ModelConfig.preset(name),
+            seq_len=seq,
+            micro_batch=1,
+            tp=t,
+            hardware=h100,
+            flops_per_s=0.5 * h100.peak_bf16_flops,
+        )
+        return round(r["comm"] / r["total"], 2)
+
+    assert [share("llama-3.1-70b", 4096, t) for t in (2, 4, 8)] == [0.03, 0.08, 0.19]
+    assert share("llama-3.1-8b", 512, 8) == 0.67

@@ -265,3 +265,36 @@ def test_figures_carry_the_numbers():
     before = sum(t.y[0] for t in box.memory_figure.data)
     box.controls["stage"].value = 3
     assert sum(t.y[0] for t in box.memory_figure.data) < before
+
+
+# ---- chapter 2's quoted numbers ------------------------------------------------------------------
+def test_chapter2_largest_unit_sets_the_llama_8b_transient():
+    # embedding and head: 128,256 × 4,096 each, 6.5% of 8.03e9; a block 2.7%
+    cfg = ModelConfig.preset("llama-3.1-8b")
+    psi, units = cfg.num_params(), dict(zero_units(cfg))
+    assert round(units["embed"] / psi, 3) == round(units["head"] / psi, 3) == 0.065
+    assert round(units["block0"] / psi, 3) == 0.027
+    # backward with prefetch: head weights + head gradient + last block, bf16: 2·(2·head + block)
+    peak = zero3_gathered_peak(cfg, world_size=8, prefetch=True, precision="mixed")["backward"]
+    assert round(peak / 1e9, 2) == 2.54 and round(peak / (2 * psi), 2) == 0.16
+
+
+def test_chapter2_question3_70b_ranks_with_full_recomputation():
+    # model state + stored activations + ZeRO-3's gathered units + one block recomputed (chapter 2, Q3)
+    from playbook.theory.activations import block_activation_bytes
+
+    cfg = ModelConfig.preset("llama-3.1-70b")
+    working = block_activation_bytes(cfg, seq_len=4096, micro_batch=1, dtype_bytes=2)
+    assert round(working / 1e9, 1) == 3.8
+
+    def peak(n):
+        held = training_memory(cfg, seq_len=4096, micro_batch=1, dp=n, zero=3, recompute="full").total
+        return held + zero3_gathered_peak(cfg, world_size=n, prefetch=True, precision="mixed")["backward"] + working
+
+    assert (
+        round(training_memory(cfg, seq_len=4096, micro_batch=1, dp=16, zero=3, recompute="full").total / 1e9, 1) == 77.2
+    )
+    assert round(zero3_gathered_peak(cfg, world_size=16, prefetch=True, precision="mixed")["backward"] / 1e9, 1) == 5.9
+    assert [round(peak(n) / 1e9, 1) for n in (16, 17, 18)] == [86.9, 82.7, 79.0]
+    assert min(n for n in range(1, 64) if peak(n) <= 80e9) == 18  # the package's h100-sxm: 80e9 bytes
+    assert min(n for n in range(1, 64) if peak(n) <= 80 * 2**30) == 17  # the real HBM: 80 GiB
