@@ -45,7 +45,7 @@ def test_starts_valid_with_the_chapter_layout(box):
 def test_each_degree_alone_breaks_the_product_and_says_so(box, degree, value):
     before = data(box)
     pick(box, **{degree: value})
-    assert "multiply to 8" in box.message.value
+    assert "must multiply to the 8 ranks" in box.message.value
     assert data(box) == before  # the last valid layout stays drawn ...
     assert all(STALE in t for t in titles(box))  # ... and says it is stale
     assert box.button.disabled

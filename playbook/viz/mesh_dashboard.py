@@ -33,7 +33,8 @@ from playbook.viz.mesh import bytes_per_axis, memory_per_rank, rank_grid
 WORLD = 8
 MODELS = ("gpt-tiny", "gpt-tiny-moe")
 DEGREES = ("dp", "tp", "pp", "cp", "ep")
-STALE = "  <i style='color:#c62828'>(stale: last valid layout)</i>"
+STALE = "  <i style='color:#c62828'>(stale)</i>"
+WIDTH = 900
 RED, GREY = "#c62828", "#555"
 
 
@@ -44,8 +45,8 @@ def plan_from(setup: TrainSetup, values: dict) -> Plan:
     world = d["dp"] * d["tp"] * d["pp"] * d["cp"]
     if world != WORLD:
         raise ValueError(
-            f"dp·tp·pp·cp = {d['dp']}·{d['tp']}·{d['pp']}·{d['cp']} = {world}, not the {WORLD} ranks: the degrees "
-            f"must multiply to {WORLD} (ep borrows ranks from dp·cp and adds none), e.g. dp2·tp2·pp2 or dp8"
+            f"dp·tp·pp·cp = {d['dp']}·{d['tp']}·{d['pp']}·{d['cp']} = {world}: the degrees must multiply to the "
+            f"{WORLD} ranks (ep borrows from dp·cp), e.g. dp2·tp2·pp2 or dp8"
         )
     plan = Plan(ParallelDims(**d), zero=values["zero"], sequence_parallel=values["sequence_parallel"])
     plan.check(setup)
@@ -135,7 +136,10 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
     """
     base = setup or TrainSetup()
     style = {"description_width": "60px", "button_width": "44px"}
-    degree = lambda name, v: w.ToggleButtons(options=[1, 2, 4, 8], value=v, description=name, style=style)  # noqa: E731
+    wide = lambda: w.Layout(width="300px")  # noqa: E731  (narrower, the label wraps above the buttons)
+    degree = lambda name, v: w.ToggleButtons(  # noqa: E731
+        options=[1, 2, 4, 8], value=v, description=name, style=style, layout=wide()
+    )
     c = {
         "dp": degree("dp", 2),
         "tp": degree("tp", 2),
@@ -146,7 +150,7 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
             options=MODELS, value=base.model if base.model in MODELS else MODELS[0], description="model"
         ),
         "sequence_parallel": w.Checkbox(value=False, description="sequence parallel (with tp)"),
-        "zero": w.ToggleButtons(options=[0, 1, 2, 3], value=0, description="ZeRO", style=style),
+        "zero": w.ToggleButtons(options=[0, 1, 2, 3], value=0, description="ZeRO", style=style, layout=wide()),
     }
     c["model"].style = {"description_width": "60px"}
     figs = {"grid": go.FigureWidget(), "bytes": go.FigureWidget(), "memory": go.FigureWidget()}
@@ -178,8 +182,8 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
             held = memory_per_rank(rows, title=f"{name}: memory per rank measured (◆ predicted total)")
         if not sent.data:
             sent.add_annotation(text="no communication", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
-        _show(figs["bytes"], sent)
-        _show(figs["memory"], held)
+        _show(figs["bytes"], sent.update_layout(width=WIDTH))  # wide enough for the title beside the legend
+        _show(figs["memory"], held.update_layout(width=WIDTH))
         lines = notes(s, plan, measured=key(s, plan) in measurements)
         note_box.value = "".join(f"<div style='color:{GREY}'>• {html.escape(t)}</div>" for t in lines)
 
@@ -189,7 +193,10 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
             s = replace(base, model=v["model"])
             plan = plan_from(s, v)
         except ValueError as e:
-            message.value = f"<span style='color:{RED}'><b>Cannot lay out:</b> {html.escape(str(e))}</span>"
+            message.value = (
+                f"<span style='color:{RED}'><b>Cannot lay out:</b> {html.escape(str(e))}</span>"
+                f"<span style='color:{GREY}'> (the figures show the last valid layout)</span>"
+            )
             for fig in figs.values():
                 _mark_stale(fig)
             button.disabled = True
@@ -224,7 +231,7 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
         pairs = [(r["predicted"].get(a, 0), r["measured"].get(a, 0)) for r in rows for a in set(r["measured"])]
         exact = sum(p == m for p, m in pairs)
         status.value = (
-            f"measured {plan.dims} in {time.perf_counter() - t0:.1f} s (load average {load:.2f} on "
+            f"last run: {plan.dims}, {s.model}, in {time.perf_counter() - t0:.1f} s (load average {load:.2f} on "
             f"{os.cpu_count()} cores): predicted == measured on {exact} of {len(pairs)} rank·axis pairs"
         )
         if state["plan"] == plan and state["setup"] == s:
