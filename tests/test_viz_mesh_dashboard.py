@@ -129,3 +129,27 @@ def test_the_button_overlays_a_real_run(ranks8):
     assert {t.name for t in box.figures["bytes"].data} == {"predicted"}
     pick(box, dp=2, pp=2)  # ... and back: the measurement is kept
     assert data(box) == after
+
+
+def test_a_zero_run_keeps_the_memory_prediction_and_says_why(ranks8):
+    box = hybrid_dashboard(ranks8, SETUP)
+    pick(box, pp=1, dp=4, zero=1)
+    box.run()
+    assert {t.name for t in box.figures["bytes"].data} == {"predicted", "measured"}
+    assert any(v > 0 for t in box.figures["memory"].data for v in t.customdata)  # not empty bars
+    assert "measured no memory" in box.notes.value
+
+
+class FailingRanks:
+    world_size = 8
+
+    def run(self, fn, *args, **kwargs):
+        raise RuntimeError("rank 0 failed: NotImplementedError: planted\nTraceback ...")
+
+
+def test_a_failed_run_says_why_in_one_line():
+    box = hybrid_dashboard(FailingRanks(), SETUP)
+    before = data(box)
+    box.run()
+    assert "run failed" in box.status.value and "planted" in box.status.value and "Traceback" not in box.status.value
+    assert data(box) == before

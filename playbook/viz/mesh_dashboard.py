@@ -172,19 +172,22 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
             + (f", ZeRO-{plan.zero}" if plan.zero else "")
         )
         _show(figs["grid"], rank_grid(plan.dims, devices_per_node=WORLD, title=f"{name}: where each rank sits"))
+        lines = notes(s, plan, measured=rows is not None)
         if rows is None:
-            rows = predicted_rows(s, plan)
-            sent = _drop_measured(bytes_per_axis(rows, title=f"{name}: bytes each rank sends per step, predicted"))
-            held = memory_per_rank(rows, title=f"{name}: memory per rank, predicted")
-            held.update_yaxes(title_text="bytes (KB), predicted")
+            sent = _drop_measured(bytes_per_axis(predicted_rows(s, plan), title=f"{name}: bytes per step, predicted"))
         else:
             sent = bytes_per_axis(rows, title=f"{name}: bytes per step, predicted beside measured on {WORLD} ranks")
+        if rows is None or not any(v is not None for r in rows for v in r["memory"]["measured"].values()):
+            held = memory_per_rank(predicted_rows(s, plan), title=f"{name}: memory per rank, predicted")
+            held.update_yaxes(title_text="bytes (KB), predicted")
+            if rows is not None:  # a ZeRO run measures no memory by category: say so, keep the prediction
+                lines.append("this run measured no memory by category (hybrid ZeRO runs do not yet): memory predicted")
+        else:
             held = memory_per_rank(rows, title=f"{name}: memory per rank measured (◆ predicted total)")
         if not sent.data:
             sent.add_annotation(text="no communication", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
         _show(figs["bytes"], sent.update_layout(width=WIDTH))  # wide enough for the title beside the legend
         _show(figs["memory"], held.update_layout(width=WIDTH))
-        lines = notes(s, plan, measured=key(s, plan) in measurements)
         note_box.value = "".join(f"<div style='color:{GREY}'>• {html.escape(t)}</div>" for t in lines)
 
     def update(_change=None) -> None:
