@@ -83,6 +83,10 @@ class Plan:
                 d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
                 "expert parallelism here lives inside dp alone (tp=pp=cp=1)",
             ),
+            (
+                cfg.is_moe and (d.tp > 1 or d.pp > 1 or d.cp > 1),
+                "a mixture-of-experts model runs here with dp and ep only (tp=pp=cp=1); use a dense preset such as gpt-tiny",
+            ),
             (d.cp > 1 and d.pp > 1, "context parallelism inside a pipeline is not composed yet; use pp=1 with cp"),
             (d.cp > 1 and self.sequence_parallel, "sequence parallelism with context parallelism is not composed yet"),
             (d.pp > 1 and self.sequence_parallel, "sequence parallelism inside a pipeline is not composed yet"),
