@@ -140,7 +140,7 @@ def test_playbook_run_hybrid_refuses_a_bad_layout_in_one_line(capsys):
 
 
 @pytest.mark.parametrize("name, setup, plan, axes", FOUR, ids=[c[0] for c in FOUR])
-def test_memory_is_predicted_for_every_layout_but_tp_with_cp_and_zero(name, setup, plan, axes):
+def test_memory_is_predicted_for_every_layout_but_tp_with_cp(name, setup, plan, axes):
     from playbook.theory.hybrid import memory_per_rank
 
     routing = [{"counts_by_rank": [[4] * 8] * 4, "capacity": None, "tokens": 64}] if setup.config().is_moe else None
@@ -153,6 +153,7 @@ def test_memory_is_predicted_for_every_layout_but_tp_with_cp_and_zero(name, setu
         microbatches=plan.m,
         sequence_parallel=plan.sequence_parallel,
         routing=routing and routing * 1,
+        zero=plan.zero,
     )
     modelled = not (plan.dims.tp > 1 and plan.dims.cp > 1)
     assert (got["activations"] is not None) == modelled and got["params"] > 0

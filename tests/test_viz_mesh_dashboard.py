@@ -88,7 +88,7 @@ def test_model_ep_sequence_parallel_and_zero_each_move_a_figure_or_explain(box):
     pick(box, sequence_parallel=False)
     before = data(box)
     pick(box, zero=1)
-    assert "ZeRO-1" in box.notes.value  # memory by ZeRO stage is not predicted: said, not hidden
+    assert "ZeRO-1" in box.notes.value and data(box) != before  # Adam's state sharded over dp
     pick(box, zero=2)
     assert "ZeRO-2" in box.notes.value and "same for stages 1 and 2" in box.notes.value
     pick(box, zero=3)  # parameters gathered forward and backward: more dp bytes
@@ -131,13 +131,14 @@ def test_the_button_overlays_a_real_run(ranks8):
     assert data(box) == after
 
 
-def test_a_zero_run_keeps_the_memory_prediction_and_says_why(ranks8):
+def test_a_zero_run_overlays_its_measured_memory_on_the_prediction(ranks8):
     box = hybrid_dashboard(ranks8, SETUP)
     pick(box, pp=1, dp=4, zero=1)
     box.run()
     assert {t.name for t in box.figures["bytes"].data} == {"predicted", "measured"}
     assert any(v > 0 for t in box.figures["memory"].data for v in t.customdata)  # not empty bars
-    assert "measured no memory" in box.notes.value
+    assert "predicted total" in {t.name for t in box.figures["memory"].data}  # measured bars, predicted diamonds
+    assert "measured no memory" not in box.notes.value
 
 
 class FailingRanks:

@@ -65,7 +65,9 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
             microbatches=plan.m,
         )
         predicted = comm_per_axis(setup.config(), plan.dims, zero=plan.zero, routing=routing, **layout)
-        memory = memory_per_rank(setup.config(), plan.dims, routing=routing[0] if routing else None, **layout)
+        memory = memory_per_rank(
+            setup.config(), plan.dims, routing=routing[0] if routing else None, zero=plan.zero, **layout
+        )
         measured_memory = {k: a["result"].memory.get(k) for k in memory}
         rows.append(
             {
@@ -73,7 +75,7 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
                 "coords": a["coords"],
                 "predicted": predicted,
                 "measured": measured,
-                "memory": {"predicted": memory if not plan.zero else {}, "measured": measured_memory},
+                "memory": {"predicted": memory, "measured": measured_memory},
             }
         )
     return rows

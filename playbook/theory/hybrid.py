@@ -162,8 +162,9 @@ def memory_per_rank(
     schedule: str = "1f1b",
     microbatches: int = 1,
     routing: list | None = None,
+    zero: int = 0,
 ) -> dict[str, float | None]:
-    """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (no ZeRO): its parameters
+    """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (``zero``: ZeRO over dp): its parameters
     (1/tp of every split matrix of its stage, norms whole; MoE: E/ep experts), as many gradient bytes,
     AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
     step's peak (a pipeline stage: the schedule's peak of micro-batches in flight, ``held_bytes``).
@@ -180,6 +181,8 @@ def memory_per_rank(
         units = local_units(cfg, dims, stage)
         numel = sum(split + rep for _, split, rep in units)
         tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
+    if zero:
+        return _zero_memory(cfg, dims, stage, zero, rows, seq_len, sequence_parallel)
     out: dict[str, float | None] = {
         "params": FP32 * numel,
         "grads": FP32 * numel,
@@ -216,3 +219,20 @@ def memory_per_rank(
     ]
     out["activations"] = held_bytes(make_schedule(schedule, dims.pp, microbatches), [[x] for x in per_stage])[stage]
     return out
+
+
+def _zero_memory(cfg, dims, stage, zero, rows, seq_len, sequence_parallel) -> dict[str, float]:
+    """ZeRO stage ``zero`` over dp (Rajbhandari et al. 2019, §5) on this rank's TP slices, as
+    ``parallel.zero`` holds them: one flat unit per embedding, block and head, zero-padded to a
+    multiple of dp. Weights: the whole padded units (stages 0–2) or this rank's shard (3); gradients
+    after the step's backward: whole (0–1) or shards (2–3); AdamW: two moments of what it updates
+    (all, stage 0; the shard, 1–3) plus a 4-byte step per unit. Activations as without ZeRO."""
+    units = [padded(split + rep, dims.dp) for _, split, rep in local_units(cfg, dims, stage)]
+    whole, shard = sum(units), sum(units) // dims.dp
+    piece = _tp_pieces(cfg, seq_len=seq_len, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel)
+    return {
+        "params": FP32 * (whole if zero < 3 else shard),
+        "grads": FP32 * (whole if zero <= 1 else shard),
+        "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(units),
+        "activations": piece["first"] + cfg.n_layers * piece["block"] + piece["last"],
+    }

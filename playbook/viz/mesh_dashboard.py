@@ -55,8 +55,8 @@ def plan_from(setup: TrainSetup, values: dict) -> Plan:
 
 def predicted_rows(setup: TrainSetup, plan: Plan) -> list[dict]:
     """Per rank, ``comm_table``'s shape with predictions only: ``{rank, coords, predicted, measured: {},
-    memory}``, ``memory`` the predicted bytes by category (no ZeRO, and a MoE's activations need the
-    routing of a run: None)."""
+    memory}``, ``memory`` the predicted bytes by category (a MoE's activations need the routing of a
+    run: None)."""
     cfg, dims = setup.config(), plan.dims
     rows = []
     for r in range(dims.world):
@@ -75,7 +75,7 @@ def predicted_rows(setup: TrainSetup, plan: Plan) -> list[dict]:
                 "coords": dims.coords(r),
                 "predicted": comm_per_axis(cfg, dims, zero=plan.zero, **layout),
                 "measured": {},
-                "memory": predict_memory(cfg, dims, **layout),
+                "memory": predict_memory(cfg, dims, zero=plan.zero, **layout),
             }
         )
     return rows
@@ -86,8 +86,8 @@ def notes(setup: TrainSetup, plan: Plan, measured: bool) -> list[str]:
     cfg, out = setup.config(), []
     if plan.zero:
         out.append(
-            f"ZeRO-{plan.zero}: memory is drawn without ZeRO's sharding (theory.hybrid.memory_per_rank does not "
-            "model it per rank yet); its dp bytes are one reduce-scatter and "
+            f"ZeRO-{plan.zero}: weights, gradients and Adam's state sharded over dp as chapter 2 shards them; "
+            "its dp bytes are one reduce-scatter and "
             + ("two all-gathers (parameters forward and backward)" if plan.zero == 3 else "one all-gather per step")
             + (", the same for stages 1 and 2" if plan.zero < 3 else "")
         )
@@ -180,8 +180,8 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
         if rows is None or not any(v is not None for r in rows for v in r["memory"]["measured"].values()):
             held = memory_per_rank(predicted_rows(s, plan), title=f"{name}: memory per rank, predicted")
             held.update_yaxes(title_text="bytes (KB), predicted")
-            if rows is not None:  # a ZeRO run measures no memory by category: say so, keep the prediction
-                lines.append("this run measured no memory by category (hybrid ZeRO runs do not yet): memory predicted")
+            if rows is not None:  # a run that measured no memory by category: say so, keep the prediction
+                lines.append("this run measured no memory by category: memory predicted")
         else:
             held = memory_per_rank(rows, title=f"{name}: memory per rank measured (◆ predicted total)")
         if not sent.data:
