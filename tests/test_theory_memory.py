@@ -263,7 +263,7 @@ def test_the_every_degree_path_agrees_with_each_chapter_alone(name, degrees):
         assert stages[most_loaded_stage(stages)].memory.as_dict() == pytest.approx(want.as_dict(), rel=1e-12)
 
 
-@pytest.mark.parametrize("dims", [dict(tp=2, pp=2), dict(dp=2, tp=2, pp=2)])
+@pytest.mark.parametrize("dims", [dict(tp=2, pp=2), dict(dp=2, tp=2, pp=2), dict(tp=2, cp=2), dict(dp=2, cp=2)])
 def test_every_degree_together_equals_the_exact_hybrid_count_of_our_runs(dims):
     """theory.hybrid.memory_per_rank is held to the measured bytes on real ranks (tests/test_hybrid.py);
     the general function must agree with it for our GPT in fp32 (AdamW's step counters aside)."""

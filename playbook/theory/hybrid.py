@@ -169,8 +169,8 @@ def memory_per_rank(
     AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
     step's peak (a pipeline stage: the schedule's peak of micro-batches in flight, ``held_bytes``).
     A mixture of experts saves bytes that depend on the routing: give ``routing`` (the first step's
-    ``[layer]`` stats) and ``theory.moe.model_activation_bytes_moe`` counts them. Activations are None
-    where the combination is not modelled yet (TP with CP; MoE without its routing)."""
+    ``[layer]`` stats) and ``theory.moe.model_activation_bytes_moe`` counts them; without it its
+    activations are None. TP with CP: ``tp_cp_block_bytes``."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
     if cfg.is_moe:
@@ -198,6 +198,9 @@ def memory_per_rank(
             )
         return out
     if dims.tp > 1 and dims.cp > 1:
+        piece = _tp_pieces(cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=False)
+        block = tp_cp_block_bytes(cfg, seq_len=seq_len, micro_batch=rows, tp=dims.tp, cp=dims.cp, variant=cp_variant)
+        out["activations"] = piece["first"] + cfg.n_layers * block + piece["last"]
         return out
     if dims.cp > 1:
         from playbook.theory.cp import cp_activation_bytes
@@ -236,3 +239,35 @@ def _zero_memory(cfg, dims, stage, zero, rows, seq_len, sequence_parallel) -> di
         "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(units),
         "activations": piece["first"] + cfg.n_layers * piece["block"] + piece["last"],
     }
+
+
+_OUTSIDE_CORE = (
+    "attn norm",
+    "attn region",
+    "attention output",
+    "mlp norm",
+    "mlp region",
+    "gate_proj",
+    "silu",
+    "up_proj",
+)
+
+
+def tp_cp_block_bytes(cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, cp: int, variant: str = "ring",
+                      sequence_parallel: bool = False, dtype_bytes: int = 4) -> int:  # fmt: skip
+    """Bytes one block saves on a rank of a tp × cp layout: tensor parallelism's block at s/cp tokens
+    (``theory.tp``: norms, region inputs, the MLP's f/t channels, the o_proj input of a/t heads) with
+    its attention core (q, repeated k and v, mask, probabilities) replaced by context parallelism's
+    core (``theory.cp``: RoPE at this shard's positions, q, the own K/V shard, the ring output and
+    its fp32 log-sum-exp) for this rank's a/t query and g/t key/value heads."""
+    from playbook.theory.cp import cp_block_activation_breakdown
+    from playbook.theory.tp import tp_block_activation_breakdown
+
+    tp_parts = tp_block_activation_breakdown(cfg, seq_len=seq_len // cp, micro_batch=micro_batch, tp=tp,
+                                             sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes)  # fmt: skip
+    local = cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head)
+    cp_parts = cp_block_activation_breakdown(local, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant,
+                                             dtype_bytes=dtype_bytes)  # fmt: skip
+    outside = sum(v for k, v in tp_parts.items() if k.startswith(_OUTSIDE_CORE))
+    core = sum(v for k, v in cp_parts.items() if not k.startswith(_OUTSIDE_CORE))
+    return outside + core

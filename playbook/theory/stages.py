@@ -179,8 +179,9 @@ def _block_activations(cfg: ModelConfig, layer: int, *, seq_len: int, micro_batc
                        sequence_parallel: bool, dtype_bytes: int, recompute: str) -> int:  # fmt: skip
     """Bytes one block saves for one micro-batch on one rank, at s/cp tokens: our TP model's exact
     count (``theory.tp``), ring CP's (``theory.cp``), or the plain block's; an MoE block at even
-    routing (``theory.moe``). TP with CP counts the TP block at s/cp tokens (the ring's own saved
-    statistics are left out: an estimate), and TP with MoE is not modelled."""
+    routing (``theory.moe``). TP with CP: TP's block with CP's attention core
+    (``theory.hybrid.tp_cp_block_bytes``; with recomputation, TP's block at s/cp tokens, an
+    estimate); TP with MoE is not modelled."""
     sizes = dict(micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
     if is_moe_layer(cfg, layer):
         if tp > 1:
@@ -188,6 +189,18 @@ def _block_activations(cfg: ModelConfig, layer: int, *, seq_len: int, micro_batc
         from playbook.theory.moe import moe_block_activation_bytes
 
         return moe_block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
+    if tp > 1 and cp > 1 and recompute == "none":
+        from playbook.theory.hybrid import tp_cp_block_bytes
+
+        return tp_cp_block_bytes(
+            cfg,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            tp=tp,
+            cp=cp,
+            sequence_parallel=sequence_parallel,
+            dtype_bytes=dtype_bytes,
+        )
     if tp > 1:
         from playbook.theory.tp import tp_block_activation_breakdown
 

@@ -98,8 +98,6 @@ def notes(setup: TrainSetup, plan: Plan, measured: bool) -> list[str]:
             "a mixture of experts routes tokens at run time: its all-to-all (ep) bytes and its activations "
             "need the routing of a run; press the button"
         )
-    elif not cfg.is_moe and plan.dims.tp > 1 and plan.dims.cp > 1:
-        out.append("activations with tp and cp together are not modelled yet (left at 0)")
     return out
 
 
