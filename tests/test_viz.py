@@ -235,8 +235,11 @@ def test_dashboard_follows_the_other_parallel_degrees():
     want = training_memory(cfg, seq_len=4096, micro_batch=1, dp=8, tp=8)
     assert traces_by_group(box.figure)["params"].y[0] == pytest.approx(want.params / 1e9)
     assert "tp=8" in box.figure.layout.title.text
-    box.controls["cp"].value = 2  # tp and cp together: not yet, and said so
-    assert "hybrid-mesh chapter" in box.message.value
+    box.controls["cp"].value = 2  # tp and cp together: each rank's local shapes (theory.stages)
+    both = training_memory(cfg, seq_len=4096, micro_batch=1, dp=8, tp=8, cp=2)
+    assert traces_by_group(box.figure)["activations"].y[0] == pytest.approx(both.activations / 1e9)
+    assert both.activations < want.activations  # s/cp tokens per rank
+    assert "Cannot compute" not in box.message.value
 
 
 def test_activation_formulas_figure_carries_the_rows():
