@@ -37,12 +37,31 @@ def check_parity(result, setup):
     parity = compare(result, reference(setup))
     assert parity["max_abs_loss_diff"] < 1e-5, parity
     assert parity["max_rel_grad_diff"] < 1e-5, parity  # a missing 1/m or a lost micro-batch is O(1)
-    # after 3 AdamW steps. Adam divides each element's step by its own |g|: an element whose gradient is
-    # ~1e-9 (1e-6 of the tensor's largest) moves by ~lr whatever its rounding noise says, so parameters
-    # agree to ~1e-3 of a tensor's scale, not 1e-5 (measured: the same happens between two orders of
-    # summation in one process). A wrong 1/m is caught by the gradients and the losses above.
-    assert parity["max_rel_param_diff"] < 5e-3, parity
+    # after 3 AdamW steps, relative L2 per tensor. Adam divides each element's step by its own |g|: an
+    # element whose gradient is ~1e-9 (1e-6 of the tensor's largest) moves by ~lr whatever its rounding
+    # noise says, so the worst element differs by ~1e-3 of a tensor's scale (max_rel_param_diff,
+    # information only); over a whole tensor those few elements stay ≤ 1e-5 on TINY. On DEEP one
+    # float32 process is itself ~5e-5 from float64 (float32_floor: mlp.down_proj of the 6 layers), so
+    # there the bound is 3x that floor (two float32 runs, each about one floor from exact).
+    bound = max(1e-5, 3 * float32_floor(setup))
+    assert parity["max_rel_l2_param_diff"] <= bound, (parity, bound)
     return parity
+
+
+_floors: dict = {}
+
+
+def float32_floor(setup):
+    """Relative L2 (max over tensors) between the float32 single process and the same run in float64."""
+    if setup not in _floors:
+        exact = train(setup, model=GPT(setup.config(), seed=setup.seed).double(), measure=False)
+        _floors[setup] = compare(reference(setup), exact)["max_rel_l2_param_diff"]
+    return _floors[setup]
+
+
+def test_float32_floor_is_below_1e5_on_tiny_and_above_on_deep():
+    """Why DEEP's parameter parity is gated at 3x its float32 floor and TINY's at 1e-5."""
+    assert float32_floor(TINY) < 1e-5 < float32_floor(DEEP) < 1e-4
 
 
 @pytest.mark.parametrize("p", [2, 4])
