@@ -170,3 +170,11 @@ def test_summary_reads_as_a_table(ranks4):
     text = report.summary()
     assert "rank 3 (tp1 cp1 dp0 pp0): cp 300,288 / 300,288, tp 329,216 / 329,216" in text
     assert "activations — / 1,014,400" in text  # not modelled: said, not hidden
+
+
+@pytest.mark.parametrize("n, dims", [(2, ParallelDims(pp=2)), (4, ParallelDims(tp=2, pp=2))], ids=["pp2", "tp2×pp2"])
+def test_zb_h1_over_pp_memory_to_the_byte(request, n, dims):
+    """ZB-H1 on the mesh's pp axis: without TP a micro-batch keeps only W's part from its B to its W
+    (``theory.pipeline.chunk_w_bytes``); with tensor-parallel layers the stage keeps its graph until
+    W. Either way parity holds and every rank's activations are measured == predicted (``check``)."""
+    check(request.getfixturevalue(f"ranks{n}"), DENSE, Plan(dims, schedule="zb-h1", microbatches=4))
