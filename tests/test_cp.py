@@ -235,7 +235,7 @@ WHOLE = [
 def test_our_forward_is_the_models_forward():
     # the CP forward is rebuilt from the model's pieces; on one process it must be GPT.forward, bit for bit
     p = compare(train_cp(SETUP), train(SETUP))
-    assert p["max_abs_loss_diff"] == p["max_rel_grad_diff"] == p["max_rel_param_diff"] == 0.0
+    assert p["max_abs_loss_diff"] == p["max_rel_grad_diff"] == p["max_rel_l2_param_diff"] == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -264,9 +264,9 @@ def test_whole_model_parity_in_float64(n, ranks2, ranks4, references):
         results = ranks.run(on_rank, setup, variant=variant, zigzag=zigzag, causal=causal, dtype=torch.float64)
         p = compare(results[0], references(setup, causal, torch.float64))
         what = f"n={n} {variant} zigzag={zigzag} causal={causal}: {p}"
-        assert p["max_abs_loss_diff"] < 1e-12 and p["max_rel_grad_diff"] < 1e-10 and p["max_rel_param_diff"] < 1e-9, (
-            what
-        )
+        assert (
+            p["max_abs_loss_diff"] < 1e-12 and p["max_rel_grad_diff"] < 1e-10 and p["max_rel_l2_param_diff"] < 1e-9
+        ), what
         assert all(r.losses == results[0].losses for r in results)  # the summed loss, on every rank
 
 
@@ -280,10 +280,13 @@ def test_whole_model_float32_memory_and_bytes(n, ranks2, ranks4, references):
         results = ranks.run(on_rank, setup, variant=variant, zigzag=zigzag, causal=causal)
         what = f"n={n} {variant} zigzag={zigzag} causal={causal}"
         p = compare(results[0], references(setup, causal))  # causal: the ordinary training loop, train()
-        assert p["max_abs_loss_diff"] < 1e-5 and p["max_rel_grad_diff"] < 1e-5 and p["max_rel_param_diff"] < 3e-3, (
-            what,
-            p,
-        )
+        # parameters after 3 AdamW steps, relative L2 per tensor: ≤ 1e-5, or 3x the float32 floor where
+        # one float32 process is itself further than that from float64 (Adam turns rounding-level
+        # gradient elements into ~lr steps): gpt-tiny at global batch 4, causal, ~1.7e-5; gpt-small
+        # ~4.6e-5. Two float32 runs, each about one floor from exact; a bug moves a tensor by ~1e-2.
+        floor = compare(references(setup, causal), references(setup, causal, torch.float64))["max_rel_l2_param_diff"]
+        assert p["max_abs_loss_diff"] < 1e-5 and p["max_rel_grad_diff"] < 1e-5, (what, p)
+        assert p["max_rel_l2_param_diff"] <= max(1e-5, 3 * floor), (what, p, floor)
         # memory: every category measured == predicted, to the byte, on every rank
         want = predicted_memory(setup, n, variant, causal)
         for r in results:

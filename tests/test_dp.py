@@ -49,8 +49,9 @@ def test_parity_with_one_process(request, runs, reference, n, variant, accumulat
         assert p["max_rel_grad_diff"] < 1e-5, p  # every gradient after the first step
         # every parameter after the last step, as relative L2 per tensor: AdamW turns a gradient element
         # of rounding-noise size (~1e-8, one in ~1e5) into a step of ~lr, a 1e-3 single-element
-        # difference; the L2 stays below 1e-3, a bug (a missed bucket, test below) is above 1e-2
-        assert p["max_rel_l2_param_diff"] < 1e-3, p
+        # difference (max_rel_param_diff, information only); over the whole tensor that is ≤ 1e-5,
+        # while a bug (a missed bucket, test below) is above 1e-2
+        assert p["max_rel_l2_param_diff"] <= 1e-5, p
     assert results[0].losses == results[-1].losses
 
 

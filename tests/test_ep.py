@@ -16,7 +16,9 @@ from playbook.theory import moe as T
 SETUP = TrainSetup(model="gpt-tiny-moe", steps=3, global_batch=8, seq_len=32)
 CFG = SETUP.config()
 LOSS, AUX, GRAD = 1e-5, 1e-7, 1e-5
-PARAM = 1e-4  # after 3 AdamW steps: Adam divides by sqrt(v), so near-zero gradients amplify rounding
+# parameters after 3 AdamW steps, relative L2 per tensor: Adam divides by sqrt(v), so a near-zero
+# gradient turns rounding into a step of ~lr in a few elements (the worst element, information only)
+PARAM_L2 = 1e-5
 
 
 @functools.lru_cache
@@ -37,7 +39,7 @@ def test_ep_parity_bytes_and_memory(request, n, ep, capacity_factor):
     ref = reference(capacity_factor)
     p = E.parity(whole, ref)
     assert p["max_abs_loss_diff"] < LOSS and p["max_abs_aux_diff"] < AUX
-    assert p["max_rel_grad_diff"] < GRAD and p["max_rel_param_diff"] < PARAM, p
+    assert p["max_rel_grad_diff"] < GRAD and p["max_rel_l2_param_diff"] <= PARAM_L2, p
     assert p["same_experts_chosen"] and p["same_tokens_dropped"]
     assert set(whole.grads) == set(ref.grads) and set(whole.params) == set(ref.params)
     dropped = sum(L["dropped"] for step in ref.routing for L in step)
@@ -68,7 +70,7 @@ def test_tensor_parallel_experts_parity_and_bytes(request, n):
     cf = 1.0 if n == 4 else None
     results, whole = run(ranks, cf, mode="tp")
     p = E.parity(whole, reference(cf))
-    assert p["max_abs_loss_diff"] < LOSS and p["max_rel_grad_diff"] < GRAD and p["max_rel_param_diff"] < 2 * PARAM, p
+    assert p["max_abs_loss_diff"] < LOSS and p["max_rel_grad_diff"] < GRAD and p["max_rel_l2_param_diff"] <= PARAM_L2, p
     assert p["same_tokens_dropped"]
     tokens = SETUP.global_batch // n * SETUP.seq_len
     predicted = E.predicted_comm(CFG, n, n, "tp", tokens)
@@ -246,7 +248,7 @@ def test_an_expert_without_tokens_inside_ep_x_dp_matches_the_reference(ranks4):
     assert names.isdisjoint(ref.grads) and names.isdisjoint(whole.grads)  # None, as in the reference
     assert names.isdisjoint(ref_state)
     p = E.parity(whole, ref)
-    assert p["max_abs_loss_diff"] < LOSS and p["max_rel_grad_diff"] < GRAD and p["max_rel_param_diff"] < PARAM, p
+    assert p["max_abs_loss_diff"] < LOSS and p["max_rel_grad_diff"] < GRAD and p["max_rel_l2_param_diff"] <= PARAM_L2, p
     for name in names:  # never touched: still the initial weights, bit for bit
         initial = dict(E.build(CFG, SETUP.seed).named_parameters())[name]
         assert torch.equal(whole.params[name], initial.detach()) and torch.equal(ref.params[name], initial.detach())

@@ -15,8 +15,8 @@ from playbook.parallel.pp import PipelineSetup, merge, native_on_rank, on_rank, 
 from playbook.parallel.pp_executor import Chunk, microbatches, run_step
 from playbook.parallel.report import compare
 from playbook.parallel.training import train
-from playbook.theory.pipeline import chunk_activation_bytes
-from playbook.theory.schedules import make_schedule
+from playbook.theory.pipeline import chunk_activation_bytes, chunk_w_bytes, predicted_memory
+from playbook.theory.schedules import held_bytes, make_schedule
 
 TINY = PipelineSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=16)  # 2 layers: 4 pieces
 DEEP = PipelineSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=16, n_layers=6)  # 8 pieces: 4 ranks × 2 chunks
@@ -37,12 +37,31 @@ def check_parity(result, setup):
     parity = compare(result, reference(setup))
     assert parity["max_abs_loss_diff"] < 1e-5, parity
     assert parity["max_rel_grad_diff"] < 1e-5, parity  # a missing 1/m or a lost micro-batch is O(1)
-    # after 3 AdamW steps. Adam divides each element's step by its own |g|: an element whose gradient is
-    # ~1e-9 (1e-6 of the tensor's largest) moves by ~lr whatever its rounding noise says, so parameters
-    # agree to ~1e-3 of a tensor's scale, not 1e-5 (measured: the same happens between two orders of
-    # summation in one process). A wrong 1/m is caught by the gradients and the losses above.
-    assert parity["max_rel_param_diff"] < 5e-3, parity
+    # after 3 AdamW steps, relative L2 per tensor. Adam divides each element's step by its own |g|: an
+    # element whose gradient is ~1e-9 (1e-6 of the tensor's largest) moves by ~lr whatever its rounding
+    # noise says, so the worst element differs by ~1e-3 of a tensor's scale (max_rel_param_diff,
+    # information only); over a whole tensor those few elements stay ≤ 1e-5 on TINY. On DEEP one
+    # float32 process is itself ~5e-5 from float64 (float32_floor: mlp.down_proj of the 6 layers), so
+    # there the bound is 3x that floor (two float32 runs, each about one floor from exact).
+    bound = max(1e-5, 3 * float32_floor(setup))
+    assert parity["max_rel_l2_param_diff"] <= bound, (parity, bound)
     return parity
+
+
+_floors: dict = {}
+
+
+def float32_floor(setup):
+    """Relative L2 (max over tensors) between the float32 single process and the same run in float64."""
+    if setup not in _floors:
+        exact = train(setup, model=GPT(setup.config(), seed=setup.seed).double(), measure=False)
+        _floors[setup] = compare(reference(setup), exact)["max_rel_l2_param_diff"]
+    return _floors[setup]
+
+
+def test_float32_floor_is_below_1e5_on_tiny_and_above_on_deep():
+    """Why DEEP's parameter parity is gated at 3x its float32 floor and TINY's at 1e-5."""
+    assert float32_floor(TINY) < 1e-5 < float32_floor(DEEP) < 1e-4
 
 
 @pytest.mark.parametrize("p", [2, 4])
@@ -101,6 +120,34 @@ def test_peak_activations_1f1b_p_gpipe_m(ranks2):
         got[name] = activation_report(results, make_schedule(name, 2, m), setup)["measured_bytes"][0]
     assert got["gpipe"] == m * chunk0  # all m micro-batches wait for their backward
     assert got["1f1b"] == 2 * chunk0  # rank 0 of p = 2 holds p
+
+
+def test_held_bytes_release_the_w_part_at_w():
+    # zb-h1, p = 2, m = 8: rank 0 plays F0 F1 B0 F2 B1 W0 F3 ... (at most 2 sets before their B and
+    # 1 after it), rank 1 F0 B0 F1 B1 W0 F2 ... (1 and 1). Sets of 10 and 7 bytes, of which 3 and 2 stay for W:
+    s = make_schedule("zb-h1", 2, 8)
+    assert held_bytes(s, [[10], [7]], [[3], [2]]) == [2 * 10 + 3, 7 + 2]
+    assert held_bytes(s, [[10], [7]]) == [3 * 10, 2 * 7]  # w_bytes=None: the whole set stays until W
+
+
+def test_zb_h1_keeps_only_what_w_needs_until_w(ranks2):
+    """Qi et al. 2023 §2: between B and W a micro-batch keeps each linear's input and its output
+    gradient, not its graph. By hand, gpt-tiny (h 64, a 4 heads, g 2 KV heads, d 16, f 176) at b = 1,
+    s = 16: a block keeps 16·(8·64 + 2·64 + 2·32 + 3·176)·4 = 78,848 bytes, the embedding its token
+    ids and output gradient 16·8 + 16·64·4 = 4,224, the head 16·(3·64 + 64)·4 = 16,384."""
+    setup, m = TINY, 8
+    cfg = setup.config()
+    w = [4_224 + 78_848, 78_848 + 16_384]  # rank 0: embedding + block 0; rank 1: block 1 + head
+    assert [chunk_w_bytes(cfg, 0, 2, 1, 16), chunk_w_bytes(cfg, 2, 4, 1, 16)] == w
+    f = [chunk_activation_bytes(cfg, 0, 2, 1, 16), chunk_activation_bytes(cfg, 2, 4, 1, 16)]
+    results = ranks2.run(on_rank, setup, schedule="zb-h1", m=m, progress=False)
+    schedule = make_schedule("zb-h1", 2, m)
+    for step in range(setup.steps):  # every step: the orders above, with the W part held after B
+        assert [r["logs"][step].peak_bytes for r in results] == [2 * f[0] + w[0], f[1] + w[1]]
+    assert [r["logs"][0].chunk_bytes[0] for r in results] == f
+    assert [predicted_memory(setup, schedule, r)["activations"] for r in (0, 1)] == [2 * f[0] + w[0], f[1] + w[1]]
+    assert 2 * f[0] + w[0] < 3 * f[0] and f[1] + w[1] < 2 * f[1]  # less than whole graphs until W
+    check_parity(merge(results), setup)
 
 
 def test_bubble_report_has_both_definitions(ranks2):

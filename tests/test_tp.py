@@ -229,29 +229,53 @@ def run_case(request, t, sp, regather=False, recompute="none"):
     return _RUNS[key], _REFERENCES[t]
 
 
-def assert_parity(result, reference, lr):
-    """fp32: loss and every gradient to ~1e-6 relative. Parameters after 3 AdamW steps: Adam divides
-    each gradient by its own magnitude, so elements whose gradient is ~1e-8 (at Adam's eps) turn a
-    last-bit difference into a visible one; we bound the difference by 10% of one step's size (lr),
-    which still catches a missing, doubled or mis-sharded update (an error of order lr)."""
+_FLOORS: dict = {}
+
+
+def float32_floor(t):
+    """Relative L2 (max over tensors) between the float32 single process and the same run in float64:
+    what float32 rounding alone does to the parameters after 3 AdamW steps. gpt-tiny (t = 2): below
+    1e-5. gpt-small (t = 4): about 1.4e-5, mostly in mlp.down_proj, whose small residual init makes
+    the ~lr steps that Adam gives rounding-level gradient elements a larger share of the tensor."""
+    if t not in _FLOORS:
+        setup = SETUPS[t]
+        exact = train(setup, model=GPT(setup.config(), seed=setup.seed).double(), measure=False)
+        _FLOORS[t] = compare(_REFERENCES[t], exact)["max_rel_l2_param_diff"]
+    return _FLOORS[t]
+
+
+def assert_parity(result, reference, t):
+    """fp32: loss and every gradient to ~1e-6 relative. Parameters after 3 AdamW steps as relative L2
+    per tensor: Adam divides each gradient by its own magnitude, so elements whose gradient is ~1e-8
+    (at Adam's eps) turn a last-bit difference into a step of ~lr (the worst element, information
+    only); over a whole tensor that stays ≤ 1e-5 on gpt-tiny. On gpt-small (t = 4) float32 itself
+    is further than that from exact (``float32_floor``), so there the bound is 3x that floor: two
+    float32 runs, each about one floor from the exact result. A missing, doubled or mis-sharded
+    update moves every element of a tensor by ~lr, a relative L2 of ~1e-2."""
     p = compare(result, reference)
-    assert p["max_abs_loss_diff"] < 1e-5
-    assert p["max_rel_grad_diff"] < 1e-5
-    worst = max(float((result.params[n] - reference.params[n]).abs().max()) for n in reference.params)
-    assert worst < 0.1 * lr
+    assert p["max_abs_loss_diff"] < 1e-5, p
+    assert p["max_rel_grad_diff"] < 1e-5, p
+    assert p["max_rel_l2_param_diff"] <= max(1e-5, 3 * float32_floor(t)), (p, float32_floor(t))
     assert len(result.losses) == len(reference.losses) == 3
+
+
+def test_float32_floor_on_gpt_small_is_above_1e5(request):
+    """The reason the t = 4 parity above is not gated at 1e-5: one float32 process on gpt-small is
+    already further than that from float64."""
+    run_case(request, 4, False)
+    assert 1e-5 < float32_floor(4) < 3e-5
 
 
 @pytest.mark.parametrize("t,sp,regather,recompute", OURS)
 def test_ours_matches_single_process(t, sp, regather, recompute, request):
     answers, reference = run_case(request, t, sp, regather, recompute)
-    assert_parity(gather_result([a[0] for a in answers]), reference, SETUPS[t].lr)
+    assert_parity(gather_result([a[0] for a in answers]), reference, t)
 
 
 @pytest.mark.parametrize("t,sp", CASES)
 def test_dtensor_matches_single_process(t, sp, request):
     answers, reference = run_case(request, t, sp)
-    assert_parity(answers[0][1], reference, SETUPS[t].lr)
+    assert_parity(answers[0][1], reference, t)
 
 
 def _sp_without_grad_sync(ctx, setup):

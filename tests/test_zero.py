@@ -35,10 +35,11 @@ SETUP = TrainSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=32)
 EMBED, BLOCK, HEAD = 64 * 64, 2 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176, 64 + 64 * 64
 
 # Tolerances (fp32). Loss and first-step gradients: the sums differ only in order, ~1e-7; a wrong
-# averaging factor is off by (N-1)·100%. Parameters after several AdamW steps: Adam divides by
-# sqrt(v), so on weights whose gradient is ~1e-9 (pure rounding noise) the update is ±lr whichever
-# way the noise fell; plain data parallelism shows the same 1e-4; a missed or doubled update is ~10%.
-LOSS_TOL, GRAD_TOL, PARAM_TOL = 1e-5, 1e-5, 1e-3
+# averaging factor is off by (N-1)·100%. Parameters after several AdamW steps, relative L2 per tensor:
+# Adam divides by sqrt(v), so on weights whose gradient is ~1e-9 (pure rounding noise) the update is
+# ±lr whichever way the noise fell, a worst-element difference of ~1e-4 (information only); over a
+# whole tensor those few elements stay ≤ 1e-5, while a missed or doubled update is ~10%.
+LOSS_TOL, GRAD_TOL, PARAM_L2_TOL = 1e-5, 1e-5, 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +150,9 @@ def test_op_names_are_normalised():
 def _check_parity(result, reference):
     p = compare(result, reference)
     assert (
-        p["max_abs_loss_diff"] < LOSS_TOL and p["max_rel_grad_diff"] < GRAD_TOL and p["max_rel_param_diff"] < PARAM_TOL
+        p["max_abs_loss_diff"] < LOSS_TOL
+        and p["max_rel_grad_diff"] < GRAD_TOL
+        and p["max_rel_l2_param_diff"] <= PARAM_L2_TOL
     ), p
 
 

@@ -1,8 +1,9 @@
 """Measure: the bytes autograd holds *right now*, by saved-tensor hooks.
 
 A pipeline rank holds the activations of several micro-batches at once, and how many depends on
-the schedule (GPipe: all m; 1F1B: at most p, Narayanan et al. 2021 §2.2). ``HeldActivations``
-counts them as they come and go, so the peak of a real step can be put beside
+the schedule (GPipe: all m; 1F1B: at most p, Narayanan et al. 2021 §2.2), and a split backward
+(ZB-H1) keeps a smaller set from B until W (``keep``). ``HeldActivations`` counts them as they come
+and go, so the peak of a real step can be put beside
 ``playbook.theory.pipeline``'s prediction to the byte.
 """
 
@@ -46,6 +47,12 @@ class HeldActivations:
         return _Ticket(
             self, key, t.detach()
         )  # detached: holding t itself would tie an output to its own grad_fn (a cycle)
+
+    def keep(self, t: torch.Tensor):
+        """Count ``t`` as held until the returned ticket is dropped (``ticket.tensor`` reads it): what
+        a split backward keeps from B until W once the graph is freed (``parallel.pp_executor``).
+        A storage autograd already saved is not counted twice."""
+        return self.pack(t)
 
     @staticmethod
     def unpack(x):

@@ -17,7 +17,7 @@ import torch
 
 from playbook.model import GPT, lm_loss
 from playbook.parallel.pp_executor import Chunk
-from playbook.theory.pipeline import chunk_activation_bytes
+from playbook.theory.pipeline import chunk_activation_bytes, chunk_w_bytes
 from playbook.theory.schedules import DEFINITIONS, Costs, Schedule, Slot, Timeline, held_bytes, simulate
 
 
@@ -91,9 +91,11 @@ def activation_report(results: list[dict], schedule: Schedule, setup) -> dict:
     schedule's order × the exact per-chunk count), and the peak micro-batch counts."""
     cfg, b = setup.config(), setup.global_batch // schedule.m
     per_chunk = [[chunk_activation_bytes(cfg, *rg, b, setup.seq_len) for rg in r["ranges"]] for r in results]
+    split = schedule.split_backward  # what a micro-batch keeps from B until W
+    w = [[chunk_w_bytes(cfg, *rg, b, setup.seq_len) for rg in r["ranges"]] for r in results] if split else None
     tl = simulate(schedule)
     return {
-        "predicted_bytes": held_bytes(schedule, per_chunk),
+        "predicted_bytes": held_bytes(schedule, per_chunk, w),
         "measured_bytes": [r["logs"][0].peak_bytes for r in results],
         "chunk_bytes_predicted": per_chunk,
         "chunk_bytes_measured": [r["logs"][0].chunk_bytes for r in results],

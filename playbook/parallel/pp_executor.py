@@ -10,10 +10,13 @@ batch's mean loss, exactly as the single-process reference computes it.
 
 ZB-H1 (Qi et al. 2023, arXiv:2401.10241) splits the backward: B = ``torch.autograd.grad`` of the
 stage output w.r.t. the stage input *and* w.r.t. the output of every module that owns parameters
-(the weights are not asked for, so autograd skips their matmuls); W = for each such module,
-``autograd.grad(its output, its parameters, that output's gradient)``, one node deep. Exact, and W
-costs what a weight gradient costs. (Our W keeps the stage's whole graph until it runs; the paper
-keeps only what W needs.)
+(the weights are not asked for, so autograd skips their matmuls). As in the paper (§2), W needs
+only each such module's input and its output gradient: F keeps the inputs (forward hooks), B keeps
+the output gradients and frees the graph, and W is ``grad_out.T @ input`` per linear layer (a norm
+or an embedding, elementwise or a lookup, replays its forward on its input, one node deep). So a
+micro-batch between B and W holds ``theory.pipeline.chunk_w_bytes``, not its whole graph. A stage
+with any other parameter-owning module (tensor-parallel layers, whose forward may communicate)
+keeps its graph until W, and W is ``autograd.grad`` of each module's output, one node deep.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from playbook.measure.held import HeldActivations
+from playbook.model import RMSNorm
 from playbook.theory.schedules import Schedule, Slot
 
 
@@ -170,7 +174,7 @@ def run_step(
                 _compute(a.kind, st, chunk, s == 0, tokens[a.mb], targets[a.mb], m, split, held, log, a.chunk)
             log.slots.append(Slot(rank, a.kind, a.mb, a.chunk, t0, time.perf_counter()))
             if a.kind == ("W" if split else "B"):
-                for k in ("output", "input", "captured", "grad_ys"):  # the graph goes with them: autograd frees it
+                for k in ("output", "input", "captured", "grad_ys", "inputs"):  # the graph goes with them
                     st.pop(k, None)
     for work in sends:
         work.wait()
@@ -178,16 +182,30 @@ def run_step(
     return log
 
 
+_REPLAYED = (nn.Embedding, RMSNorm)  # no matmul and no communication in their forward: W replays it
+
+
+def _weight_grads(mod: nn.Module, own: list, x: torch.Tensor, g: torch.Tensor) -> tuple:
+    """The parameter gradients of ``mod`` from its input ``x`` and output gradient ``g`` alone."""
+    if type(mod) is nn.Linear:  # y = x Wᵀ (+ b): dW = gᵀ x over all rows, db = Σ g
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])  # [rows, out], [rows, in]
+        return (g2.T @ x2, *([g2.sum(0)] if mod.bias is not None else []))  # [out, in], [out]
+    with torch.enable_grad():
+        return torch.autograd.grad(mod(x), own, g)
+
+
 def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) -> None:
     if kind == "F":
         before = held.now
-        captured: list = []
+        captured: list = []  # (module, its parameters, its input, its output), in forward order
         hooks = []
-        if split:  # remember the output of every module that owns parameters, for B and W
+        if split:  # remember every module that owns parameters, with its input and output, for B and W
             for mod in chunk.modules():
                 own = list(mod.parameters(recurse=False))
                 if own:
-                    hooks.append(mod.register_forward_hook(lambda mod, i, out, own=own: captured.append((out, own))))
+                    hooks.append(
+                        mod.register_forward_hook(lambda mod, a, out, own=own: captured.append((mod, own, a[0], out)))
+                    )
         with held.hooks():
             x = tokens if first else st["input"]  # tokens [b, s] or activations [b, s, hidden]
             y = chunk(x)  # [b, s, hidden] or logits [b, s, vocab]
@@ -197,6 +215,9 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
         for h in hooks:
             h.remove()
         st["output"], st["captured"] = y, captured
+        st["lean"] = all(type(mod) is nn.Linear or type(mod) in _REPLAYED for mod, *_ in captured)
+        if split and st["lean"]:  # W's inputs: saved by autograd already, so they add no bytes here
+            st["inputs"] = [held.keep(x) for _, _, x, _ in captured]
         log.chunk_bytes.setdefault(c, held.now - before)
     elif kind == "B":
         out, grad_out = st["output"], st.pop("grad_out", None)  # None for the loss: d loss / d loss = 1
@@ -205,13 +226,24 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
             if not first:
                 st["grad_in"] = st["input"].grad  # [b, s, hidden]
             return
-        ys = [y for y, _ in st["captured"]]
+        ys = [y for *_, y in st["captured"]]
         inputs = ([] if first else [st["input"]]) + ys
-        grads = torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
+        lean = st["lean"]
+        grads = torch.autograd.grad(out, inputs, grad_out, retain_graph=not lean)  # lean: frees the graph
         if not first:
             st["grad_in"], grads = grads[0], grads[1:]
-        st["grad_ys"] = grads
-    else:  # W: one node deep per module, its weights only
-        for (y, own), g in zip(st["captured"], st["grad_ys"]):
+        if lean:  # keep what W needs (the inputs, kept at F, and these output gradients); drop the rest
+            st["grad_ys"] = [held.keep(g) for g in grads]
+            st["captured"] = [(mod, own) for mod, own, *_ in st["captured"]]
+            for k in ("output", "input"):
+                st.pop(k, None)
+        else:
+            st["grad_ys"] = grads
+    elif st["lean"]:  # W from each module's input and output gradient alone
+        for (mod, own), x, g in zip(st["captured"], st.pop("inputs"), st["grad_ys"]):
+            for p, gp in zip(own, _weight_grads(mod, own, held.unpack(x), held.unpack(g))):
+                p.grad = gp if p.grad is None else p.grad + gp
+    else:  # W on the kept graph: one node deep per module, its weights only
+        for (_, own, _, y), g in zip(st["captured"], st["grad_ys"]):
             for p, gp in zip(own, torch.autograd.grad(y, own, g, retain_graph=True)):
                 p.grad = gp if p.grad is None else p.grad + gp

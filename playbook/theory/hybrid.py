@@ -220,7 +220,13 @@ def memory_per_rank(
         + (s == dims.pp - 1) * piece["last"]
         for s in range(dims.pp)
     ]
-    out["activations"] = held_bytes(make_schedule(schedule, dims.pp, microbatches), [[x] for x in per_stage])[stage]
+    plan = make_schedule(schedule, dims.pp, microbatches)
+    w = None  # a split backward without TP keeps only W's part from B to W; with TP layers, the graph
+    if plan.split_backward and dims.tp == 1:
+        from playbook.theory.pipeline import chunk_w_bytes, stage_ranges
+
+        w = [[chunk_w_bytes(cfg, *rg, b, seq_len)] for rg in stage_ranges(cfg, dims.pp)]
+    out["activations"] = held_bytes(plan, [[x] for x in per_stage], w)[stage]
     return out
 
 

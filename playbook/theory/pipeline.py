@@ -6,7 +6,8 @@ stages ``schedule.stage(r, c)`` (``playbook.theory.schedules``). From the ranges
 the activation bytes autograd saves for one micro-batch of a chunk (``chunk_activation_bytes``,
 built on ``playbook.theory.activations``), and a rank's memory by category in fp32 with AdamW
 (``predicted_memory``: parameters, gradients, optimizer state, and the schedule's peak of held
-activations, ``held_bytes``). ``playbook.measure.held`` measures the same bytes on real ranks.
+activations, ``held_bytes``), and with a split backward (ZB-H1) the smaller part one micro-batch
+keeps from B until W (``chunk_w_bytes``). ``playbook.measure.held`` measures the same bytes on real ranks.
 """
 
 from __future__ import annotations
@@ -46,6 +47,31 @@ def chunk_activation_bytes(cfg, start: int, end: int, micro_batch: int, seq_len:
     return total
 
 
+def chunk_w_bytes(cfg, start: int, end: int, micro_batch: int, seq_len: int, dtype_bytes: int = 4) -> int:
+    """Predicted bytes one micro-batch keeps on pieces [start, end) from its B until its W, when the
+    backward is split (ZB-H1, Qi et al. 2023, arXiv:2401.10241, §2: W needs each linear's input and
+    the gradient of its output, not the rest of the graph). Our executor keeps, for every module that
+    owns parameters, its input and its output gradient, once per storage (elements; × B unless noted):
+
+        a block      inputs   x, norm outputs 2·h, attention output a·d, residual sum h, gate·up f
+                     grads    norm outputs 2·h, q a·d, k and v 2·g·d, o_proj and down_proj 2·h, gate and up 2·f
+                     together b·s·(8h + 2ad + 2gd + 3f)
+        embedding    token ids b·s (int64) and the gradient of its output b·s·h
+        head         the final norm's input h and output gradient h, lm_head's input h, logits' gradient V
+    """
+    if cfg.is_moe or cfg.attention != "gqa":
+        raise ValueError("chunk_w_bytes counts dense GQA blocks only; use a dense preset such as gpt-tiny")
+    b, s, h, V, B, f = micro_batch, seq_len, cfg.hidden, cfg.vocab_size, dtype_bytes, cfg.ffn_hidden
+    a, g, d, L = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.n_layers
+    n_blocks = max(0, min(end, L + 1) - max(start, 1))
+    total = n_blocks * b * s * (8 * h + 2 * a * d + 2 * g * d + 3 * f) * B
+    if start == 0:
+        total += b * s * INDEX_BYTES + b * s * h * B
+    if end == L + 2:
+        total += b * s * (3 * h + V) * B
+    return total
+
+
 def predicted_memory(setup, schedule: Schedule, rank: int = 0, partition=None) -> dict[str, int]:
     """Bytes on ``rank`` for a ``TrainSetup`` in fp32 with AdamW: its chunks' parameters, as many
     gradient bytes, two moments plus a 4-byte step counter per tensor; activations: the schedule's
@@ -67,9 +93,15 @@ def predicted_memory(setup, schedule: Schedule, rank: int = 0, partition=None) -
         [chunk_activation_bytes(cfg, *ranges[schedule.stage(r, c)], b, setup.seq_len) for c in range(schedule.v)]
         for r in range(schedule.p)
     ]
+    w = None
+    if schedule.split_backward:
+        w = [
+            [chunk_w_bytes(cfg, *ranges[schedule.stage(r, c)], b, setup.seq_len) for c in range(schedule.v)]
+            for r in range(schedule.p)
+        ]
     return {
         "params": 4 * n_params,
         "grads": 4 * n_params,
         "optimizer": 8 * n_params + 4 * n_tensors,
-        "activations": held_bytes(schedule, per_chunk)[rank],
+        "activations": held_bytes(schedule, per_chunk, w)[rank],
     }

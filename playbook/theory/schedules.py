@@ -407,18 +407,21 @@ def in_flight(schedule: Schedule) -> tuple[list[int], list[int]]:
     return until_b, held
 
 
-def held_bytes(schedule: Schedule, chunk_bytes: Sequence[Sequence[int]]) -> list[int]:
+def held_bytes(
+    schedule: Schedule, chunk_bytes: Sequence[Sequence[int]], w_bytes: Sequence[Sequence[int]] | None = None
+) -> list[int]:
     """Peak bytes of saved activations per rank, playing the order: + ``chunk_bytes[r][c]`` at each
-    F of chunk c, − at its release (B, or W when split)."""
-    release = "W" if schedule.split_backward else "B"
+    F of chunk c, − at its B. With a split backward, ``w_bytes[r][c]`` of them stay from B until
+    that micro-batch's W (Qi et al. 2023, §2: W needs only each linear's input and output gradient);
+    ``w_bytes=None``: the whole set stays until W."""
+    split = schedule.split_backward
     out = []
     for r in range(schedule.p):
         now = peak = 0
         for a in schedule.compute(r):
-            if a.kind == "F":
-                now += chunk_bytes[r][a.chunk]
-            elif a.kind == release:
-                now -= chunk_bytes[r][a.chunk]
+            whole = chunk_bytes[r][a.chunk]
+            w = (whole if w_bytes is None else w_bytes[r][a.chunk]) if split else 0
+            now += {"F": whole, "B": w - whole, "W": -w}[a.kind]
             peak = max(peak, now)
         out.append(peak)
     return out
