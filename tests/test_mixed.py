@@ -148,3 +148,16 @@ def test_bad_precision_is_one_clear_line(capsys):
         main(["run", "dp", "--world-size", "2", "--precision", "bf16"])
     assert exit.value.code == 2
     assert "invalid choice: 'bf16'" in capsys.readouterr().err
+
+
+def test_tp_mixed_memory_is_the_prediction_and_loss_tracks_fp32(capsys, fp32):
+    code = main(["run", "tp", "--world-size", "2", "--precision", "mixed", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["native"] is None and report["setup"]["precision"] == "mixed"
+    measured, predicted = report["memory"]["measured"], report["memory"]["predicted"]
+    for k in ("params", "grads", "optimizer", "activations"):
+        assert measured[k] == predicted[k], k
+    held = measured["params"] // 2  # bf16: 2 bytes per parameter of this rank's shard (split + replicated)
+    assert measured["grads"] == 2 * held and measured["optimizer"] == 12 * held + 4 * TENSORS
+    for step, (ours, ref) in enumerate(zip(report["losses"], fp32.losses)):
+        assert abs(ours - ref) <= LOSS_RTOL * ref, (step, ours, ref)
