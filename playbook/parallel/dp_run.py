@@ -24,10 +24,12 @@ from playbook.measure.memory import SavedActivations, gradient_bytes, optimizer_
 from playbook.measure.trace import Tracer
 from playbook.model import GPT
 from playbook.parallel.dp import VARIANTS, BucketedAllReduce, accumulating, allreduce_each, micro_batch, wrap_ddp
+from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, to_mixed, train_mixed
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.buckets import bucket_cap_bytes
+from playbook.theory.buckets import bucket_cap_bytes, bucket_plan, parameter_shapes
+from playbook.theory.comm import sent_bytes
 from playbook.theory.dp import predicted_comm
 from playbook.theory.memory import training_memory
 
@@ -70,22 +72,28 @@ def train_dp(
     accumulate: int = 1,
     tracer: Tracer | None = None,
     progress=None,
+    precision: str = "fp32",
 ) -> DPResult:
     """``setup.steps`` AdamW steps of data parallelism over ``group`` on ``training.train``: same
     model, data, optimizer as the single process; this rank's rows split into ``accumulate``
-    micro-batches; the loss reported is the global batch's. Memory is measured in the first step."""
+    micro-batches; the loss reported is the global batch's. Memory is measured in the first step.
+    ``precision="mixed"``: the model in bf16 (so are its gradients and the all-reduced buckets),
+    AdamW on fp32 masters (``parallel.mixed``)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+    check_precision(precision)
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     micro = micro_batch(setup, n, accumulate)
     tracer = tracer or Tracer(rank)
     net = GPT(setup.config(), seed=setup.seed).to(device)
+    if precision == "mixed":
+        to_mixed(net)
     model, reducer, hook = net, None, None  # model: what the forward calls (DDP wraps net)
     if variant == "bucketed":
         reducer = BucketedAllReduce(net, cap_bytes, group, tracer)
     elif variant == "ddp":
         model, hook = wrap_ddp(net, cap_bytes, group, tracer)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=setup.lr)
+    optimizer = optimizer_for(net, setup, precision)
     task, first_span = setup.task(), len(tracer.spans)
     out, now = DPResult([], {}, {}), {}
 
@@ -141,7 +149,7 @@ def train_dp(
         progress=step_done,
     )
     out.losses, out.grads, out.params = result.losses, result.grads, result.params
-    out.memory["optimizer"] = optimizer_bytes(optimizer)  # AdamW's states are whole from the first step on
+    out.memory["optimizer"] = optimizer_bytes(optimizer)  # AdamW's states (and masters) are whole from step 1 on
     out.memory["comm_buffers"] = sum(b.numel() * b.element_size() for b in reducer.buffers) if reducer else None
     out.spans = without_loop_steps(tracer.spans[first_span:])
     if reducer is not None:
@@ -154,7 +162,13 @@ def train_dp(
 
 
 def on_rank(
-    ctx, setup: TrainSetup, *, variant: str = "bucketed", bucket_mb: float = DEFAULT_BUCKET_MB, accumulate: int = 1
+    ctx,
+    setup: TrainSetup,
+    *,
+    variant: str = "bucketed",
+    bucket_mb: float = DEFAULT_BUCKET_MB,
+    accumulate: int = 1,
+    precision: str = "fp32",
 ) -> DPResult:
     """The rank function: ``ranks(n).run(on_rank, setup, variant="bucketed")``, over ``ctx.mesh``'s dp group."""
     return train_dp(
@@ -166,6 +180,7 @@ def on_rank(
         accumulate=accumulate,
         tracer=ctx.tracer,
         progress=ctx.progress,
+        precision=precision,
     )
 
 
@@ -248,12 +263,25 @@ def scaling_table(rows: list[dict], seq_len: int, weak: bool = False) -> list[di
 
 
 # ---- `playbook run dp` -------------------------------------------------------------------------
-def with_ddp_on_rank(ctx, setup: TrainSetup, *, variant: str, bucket_mb: float, accumulate: int):
+def with_ddp_on_rank(ctx, setup: TrainSetup, *, variant: str, bucket_mb: float, accumulate: int, precision="fp32"):
     """Our variant, then DDP on the same ranks and data (once, if the variant is DDP)."""
-    ours = on_rank(ctx, setup, variant=variant, bucket_mb=bucket_mb, accumulate=accumulate)
-    return ours, (
-        ours if variant == "ddp" else on_rank(ctx, setup, variant="ddp", bucket_mb=bucket_mb, accumulate=accumulate)
-    )
+    options = dict(bucket_mb=bucket_mb, accumulate=accumulate, precision=precision)
+    ours = on_rank(ctx, setup, variant=variant, **options)
+    return ours, (ours if variant == "ddp" else on_rank(ctx, setup, variant="ddp", **options))
+
+
+def mixed_comm(setup: TrainSetup, *, world_size: int, variant: str, cap_bytes: int) -> dict[str, float]:
+    """``theory.dp.predicted_comm`` for bf16 gradients: 2Ψ all-reduced (+ the 4-byte fp32 loss),
+    buckets planned at 2 bytes an element (twice the elements under the same cap)."""
+    cfg = setup.config()
+    buffer = 2 * cfg.num_params() + 4
+    plan = bucket_plan(parameter_shapes(cfg), cap_bytes, element_bytes=2)
+    calls = cfg.num_param_tensors() if variant == "naive" else len(plan)
+    return {
+        "all_reduce": sent_bytes("all_reduce", buffer, world_size),
+        "all_reduce buffer": buffer,
+        "all_reduce calls": calls + 1,
+    }
 
 
 def add_arguments(parser) -> None:
@@ -262,6 +290,9 @@ def add_arguments(parser) -> None:
         "--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="bucket cap in MiB, as DDP's bucket_cap_mb"
     )
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step, reduced once (no_sync)")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32", help="mixed: bf16 model and gradients, fp32 master + AdamW"
+    )
 
 
 @register(
@@ -279,9 +310,11 @@ def run_dp(
     variant: str = "bucketed",
     bucket_mb: float = DEFAULT_BUCKET_MB,
     accumulate: int = 1,
+    precision: str = "fp32",
 ) -> RunReport:
     if variant not in VARIANTS:
         raise ValueError(f"--variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+    check_precision(precision)
     cap = bucket_cap_bytes(bucket_mb)
     micro = micro_batch(setup, world_size, accumulate)
     backend = default_backend(world_size) if backend == "auto" else backend
@@ -292,13 +325,17 @@ def run_dp(
         variant=variant,
         bucket_mb=bucket_mb,
         accumulate=accumulate,
+        precision=precision,
         backend=backend,
     )[0]
     cfg = setup.config()
     predicted = training_memory(
-        cfg, seq_len=setup.seq_len, micro_batch=micro, precision="fp32", n_tensors=cfg.num_param_tensors()
+        cfg, seq_len=setup.seq_len, micro_batch=micro, precision=precision, n_tensors=cfg.num_param_tensors()
     ).as_dict()
-    predicted["comm_buffers"] = 4 * cfg.num_params() if variant == "bucketed" else None
+    grad_bytes = 2 if precision == "mixed" else 4
+    predicted["comm_buffers"] = grad_bytes * cfg.num_params() if variant == "bucketed" else None
+    comm = mixed_comm if precision == "mixed" else predicted_comm
+    reference = train_mixed(setup) if precision == "mixed" else train(setup)
     step = lambda r: _median_after_first(r.step_seconds)  # noqa: E731
     native = None
     if variant != "ddp":
@@ -311,11 +348,13 @@ def run_dp(
         strategy="dp",
         world_size=world_size,
         backend=backend,
-        parity=parity(ours, train(setup)),
+        parity=parity(
+            ours, reference, *(["single process in mixed precision, same global batch"] if precision == "mixed" else [])
+        ),
         native=native,
         memory={"predicted": predicted, "measured": ours.memory},
         comm={
-            "predicted": predicted_comm(setup, world_size=world_size, variant=variant, cap_bytes=cap),
+            "predicted": comm(setup, world_size=world_size, variant=variant, cap_bytes=cap),
             "measured": measured_comm(ours, setup.steps),
         },
         setup={
@@ -323,6 +362,7 @@ def run_dp(
             "variant": variant,
             "bucket_mb": bucket_mb,
             "accumulate": accumulate,
+            "precision": precision,
             "micro_batch": micro,
             "step_seconds": step(ours),
             "buckets": ours.buckets,

@@ -25,6 +25,7 @@ from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.tp import check_tp, step_collectives, summarize, tp_training_memory
 from playbook.parallel.tp import TPGPT, shard_dims, sync_replicated_grads, unshard
+from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, to_mixed, train_mixed
 
 
 # ---- training on real ranks ---------------------------------------------------------------------
@@ -75,10 +76,17 @@ def tp_group(ctx):
 
 
 def train_tp(
-    ctx, setup: TrainSetup, *, sequence_parallel: bool = False, regather: bool = False, recompute: str = "none"
+    ctx,
+    setup: TrainSetup,
+    *,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+    precision: str = "fp32",
 ):
     """Rank function: build this rank's shard from the reference GPT, train, and return
-    (TrainResult of this rank's slices, shard dims, the collectives of step 0)."""
+    (TrainResult of this rank's slices, shard dims, the collectives of step 0). ``precision="mixed"``:
+    the shard in bf16, AdamW on fp32 masters (``parallel.mixed``)."""
     group = tp_group(ctx)
     model = TPGPT(
         GPT(setup.config(), seed=setup.seed).to(ctx.device),
@@ -87,8 +95,11 @@ def train_tp(
         regather=regather,
         recompute=recompute,
     )
+    if precision == "mixed":
+        to_mixed(model)
     sync = (lambda m: sync_replicated_grads(m, group)) if sequence_parallel else None
-    result = train_loop(model, setup, ctx.device, after_backward=sync, progress=ctx.progress)
+    optimizer = optimizer_for(model, setup, precision)
+    result = train_loop(model, setup, ctx.device, after_backward=sync, optimizer=optimizer, progress=ctx.progress)
     return result, shard_dims(model), measured_collectives(ctx.tracer.spans)
 
 
@@ -111,9 +122,12 @@ def on_rank(
     native: bool = False,
     regather: bool = False,
     recompute: str = "none",
+    precision: str = "fp32",
 ):
     """Rank function of ``playbook run tp``: ours, and (``native``) DTensor's on the same setup."""
-    ours = train_tp(ctx, setup, sequence_parallel=sequence_parallel, regather=regather, recompute=recompute)
+    ours = train_tp(
+        ctx, setup, sequence_parallel=sequence_parallel, regather=regather, recompute=recompute, precision=precision
+    )
     if not native:
         return ours, None
     from playbook.parallel.tp_dtensor import train_dtensor
@@ -137,6 +151,12 @@ def add_arguments(parser) -> None:
         help="activation recomputation: selective (attention core) or full (each block)",
     )
     parser.add_argument("--no-native", dest="native", action="store_false", help="skip the DTensor counterpart")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="mixed: bf16 shards and gradients, fp32 master + AdamW (the DTensor counterpart stays fp32: not run)",
+    )
 
 
 @register(
@@ -155,8 +175,12 @@ def run_tp(
     regather: bool = False,
     recompute: str = "none",
     native: bool = True,
+    precision: str = "fp32",
 ) -> RunReport:
-    """t = world_size tensor-parallel ranks on the whole global batch, against the single process."""
+    """t = world_size tensor-parallel ranks on the whole global batch, against the single process
+    (in mixed precision for ``precision="mixed"``, where the DTensor counterpart is not run)."""
+    check_precision(precision)
+    native = native and precision == "fp32"
     cfg = setup.config()
     check_tp(cfg, world_size, seq_len=setup.seq_len, sequence_parallel=sequence_parallel, regather=regather)
     backend = default_backend(world_size) if backend == "auto" else backend
@@ -168,12 +192,13 @@ def run_tp(
         native=native,
         regather=regather,
         recompute=recompute,
+        precision=precision,
         backend=backend,
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like one rank: several threads on a busy 2-core machine run 10-30x slower
     try:
-        reference = train(setup)
+        reference = train_mixed(setup) if precision == "mixed" else train(setup)
     finally:
         torch.set_num_threads(threads)
     ours = gather_result([a[0] for a in answers])
@@ -185,7 +210,8 @@ def run_tp(
         regather=regather,
         recompute=recompute,
     )
-    predicted = summarize(step_collectives(cfg, **sizes), by=("op",))
+    dtype_bytes = 2 if precision == "mixed" else 4
+    predicted = summarize(step_collectives(cfg, **sizes, dtype_bytes=dtype_bytes), by=("op",))
     measured = summarize(answers[0][0][2], by=("op",))
     return RunReport(
         strategy=("tp+sp" + ("+regather" if regather else "")) if sequence_parallel else "tp",
@@ -194,13 +220,21 @@ def run_tp(
         parity=compare(ours, reference),
         native=compare(answers[0][1], reference, "DTensor parallelize_module, same global batch") if native else None,
         memory={
-            "predicted": tp_training_memory(cfg, **sizes, n_tensors=cfg.num_param_tensors()).as_dict(),
+            "predicted": tp_training_memory(
+                cfg, **sizes, precision=precision, n_tensors=cfg.num_param_tensors()
+            ).as_dict(),
             "measured": {k: ours.memory[k] for k in ("params", "grads", "optimizer", "activations")},
         },
         comm={
             "predicted": {op[0]: v["sent_bytes"] for op, v in predicted.items()},
             "measured": {op[0]: v["sent_bytes"] for op, v in measured.items()},
         },
-        setup={**setup.as_dict(), "sequence_parallel": sequence_parallel, "regather": regather, "recompute": recompute},
+        setup={
+            **setup.as_dict(),
+            "sequence_parallel": sequence_parallel,
+            "regather": regather,
+            "recompute": recompute,
+            **({"precision": precision} if precision != "fp32" else {}),
+        },
         losses=ours.losses,
     )
