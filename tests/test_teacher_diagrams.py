@@ -49,3 +49,32 @@ def test_ring_figure_shows_every_chunk_and_ends_complete():
     assert len(outlined) == 2 * (n - 1) * n  # one received chunk per rank per step
     labels = [a.text for a in fig.layout.annotations]
     assert "<b>RS 1</b>" in labels and f"<b>AG {2 * (n - 1)}</b>" in labels
+
+
+def test_tp_layout_places_f_and_g_around_each_split_region():
+    from playbook.viz.diagrams import tp_block_layout
+
+    for sp, (enter, leave) in ((False, ("f", "g")), (True, ("g", "ḡ"))):
+        ops = tp_block_layout(sequence_parallel=sp)
+        labels = [o["label"] for o in ops if o["kind"] == "comm"]
+        assert labels == [enter, leave, enter, leave]  # two regions per layer: attention, MLP
+        for i, o in enumerate(ops):  # every split region sits between an enter and a leave
+            if o["kind"] == "compute" and o["region"] == "split by heads / channels":
+                assert ops[i - 1]["label"] == enter and ops[i + 1]["label"] == leave
+    tp = tp_block_layout(sequence_parallel=False)
+    assert (tp[1]["forward"], tp[1]["backward"]) == ("identity", "all-reduce")  # Megatron's f
+    sp = tp_block_layout(sequence_parallel=True)
+    assert (sp[3]["forward"], sp[3]["backward"]) == ("reduce-scatter (s)", "all-gather (s)")
+    assert {o["region"] for o in sp if o["label"] == "RMSNorm"} == {"split by sequence"}
+
+
+def test_tp_block_diagram_draws_both_rows():
+    from playbook.viz.diagrams import tp_block_diagram
+
+    fig = tp_block_diagram()
+    circles = [s for s in fig.layout.shapes if s.type == "circle"]
+    assert len(circles) == 8  # 4 operators per layer, TP and SP rows
+    names = [s.name for s in circles]
+    assert sum("ḡ" in n for n in names) == 2
+    norms = [s for s in fig.layout.shapes if s.name and s.name.endswith("RMSNorm")]
+    assert {s.fillcolor for s in norms} == {"#d9d9d9", "#a1d99b"}

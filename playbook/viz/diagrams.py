@@ -92,3 +92,88 @@ def ring_allreduce_figure(steps: list[dict], *, title: str = "") -> go.Figure:
         showlegend=False,
     )
     return fig
+
+
+# ---- chapter 3: where f and g sit in a transformer layer ---------------------------------------
+_REGION_COLORS = {"replicated": "#d9d9d9", "split by heads / channels": "#9ecae1", "split by sequence": "#a1d99b"}
+
+
+def tp_block_layout(*, sequence_parallel: bool) -> list[dict]:
+    """The ops of one transformer layer in order, as data: compute boxes with the layout of their
+    activations, and the communication operators between them with their forward and backward.
+
+    Tensor parallelism: Shoeybi et al. 2019 (Megatron-LM, arXiv:1909.08053), Figure 3, operators f and
+    g. Sequence parallelism: Korthikanti et al. 2022 (arXiv:2205.05198), Figure 5, operators g
+    (all-gather forward, reduce-scatter backward) and ḡ (its conjugate)."""
+    if sequence_parallel:
+        enter = {"kind": "comm", "label": "g", "forward": "all-gather (s)", "backward": "reduce-scatter (s)"}
+        leave = {"kind": "comm", "label": "ḡ", "forward": "reduce-scatter (s)", "backward": "all-gather (s)"}
+        outside = "split by sequence"
+    else:
+        enter = {"kind": "comm", "label": "f", "forward": "identity", "backward": "all-reduce"}
+        leave = {"kind": "comm", "label": "g", "forward": "all-reduce", "backward": "identity"}
+        outside = "replicated"
+    ops = []
+    for norm, body in (("RMSNorm", "attention<br>(QKV col, out row)"), ("RMSNorm", "MLP<br>(gate/up col, down row)")):
+        ops.append({"kind": "compute", "label": norm, "region": outside})
+        ops.append(dict(enter))
+        ops.append({"kind": "compute", "label": body, "region": "split by heads / channels"})
+        ops.append(dict(leave))
+        ops.append({"kind": "compute", "label": "+ residual", "region": outside})
+    return ops
+
+
+def tp_block_diagram(*, title: str = "") -> go.Figure:
+    """Two rows: the tensor-parallel layer (f and g around attention and the MLP) and the
+    sequence-parallel one (g and ḡ), boxes coloured by how their activations are split across t ranks."""
+    shapes, notes = [], []
+    rows = (("tensor parallel (Megatron)", False), ("+ sequence parallel (Korthikanti Fig. 5)", True))
+    for row, (name, sp) in enumerate(rows):
+        y = (1 - row) * 3.2
+        notes.append(dict(x=-0.2, y=y + 1.55, text=f"<b>{name}</b>", showarrow=False, xanchor="left"))
+        x = 0.0
+        for op in tp_block_layout(sequence_parallel=sp):
+            if op["kind"] == "compute":
+                w = 1.9 if "<br>" in op["label"] else 1.2
+                shapes.append(
+                    dict(
+                        type="rect", x0=x, x1=x + w, y0=y, y1=y + 1, fillcolor=_REGION_COLORS[op["region"]],
+                        line=dict(color="#555", width=1), name=f"{name}: {op['label']}",
+                    )
+                )  # fmt: skip
+                notes.append(dict(x=x + w / 2, y=y + 0.5, text=op["label"], showarrow=False, font=dict(size=10)))
+            else:
+                w = 1.1
+                shapes.append(
+                    dict(
+                        type="circle", x0=x + 0.3, x1=x + 0.8, y0=y + 0.25, y1=y + 0.75, fillcolor="#fdae6b",
+                        line=dict(color="#e6550d", width=2), name=f"{name}: {op['label']}",
+                    )
+                )  # fmt: skip
+                notes.append(dict(x=x + 0.55, y=y + 0.5, text=f"<b>{op['label']}</b>", showarrow=False))
+                notes.append(
+                    dict(
+                        x=x + 0.55, y=y - 0.35, showarrow=False, font=dict(size=9),
+                        text=f"fwd: {op['forward']}<br>bwd: {op['backward']}",
+                    )
+                )  # fmt: skip
+            x += w + 0.25
+        shapes.append(dict(type="line", x0=-0.1, x1=x - 0.2, y0=y + 0.5, y1=y + 0.5, layer="below", line=dict(width=1)))
+    for i, (region, color) in enumerate(_REGION_COLORS.items()):
+        shapes.append(
+            dict(type="rect", x0=i * 5.5, x1=i * 5.5 + 0.4, y0=-1.9, y1=-1.5, fillcolor=color, line=dict(width=1))
+        )
+        notes.append(dict(x=i * 5.5 + 0.55, y=-1.7, text=f"activations {region}", showarrow=False, xanchor="left"))
+    fig = go.Figure()
+    fig.update_layout(
+        shapes=shapes,
+        annotations=notes,
+        title=title or "one transformer layer on t ranks: where the communication operators sit",
+        xaxis=dict(visible=False, range=[-0.4, x + 0.2]),
+        yaxis=dict(visible=False, range=[-2.2, 5.0]),
+        height=380,
+        margin=dict(l=10, r=10, t=50, b=10),
+        plot_bgcolor="white",
+        showlegend=False,
+    )
+    return fig
