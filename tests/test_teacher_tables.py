@@ -36,3 +36,16 @@ def test_zero_in_psi_units_at_8_ranks():
 def test_zero_in_psi_units_refuses_bad_n():
     with pytest.raises(ValueError, match="positive number of data-parallel ranks"):
         zero_psi_rows(0)
+
+
+def test_pipeline_sends_one_activation_tp_sends_four_per_layer():
+    from playbook.config import ModelConfig
+    from playbook.theory.trades import p2p_vs_tp_bytes
+
+    cfg = ModelConfig.preset("llama-3.1-70b")  # hidden 8192, 80 layers
+    pp, tp = p2p_vs_tp_bytes(cfg, seq_len=4096, micro_batch=1, pp=8, tp=8, dtype_bytes=2)
+    assert pp["bytes per micro-batch"] == 2 * 4096 * 8192
+    assert tp["bytes per micro-batch"] == pytest.approx(80 * 4 * 2 * 4096 * 8192 * 7 / 8)
+    assert tp["messages"] == 160 and pp["messages"] == 1
+    with pytest.raises(ValueError, match="pp >= 2"):
+        p2p_vs_tp_bytes(cfg, seq_len=4096, micro_batch=1, pp=1, tp=8)
