@@ -78,3 +78,20 @@ def test_tp_block_diagram_draws_both_rows():
     assert sum("ḡ" in n for n in names) == 2
     norms = [s for s in fig.layout.shapes if s.name and s.name.endswith("RMSNorm")]
     assert {s.fillcolor for s in norms} == {"#d9d9d9", "#a1d99b"}
+
+
+def test_ulysses_moves_all_but_one_nth_of_each_rank():
+    from playbook.viz.diagrams import ulysses_figure, ulysses_owners
+
+    n, heads = 4, 8
+    own = ulysses_owners(n, heads)
+    for r in range(n):
+        before = {(i, j) for i in range(n) for j in range(heads) if own["before"][i][j] == r}
+        after = {(i, j) for i in range(n) for j in range(heads) if own["after"][i][j] == r}
+        assert before == {(r, j) for j in range(heads)}  # chunk r, every head
+        assert after == {(i, j) for i in range(n) for j in (2 * r, 2 * r + 1)}  # every chunk, heads 2r, 2r+1
+        assert len(before & after) == heads // n  # keeps 1/n, sends (n−1)/n
+    fig = ulysses_figure(n, heads)
+    assert len(fig.layout.shapes) == 2 * n * heads
+    with pytest.raises(ValueError, match="divisible by n"):
+        ulysses_owners(3, 8)

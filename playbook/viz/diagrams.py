@@ -177,3 +177,64 @@ def tp_block_diagram(*, title: str = "") -> go.Figure:
         showlegend=False,
     )
     return fig
+
+
+# ---- chapter 5: Ulysses' all-to-all ------------------------------------------------------------
+_RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+def ulysses_owners(n: int, heads: int) -> dict[str, list[list[int]]]:
+    """Which rank holds block (sequence chunk i, head j) before and after Ulysses' all-to-all
+    (Jacobs et al. 2023, *DeepSpeed Ulysses*, arXiv:2309.14509, §3.1): sequence-sharded before,
+    head-sharded after. Each rank keeps 1/n of its data and sends 1/n to each of the others."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(_RANK_COLORS):
+        raise ValueError(f"n must be an integer rank count from 1 to {len(_RANK_COLORS)}, got {n!r}")
+    if heads % n:
+        raise ValueError(f"Ulysses needs the head count divisible by n: {heads} heads over {n} ranks; try n in "
+                         f"{[d for d in range(1, len(_RANK_COLORS) + 1) if heads % d == 0]}")  # fmt: skip
+    per = heads // n
+    return {
+        "before": [[i for _ in range(heads)] for i in range(n)],
+        "after": [[j // per for j in range(heads)] for i in range(n)],
+    }
+
+
+def ulysses_figure(n: int = 4, heads: int = 8, *, title: str = "") -> go.Figure:
+    """Two grids (rows: sequence chunks, columns: heads), each block coloured by the rank holding it:
+    before the all-to-all (rank i has chunk i of every head) and after (rank r has every chunk of
+    heads r·a/n … (r+1)·a/n − 1)."""
+    owners = ulysses_owners(n, heads)
+    shapes, notes = [], []
+    for panel, (key, label) in enumerate((("before", "before: split by sequence"), ("after", "after: split by heads"))):
+        x0 = panel * (heads + 3)
+        notes.append(dict(x=x0 + heads / 2, y=n + 0.5, text=f"<b>{label}</b>", showarrow=False))
+        for i, row in enumerate(owners[key]):
+            for j, r in enumerate(row):
+                shapes.append(
+                    dict(
+                        type="rect", x0=x0 + j, x1=x0 + j + 0.92, y0=n - 1 - i, y1=n - 0.08 - i,
+                        fillcolor=_RANK_COLORS[r], line=dict(width=0), name=f"{key} chunk {i} head {j}: rank {r}",
+                    )
+                )  # fmt: skip
+            if panel == 0:
+                notes.append(dict(x=-0.2, y=n - 0.5 - i, text=f"tokens {i}·s/{n}…", showarrow=False, xanchor="right"))
+        notes.append(dict(x=x0 + heads / 2, y=-0.4, text=f"heads 0 … {heads - 1}", showarrow=False))
+    notes.append(dict(x=heads + 1.5, y=n / 2, text="<b>all-to-all</b><br>→", showarrow=False, font=dict(size=13)))
+    for r in range(n):
+        notes.append(
+            dict(x=2 * heads + 4, y=n - 0.5 - r, text=f"rank {r}", showarrow=False, xanchor="left",
+                 font=dict(color=_RANK_COLORS[r]))
+        )  # fmt: skip
+    fig = go.Figure()
+    fig.update_layout(
+        shapes=shapes,
+        annotations=notes,
+        title=title or f"Ulysses on {n} ranks, {heads} heads: the all-to-all before attention",
+        xaxis=dict(visible=False, range=[-4.5, 2 * heads + 6]),
+        yaxis=dict(visible=False, range=[-0.9, n + 0.9], scaleanchor="x"),
+        height=140 + 55 * n,
+        margin=dict(l=10, r=10, t=50, b=10),
+        plot_bgcolor="white",
+        showlegend=False,
+    )
+    return fig
