@@ -86,7 +86,7 @@ def ring_allreduce_figure(steps: list[dict], *, title: str = "") -> go.Figure:
         title=title or f"ring all-reduce on {n} ranks: numbers = contributions summed in each chunk",
         xaxis=dict(visible=False, range=[-2.5, width]),
         yaxis=dict(visible=False, range=[-1.2, n * 1.6 + 0.6], scaleanchor="x"),
-        height=170 + 60 * n,
+        height=110 + 48 * n,
         margin=dict(l=10, r=10, t=50, b=10),
         plot_bgcolor="white",
         showlegend=False,
@@ -222,7 +222,7 @@ def ulysses_figure(n: int = 4, heads: int = 8, *, title: str = "") -> go.Figure:
     notes.append(dict(x=heads + 1.5, y=n / 2, text="<b>all-to-all</b><br>→", showarrow=False, font=dict(size=13)))
     for r in range(n):
         notes.append(
-            dict(x=2 * heads + 4, y=n - 0.5 - r, text=f"rank {r}", showarrow=False, xanchor="left",
+            dict(x=heads + 1.5, y=n / 2 - 0.9 - 0.45 * r, text=f"rank {r}", showarrow=False,
                  font=dict(color=_RANK_COLORS[r]))
         )  # fmt: skip
     fig = go.Figure()
@@ -230,9 +230,9 @@ def ulysses_figure(n: int = 4, heads: int = 8, *, title: str = "") -> go.Figure:
         shapes=shapes,
         annotations=notes,
         title=title or f"Ulysses on {n} ranks, {heads} heads: the all-to-all before attention",
-        xaxis=dict(visible=False, range=[-4.5, 2 * heads + 6]),
+        xaxis=dict(visible=False, range=[-4.5, 2 * heads + 3.5]),
         yaxis=dict(visible=False, range=[-0.9, n + 0.9], scaleanchor="x"),
-        height=140 + 55 * n,
+        height=100 + 50 * n,
         margin=dict(l=10, r=10, t=50, b=10),
         plot_bgcolor="white",
         showlegend=False,
