@@ -116,3 +116,19 @@ def test_candidates_fit_and_are_ranked():
     c = p.candidates[0]  # MFU and tokens/s from the step time, by definition
     assert c.tokens_per_s == pytest.approx(256 * 4096 / c.cost.total)
     assert 0 < c.mfu < Hardware.preset("h100-sxm").achievable_flops_fraction
+
+
+def test_cli_plan_json_and_bad_input(capsys):
+    import json
+
+    from playbook.cli import main
+
+    argv = ["plan", "--model", "gpt-tiny", "--gpus", "2", "--hardware", "cpu-laptop", "--seq-len", "32"]
+    assert main([*argv, "--global-batch", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["candidates"][0]["step_s"] <= out["candidates"][-1]["step_s"]
+    assert out["launch"]["replay"].startswith("playbook run hybrid --model gpt-tiny --dp ")
+    assert "#SBATCH --nodes=1" in out["launch"]["sbatch"]
+    assert main(["plan", "--model", "llama-3.1-405b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("playbook: error: nothing fits")
