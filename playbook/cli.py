@@ -383,6 +383,59 @@ def add_serve_plan(sub) -> None:
     p.set_defaults(func=cmd_serve_plan)
 
 
+def cmd_plan(args) -> int:
+    """Every layout of ``--gpus`` GPUs for training ``--model``: rejections by reason, the fastest
+    that fit (memory, step time, MFU, tokens/s; ``playbook.theory.planner``) and launch text."""
+    from playbook.theory.plan_launch import replay_command, sbatch_script, torchrun_command
+    from playbook.theory.planner import plan
+
+    if args.top < 1:
+        raise BadInput(f"--top must be a positive integer, got {args.top}; try --top 5")
+    cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
+    result = plan(cfg, hw, gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq_len=args.seq_len,
+                  global_batch=args.global_batch, mem_util=args.mem_util)  # fmt: skip
+    best = result.candidates[0].layout
+    where = dict(
+        model=args.model, seq_len=args.seq_len, global_batch=args.global_batch, gpus_per_node=result.gpus_per_node
+    )
+    launch = {"torchrun": torchrun_command(best, **where), "sbatch": sbatch_script(best, **where),
+              "replay": replay_command(best, moe=cfg.is_moe)}  # fmt: skip
+    if args.json:
+        print(json.dumps({**result.as_dict(top=args.top), "launch": launch}, indent=2))
+        return 0
+    print(f"{args.model} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
+          f"global batch {args.global_batch}; {len(result.candidates)} layouts fit, {result.dominated} slower "
+          f"variants of them skipped")  # fmt: skip
+    print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
+    for c in result.candidates[: args.top]:
+        print(f"  {str(c.layout):<40} {c.memory / 1e9:>7.1f} GB {c.cost.total:>7.2f}s {c.cost.bubble:>6.2f}s "
+              f"{c.cost.exposed:>7.2f}s {c.mfu:>6.1%} {c.tokens_per_s:>11,.0f}")  # fmt: skip
+    print("rejected:")
+    for kind, (count, example) in result.rejected.items():
+        print(f"  {kind}: {count}, e.g. {example}")
+    print(
+        f"torchrun:\n  {launch['torchrun']}\nsbatch:\n{launch['sbatch']}\nreplay on this machine:\n  {launch['replay']}"
+    )
+    return 0
+
+
+def add_plan(sub) -> None:
+    p = sub.add_parser(
+        "plan", help="training layouts (dp × tp × pp × cp, ZeRO, micro-batches, recomputation) on N GPUs",
+        formatter_class=_Formatter,
+    )  # fmt: skip
+    p.add_argument("--model", default="llama-3.1-70b", help=f"one of: {', '.join(ModelConfig.presets())}")
+    p.add_argument("--gpus", type=int, default=64, help="GPUs in all")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="default: the hardware profile's devices_per_node")
+    p.add_argument("--hardware", default="h100-sxm", help=f"one of: {', '.join(Hardware.presets())}")
+    p.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence")
+    p.add_argument("--global-batch", type=int, default=512, help="sequences per step")
+    p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory a layout may fill")
+    p.add_argument("--top", type=int, default=5, help="layouts to show")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
     """Give options added without a help text one, so that ``--help`` shows their default too."""
     for action in parser._actions:
@@ -427,6 +480,7 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_memory)
 
     add_serve_plan(sub)
+    add_plan(sub)
 
     run = sub.add_parser(
         "run", help="run a strategy on real ranks and compare with the reference", formatter_class=_Formatter

@@ -1,0 +1,176 @@
+"""Predicted time of one training step for a whole layout: compute, exposed communication per axis,
+and the pipeline bubble (pure arithmetic, no torch). Used by :mod:`playbook.theory.planner`.
+
+Compute. Training FLOPs are PaLM's count (``playbook.theory.flops``, Chowdhery et al. 2022,
+arXiv:2204.02311, Appendix B), split evenly over every GPU and run at ``peak_bf16_flops ×
+achievable_flops_fraction`` of the hardware profile. Recomputation adds work that MFU does not
+count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs the forward again (a third
+of the training FLOPs), ``selective`` only attention's two [T, T] matmuls forward.
+
+Communication, with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's
+group uses: inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp,
+pp: ``playbook.dims``), the network card otherwise. What overlaps:
+
+- **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
+  micro-batch an all-gather and a reduce-scatter of the [s/cp, b, h] activation before and after
+  attention and the MLP: 4 forward, 4 backward (+4 with full recomputation). Exposed: each one
+  sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.3).
+- **cp** (ring attention, Liu et al. 2023, arXiv:2310.01889): per layer and micro-batch, cp − 1
+  passes of the local K and V forward and twice that backward (K, V and their gradients); hidden
+  behind attention's own compute except the first pass of each ring.
+- **ep** (DeepSpeed-MoE, arXiv:2201.05596): an all-to-all to dispatch and one to combine per MoE
+  layer forward, as many backward (+2 with full recomputation); exposed.
+- **pp** (1F1B, Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
+  micro-batch between neighbouring stages, point to point and small; exposed. Bubble: (p − 1)/m
+  of the pipelined time (compute and the exposed tp/cp/ep/pp time of the m micro-batches).
+- **dp** over the dp·cp ranks that share weights (expert weights over their dp·cp/ep replicas),
+  bf16 gradients: ZeRO 0 one all-reduce, overlapped with the last micro-batch's backward except
+  the last bucket (PyTorch DDP, Li et al. 2020, arXiv:2006.15704, buckets of 25 MiB); ZeRO 1 a
+  reduce-scatter so overlapped plus the all-gather of updated weights, overlapped with the next
+  forward except its first bucket (Megatron-LM's overlapped parameter gather); ZeRO 2 a
+  reduce-scatter after every micro-batch's backward (the gradient is sharded, so accumulation
+  cannot wait); ZeRO 3 also gathers the weights before every forward and backward, prefetched
+  behind the micro-batch's compute (Rajbhandari et al. 2019, arXiv:1910.02054, §5, §7).
+
+Not modelled: kernels' efficiency as a function of shapes (a larger micro-batch is not faster
+here), imbalance between stages, stragglers, optimizer step time, overlap of tp with compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from playbook.config import Hardware, ModelConfig
+from playbook.theory.comm import collective_seconds
+from playbook.theory.flops import BACKWARD_SHARE, attention_flops_per_token, flops_per_token
+
+BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
+GRAD_BYTES = 2  # bf16 gradients and weights on the wire (precision="mixed")
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one step: compute, bubble, and per axis (comm, exposed)."""
+
+    compute: float
+    bubble: float
+    axes: dict[str, tuple[float, float]] = field(default_factory=dict)  # axis -> (communication, exposed)
+    model_flops: float = 0.0  # useful FLOPs of the step (no recomputation): what MFU counts
+
+    @property
+    def exposed(self) -> float:
+        return sum(e for _, e in self.axes.values())
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.bubble + self.exposed
+
+    def as_dict(self) -> dict:
+        axes = {a: {"comm": c, "exposed": e} for a, (c, e) in self.axes.items()}
+        return {"compute": self.compute, "bubble": self.bubble, "exposed_comm": self.exposed,
+                "total": self.total, "axes": axes}  # fmt: skip
+
+
+def span(axis: str, *, dp: int, tp: int, pp: int, cp: int, ep: int = 1) -> int:
+    """Consecutive ranks one group of ``axis`` covers, tp fastest then cp, dp, pp (``playbook.dims``)."""
+    return {"tp": tp, "cp": tp * cp, "ep": tp * ep, "dp": tp * cp * dp, "pp": tp * cp * dp * pp}[axis]
+
+
+def link(hw: Hardware, axis: str, gpus_per_node: int, **degrees) -> tuple[float, float, str]:
+    """(bandwidth, latency, "intra"/"inter") of the link a group of ``axis`` uses."""
+    if span(axis, **degrees) <= gpus_per_node:
+        return hw.intra_node_bandwidth, hw.intra_node_latency, "intra"
+    return hw.inter_node_bandwidth, hw.inter_node_latency, "inter"
+
+
+def _overlapped(comm: float, window: float, floor: float) -> float:
+    """Exposed part of ``comm`` hidden behind ``window`` seconds, never less than ``floor`` (<= comm)."""
+    return min(comm, max(comm - window, floor))
+
+
+def step_cost(
+    cfg: ModelConfig, hw: Hardware, *, dp: int, tp: int, pp: int, cp: int, ep: int, zero: int, micro_batch: int,
+    microbatches: int, recompute: str, seq_len: int, gpus_per_node: int,
+) -> StepCost:  # fmt: skip
+    """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring)."""
+    world, s, b, m, h = dp * tp * pp * cp, seq_len, micro_batch, microbatches, cfg.hidden
+    tokens = dp * b * m * s
+    model_flops = tokens * flops_per_token(cfg, s)
+    extra = {"none": 0.0, "full": flops_per_token(cfg, s, training=False),
+             "selective": attention_flops_per_token(cfg, s, training=False)}[recompute]  # fmt: skip
+    rate = hw.peak_bf16_flops * hw.achievable_flops_fraction
+    compute = (model_flops + tokens * extra) / world / rate
+    degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    layers = math.ceil(cfg.n_layers / pp)
+    moe_layers = math.ceil(cfg.n_moe_layers / pp)
+    act = (s // cp) * b * h * GRAD_BYTES  # one micro-batch's [s/cp, b, h] activation on a rank, gathered over tp
+    axes: dict[str, tuple[float, float]] = {}
+    if tp > 1:
+        bw, lat, _ = link(hw, "tp", gpus_per_node, **degrees)
+        per_layer = 12 if recompute == "full" else 8
+        one = collective_seconds("all_gather", act, tp, bw, lat)
+        comm = m * layers * per_layer * one
+        axes["tp"] = (comm, comm)
+    if cp > 1:
+        bw, lat, _ = link(hw, "cp", gpus_per_node, **degrees)
+        kv = 2 * (s // cp) * b * max(cfg.kv_heads / tp, 1) * cfg.dim_head * GRAD_BYTES
+        one = collective_seconds("send", kv, 2, bw, lat)
+        comm = m * layers * 3 * (cp - 1) * one
+        attention = tokens * attention_flops_per_token(cfg, s) / world / rate
+        axes["cp"] = (comm, _overlapped(comm, attention, m * layers * one))
+    if ep > 1 and moe_layers:
+        bw, lat, _ = link(hw, "ep", gpus_per_node, **degrees)
+        per_layer = 6 if recompute == "full" else 4
+        comm = m * moe_layers * per_layer * collective_seconds("all_to_all", act * cfg.top_k, ep, bw, lat)
+        axes["ep"] = (comm, comm)
+    if pp > 1:
+        bw, lat, _ = link(hw, "pp", gpus_per_node, **degrees)
+        comm = 2 * m * collective_seconds("send", act / tp, 2, bw, lat)
+        axes["pp"] = (comm, comm)
+    pipelined = compute + sum(e for _, e in axes.values())
+    bubble = pipelined * (pp - 1) / m
+    if dp * cp > 1:
+        axes["dp"] = _dp_seconds(cfg, hw, zero=zero, compute=compute, gpus_per_node=gpus_per_node, **degrees,
+                                 microbatches=m)  # fmt: skip
+    return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
+
+
+def grad_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) -> list[tuple[float, int]]:
+    """(parameters per rank, group size) whose gradients are averaged: dense weights (1/tp of a
+    stage's, even stages) over dp·cp; routed experts (E/ep per rank) over dp·cp/ep replicas."""
+    experts = cfg.n_moe_layers * cfg.n_experts * 3 * cfg.hidden * cfg.expert_ffn_hidden
+    out = [((cfg.num_params() - experts) / (tp * pp), dp * cp)]
+    if experts:
+        out.append((experts / (ep * pp), dp * cp // ep))
+    return out
+
+
+def _dp_seconds(cfg, hw, *, dp, tp, pp, cp, ep, zero, compute, microbatches, gpus_per_node) -> tuple[float, float]:
+    m = microbatches
+    bw, lat, _ = link(hw, "dp", gpus_per_node, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    comm = exposed = 0.0
+    for params, n in grad_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep):
+        g = params * GRAD_BYTES
+
+        def t(op, size):
+            return collective_seconds(op, size, n, bw, lat)
+
+        last = min(BUCKET_BYTES, g)
+        window = BACKWARD_SHARE * compute / m  # one micro-batch's backward
+        if zero == 0:
+            c = t("all_reduce", g)
+            e = _overlapped(c, window, t("all_reduce", last))
+        elif zero == 1:
+            rs, ag = t("reduce_scatter", g), t("all_gather", g)
+            c, e = rs + ag, _overlapped(rs, window, t("reduce_scatter", last)) + t("all_gather", last)
+        elif zero == 2:
+            rs, ag = t("reduce_scatter", g), t("all_gather", g)
+            c = m * rs + ag
+            e = m * _overlapped(rs, window, t("reduce_scatter", last)) + t("all_gather", last)
+        else:
+            one = 2 * t("all_gather", g) + t("reduce_scatter", g)
+            floor = 2 * t("all_gather", last) + t("reduce_scatter", last)
+            c, e = m * one, m * _overlapped(one, compute / m, floor)
+        comm, exposed = comm + c, exposed + e
+    return comm, exposed

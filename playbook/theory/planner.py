@@ -1,0 +1,237 @@
+"""Plan a training run: every layout of N GPUs, why each rejected one fails, and the fastest that fits.
+
+A layout is dp × tp × pp × cp (ep inside dp·cp, ``playbook.dims``), a ZeRO stage, a micro-batch size
+b, a number of micro-batches m (global batch = dp·b·m) and a recomputation choice. For each
+candidate: memory per GPU from ``playbook.theory.memory.training_memory`` (every degree together,
+mixed precision, sequence parallelism whenever tp > 1, the most loaded 1F1B stage), step time from
+``playbook.theory.plan_cost`` (compute + exposed communication per axis + bubble), MFU (model
+FLOPs / (step time · GPUs · peak), Chowdhery et al. 2022, arXiv:2204.02311, Appendix B) and tokens
+per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473, §3: tp inside a node, pp
+across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.1).
+
+Pruned (and said so): degrees tp, pp, cp (and ep) are powers of two; tp ≤ GPUs per node is a
+rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (the cost model gives a larger
+micro-batch no speed, only memory). Within one (dp, tp, pp, cp, ep), the variant with the least
+memory (largest ZeRO stage, full recomputation, smallest b) is tried first: if even it does not fit,
+the layout is rejected for memory at once; otherwise variants are tried fastest first and the first
+that fits is the layout's candidate, the slower ones counted as dominated. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from playbook.config import Hardware, ModelConfig, require_positive
+from playbook.dims import ParallelDims
+from playbook.theory.memory import RECOMPUTE, ZERO_STAGES, training_memory
+from playbook.theory.plan_cost import StepCost, step_cost
+
+MAX_MICRO_BATCH = 8
+MEM_UTIL = 0.9  # share of device memory a plan may fill: CUDA context, NCCL buffers, fragmentation are not counted
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    zero: int
+    micro_batch: int
+    microbatches: int
+    recompute: str
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return dict(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep)
+
+    def __str__(self) -> str:
+        axes = "×".join(f"{a}{v}" for a, v in self.degrees.items() if v > 1 or a == "dp")
+        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    memory: float  # bytes on the most loaded GPU
+    cost: StepCost
+    mfu: float
+    tokens_per_s: float
+
+    def as_dict(self) -> dict:
+        return {"layout": str(self.layout), **self.layout.__dict__, "sequence_parallel": self.layout.tp > 1,
+                "memory_bytes": self.memory, "step_s": self.cost.total, "mfu": self.mfu,
+                "tokens_per_s": self.tokens_per_s, "cost": self.cost.as_dict()}  # fmt: skip
+
+
+@dataclass
+class Plan:
+    model: str
+    hardware: str
+    gpus: int
+    gpus_per_node: int
+    seq_len: int
+    global_batch: int
+    device_bytes: float
+    candidates: list[Candidate] = field(default_factory=list)  # fastest first
+    rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
+    dominated: int = 0
+    smallest: tuple[float, str] | None = None  # least memory seen in a rejected layout
+
+    def reject(self, kind: str, message: str) -> None:
+        entry = self.rejected.setdefault(kind, [0, message])
+        entry[0] += 1
+
+    def as_dict(self, top: int | None = None) -> dict:
+        keys = ("model", "hardware", "gpus", "gpus_per_node", "seq_len", "global_batch", "device_bytes", "dominated")
+        return {**{k: getattr(self, k) for k in keys},
+                "candidates": [c.as_dict() for c in self.candidates[:top]], "n_candidates": len(self.candidates),
+                "rejected": {k: {"count": n, "example": msg} for k, (n, msg) in self.rejected.items()}}  # fmt: skip
+
+
+def powers_of_two(limit: int) -> list[int]:
+    out, k = [], 1
+    while k <= limit:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def _structures(cfg: ModelConfig, plan: Plan):
+    """Every (dp, tp, pp, cp, ep) over the GPUs that passes ``ParallelDims.check``; rejections recorded."""
+    n, g = plan.gpus, plan.gpus_per_node
+    for tp in powers_of_two(n):
+        if tp > g:
+            plan.reject(
+                "tp crosses nodes", f"tp={tp} > {g} GPUs per node: TP's per-layer collectives would cross nodes"
+            )
+            continue
+        for cp in powers_of_two(n // tp):
+            for pp in powers_of_two(n // (tp * cp)):
+                if n % (tp * cp * pp):
+                    continue
+                dp = n // (tp * cp * pp)
+                if not cfg.is_moe and dp * cp > 1:  # one line per structure, not one per ep
+                    plan.reject("ep without experts", f"ep > 1: {plan.model} has no experts (n_experts = 0)")
+                for ep in [e for e in powers_of_two(dp * cp) if (dp * cp) % e == 0] if cfg.is_moe else [1]:
+                    dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+                    try:
+                        dims.check(cfg, seq_len=plan.seq_len)
+                    except ValueError as e:
+                        plan.reject(str(e).split("=")[0] + " vs the model", str(e))
+                        continue
+                    if plan.global_batch % dp:
+                        plan.reject("global batch split",
+                                    f"global batch {plan.global_batch} does not split over dp={dp}")  # fmt: skip
+                        continue
+                    yield dims
+
+
+def _variants(dims: ParallelDims, plan: Plan):
+    rows = plan.global_batch // dims.dp
+    zeros = ZERO_STAGES if dims.dp * dims.cp > 1 else (0,)
+    for b in powers_of_two(min(rows, MAX_MICRO_BATCH)):
+        if rows % b:
+            continue
+        m = rows // b
+        if m < dims.pp:
+            plan.reject("pipeline not filled", f"{dims}: m={m} micro-batches of {b} < pp={dims.pp} stages")
+            continue
+        for zero in zeros:
+            for rc in RECOMPUTE:
+                yield Layout(**{a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")}, zero=zero,
+                             micro_batch=b, microbatches=m, recompute=rc)  # fmt: skip
+
+
+def memory_bytes(cfg: ModelConfig, lay: Layout, seq_len: int) -> float:
+    return training_memory(cfg, seq_len=seq_len, micro_batch=lay.micro_batch, **lay.degrees, zero=lay.zero,
+                           sequence_parallel=lay.tp > 1, recompute=lay.recompute, precision="mixed").total  # fmt: skip
+
+
+def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_len: int, out: Plan):
+    """(variants training_memory accepts, the least memory among them, that variant). A refusal (e.g.
+    full recomputation with cp) depends on the recomputation choice, not on ZeRO or b: drop its kind."""
+    while variants:
+        least = min(variants, key=lambda v: (v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute)))
+        try:
+            return variants, memory_bytes(cfg, least, seq_len), least
+        except (ValueError, NotImplementedError) as e:
+            out.reject("not modelled", f"{dims} recompute={least.recompute}: {e}")
+            variants = [v for v in variants if v.recompute != least.recompute]
+    return [], 0.0, None
+
+
+def _needs_more(v: Layout, w: Layout) -> bool:
+    """``v`` holds at least ``w``'s bytes: same degrees, b no smaller, ZeRO and recomputation no stronger."""
+    return (v.micro_batch >= w.micro_batch and v.zero <= w.zero
+            and RECOMPUTE.index(v.recompute) <= RECOMPUTE.index(w.recompute))  # fmt: skip
+
+
+def plan(
+    cfg: ModelConfig, hw: Hardware, *, gpus: int, seq_len: int, global_batch: int, gpus_per_node: int | None = None,
+    mem_util: float = MEM_UTIL,
+) -> Plan:  # fmt: skip
+    """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
+    Raises ``ValueError`` (one line) on bad input, when no layout divides, the global batch splits
+    over none, or nothing fits (naming the smallest memory found)."""
+    g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
+    require_positive(gpus=gpus, gpus_per_node=g, seq_len=seq_len, global_batch=global_batch)
+    if gpus > g and gpus % g:
+        raise ValueError(f"--gpus {gpus} is not a whole number of nodes of {g}; try --gpus {gpus // g * g or g}")
+    if seq_len > cfg.max_seq_len:
+        raise ValueError(f"--seq-len {seq_len} exceeds {cfg.name}'s max_seq_len {cfg.max_seq_len}")
+    if not 0 < mem_util <= 1:
+        raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; try 0.9")
+    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes)
+    budget = hw.memory_bytes * mem_util
+    common = dict(seq_len=seq_len, gpus_per_node=g)
+    structures = list(_structures(cfg, out))
+    if not structures:
+        if "global batch split" in out.rejected:  # some layout divides the model; the batch splits over none
+            raise ValueError(f"global batch {global_batch} does not split over any dp of {gpus} GPUs; "
+                             f"use a multiple of {gpus // g or 1}")  # fmt: skip
+        first = next((msg for k, (_, msg) in out.rejected.items() if k.endswith("vs the model")), "")
+        raise ValueError(f"no layout of {gpus} GPUs divides {cfg.name}: {first}")
+    for dims in structures:
+        variants = list(_variants(dims, out))
+        if not variants:
+            continue
+        variants, need, least = _modelled(cfg, dims, variants, seq_len, out)
+        if not variants:
+            continue
+        if need > budget:
+            out.reject(
+                "memory", f"{least} needs {need / 1e9:.1f} GB per GPU of a {hw.memory_bytes / 1e9:.0f} GB device"
+            )
+            if out.smallest is None or need < out.smallest[0]:
+                out.smallest = (need, str(least))
+            continue
+        costs = sorted(((step_cost(cfg, hw, **v.degrees, zero=v.zero, micro_batch=v.micro_batch,
+                                   microbatches=v.microbatches, recompute=v.recompute, **common), v)
+                        for v in variants), key=lambda cv: (cv[0].total, -cv[1].zero))  # fmt: skip
+        too_big: list[Layout] = []
+        for i, (cost, v) in enumerate(costs):
+            if any(_needs_more(v, f) for f in too_big):  # memory grows with b, falls with ZeRO and recomputation
+                out.reject("memory", f"{v} needs more than {too_big[0]}, which does not fit")
+                continue
+            mem = memory_bytes(cfg, v, seq_len)
+            if mem <= budget:
+                mfu = cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops)
+                out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
+                out.dominated += len(costs) - i - 1
+                break
+            out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.memory_bytes / 1e9:.0f} GB device")
+            too_big.append(v)
+    if not out.candidates:
+        if out.smallest is None:
+            raise ValueError(f"no layout of {gpus} GPUs can be planned for {cfg.name}: "
+                             + "; ".join(msg for _, msg in out.rejected.values()))  # fmt: skip
+        need, where = out.smallest
+        raise ValueError(
+            f"nothing fits: the smallest is {need / 1e9:.1f} GB per GPU ({where}) of a {hw.memory_bytes / 1e9:.0f} GB "
+            f"device at {mem_util:g} use; it needs a device of {need / mem_util / 1e9:.0f} GB, more GPUs, a shorter "
+            "sequence or a smaller global batch"
+        )
+    out.candidates.sort(key=lambda c: (c.cost.total, c.memory))
+    return out
