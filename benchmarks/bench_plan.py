@@ -39,18 +39,28 @@ def main() -> None:
         result = plan(cfg, hw, gpus=args.gpus, seq_len=args.seq_len, global_batch=args.global_batch)
         times.append(time.perf_counter() - start)
     out = {
-        "model": args.model, "gpus": args.gpus, "hardware": args.hardware, "median_s": statistics.median(times),
-        "min_s": min(times), "max_s": max(times), "goal_s": GOAL_S, "load_average_1min": os.getloadavg()[0],
-        "cpus": os.cpu_count(), "candidates": len(result.candidates), "best": str(result.candidates[0].layout),
-    }  # fmt: skip
+        "model": args.model,
+        "gpus": args.gpus,
+        "hardware": args.hardware,
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "goal_s": GOAL_S,
+        "load_average_1min": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+        "candidates": len(result.candidates),
+        "best": str(result.candidates[0].layout),
+    }
     if args.json:
         print(json.dumps(out, indent=2))
         return
     verdict = "meets" if out["median_s"] < GOAL_S else "misses"
-    print(f"plan {args.model} on {args.gpus} × {args.hardware}: median {out['median_s']:.2f} s "
-          f"(min {out['min_s']:.2f}, max {out['max_s']:.2f}) over {args.repeats} runs, {verdict} the {GOAL_S:g} s goal; "
-          f"load average {out['load_average_1min']:.2f} on {out['cpus']} CPUs; {out['candidates']} layouts fit, "
-          f"best {out['best']}")  # fmt: skip
+    print(
+        f"plan {args.model} on {args.gpus} × {args.hardware}: median {out['median_s']:.2f} s "
+        f"(min {out['min_s']:.2f}, max {out['max_s']:.2f}) over {args.repeats} runs, {verdict} the {GOAL_S:g} s goal; "
+        f"load average {out['load_average_1min']:.2f} on {out['cpus']} CPUs; {out['candidates']} layouts fit, "
+        f"best {out['best']}"
+    )
 
 
 if __name__ == "__main__":

@@ -207,10 +207,20 @@ def cmd_memory(args) -> int:
         from playbook.theory.stages import layout_stage_memory
 
         stages = layout_stage_memory(
-            cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, dp=args.dp, zero=args.zero, tp=args.tp,
-            cp=args.cp, ep=args.ep, pp=args.pp, sequence_parallel=args.sequence_parallel, precision=args.precision,
-            recompute=args.recompute, fp32_grad_accum=args.fp32_grad_accum,
-        )  # fmt: skip
+            cfg,
+            seq_len=args.seq_len,
+            micro_batch=args.micro_batch,
+            dp=args.dp,
+            zero=args.zero,
+            tp=args.tp,
+            cp=args.cp,
+            ep=args.ep,
+            pp=args.pp,
+            sequence_parallel=args.sequence_parallel,
+            precision=args.precision,
+            recompute=args.recompute,
+            fp32_grad_accum=args.fp32_grad_accum,
+        )
     if args.json:
         report = {"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}
         if stages:
@@ -228,29 +238,15 @@ def cmd_memory(args) -> int:
         print("  training, per pipeline stage (GB per rank): layers, micro-batches in flight, total")
         for st in stages:
             ends = " + embedding" * st.embedding + " + head" * st.head
-            print(f"    stage {st.stage:>3}: layers {st.first_layer}-{st.first_layer + st.n_layers - 1}{ends}, "
-                  f"{st.in_flight} in flight, {bytes_to_gb(st.memory.total):.2f} GB")  # fmt: skip
+            print(
+                f"    stage {st.stage:>3}: layers {st.first_layer}-{st.first_layer + st.n_layers - 1}{ends}, "
+                f"{st.in_flight} in flight, {bytes_to_gb(st.memory.total):.2f} GB"
+            )
     return 0
 
 
-@contextlib.contextmanager
-def _no_progress(active: bool):
-    """While active, the launcher's progress bar draws nothing (a strategy launches its ranks itself)."""
-    from playbook import cluster
-
-    if not active:
-        yield
-        return
-    saved = cluster._ProgressBar.update
-    cluster._ProgressBar.update = lambda self, *a: None
-    try:
-        yield
-    finally:
-        cluster._ProgressBar.update = saved
-
-
 def cmd_run(args) -> int:
-    from playbook.cluster import under_torchrun
+    from playbook.cluster import no_progress, under_torchrun
     from playbook.parallel import TrainSetup, get
 
     strategy = get(args.strategy)
@@ -277,7 +273,10 @@ def cmd_run(args) -> int:
     options = {k: v for k, v in vars(args).items() if k not in common}
     # With --json, stdout carries the JSON object alone: anything else (rank prints) goes to stderr.
     # and progress bars go nowhere.
-    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(), _no_progress(args.json):
+    with (
+        contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(),
+        no_progress() if args.json else contextlib.nullcontext(),
+    ):
         report = strategy.run(setup, world_size=args.world_size, backend=args.backend, **options)
     import torch.distributed as dist
 
@@ -392,24 +391,38 @@ def cmd_plan(args) -> int:
     if args.top < 1:
         raise BadInput(f"--top must be a positive integer, got {args.top}; try --top 5")
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
-    result = plan(cfg, hw, gpus=args.gpus, gpus_per_node=args.gpus_per_node, seq_len=args.seq_len,
-                  global_batch=args.global_batch, mem_util=args.mem_util)  # fmt: skip
+    result = plan(
+        cfg,
+        hw,
+        gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        seq_len=args.seq_len,
+        global_batch=args.global_batch,
+        mem_util=args.mem_util,
+    )
     best = result.candidates[0].layout
     where = dict(
         model=args.model, seq_len=args.seq_len, global_batch=args.global_batch, gpus_per_node=result.gpus_per_node
     )
-    launch = {"torchrun": torchrun_command(best, **where), "sbatch": sbatch_script(best, **where),
-              "replay": replay_command(best, moe=cfg.is_moe)}  # fmt: skip
+    launch = {
+        "torchrun": torchrun_command(best, **where),
+        "sbatch": sbatch_script(best, **where),
+        "replay": replay_command(best, moe=cfg.is_moe),
+    }
     if args.json:
         print(json.dumps({**result.as_dict(top=args.top), "launch": launch}, indent=2))
         return 0
-    print(f"{args.model} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
-          f"global batch {args.global_batch}; {len(result.candidates)} layouts fit, {result.dominated} slower "
-          f"variants of them skipped")  # fmt: skip
+    print(
+        f"{args.model} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
+        f"global batch {args.global_batch}; {len(result.candidates)} layouts fit, {result.dominated} slower "
+        f"variants of them skipped"
+    )
     print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
     for c in result.candidates[: args.top]:
-        print(f"  {str(c.layout):<40} {c.memory / 1e9:>7.1f} GB {c.cost.total:>7.2f}s {c.cost.bubble:>6.2f}s "
-              f"{c.cost.exposed:>7.2f}s {c.mfu:>6.1%} {c.tokens_per_s:>11,.0f}")  # fmt: skip
+        print(
+            f"  {str(c.layout):<40} {c.memory / 1e9:>7.1f} GB {c.cost.total:>7.2f}s {c.cost.bubble:>6.2f}s "
+            f"{c.cost.exposed:>7.2f}s {c.mfu:>6.1%} {c.tokens_per_s:>11,.0f}"
+        )
     print("rejected:")
     for kind, (count, example) in result.rejected.items():
         print(f"  {kind}: {count}, e.g. {example}")
@@ -421,9 +434,10 @@ def cmd_plan(args) -> int:
 
 def add_plan(sub) -> None:
     p = sub.add_parser(
-        "plan", help="training layouts (dp × tp × pp × cp, ZeRO, micro-batches, recomputation) on N GPUs",
+        "plan",
+        help="training layouts (dp × tp × pp × cp, ZeRO, micro-batches, recomputation) on N GPUs",
         formatter_class=_Formatter,
-    )  # fmt: skip
+    )
     p.add_argument("--model", default="llama-3.1-70b", help=f"one of: {', '.join(ModelConfig.presets())}")
     p.add_argument("--gpus", type=int, default=64, help="GPUs in all")
     p.add_argument("--gpus-per-node", type=int, default=None, help="default: the hardware profile's devices_per_node")

@@ -13,7 +13,8 @@ from playbook.cluster import Ranks
 from playbook.measure.collectives import measured_comm
 from playbook.model import GPT
 from playbook.parallel import TrainSetup, train
-from playbook.parallel.dp_run import mixed_comm, on_rank, run_dp
+from playbook.parallel.dp_run import on_rank, run_dp
+from playbook.theory.dp import predicted_comm
 from playbook.parallel.mixed import MixedPrecisionAdamW, predicted_memory, train_mixed
 from playbook.theory.activations import model_activation_bytes
 from playbook.theory.buckets import bucket_cap_bytes
@@ -125,7 +126,9 @@ def test_dp_loss_tracks_fp32_and_its_all_reduces_are_bf16(dp_mixed, fp32):
         assert abs(ours - ref) <= LOSS_RTOL * ref, (step, ours, ref)
     measured = measured_comm(dp_mixed[0], SETUP.steps)
     assert measured["all_reduce buffer"] == 2 * PSI + 4  # bf16 gradients + the fp32 loss
-    assert measured == mixed_comm(SETUP, world_size=2, variant="bucketed", cap_bytes=bucket_cap_bytes(CAP_MB))
+    assert measured == predicted_comm(
+        SETUP, world_size=2, variant="bucketed", cap_bytes=bucket_cap_bytes(CAP_MB), element_bytes=2
+    )
     assert measured["all_reduce"] == pytest.approx(2 * (2 * PSI + 4) * (2 - 1) / 2)  # ring: 2·B·(n−1)/n
 
 

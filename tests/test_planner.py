@@ -9,9 +9,18 @@ from playbook.theory.plan_cost import step_cost
 from playbook.theory.planner import plan
 
 TINY = ModelConfig.preset("gpt-tiny")  # vocab 64, hidden 64, 2 layers, 4 heads (2 KV, dim 16), ffn 176, untied
-HW = Hardware(name="toy", memory_bytes=1e12, peak_bf16_flops=1e12, memory_bandwidth=1e12,
-              intra_node_bandwidth=1e9, inter_node_bandwidth=1e8, devices_per_node=8,
-              intra_node_latency=1e-6, inter_node_latency=1e-5, achievable_flops_fraction=0.5)  # fmt: skip
+HW = Hardware(
+    name="toy",
+    memory_bytes=1e12,
+    peak_bf16_flops=1e12,
+    memory_bandwidth=1e12,
+    intra_node_bandwidth=1e9,
+    inter_node_bandwidth=1e8,
+    devices_per_node=8,
+    intra_node_latency=1e-6,
+    inter_node_latency=1e-5,
+    achievable_flops_fraction=0.5,
+)
 
 # By hand: one layer = 2 norms (128) + q,o 64·64 each + k,v 64·32 each (12,288) + SwiGLU 3·64·176 (33,792)
 # = 46,208; matmul params = 2 layers + final norm 64 + head 64·64 = 96,576; all params add the
@@ -52,10 +61,36 @@ def test_tp_collectives_exposed_eight_per_layer():
 
 def test_links_follow_the_rank_order():
     # dp groups are tp·cp apart: dp2 × tp8 spans 16 ranks, two nodes of 8, so its ring uses the NIC
-    inside = step_cost(TINY, HW, dp=2, tp=2, pp=1, cp=1, ep=1, zero=0, micro_batch=1, microbatches=1,
-                       recompute="none", seq_len=32, gpus_per_node=8).axes["dp"][0]  # fmt: skip
-    across = step_cost(TINY, HW, dp=2, tp=2, pp=1, cp=1, ep=1, zero=0, micro_batch=1, microbatches=1,
-                       recompute="none", seq_len=32, gpus_per_node=2).axes["dp"][0]  # fmt: skip
+    inside = step_cost(
+        TINY,
+        HW,
+        dp=2,
+        tp=2,
+        pp=1,
+        cp=1,
+        ep=1,
+        zero=0,
+        micro_batch=1,
+        microbatches=1,
+        recompute="none",
+        seq_len=32,
+        gpus_per_node=8,
+    ).axes["dp"][0]
+    across = step_cost(
+        TINY,
+        HW,
+        dp=2,
+        tp=2,
+        pp=1,
+        cp=1,
+        ep=1,
+        zero=0,
+        micro_batch=1,
+        microbatches=1,
+        recompute="none",
+        seq_len=32,
+        gpus_per_node=2,
+    ).axes["dp"][0]
     g = 2 * ALL_PARAMS / 2  # half the weights per tp rank
     assert inside == pytest.approx(g / 1e9 + 2e-6) and across == pytest.approx(g / 1e8 + 2e-5)
 
@@ -94,9 +129,18 @@ def test_pure_data_parallel_wins_inside_one_node():
     # adds FLOPs. DP's one all-reduce is the smallest extra there is. So: dp8, no recomputation, and a
     # step of compute + one ring all-reduce of the bf16 gradients (ZeRO's reduce-scatter + all-gather
     # sends the same bytes in the same steps, so a ZeRO stage may tie it, and saves memory).
-    fast = Hardware(name="fast-links", memory_bytes=1e12, peak_bf16_flops=1e9, memory_bandwidth=1e12,
-                    intra_node_bandwidth=1e12, inter_node_bandwidth=1e11, devices_per_node=8,
-                    intra_node_latency=1e-7, inter_node_latency=1e-6, achievable_flops_fraction=0.5)  # fmt: skip
+    fast = Hardware(
+        name="fast-links",
+        memory_bytes=1e12,
+        peak_bf16_flops=1e9,
+        memory_bandwidth=1e12,
+        intra_node_bandwidth=1e12,
+        inter_node_bandwidth=1e11,
+        devices_per_node=8,
+        intra_node_latency=1e-7,
+        inter_node_latency=1e-6,
+        achievable_flops_fraction=0.5,
+    )
     p = plan(TINY, fast, gpus=8, seq_len=32, global_batch=16)
     best = p.candidates[0].layout
     assert (best.dp, best.tp, best.pp, best.cp, best.recompute) == (8, 1, 1, 1, "none")
@@ -107,8 +151,7 @@ def test_pure_data_parallel_wins_inside_one_node():
 
 
 def test_candidates_fit_and_are_ranked():
-    p = plan(ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm"), gpus=64, seq_len=4096,
-             global_batch=256)  # fmt: skip
+    p = plan(ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm"), gpus=64, seq_len=4096, global_batch=256)
     steps = [c.cost.total for c in p.candidates]
     assert steps == sorted(steps)
     assert all(c.memory <= 0.9 * 80e9 for c in p.candidates)

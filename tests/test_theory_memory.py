@@ -244,9 +244,15 @@ def test_training_memory_with_a_1f1b_pipeline():
 
 @pytest.mark.parametrize(
     "name, degrees",
-    [("llama-3.1-8b", dict(tp=8)), ("llama-3.1-8b", dict(cp=4)), ("llama-3.1-8b", dict(pp=4, dp=4, zero=1)),
-     ("mixtral-8x7b", dict(ep=8, dp=8, zero=2)), ("deepseek-v3", dict(pp=4)), ("gpt-tiny", dict(tp=2, sequence_parallel=True))],
-)  # fmt: skip
+    [
+        ("llama-3.1-8b", dict(tp=8)),
+        ("llama-3.1-8b", dict(cp=4)),
+        ("llama-3.1-8b", dict(pp=4, dp=4, zero=1)),
+        ("mixtral-8x7b", dict(ep=8, dp=8, zero=2)),
+        ("deepseek-v3", dict(pp=4)),
+        ("gpt-tiny", dict(tp=2, sequence_parallel=True)),
+    ],
+)
 def test_the_every_degree_path_agrees_with_each_chapter_alone(name, degrees):
     """layout_stage_memory builds a stage from local shapes; with one degree > 1 it must give what
     each chapter's own exact function gives (independent code: theory.tp, cp, moe, stages)."""
@@ -286,8 +292,9 @@ def test_published_layouts_fit_their_gpus():
     llama = ModelConfig.preset("llama-3.1-405b")
     short = training_memory(llama, seq_len=8192, micro_batch=1, tp=8, pp=16, dp=64, zero=1, recompute="full")
     long = training_memory(llama, seq_len=131072, micro_batch=1, tp=8, cp=16, pp=16, dp=8, zero=1, recompute="full")
-    ds = training_memory(ModelConfig.preset("deepseek-v3"), seq_len=4096, micro_batch=1, pp=16, ep=64, dp=128, zero=1,
-                         recompute="full")  # fmt: skip
+    ds = training_memory(
+        ModelConfig.preset("deepseek-v3"), seq_len=4096, micro_batch=1, pp=16, ep=64, dp=128, zero=1, recompute="full"
+    )
     # weights by hand: 405.85e9 / (8·16) parameters per rank plus the first stage's embedding slice
     per_rank = 405_853_388_800 / 128
     assert short.params >= 2 * per_rank and short.params < 2 * (per_rank + 128_256 * 16_384 / 8) * 1.05

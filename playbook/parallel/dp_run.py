@@ -10,6 +10,8 @@ the same on the first 1, 2, 4 ranks of the world.
 
 from __future__ import annotations
 
+import functools
+
 import statistics
 import time
 from contextlib import nullcontext
@@ -28,8 +30,7 @@ from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, 
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.buckets import bucket_cap_bytes, bucket_plan, parameter_shapes
-from playbook.theory.comm import sent_bytes
+from playbook.theory.buckets import bucket_cap_bytes
 from playbook.theory.dp import predicted_comm
 from playbook.theory.memory import training_memory
 
@@ -270,20 +271,6 @@ def with_ddp_on_rank(ctx, setup: TrainSetup, *, variant: str, bucket_mb: float, 
     return ours, (ours if variant == "ddp" else on_rank(ctx, setup, variant="ddp", **options))
 
 
-def mixed_comm(setup: TrainSetup, *, world_size: int, variant: str, cap_bytes: int) -> dict[str, float]:
-    """``theory.dp.predicted_comm`` for bf16 gradients: 2Ψ all-reduced (+ the 4-byte fp32 loss),
-    buckets planned at 2 bytes an element (twice the elements under the same cap)."""
-    cfg = setup.config()
-    buffer = 2 * cfg.num_params() + 4
-    plan = bucket_plan(parameter_shapes(cfg), cap_bytes, element_bytes=2)
-    calls = cfg.num_param_tensors() if variant == "naive" else len(plan)
-    return {
-        "all_reduce": sent_bytes("all_reduce", buffer, world_size),
-        "all_reduce buffer": buffer,
-        "all_reduce calls": calls + 1,
-    }
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("--variant", choices=VARIANTS, default="bucketed")
     parser.add_argument(
@@ -334,7 +321,7 @@ def run_dp(
     ).as_dict()
     grad_bytes = 2 if precision == "mixed" else 4
     predicted["comm_buffers"] = grad_bytes * cfg.num_params() if variant == "bucketed" else None
-    comm = mixed_comm if precision == "mixed" else predicted_comm
+    comm = functools.partial(predicted_comm, element_bytes=grad_bytes)
     reference = train_mixed(setup) if precision == "mixed" else train(setup)
     step = lambda r: _median_after_first(r.step_seconds)  # noqa: E731
     native = None

@@ -29,8 +29,12 @@ def zero_hooks(model, mesh, plan, setup, tracer) -> dict:
 
     def finish(result):
         held = zero.held()  # after the last step: weights (flat or sharded) and AdamW's state
-        result.memory = {"params": held["params"], "grads": memory["grads"], "optimizer": held["optimizer"],
-                         "activations": memory["activations"]}  # fmt: skip
+        result.memory = {
+            "params": held["params"],
+            "grads": memory["grads"],
+            "optimizer": held["optimizer"],
+            "activations": memory["activations"],
+        }
         with trace.on_axis("report"):  # gathering whole tensors for the parity check is not the step's traffic
             result.grads = {k: v.cpu() for k, v in zero.gather(first).items()}
             result.params = {k: v.cpu() for k, v in zero.gather([u.opt_param for u in zero.units]).items()}

@@ -73,6 +73,21 @@ def _span(name: str):
     return tracer.span(name) if tracer is not None else nullcontext()
 
 
+def _block_record(step, rank, n, chunks, i, j, c, diag, pass_, cpu) -> dict:
+    """What one ring block did, for the chapter's work-balance figure (``cpu``: thread time at its start)."""
+    k_chunk = chunks[(rank - step) % n][j]
+    return dict(
+        step=step,
+        q_chunk=chunks[rank][i],
+        k_chunk=k_chunk,
+        rows=c,
+        cols=c,
+        diagonal=diag,
+        pass_=pass_,
+        cpu_seconds=time.thread_time() - cpu,
+    )
+
+
 # ---- ring attention ------------------------------------------------------------------------------
 def _blocks(step: int, rank: int, n: int, chunks: list[list[int]], causal: bool):
     """The (local query chunk, remote key chunk, diagonal) triples to compute at ``step``:
@@ -122,18 +137,7 @@ class RingAttention(torch.autograd.Function):
                     )
                     lse[:, :, rows] = new
                 if log is not None:
-                    log.append(
-                        dict(
-                            step=step,
-                            q_chunk=chunks[rank][i],
-                            k_chunk=chunks[(rank - step) % n][j],
-                            rows=c,
-                            cols=c,
-                            diagonal=diag,
-                            pass_="forward",
-                            cpu_seconds=time.thread_time() - cpu,
-                        )
-                    )
+                    log.append(_block_record(step, rank, n, chunks, i, j, c, diag, "forward", cpu))
             if step < n - 1:
                 _wait(works)
                 kv = nxt
@@ -173,18 +177,7 @@ class RingAttention(torch.autograd.Function):
                     dq[:, :, rows] += (ds.to(kb.dtype) @ kb).to(acc) * scale
                     grad[0, :, :, cols] += sum_kv(ds.transpose(-2, -1).to(qb.dtype) @ qb, rep).to(acc) * scale  # dK
                 if ctx.log is not None:
-                    ctx.log.append(
-                        dict(
-                            step=step,
-                            q_chunk=chunks[rank][i],
-                            k_chunk=chunks[(rank - step) % n][j],
-                            rows=c,
-                            cols=c,
-                            diagonal=diag,
-                            pass_="backward",
-                            cpu_seconds=time.thread_time() - cpu,
-                        )
-                    )
+                    ctx.log.append(_block_record(step, rank, n, chunks, i, j, c, diag, "backward", cpu))
             if step < n - 1:
                 _wait(works)
                 kv = nxt

@@ -10,16 +10,6 @@ import torch
 
 from playbook.cluster import default_backend, launch
 from playbook.model import GPT, RECOMPUTE_MODES
-from playbook.measure.matmul import matmul_throughput  # noqa: F401  (the chapter imports it from here)
-from playbook.parallel.comm import all_reduce, f, g  # noqa: F401  (f, g: the chapter imports them from here)
-from playbook.parallel.tp_layers import (  # noqa: F401  (layers, re-exported for the chapter and tests)
-    ColumnParallelLinear,
-    Region,
-    RowParallelLinear,
-    VocabParallelCrossEntropy,
-    VocabParallelEmbedding,
-    shard,
-)
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train

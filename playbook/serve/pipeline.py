@@ -31,12 +31,12 @@ from playbook.dims import ParallelDims
 from playbook.model import GPT
 from playbook.serve.generate import attend, contiguous_store
 from playbook.serve.kv import KVCache
+from playbook.theory.stages import stage_layers as all_stage_layers
 
 
 def stage_layers(n_layers: int, pp: int, stage: int) -> range:
-    """The layers of ``stage`` when ``n_layers`` are cut into ``pp`` equal stages."""
-    per = n_layers // pp
-    return range(stage * per, (stage + 1) * per)
+    """The layers of ``stage`` when ``n_layers`` are cut into ``pp`` stages (``theory.stages``)."""
+    return all_stage_layers(n_layers, pp)[stage]
 
 
 def check(cfg: ModelConfig, *, pp: int, rows: int, microbatches: int, prompt_len: int, new_tokens: int) -> None:

@@ -15,13 +15,15 @@ from playbook.theory.buckets import bucket_plan, parameter_shapes
 from playbook.theory.comm import sent_bytes
 
 
-def predicted_comm(setup, *, world_size: int, variant: str, cap_bytes: int) -> dict[str, float]:
-    """Per step on each rank of a ``TrainSetup``'s run: bytes sent by all-reduce (every fp32
-    gradient, 4Ψ, plus the 4-byte loss) under the ring formula, the all-reduced buffer bytes, and
-    the number of all-reduce calls (tensors or buckets, + 1 for the loss)."""
+def predicted_comm(setup, *, world_size: int, variant: str, cap_bytes: int, element_bytes: int = 4) -> dict[str, float]:
+    """Per step on each rank of a ``TrainSetup``'s run: bytes sent by all-reduce (every gradient,
+    ``element_bytes``·Ψ — 4 in fp32, 2 in bf16 mixed precision — plus the 4-byte fp32 loss) under the
+    ring formula, the all-reduced buffer bytes, and the number of all-reduce calls (tensors or
+    buckets, planned at ``element_bytes`` an element, + 1 for the loss)."""
     cfg = setup.config()
-    buffer = 4 * cfg.num_params() + 4
-    calls = cfg.num_param_tensors() if variant == "naive" else len(bucket_plan(parameter_shapes(cfg), cap_bytes))
+    buffer = element_bytes * cfg.num_params() + 4
+    plan = bucket_plan(parameter_shapes(cfg), cap_bytes, element_bytes=element_bytes)
+    calls = cfg.num_param_tensors() if variant == "naive" else len(plan)
     return {
         "all_reduce": sent_bytes("all_reduce", buffer, world_size),
         "all_reduce buffer": buffer,

@@ -38,9 +38,11 @@ def data_axis(dims: ParallelDims) -> str:
 
 
 def stage_layers(cfg: ModelConfig, pp: int, stage: int) -> range:
-    """The blocks of pipeline stage ``stage`` (equal counts, as ``parallel.pp.equal_partition``)."""
-    per = cfg.n_layers // pp
-    return range(stage * per, (stage + 1) * per)
+    """The blocks of pipeline stage ``stage`` (``theory.stages.stage_layers``: equal when pp divides
+    the layers, as the hybrid requires)."""
+    from playbook.theory.stages import stage_layers as all_stage_layers
+
+    return all_stage_layers(cfg.n_layers, pp)[stage]
 
 
 def local_units(cfg: ModelConfig, dims: ParallelDims, stage: int = 0) -> list[tuple[str, int, int]]:
@@ -128,26 +130,14 @@ def comm_per_axis(
 
 # ---- memory per rank ---------------------------------------------------------------------------
 def _tp_pieces(cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool) -> dict:
-    """Saved bytes of one micro-batch under TP, by piece: "first" (embedding), "block", "last" (norm,
-    head, loss), from ``theory.tp``'s exact breakdown (tp = 1 is the single-process count)."""
-    if tp == 1:
-        from playbook.theory.activations import model_activation_breakdown
+    """Saved bytes of one micro-batch of a dense model on one rank, by piece: "first" (embedding),
+    "block", "last" (norm, head, loss), from ``theory.stages`` (TP's exact count when tp > 1)."""
+    from playbook.theory.stages import _block_activations, end_activations
 
-        parts = model_activation_breakdown(cfg, seq_len=seq_len, micro_batch=micro_batch)
-        block = parts["blocks"] // cfg.n_layers
-        ids = micro_batch * seq_len * 8  # the token ids the embedding saves (int64)
-        return {"first": ids, "block": block, "last": sum(parts.values()) - parts["blocks"] - ids}
-    from playbook.theory.tp import tp_model_activation_breakdown
-
-    parts = tp_model_activation_breakdown(
-        cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel
-    )
-    first = next(v for k, v in parts.items() if k.startswith("embedding"))
-    return {
-        "first": first,
-        "block": parts["blocks"] // cfg.n_layers,
-        "last": sum(parts.values()) - parts["blocks"] - first,
-    }
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel)
+    first, last = end_activations(cfg, **sizes)
+    block = _block_activations(cfg, 0, cp=1, dtype_bytes=4, recompute="none", **sizes)
+    return {"first": first, "block": block, "last": last}
 
 
 def memory_per_rank(
@@ -259,8 +249,17 @@ _OUTSIDE_CORE = (
 )
 
 
-def tp_cp_block_bytes(cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, cp: int, variant: str = "ring",
-                      sequence_parallel: bool = False, dtype_bytes: int = 4) -> int:  # fmt: skip
+def tp_cp_block_bytes(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    cp: int,
+    variant: str = "ring",
+    sequence_parallel: bool = False,
+    dtype_bytes: int = 4,
+) -> int:
     """Bytes one block saves on a rank of a tp × cp layout: tensor parallelism's block at s/cp tokens
     (``theory.tp``: norms, region inputs, the MLP's f/t channels, the o_proj input of a/t heads) with
     its attention core (q, repeated k and v, mask, probabilities) replaced by context parallelism's
@@ -269,11 +268,18 @@ def tp_cp_block_bytes(cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: i
     from playbook.theory.cp import cp_block_activation_breakdown
     from playbook.theory.tp import tp_block_activation_breakdown
 
-    tp_parts = tp_block_activation_breakdown(cfg, seq_len=seq_len // cp, micro_batch=micro_batch, tp=tp,
-                                             sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes)  # fmt: skip
+    tp_parts = tp_block_activation_breakdown(
+        cfg,
+        seq_len=seq_len // cp,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        dtype_bytes=dtype_bytes,
+    )
     local = cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head)
-    cp_parts = cp_block_activation_breakdown(local, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant,
-                                             dtype_bytes=dtype_bytes)  # fmt: skip
+    cp_parts = cp_block_activation_breakdown(
+        local, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant, dtype_bytes=dtype_bytes
+    )
     outside = sum(v for k, v in tp_parts.items() if k.startswith(_OUTSIDE_CORE))
     core = sum(v for k, v in cp_parts.items() if not k.startswith(_OUTSIDE_CORE))
     return outside + core

@@ -68,8 +68,13 @@ class StepCost:
 
     def as_dict(self) -> dict:
         axes = {a: {"comm": c, "exposed": e} for a, (c, e) in self.axes.items()}
-        return {"compute": self.compute, "bubble": self.bubble, "exposed_comm": self.exposed,
-                "total": self.total, "axes": axes}  # fmt: skip
+        return {
+            "compute": self.compute,
+            "bubble": self.bubble,
+            "exposed_comm": self.exposed,
+            "total": self.total,
+            "axes": axes,
+        }
 
 
 def span(axis: str, *, dp: int, tp: int, pp: int, cp: int, ep: int = 1) -> int:
@@ -90,15 +95,30 @@ def _overlapped(comm: float, window: float, floor: float) -> float:
 
 
 def step_cost(
-    cfg: ModelConfig, hw: Hardware, *, dp: int, tp: int, pp: int, cp: int, ep: int, zero: int, micro_batch: int,
-    microbatches: int, recompute: str, seq_len: int, gpus_per_node: int,
-) -> StepCost:  # fmt: skip
+    cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    ep: int,
+    zero: int,
+    micro_batch: int,
+    microbatches: int,
+    recompute: str,
+    seq_len: int,
+    gpus_per_node: int,
+) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring)."""
     world, s, b, m, h = dp * tp * pp * cp, seq_len, micro_batch, microbatches, cfg.hidden
     tokens = dp * b * m * s
     model_flops = tokens * flops_per_token(cfg, s)
-    extra = {"none": 0.0, "full": flops_per_token(cfg, s, training=False),
-             "selective": attention_flops_per_token(cfg, s, training=False)}[recompute]  # fmt: skip
+    extra = {
+        "none": 0.0,
+        "full": flops_per_token(cfg, s, training=False),
+        "selective": attention_flops_per_token(cfg, s, training=False),
+    }[recompute]
     rate = hw.peak_bf16_flops * hw.achievable_flops_fraction
     compute = (model_flops + tokens * extra) / world / rate
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
@@ -131,8 +151,9 @@ def step_cost(
     pipelined = compute + sum(e for _, e in axes.values())
     bubble = pipelined * (pp - 1) / m
     if dp * cp > 1:
-        axes["dp"] = _dp_seconds(cfg, hw, zero=zero, compute=compute, gpus_per_node=gpus_per_node, **degrees,
-                                 microbatches=m)  # fmt: skip
+        axes["dp"] = _dp_seconds(
+            cfg, hw, zero=zero, compute=compute, gpus_per_node=gpus_per_node, **degrees, microbatches=m
+        )
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
 

@@ -43,16 +43,18 @@ def sbatch_script(lay: Layout, *, model: str, seq_len: int, global_batch: int, g
     world = lay.dp * lay.tp * lay.pp * lay.cp
     nodes = max(1, world // gpus_per_node)
     run = torchrun_command(lay, model=model, seq_len=seq_len, global_batch=global_batch, gpus_per_node=gpus_per_node)
-    return "\n".join([
-        "#!/bin/bash",
-        f"#SBATCH --job-name=plan-{model}",
-        f"#SBATCH --nodes={nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={min(world, gpus_per_node)}",
-        "#SBATCH --exclusive",
-        "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
-        f"srun {run}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#SBATCH --job-name=plan-{model}",
+            f"#SBATCH --nodes={nodes}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --gpus-per-node={min(world, gpus_per_node)}",
+            "#SBATCH --exclusive",
+            'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            f"srun {run}",
+        ]
+    )
 
 
 def replay_command(lay: Layout, *, moe: bool = False) -> str:

@@ -60,9 +60,16 @@ class Candidate:
     tokens_per_s: float
 
     def as_dict(self) -> dict:
-        return {"layout": str(self.layout), **self.layout.__dict__, "sequence_parallel": self.layout.tp > 1,
-                "memory_bytes": self.memory, "step_s": self.cost.total, "mfu": self.mfu,
-                "tokens_per_s": self.tokens_per_s, "cost": self.cost.as_dict()}  # fmt: skip
+        return {
+            "layout": str(self.layout),
+            **self.layout.__dict__,
+            "sequence_parallel": self.layout.tp > 1,
+            "memory_bytes": self.memory,
+            "step_s": self.cost.total,
+            "mfu": self.mfu,
+            "tokens_per_s": self.tokens_per_s,
+            "cost": self.cost.as_dict(),
+        }
 
 
 @dataclass
@@ -85,9 +92,12 @@ class Plan:
 
     def as_dict(self, top: int | None = None) -> dict:
         keys = ("model", "hardware", "gpus", "gpus_per_node", "seq_len", "global_batch", "device_bytes", "dominated")
-        return {**{k: getattr(self, k) for k in keys},
-                "candidates": [c.as_dict() for c in self.candidates[:top]], "n_candidates": len(self.candidates),
-                "rejected": {k: {"count": n, "example": msg} for k, (n, msg) in self.rejected.items()}}  # fmt: skip
+        return {
+            **{k: getattr(self, k) for k in keys},
+            "candidates": [c.as_dict() for c in self.candidates[:top]],
+            "n_candidates": len(self.candidates),
+            "rejected": {k: {"count": n, "example": msg} for k, (n, msg) in self.rejected.items()},
+        }
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -122,8 +132,9 @@ def _structures(cfg: ModelConfig, plan: Plan):
                         plan.reject(str(e).split("=")[0] + " vs the model", str(e))
                         continue
                     if plan.global_batch % dp:
-                        plan.reject("global batch split",
-                                    f"global batch {plan.global_batch} does not split over dp={dp}")  # fmt: skip
+                        plan.reject(
+                            "global batch split", f"global batch {plan.global_batch} does not split over dp={dp}"
+                        )
                         continue
                     yield dims
 
@@ -140,13 +151,26 @@ def _variants(dims: ParallelDims, plan: Plan):
             continue
         for zero in zeros:
             for rc in RECOMPUTE:
-                yield Layout(**{a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")}, zero=zero,
-                             micro_batch=b, microbatches=m, recompute=rc)  # fmt: skip
+                yield Layout(
+                    **{a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")},
+                    zero=zero,
+                    micro_batch=b,
+                    microbatches=m,
+                    recompute=rc,
+                )
 
 
 def memory_bytes(cfg: ModelConfig, lay: Layout, seq_len: int) -> float:
-    return training_memory(cfg, seq_len=seq_len, micro_batch=lay.micro_batch, **lay.degrees, zero=lay.zero,
-                           sequence_parallel=lay.tp > 1, recompute=lay.recompute, precision="mixed").total  # fmt: skip
+    return training_memory(
+        cfg,
+        seq_len=seq_len,
+        micro_batch=lay.micro_batch,
+        **lay.degrees,
+        zero=lay.zero,
+        sequence_parallel=lay.tp > 1,
+        recompute=lay.recompute,
+        precision="mixed",
+    ).total
 
 
 def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_len: int, out: Plan):
@@ -164,14 +188,23 @@ def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_
 
 def _needs_more(v: Layout, w: Layout) -> bool:
     """``v`` holds at least ``w``'s bytes: same degrees, b no smaller, ZeRO and recomputation no stronger."""
-    return (v.micro_batch >= w.micro_batch and v.zero <= w.zero
-            and RECOMPUTE.index(v.recompute) <= RECOMPUTE.index(w.recompute))  # fmt: skip
+    return (
+        v.micro_batch >= w.micro_batch
+        and v.zero <= w.zero
+        and RECOMPUTE.index(v.recompute) <= RECOMPUTE.index(w.recompute)
+    )
 
 
 def plan(
-    cfg: ModelConfig, hw: Hardware, *, gpus: int, seq_len: int, global_batch: int, gpus_per_node: int | None = None,
+    cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    gpus: int,
+    seq_len: int,
+    global_batch: int,
+    gpus_per_node: int | None = None,
     mem_util: float = MEM_UTIL,
-) -> Plan:  # fmt: skip
+) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     Raises ``ValueError`` (one line) on bad input, when no layout divides, the global batch splits
     over none, or nothing fits (naming the smallest memory found)."""
@@ -189,8 +222,10 @@ def plan(
     structures = list(_structures(cfg, out))
     if not structures:
         if "global batch split" in out.rejected:  # some layout divides the model; the batch splits over none
-            raise ValueError(f"global batch {global_batch} does not split over any dp of {gpus} GPUs; "
-                             f"use a multiple of {gpus // g or 1}")  # fmt: skip
+            raise ValueError(
+                f"global batch {global_batch} does not split over any dp of {gpus} GPUs; "
+                f"use a multiple of {gpus // g or 1}"
+            )
         first = next((msg for k, (_, msg) in out.rejected.items() if k.endswith("vs the model")), "")
         raise ValueError(f"no layout of {gpus} GPUs divides {cfg.name}: {first}")
     for dims in structures:
@@ -207,9 +242,25 @@ def plan(
             if out.smallest is None or need < out.smallest[0]:
                 out.smallest = (need, str(least))
             continue
-        costs = sorted(((step_cost(cfg, hw, **v.degrees, zero=v.zero, micro_batch=v.micro_batch,
-                                   microbatches=v.microbatches, recompute=v.recompute, **common), v)
-                        for v in variants), key=lambda cv: (cv[0].total, -cv[1].zero))  # fmt: skip
+        costs = sorted(
+            (
+                (
+                    step_cost(
+                        cfg,
+                        hw,
+                        **v.degrees,
+                        zero=v.zero,
+                        micro_batch=v.micro_batch,
+                        microbatches=v.microbatches,
+                        recompute=v.recompute,
+                        **common,
+                    ),
+                    v,
+                )
+                for v in variants
+            ),
+            key=lambda cv: (cv[0].total, -cv[1].zero),
+        )
         too_big: list[Layout] = []
         for i, (cost, v) in enumerate(costs):
             if any(_needs_more(v, f) for f in too_big):  # memory grows with b, falls with ZeRO and recomputation
@@ -225,8 +276,10 @@ def plan(
             too_big.append(v)
     if not out.candidates:
         if out.smallest is None:
-            raise ValueError(f"no layout of {gpus} GPUs can be planned for {cfg.name}: "
-                             + "; ".join(msg for _, msg in out.rejected.values()))  # fmt: skip
+            raise ValueError(
+                f"no layout of {gpus} GPUs can be planned for {cfg.name}: "
+                + "; ".join(msg for _, msg in out.rejected.values())
+            )
         need, where = out.smallest
         raise ValueError(
             f"nothing fits: the smallest is {need / 1e9:.1f} GB per GPU ({where}) of a {hw.memory_bytes / 1e9:.0f} GB "

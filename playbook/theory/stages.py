@@ -175,8 +175,18 @@ def _stage_params(cfg: ModelConfig, layers: range, *, tp: int, ep: int, first: b
     return dense, experts
 
 
-def _block_activations(cfg: ModelConfig, layer: int, *, seq_len: int, micro_batch: int, tp: int, cp: int,
-                       sequence_parallel: bool, dtype_bytes: int, recompute: str) -> int:  # fmt: skip
+def _block_activations(
+    cfg: ModelConfig,
+    layer: int,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    cp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int,
+    recompute: str,
+) -> int:
     """Bytes one block saves for one micro-batch on one rank, at s/cp tokens: our TP model's exact
     count (``theory.tp``), ring CP's (``theory.cp``), or the plain block's; an MoE block at even
     routing (``theory.moe``). TP with CP: TP's block with CP's attention core
@@ -220,11 +230,52 @@ def _block_activations(cfg: ModelConfig, layer: int, *, seq_len: int, micro_batc
     return block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
 
 
+def end_activations(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
+) -> tuple[int, int]:
+    """Bytes saved outside the blocks for one micro-batch of ``seq_len`` tokens on one rank: (the
+    first stage's embedding inputs, the last stage's final norm, head and loss). Under TP, our
+    vocab-parallel embedding and head (``theory.tp``); else :func:`_ends`."""
+    if tp == 1:
+        return _ends(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    from playbook.theory.tp import tp_model_activation_breakdown
+
+    parts = tp_model_activation_breakdown(
+        cfg,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        dtype_bytes=dtype_bytes,
+    )
+    first = next(v for k, v in parts.items() if k.startswith("embedding"))
+    return first, sum(parts.values()) - parts["blocks"] - first
+
+
 def layout_stage_memory(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1,
-    ep: int = 1, zero: int = 0, sequence_parallel: bool = False, precision: str = "mixed", recompute: str = "none",
-    n_tensors: int = 0, fp32_grad_accum: bool = False,
-) -> list[StageMemory]:  # fmt: skip
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    precision: str = "mixed",
+    recompute: str = "none",
+    n_tensors: int = 0,
+    fp32_grad_accum: bool = False,
+) -> list[StageMemory]:
     """Bytes per rank of every pipeline stage when every degree is > 1 at once, from each rank's
     local shapes: 1/tp of the split matrices, E/ep routed experts, s/cp tokens, the stage's layers,
     and the 1F1B peak of ``pp − i`` micro-batches in flight on stage i (Narayanan et al. 2021 §2.2).
@@ -235,18 +286,15 @@ def layout_stage_memory(
     if (dp * cp) % ep:
         raise ValueError(f"ep={ep} must divide dp·cp={dp * cp}: expert parallelism borrows data-parallel ranks")
     dtype_bytes = 2 if precision == "mixed" else 4
-    s = seq_len // cp
-    if tp > 1:
-        from playbook.theory.tp import tp_model_activation_breakdown
-
-        parts = tp_model_activation_breakdown(cfg, seq_len=s, micro_batch=micro_batch, tp=tp,
-                                              sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes)  # fmt: skip
-        first_extra = next(v for k, v in parts.items() if k.startswith("embedding"))
-        last_extra = sum(parts.values()) - parts["blocks"] - first_extra
-    else:
-        first_extra, last_extra = _ends(
-            cfg, seq_len=s, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute
-        )
+    first_extra, last_extra = end_activations(
+        cfg,
+        seq_len=seq_len // cp,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        dtype_bytes=dtype_bytes,
+        recompute=recompute,
+    )
     out = []
     for i, layers in enumerate(stage_layers(cfg.n_layers, pp)):
         first, last = i == 0, i == pp - 1
@@ -258,11 +306,24 @@ def layout_stage_memory(
             state = TrainingMemory(
                 state.params + more.params, state.grads + more.grads, state.optimizer + more.optimizer, 0.0
             )
-        acts = first * first_extra + last * last_extra + sum(
-            _block_activations(cfg, j, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
-                               sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes, recompute=recompute)
-            for j in layers
-        )  # fmt: skip
+        acts = (
+            first * first_extra
+            + last * last_extra
+            + sum(
+                _block_activations(
+                    cfg,
+                    j,
+                    seq_len=seq_len,
+                    micro_batch=micro_batch,
+                    tp=tp,
+                    cp=cp,
+                    sequence_parallel=sequence_parallel,
+                    dtype_bytes=dtype_bytes,
+                    recompute=recompute,
+                )
+                for j in layers
+            )
+        )
         memory = TrainingMemory(state.params, state.grads, state.optimizer, float(acts * (pp - i)))
         moe = sum(is_moe_layer(cfg, j) for j in layers)
         out.append(StageMemory(i, layers.start, len(layers), moe, first, last, int(dense + experts), pp - i, memory))

@@ -137,26 +137,41 @@ def tp_block_diagram(*, title: str = "") -> go.Figure:
                 w = 1.9 if "<br>" in op["label"] else 1.2
                 shapes.append(
                     dict(
-                        type="rect", x0=x, x1=x + w, y0=y, y1=y + 1, fillcolor=_REGION_COLORS[op["region"]],
-                        line=dict(color="#555", width=1), name=f"{name}: {op['label']}",
+                        type="rect",
+                        x0=x,
+                        x1=x + w,
+                        y0=y,
+                        y1=y + 1,
+                        fillcolor=_REGION_COLORS[op["region"]],
+                        line=dict(color="#555", width=1),
+                        name=f"{name}: {op['label']}",
                     )
-                )  # fmt: skip
+                )
                 notes.append(dict(x=x + w / 2, y=y + 0.5, text=op["label"], showarrow=False, font=dict(size=10)))
             else:
                 w = 1.1
                 shapes.append(
                     dict(
-                        type="circle", x0=x + 0.3, x1=x + 0.8, y0=y + 0.25, y1=y + 0.75, fillcolor="#fdae6b",
-                        line=dict(color="#e6550d", width=2), name=f"{name}: {op['label']}",
+                        type="circle",
+                        x0=x + 0.3,
+                        x1=x + 0.8,
+                        y0=y + 0.25,
+                        y1=y + 0.75,
+                        fillcolor="#fdae6b",
+                        line=dict(color="#e6550d", width=2),
+                        name=f"{name}: {op['label']}",
                     )
-                )  # fmt: skip
+                )
                 notes.append(dict(x=x + 0.55, y=y + 0.5, text=f"<b>{op['label']}</b>", showarrow=False))
                 notes.append(
                     dict(
-                        x=x + 0.55, y=y - 0.35, showarrow=False, font=dict(size=9),
+                        x=x + 0.55,
+                        y=y - 0.35,
+                        showarrow=False,
+                        font=dict(size=9),
                         text=f"fwd: {op['forward']}<br>bwd: {op['backward']}",
                     )
-                )  # fmt: skip
+                )
             x += w + 0.25
         shapes.append(dict(type="line", x0=-0.1, x1=x - 0.2, y0=y + 0.5, y1=y + 0.5, layer="below", line=dict(width=1)))
     for i, (region, color) in enumerate(_REGION_COLORS.items()):
@@ -190,8 +205,10 @@ def ulysses_owners(n: int, heads: int) -> dict[str, list[list[int]]]:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(_RANK_COLORS):
         raise ValueError(f"n must be an integer rank count from 1 to {len(_RANK_COLORS)}, got {n!r}")
     if heads % n:
-        raise ValueError(f"Ulysses needs the head count divisible by n: {heads} heads over {n} ranks; try n in "
-                         f"{[d for d in range(1, len(_RANK_COLORS) + 1) if heads % d == 0]}")  # fmt: skip
+        raise ValueError(
+            f"Ulysses needs the head count divisible by n: {heads} heads over {n} ranks; try n in "
+            f"{[d for d in range(1, len(_RANK_COLORS) + 1) if heads % d == 0]}"
+        )
     per = heads // n
     return {
         "before": [[i for _ in range(heads)] for i in range(n)],
@@ -212,19 +229,30 @@ def ulysses_figure(n: int = 4, heads: int = 8, *, title: str = "") -> go.Figure:
             for j, r in enumerate(row):
                 shapes.append(
                     dict(
-                        type="rect", x0=x0 + j, x1=x0 + j + 0.92, y0=n - 1 - i, y1=n - 0.08 - i,
-                        fillcolor=_RANK_COLORS[r], line=dict(width=0), name=f"{key} chunk {i} head {j}: rank {r}",
+                        type="rect",
+                        x0=x0 + j,
+                        x1=x0 + j + 0.92,
+                        y0=n - 1 - i,
+                        y1=n - 0.08 - i,
+                        fillcolor=_RANK_COLORS[r],
+                        line=dict(width=0),
+                        name=f"{key} chunk {i} head {j}: rank {r}",
                     )
-                )  # fmt: skip
+                )
             if panel == 0:
                 notes.append(dict(x=-0.2, y=n - 0.5 - i, text=f"tokens {i}·s/{n}…", showarrow=False, xanchor="right"))
         notes.append(dict(x=x0 + heads / 2, y=-0.4, text=f"heads 0 … {heads - 1}", showarrow=False))
     notes.append(dict(x=heads + 1.5, y=n / 2, text="<b>all-to-all</b><br>→", showarrow=False, font=dict(size=13)))
     for r in range(n):
         notes.append(
-            dict(x=heads + 1.5, y=n / 2 - 0.9 - 0.45 * r, text=f"rank {r}", showarrow=False,
-                 font=dict(color=_RANK_COLORS[r]))
-        )  # fmt: skip
+            dict(
+                x=heads + 1.5,
+                y=n / 2 - 0.9 - 0.45 * r,
+                text=f"rank {r}",
+                showarrow=False,
+                font=dict(color=_RANK_COLORS[r]),
+            )
+        )
     fig = go.Figure()
     fig.update_layout(
         shapes=shapes,

@@ -20,8 +20,8 @@ from plotly.subplots import make_subplots
 
 from playbook.config import Hardware, ModelConfig
 from playbook.dims import AXES, ParallelDims
-from playbook.theory.comm import collective_seconds, sent_bytes
-from playbook.theory.memory import inference_memory, training_memory
+from playbook.theory.comm import collective_seconds
+from playbook.theory.memory import training_memory
 from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS, _layout, format_value, timeline, unit_scale
 
 PALETTE = [
@@ -439,23 +439,25 @@ def serving_rows(
     no workspace or headroom), how many tokens of cache fit per replica and in all, and the tensor-parallel
     all-reduces of one decoded token (2 per layer of ``hidden`` values; Shoeybi et al. 2019) as bytes and
     as alpha-beta time on NVLink (``collective_seconds`` with ``latency`` per ring step)."""
+    from playbook.theory.serving import kv_bytes_per_token, tp_allreduce_bytes, weights_per_gpu
+
     nbytes = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}[dtype]
     out = []
     for tp, dp in layouts:
-        one = inference_memory(cfg, batch=1, seq_len=1, tp=tp, dtype=dtype)
-        free = max(hw.memory_bytes - one.weights, 0.0)
-        tokens = free / one.kv_cache  # one.kv_cache: this device's share of one token's cache
+        weights = weights_per_gpu(cfg, tp=tp, dtype=dtype)
+        free = max(hw.memory_bytes - weights, 0.0)
+        tokens = free / kv_bytes_per_token(cfg, tp=tp, dtype=dtype)  # this device's share of a token's cache
         message = cfg.hidden * nbytes
         out.append(
             {
                 "layout": f"tp{tp}×dp{dp}",
                 "tp": tp,
                 "dp": dp,
-                "weights": one.weights,
+                "weights": weights,
                 "free": free,
                 "tokens_per_replica": tokens,
                 "tokens": tokens * dp,
-                "tp_bytes_per_token": 2 * cfg.n_layers * sent_bytes("all_reduce", message, tp),
+                "tp_bytes_per_token": cfg.n_layers * tp_allreduce_bytes(cfg, tokens=1, tp=tp, act_bytes=nbytes),
                 "tp_seconds_per_token": 2
                 * cfg.n_layers
                 * collective_seconds("all_reduce", message, tp, hw.intra_node_bandwidth, latency),
