@@ -184,43 +184,32 @@ def cmd_memory(args) -> int:
             f"--seq-len {args.seq_len} exceeds {args.model}'s max_seq_len={cfg.max_seq_len}; "
             f"try --seq-len {min(4096, cfg.max_seq_len)} (at most {cfg.max_seq_len})"
         )
-    train = training_memory(
-        cfg,
-        seq_len=args.seq_len,
-        micro_batch=args.micro_batch,
-        dp=args.dp,
-        zero=args.zero,
-        tp=args.tp,
-        cp=args.cp,
-        ep=args.ep,
-        pp=args.pp,
-        sequence_parallel=args.sequence_parallel,
-        precision=args.precision,
-        recompute=args.recompute,
-        fp32_grad_accum=args.fp32_grad_accum,
-    ).as_dict()
+    degrees = {
+        k: getattr(args, k)
+        for k in (
+            "dp",
+            "zero",
+            "tp",
+            "cp",
+            "ep",
+            "pp",
+            "sequence_parallel",
+            "precision",
+            "recompute",
+            "fp32_grad_accum",
+        )
+    }
+    stages = []
+    if args.pp > 1:  # every stage's bytes per rank; training_memory reports the most loaded one
+        from playbook.theory.stages import layout_stage_memory, most_loaded_stage
+
+        stages = layout_stage_memory(cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, **degrees)
+        train = stages[most_loaded_stage(stages)].memory.as_dict()
+    else:
+        train = training_memory(cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, **degrees).as_dict()
     serve = inference_memory(
         cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.serve_dtype
     ).as_dict()
-    stages = []
-    if args.pp > 1:  # every stage's bytes per rank, and which one is the most loaded
-        from playbook.theory.stages import layout_stage_memory
-
-        stages = layout_stage_memory(
-            cfg,
-            seq_len=args.seq_len,
-            micro_batch=args.micro_batch,
-            dp=args.dp,
-            zero=args.zero,
-            tp=args.tp,
-            cp=args.cp,
-            ep=args.ep,
-            pp=args.pp,
-            sequence_parallel=args.sequence_parallel,
-            precision=args.precision,
-            recompute=args.recompute,
-            fp32_grad_accum=args.fp32_grad_accum,
-        )
     if args.json:
         report = {"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}
         if stages:
