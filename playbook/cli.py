@@ -1,4 +1,4 @@
-"""``playbook`` on the command line: ``info``, ``memory`` and ``run STRATEGY``.
+"""``playbook`` on the command line: ``info``, ``memory`` and ``run STRATEGY`` (``plan`` and ``serve-plan`` in ``cli_plan``).
 
     playbook info
     playbook memory --model llama-3.1-70b --seq-len 4096 --dp 64 --zero 3 [--tp 8 --sequence-parallel] [--json]
@@ -282,163 +282,6 @@ def cmd_run(args) -> int:
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
 
-def cmd_serve_plan(args) -> int:
-    """Every tp × dp layout of ``--gpus`` that holds the model and one ``--context`` sequence: KV
-    room, TTFT, time per token and tokens/s from ``playbook.theory.serving``, and which to pick."""
-    from playbook.theory.serving import compare_layouts, recommend
-
-    cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
-    checks = [
-        (args.gpus >= 1, f"--gpus must be a positive integer, got {args.gpus}; try --gpus 8"),
-        (
-            1 <= args.context <= cfg.max_seq_len,
-            f"--context {args.context} must be in 1..{cfg.max_seq_len} "
-            f"({args.model}'s max_seq_len); try --context {min(8192, cfg.max_seq_len)}",
-        ),
-        (0 < args.mem_util <= 1, f"--mem-util must be in (0, 1], got {args.mem_util}; try --mem-util 0.9"),
-        (args.block_size >= 1, f"--block-size must be a positive integer, got {args.block_size}; try 16"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise BadInput(message)
-    rows = compare_layouts(
-        cfg,
-        hw,
-        gpus=args.gpus,
-        context=args.context,
-        mem_util=args.mem_util,
-        block_size=args.block_size,
-        dtype=args.dtype,
-    )
-    if not rows:
-        raise BadInput(
-            f"{args.model} does not fit {args.gpus} × {args.hardware} with a {args.context}-token sequence at "
-            f"any tp <= {hw.devices_per_node}; try more --gpus, a shorter --context or --dtype fp8"
-        )
-    best, why = recommend(rows)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": args.model,
-                    "hardware": args.hardware,
-                    "gpus": args.gpus,
-                    "context": args.context,
-                    "mem_util": args.mem_util,
-                    "layouts": rows,
-                    "recommended": best["layout"],
-                    "why": why,
-                },
-                indent=2,
-            )
-        )
-        return 0
-    print(
-        f"{args.model} on {args.gpus} × {args.hardware}, context {args.context}, {args.mem_util:g} of memory, "
-        f"{args.dtype} (roofline: 50% of peak FLOP/s, 80% of HBM bandwidth)"
-    )
-    print(
-        f"  {'layout':<9} {'weights/GPU':>11} {'KV/GPU':>9} {'seqs':>6} {'TTFT':>8} {'TPOT b=1':>9} {'TPOT':>8} "
-        f"{'tokens/s':>9} {'per GPU':>8}"
-    )
-    for r in rows:
-        print(
-            f"  {r['layout']:<9} {r['weights_per_gpu'] / 1e9:>8.1f} GB {r['kv_per_gpu'] / 1e9:>6.1f} GB {r['seqs']:>6} "
-            f"{r['ttft'] * 1e3:>6.0f}ms {r['tpot_batch1'] * 1e3:>7.1f}ms {r['tpot'] * 1e3:>6.1f}ms "
-            f"{r['tokens_per_s']:>9,.0f} {r['tokens_per_s_per_gpu']:>8,.0f}"
-        )
-    print(f"  seqs: sequences of {args.context} tokens whose KV fits, in all; TPOT at that batch")
-    print(f"recommended: {best['layout']}: {why}")
-    return 0
-
-
-def add_serve_plan(sub) -> None:
-    p = sub.add_parser(
-        "serve-plan",
-        help="serving layouts (tp × dp) on N GPUs: KV room, latency, throughput",
-        formatter_class=_Formatter,
-    )
-    p.add_argument("--model", default="llama-3.1-70b", help=f"one of: {', '.join(ModelConfig.presets())}")
-    p.add_argument("--gpus", type=int, default=8, help="GPUs to split into tp × dp")
-    p.add_argument("--hardware", default="h100-sxm", help=f"one of: {', '.join(Hardware.presets())}")
-    p.add_argument("--context", type=int, default=8192, help="tokens per sequence (prompt + output)")
-    p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory for weights + KV (vLLM's default)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (paged cache)")
-    p.add_argument(
-        "--dtype", default="bf16", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="weights and KV cache"
-    )
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_serve_plan)
-
-
-def cmd_plan(args) -> int:
-    """Every layout of ``--gpus`` GPUs for training ``--model``: rejections by reason, the fastest
-    that fit (memory, step time, MFU, tokens/s; ``playbook.theory.planner``) and launch text."""
-    from playbook.theory.plan_launch import replay_command, sbatch_script, torchrun_command
-    from playbook.theory.planner import plan
-
-    if args.top < 1:
-        raise BadInput(f"--top must be a positive integer, got {args.top}; try --top 5")
-    cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
-    result = plan(
-        cfg,
-        hw,
-        gpus=args.gpus,
-        gpus_per_node=args.gpus_per_node,
-        seq_len=args.seq_len,
-        global_batch=args.global_batch,
-        mem_util=args.mem_util,
-    )
-    best = result.candidates[0].layout
-    where = dict(
-        model=args.model, seq_len=args.seq_len, global_batch=args.global_batch, gpus_per_node=result.gpus_per_node
-    )
-    launch = {
-        "torchrun": torchrun_command(best, **where),
-        "sbatch": sbatch_script(best, **where),
-        "replay": replay_command(best, moe=cfg.is_moe),
-    }
-    if args.json:
-        print(json.dumps({**result.as_dict(top=args.top), "launch": launch}, indent=2))
-        return 0
-    print(
-        f"{args.model} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
-        f"global batch {args.global_batch}; {len(result.candidates)} layouts fit, {result.dominated} slower "
-        f"variants of them skipped"
-    )
-    print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
-    for c in result.candidates[: args.top]:
-        print(
-            f"  {str(c.layout):<40} {c.memory / 1e9:>7.1f} GB {c.cost.total:>7.2f}s {c.cost.bubble:>6.2f}s "
-            f"{c.cost.exposed:>7.2f}s {c.mfu:>6.1%} {c.tokens_per_s:>11,.0f}"
-        )
-    print("rejected:")
-    for kind, (count, example) in result.rejected.items():
-        print(f"  {kind}: {count}, e.g. {example}")
-    print(
-        f"torchrun:\n  {launch['torchrun']}\nsbatch:\n{launch['sbatch']}\nreplay on this machine:\n  {launch['replay']}"
-    )
-    return 0
-
-
-def add_plan(sub) -> None:
-    p = sub.add_parser(
-        "plan",
-        help="training layouts (dp × tp × pp × cp, ZeRO, micro-batches, recomputation) on N GPUs",
-        formatter_class=_Formatter,
-    )
-    p.add_argument("--model", default="llama-3.1-70b", help=f"one of: {', '.join(ModelConfig.presets())}")
-    p.add_argument("--gpus", type=int, default=64, help="GPUs in all")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="default: the hardware profile's devices_per_node")
-    p.add_argument("--hardware", default="h100-sxm", help=f"one of: {', '.join(Hardware.presets())}")
-    p.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence")
-    p.add_argument("--global-batch", type=int, default=512, help="sequences per step")
-    p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory a layout may fill")
-    p.add_argument("--top", type=int, default=5, help="layouts to show")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_plan)
-
-
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
     """Give options added without a help text one, so that ``--help`` shows their default too."""
     for action in parser._actions:
@@ -481,6 +324,8 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--serve-dtype", default="bf16", help="dtype of the served weights and KV cache")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_memory)
+
+    from playbook.cli_plan import add_plan, add_serve_plan
 
     add_serve_plan(sub)
     add_plan(sub)
