@@ -420,6 +420,11 @@ def test_whole_model_activations_and_the_vocab_parallel_loss():
     block = sum(tp_block_activation_breakdown(TINY, seq_len=s, micro_batch=b, tp=2).values())
     want = b * s * 9 + 2 * block + B * (2 * b * s * h + b * s) + B * b * s * h + B * b * s * V // 2 + 8 * b * s
     assert tp_model_activation_bytes(TINY, seq_len=s, micro_batch=b, tp=2) == want
+    # in bf16 everything halves but the loss's softmax, which is kept in fp32
+    B = 2
+    block = sum(tp_block_activation_breakdown(TINY, seq_len=s, micro_batch=b, tp=2, dtype_bytes=2).values())
+    want = b * s * 9 + 2 * block + B * (2 * b * s * h + b * s) + B * b * s * h + 4 * b * s * V // 2 + 8 * b * s
+    assert tp_model_activation_bytes(TINY, seq_len=s, micro_batch=b, tp=2, dtype_bytes=2) == want
 
 
 def test_layer_comm_is_8bsh_in_16_bit():

@@ -138,10 +138,16 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     loss = log Σ_v exp(z_v − m) − (z_target − m), with the max m, the sum and the target logit each
     combined over ranks by all-reduce (max; then one sum of [Σexp, target logit]). Backward needs no
     communication: d loss / d z = (softmax − onehot) / (b·s) on this rank's slice.
+
+    In fp32 whatever the logits' dtype, as Megatron-LM casts them (``logits.float()``): the max,
+    the sums and the saved softmax are fp32, so the loss's all-reduces move 4-byte elements and its
+    gradient is cast back to the logits' dtype.
     """
 
     @staticmethod
     def forward(ctx, logits, targets, start, group):
+        ctx.dtype = logits.dtype
+        logits = logits.float()  # [b, s, V/t] fp32
         n = logits.shape[-1]  # V/t
         m = all_reduce(logits.amax(-1), group, "loss", "forward", op=dist.ReduceOp.MAX)  # [b, s]
         shifted = logits - m[..., None]  # [b, s, V/t]
@@ -162,4 +168,4 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         inside = ((targets >= ctx.start) & (targets < ctx.start + n)).to(probs.dtype)  # [b, s]
         local = (targets - ctx.start).clamp(0, n - 1)  # [b, s]
         dz = probs.clone().scatter_add_(-1, local[..., None], -inside[..., None])  # [b, s, V/t]
-        return dz * (grad / targets.numel()), None, None, None
+        return (dz * (grad / targets.numel())).to(ctx.dtype), None, None, None

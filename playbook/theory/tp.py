@@ -396,7 +396,8 @@ def tp_model_activation_breakdown(
     """Bytes one rank saves for one forward of our whole TP model with its vocabulary-parallel loss:
     embedding (the local token ids, int64, and the "owned by another rank" mask), the blocks, the
     final norm (on s/t tokens with SP) and the head's input, and the loss's softmax over this rank's
-    V/t vocabulary slice plus the targets (int64). The full [b, s, V] logits never exist."""
+    V/t vocabulary slice (fp32 whatever B: the loss is computed in fp32, as Megatron-LM does) plus the
+    targets (int64). The full [b, s, V] logits never exist."""
     sizes = dict(
         seq_len=seq_len,
         micro_batch=micro_batch,
@@ -414,7 +415,7 @@ def tp_model_activation_breakdown(
         "blocks": cfg.n_layers * block,
         "final norm": (2 * b * sn * h + b * sn) * B,
         "head input": b * (sn if regather else s) * h * B,
-        "softmax over V/t": b * s * (V // tp) * B,
+        "softmax over V/t (fp32)": b * s * (V // tp) * 4,
         "targets (int64)": b * s * INDEX_BYTES,
     }
 
