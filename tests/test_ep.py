@@ -174,6 +174,7 @@ def test_cli_json_has_the_routing_block():
     assert report["strategy"] == "ep" and report["setup"]["top_k"] == 1
     assert report["parity"]["max_rel_grad_diff"] < GRAD and report["parity"]["same_tokens_dropped"]
     assert report["native"]["max_rel_grad_diff"] == 0.0
+    assert report["parity"]["max_rel_l2_param_diff"] <= 1e-5 and report["native"]["max_rel_l2_param_diff"] <= 1e-5
     assert report["memory"]["predicted"] == {k: float(v) for k, v in report["memory"]["measured"].items()}
     tokens = 8 * 32  # global batch x seq: every token picks one expert
     for step in report["routing"]["steps"]:

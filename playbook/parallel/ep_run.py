@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from playbook.config import ModelConfig, require_positive
 from playbook.moe import AUX_ALPHA
 from playbook.parallel.registry import register
-from playbook.parallel.report import RunReport, max_rel_diff
+from playbook.parallel.report import RunReport, max_rel_diff, rel_l2_diff
 from playbook.parallel.training import TrainSetup
 from playbook.theory.moe import (
     model_activation_bytes_moe,
@@ -146,6 +146,7 @@ def run_ep(
             "reference": "torch functional all_to_all_single_autograd in place of ours",
             "max_rel_grad_diff": max_rel_diff(theirs.grads, whole.grads),
             "max_rel_param_diff": max_rel_diff(theirs.params, whole.params),
+            "max_rel_l2_param_diff": rel_l2_diff(theirs.params, whole.params),
         }
     tokens = setup.global_batch // world_size * setup.seq_len
     measured_a2a = [[r.comm[s].get("all_to_all_single", 0.0) for r in results] for s in range(setup.steps)]
