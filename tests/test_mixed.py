@@ -1,5 +1,5 @@
 """Mixed precision (``parallel.mixed``): the optimizer against AdamW written out by hand, updates
-below bf16's resolution kept by the fp32 masters, and the single process and DP on real ranks:
+below bf16's resolution kept by the fp32 masters, and the single process, DP, ZeRO-1/2/3 and TP on real ranks:
 memory by category against ZeRO's 2 + 2 + 12 bytes per parameter, loss against the fp32 run."""
 
 import json
@@ -166,4 +166,29 @@ def test_tp_mixed_memory_is_the_prediction_and_loss_tracks_fp32(capsys, fp32):
     held = measured["params"] // 2  # bf16: 2 bytes per parameter of this rank's shard (split + replicated)
     assert measured["grads"] == 2 * held and measured["optimizer"] == 12 * held + 4 * TENSORS
     for step, (ours, ref) in enumerate(zip(report["losses"], fp32.losses)):
+        assert abs(ours - ref) <= LOSS_RTOL * ref, (step, ours, ref)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_mixed_memory_and_bytes_are_zero_s_and_loss_tracks_fp32(stage, fp32):
+    """ZeRO §3.1 and §5 in mixed precision, from first principles: bf16 weights (2Ψ, /N from stage 3)
+    and gradients (2Ψ, /N from stage 2), the 12Ψ of fp32 master + moments /N from stage 1, plus one
+    4-byte AdamW step counter per unit (embedding, each block, head); every collective moves bf16.
+    gpt-tiny's units split evenly over 2 ranks, so there is no padding to add."""
+    from playbook.parallel.zero_run import run_zero
+
+    n, units = 2, SETUP.config().n_layers + 2
+    report = run_zero(SETUP, world_size=n, stage=stage, precision="mixed")
+    want = {
+        "params": 2 * PSI // (n if stage >= 3 else 1),
+        "grads": 2 * PSI // (n if stage >= 2 else 1),
+        "optimizer": 12 * PSI // n + 4 * units,
+        "activations": expected_state(n)["activations"],
+    }
+    assert {k: report.memory["measured"][k] for k in want} == want
+    assert {k: report.memory["predicted"][k] for k in want} == want
+    gathers = 2 if stage == 3 else 1  # ZeRO-3 gathers the weights for the forward and again for the backward
+    ring = 2 * PSI * (n - 1) / n  # bytes one rank sends to reduce-scatter or all-gather 2Ψ bytes
+    assert report.comm["measured"] == {"reduce_scatter": ring, "all_gather": gathers * ring, "all_reduce": 4.0}
+    for step, (ours, ref) in enumerate(zip(report.losses, fp32.losses)):
         assert abs(ours - ref) <= LOSS_RTOL * ref, (step, ours, ref)

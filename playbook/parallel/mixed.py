@@ -21,7 +21,7 @@ import torch
 
 from playbook.model import GPT
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.memory import TrainingMemory, training_memory
+from playbook.theory.memory import TrainingMemory
 
 PRECISIONS = ("fp32", "mixed")
 LOW = torch.bfloat16  # what the model's parameters, gradients and activations are stored in
@@ -99,11 +99,4 @@ def predicted_memory(setup: TrainSetup, world_size: int = 1, *, precision: str =
     """Bytes on one data-parallel rank by category, ``precision`` "mixed" or "fp32", with AdamW's
     per-tensor step counters (``training_memory(..., n_tensors=...)``), activations of its rows."""
     check_precision(precision)
-    cfg = setup.config()
-    return training_memory(
-        cfg,
-        seq_len=setup.seq_len,
-        micro_batch=setup.local_batch(world_size),
-        precision=precision,
-        n_tensors=cfg.num_param_tensors(),
-    )
+    return setup.predicted_memory(world_size, precision=precision)

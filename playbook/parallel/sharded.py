@@ -15,6 +15,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from playbook.measure.collectives import comm_per_step, without_loop_steps
@@ -109,8 +110,8 @@ def train_sharded(
             sync_grads(m)
         moments["after backward"] = held()
 
-    def global_loss(value):  # the global batch's mean loss, for the report
-        total = value.clone()
+    def global_loss(value):  # the global batch's mean loss, for the report (fp32 whatever the model's dtype)
+        total = value.detach().to(torch.float32, copy=True)
         dist.all_reduce(total, group=group)
         return float(total) / n
 

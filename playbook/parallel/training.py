@@ -48,15 +48,15 @@ class TrainSetup:
         """Rows per rank when the global batch is split over ``world_size`` data-parallel ranks."""
         return rows_per_rank(self.global_batch, world_size)
 
-    def predicted_memory(self, world_size: int = 1) -> TrainingMemory:
-        """Exact bytes for our model on one rank: fp32 AdamW (with its step counters), and the
-        activations of this rank's micro-batch."""
+    def predicted_memory(self, world_size: int = 1, *, precision: str = "fp32") -> TrainingMemory:
+        """Exact bytes for our model on one rank: AdamW (with its step counters) in ``precision``
+        ("fp32", or "mixed": bf16 model, fp32 masters), and the activations of this rank's micro-batch."""
         cfg = self.config()
         return training_memory(
             cfg,
             seq_len=self.seq_len,
             micro_batch=self.local_batch(world_size),
-            precision="fp32",
+            precision=precision,
             n_tensors=cfg.num_param_tensors(),
         )
 

@@ -35,6 +35,7 @@ from playbook.measure.memory import optimizer_bytes
 from playbook.measure.sharding import storage_bytes, storages
 from playbook.measure.trace import Span
 from playbook.model import GPT
+from playbook.parallel.mixed import MixedPrecisionAdamW, check_precision
 from playbook.theory.zero import check_stage, zero_units
 
 
@@ -60,7 +61,7 @@ class FlatUnit:
         self.shard = self.padded // n
         self.lo, self.hi = rank * self.shard, (rank + 1) * self.shard
         params = [getattr(m, attr) for m, attr, *_ in self.specs]
-        pad = torch.zeros(self.padded - self.numel, device=params[0].device)
+        pad = torch.zeros(self.padded - self.numel, device=params[0].device, dtype=params[0].dtype)
         flat = torch.cat([p.detach().reshape(-1) for p in params] + [pad])  # [padded]
         if stage <= 2:
             self.flat = flat
@@ -69,7 +70,7 @@ class FlatUnit:
             self.opt_param = nn.Parameter(flat if stage == 0 else flat[self.lo : self.hi])  # [padded] or [shard]
         else:
             self.opt_param = nn.Parameter(flat[self.lo : self.hi].clone())  # [shard], the only copy kept
-            self.full = torch.empty(self.padded, device=flat.device, requires_grad=True)  # [padded]
+            self.full = torch.empty(self.padded, device=flat.device, dtype=flat.dtype, requires_grad=True)  # [padded]
             self.full.untyped_storage().resize_(0)
             for m, attr, *_ in self.specs:
                 del m._parameters[attr]  # the module now reads a plain tensor set by bind()
@@ -104,10 +105,18 @@ class FlatUnit:
 class Zero:
     """Train ``model`` with ZeRO stage ``stage`` over ``group``: ``loss = zero.loss(tokens, targets)``,
     ``loss.backward()``, ``zero.sync()``, ``zero.step()``, ``zero.zero_grad()``: with ``zero_grad`` and
-    ``step`` it is the optimizer of ``training.train``, ``loss`` its forward and ``sync`` its ``sync_grads``."""
+    ``step`` it is the optimizer of ``training.train``, ``loss`` its forward and ``sync`` its ``sync_grads``.
 
-    def __init__(self, model: GPT, *, stage: int, group, lr: float, prefetch: bool = True, tracer=None):
+    ``precision="mixed"`` (the model already cast to bf16 by ``parallel.mixed.to_mixed``): the flat units,
+    their gradients and every collective are bf16, and each rank keeps fp32 master weights and AdamW
+    states for its slices only (``MixedPrecisionAdamW``): ZeRO's 2 + 2 + 12 bytes per parameter, §3.1,
+    of which the 12 are sharded from stage 1 on."""
+
+    def __init__(
+        self, model: GPT, *, stage: int, group, lr: float, prefetch: bool = True, tracer=None, precision="fp32"
+    ):
         check_stage(stage)
+        check_precision(precision)
         zero_units(model.cfg)  # refuses configs our units cannot hold (a tied head)
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -115,7 +124,10 @@ class Zero:
         parts = [("embed", [model.tok_emb])] + [(f"block{i}", [b]) for i, b in enumerate(model.blocks)]
         parts.append(("head", [model.norm, model.lm_head]))
         self.units = [FlatUnit(name, mods, names, stage, self.rank, self.n) for name, mods in parts]
-        self.optimizer = torch.optim.AdamW([u.opt_param for u in self.units], lr=lr)
+        slices = [u.opt_param for u in self.units]
+        self.optimizer = (
+            MixedPrecisionAdamW(slices, lr=lr) if precision == "mixed" else torch.optim.AdamW(slices, lr=lr)
+        )
         self.pending: dict[int, object] = {}  # unit -> in-flight all-gather
         self.peak_gathered = {"forward": 0, "backward": 0}
         self.gathered_log: list[tuple[float, str, int]] = []  # (time, phase, live bytes of whole units)
@@ -212,7 +224,7 @@ class Zero:
             return
         self.ready[k] = 0
         params = unit.parameters()
-        pad = torch.zeros(unit.padded - unit.numel, device=unit.flat.device)
+        pad = torch.zeros(unit.padded - unit.numel, device=unit.flat.device, dtype=unit.flat.dtype)
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [pad])  # [padded], transient
         dist.reduce_scatter_single(flat[unit.lo : unit.hi], flat, group=self.group)
         unit.opt_param.grad = flat[unit.lo : unit.hi] / self.n  # [shard]
@@ -269,7 +281,7 @@ class Zero:
         for u, s in zip(self.units, slices):
             full = s.detach().clone()
             if s.numel() != u.padded:
-                full = torch.empty(u.padded, device=s.device)
+                full = torch.empty(u.padded, device=s.device, dtype=s.dtype)
                 dist.all_gather_single(full, s.detach().contiguous(), group=self.group)
             out.update(u.split(full))
         return out

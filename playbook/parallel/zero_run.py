@@ -12,6 +12,7 @@ import argparse
 
 from playbook.cluster import default_backend, launch
 from playbook.model import GPT
+from playbook.parallel.mixed import PRECISIONS, check_precision, to_mixed, train_mixed
 from playbook.parallel.registry import register
 from playbook.parallel.report import compare
 from playbook.parallel.sharded import MOMENTS, ShardedReport, ShardedResult, train_sharded
@@ -21,11 +22,18 @@ from playbook.theory.sharded import padding_note, predicted_memory
 from playbook.theory.zero import check_stage, zero_comm_per_step, zero_memory_by_moment
 
 
-def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True) -> ShardedResult:
+MIXED_REFERENCE = "single process in mixed precision, same global batch"
+
+
+def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True, precision: str = "fp32") -> ShardedResult:
     """Rank function: ``setup.steps`` ZeRO steps on this rank's slice of each global batch, over the
-    dp group of ``ctx.mesh``; gradients (first step) and parameters (last) come back whole."""
+    dp group of ``ctx.mesh``; gradients (first step) and parameters (last) come back whole.
+    ``precision="mixed"``: the model in bf16, fp32 masters of this rank's slices (``parallel.mixed``)."""
     model = GPT(setup.config(), seed=setup.seed).to(ctx.device)
-    zero = Zero(model, stage=stage, group=ctx.mesh.group("dp"), lr=setup.lr, prefetch=prefetch, tracer=ctx.tracer)
+    if precision == "mixed":
+        to_mixed(model)
+    group = ctx.mesh.group("dp")
+    zero = Zero(model, stage=stage, group=group, lr=setup.lr, prefetch=prefetch, tracer=ctx.tracer, precision=precision)
     first: list = []
 
     def loss(tokens, targets):
@@ -62,6 +70,9 @@ def add_arguments(parser) -> None:
         default=True,
         help="ZeRO-3: gather the next unit while this one computes",
     )
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32", help="mixed: bf16 units and collectives, fp32 master + AdamW"
+    )
 
 
 @register(
@@ -71,13 +82,23 @@ def add_arguments(parser) -> None:
     on_rank=on_rank,
     predict=zero_comm_per_step,
 )
-def run_zero(setup: TrainSetup, *, world_size: int, backend: str = "auto", stage: int = 3, prefetch: bool = True):
+def run_zero(
+    setup: TrainSetup,
+    *,
+    world_size: int,
+    backend: str = "auto",
+    stage: int = 3,
+    prefetch: bool = True,
+    precision: str = "fp32",
+):
     check_stage(stage)
+    check_precision(precision)
     setup.local_batch(world_size)  # the global batch must split over the ranks (clear error otherwise)
     backend = default_backend(world_size) if backend == "auto" else backend
-    r0, cfg = launch(on_rank, world_size, setup, stage=stage, prefetch=prefetch, backend=backend)[0], setup.config()
-    predicted = predicted_memory(setup, stage=stage, world_size=world_size, prefetch=prefetch)
-    by_moment = zero_memory_by_moment(cfg, stage=stage, world_size=world_size)
+    options = dict(stage=stage, prefetch=prefetch, precision=precision)
+    r0, cfg = launch(on_rank, world_size, setup, **options, backend=backend)[0], setup.config()
+    predicted = predicted_memory(setup, world_size=world_size, **options)
+    by_moment = zero_memory_by_moment(cfg, stage=stage, world_size=world_size, precision=precision)
     notes = padding_note(setup, world_size=world_size)
     if stage == 3:
         pg, mg = predicted["peak_gathered"], r0.memory["peak_gathered"]
@@ -90,14 +111,17 @@ def run_zero(setup: TrainSetup, *, world_size: int, backend: str = "auto", stage
         strategy=f"zero-{stage}",
         world_size=world_size,
         backend=backend,
-        parity=compare(r0, train(setup)),
+        parity=compare(r0, *((train_mixed(setup), MIXED_REFERENCE) if precision == "mixed" else (train(setup),))),
         memory={
             "predicted": predicted,
             "measured": r0.memory,
             "by_moment": {"predicted": by_moment, "measured": {m: r0.moments[m] for m in MOMENTS}},
         },
-        comm={"predicted": zero_comm_per_step(cfg, stage=stage, world_size=world_size), "measured": r0.comm},
-        setup={**setup.as_dict(), "stage": stage, "prefetch": prefetch},
+        comm={
+            "predicted": zero_comm_per_step(cfg, stage=stage, world_size=world_size, precision=precision),
+            "measured": r0.comm,
+        },
+        setup={**setup.as_dict(), **options},
         losses=r0.losses,
         notes=notes,
     )

@@ -14,14 +14,15 @@ from playbook.theory.comm import sent_bytes
 from playbook.theory.zero import padding_elements, zero3_gathered_peak, zero_state_bytes
 
 
-def predicted_memory(setup, *, stage: int, world_size: int, prefetch: bool = True) -> dict:
-    """Rank 0's predicted bytes: model state (exact, padded), activations, and ZeRO-3's gathered peaks."""
+def predicted_memory(setup, *, stage: int, world_size: int, prefetch: bool = True, precision: str = "fp32") -> dict:
+    """Rank 0's predicted bytes: model state (exact, padded), activations, and ZeRO-3's gathered peaks,
+    in ``precision`` ("fp32", or "mixed": bf16 units and activations, fp32 masters and AdamW states)."""
     cfg = setup.config()
-    state = zero_state_bytes(cfg, stage=stage, world_size=world_size).as_dict()
+    state = zero_state_bytes(cfg, stage=stage, world_size=world_size, precision=precision).as_dict()
     state.pop("total")
-    out = {**state, "activations": setup.predicted_memory(world_size).activations}
+    out = {**state, "activations": setup.predicted_memory(world_size, precision=precision).activations}
     if stage == 3:
-        out["peak_gathered"] = zero3_gathered_peak(cfg, world_size=world_size, prefetch=prefetch)
+        out["peak_gathered"] = zero3_gathered_peak(cfg, world_size=world_size, prefetch=prefetch, precision=precision)
     return out
 
 
