@@ -17,6 +17,11 @@
   to expert i (before dropping, not differentiable), Pᵢ the mean router probability (differentiable):
   Switch eq. 4-6, α = 0.01. Uniform routing gives exactly α.
 - Shared experts, applied to every token: DeepSeekMoE (Dai et al. 2024, arXiv:2401.06066).
+- Balancing without a loss (``bias_rate`` γ > 0): a per-expert bias bᵢ is added to the scores for
+  *choosing* the top-k only (the gates stay the router's probabilities), and after each training
+  forward bᵢ += γ · sign(mean load − loadᵢ) from the global counts: Wang et al. 2024,
+  *Auxiliary-Loss-Free Load Balancing* (arXiv:2408.15664), used by DeepSeek-V3 (arXiv:2412.19437,
+  §2.1.2, γ = 0.001). No gradient flows through b, so it cannot trade language modelling for balance.
 
 Written to be split: the layer asks three overridable questions — how many tokens the whole batch
 has and what earlier ranks routed (``exchange_counts``), and who runs the experts
@@ -65,10 +70,17 @@ class RoutingStats:
         } | {"dropped": self.dropped}
 
 
-def top_k_gating(probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_gating(
+    probs: torch.Tensor, top_k: int, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """probs [T, E] -> (experts [T, k] int64, best first; gates [T, k]). Gates are the top-k
-    probabilities, renormalised to sum to one when k > 1 (GShard, Mixtral)."""
-    gates, experts = probs.topk(top_k, dim=-1)  # [T, k] each
+    probabilities, renormalised to sum to one when k > 1 (GShard, Mixtral). ``bias`` [E] shifts the
+    choice only (aux-loss-free balancing): the gates are still the chosen experts' probabilities."""
+    if bias is None:
+        gates, experts = probs.topk(top_k, dim=-1)  # [T, k] each
+    else:
+        experts = (probs + bias).topk(top_k, dim=-1).indices  # [T, k]
+        gates = probs.gather(-1, experts)  # [T, k]
     if top_k > 1:
         gates = gates / gates.sum(dim=-1, keepdim=True)  # [T, k]
     return experts, gates
@@ -103,6 +115,8 @@ class MoEMLP(nn.Module):
             SwiGLU(cfg.hidden, cfg.expert_ffn_hidden) for _ in range(cfg.n_shared_experts)
         )
         self.capacity_factor, self.aux_alpha = capacity_factor, aux_alpha
+        self.bias_rate = 0.0  # γ of aux-loss-free balancing (0: off); set with :func:`configure`
+        self.register_buffer("route_bias", None, persistent=False)  # [E] while bias_rate > 0 (moves with .to())
         self.aux_loss: torch.Tensor | None = None
         self.stats: RoutingStats | None = None
 
@@ -137,10 +151,14 @@ class MoEMLP(nn.Module):
         check_capacity_factor(self.capacity_factor)
 
         probs = F.softmax(self.router(x), dim=-1)  # [T, E]
-        experts, gates = top_k_gating(probs, k)  # [T, k], [T, k]
+        experts, gates = top_k_gating(probs, k, self.route_bias)  # [T, k], [T, k]
         counts = torch.bincount(experts.reshape(-1), minlength=E)  # [E] slots routed here
         counts_by_rank, me = self.exchange_counts(counts)  # [n, E]
         total_counts = counts_by_rank.sum(0)  # [E] over the global batch
+        if self.route_bias is not None and self.training and torch.is_grad_enabled():
+            with torch.no_grad():  # global counts: every rank makes the same update
+                load = total_counts.to(self.route_bias.dtype)  # [E]
+                self.route_bias += self.bias_rate * torch.sign(load.mean() - load)  # [E]
         tokens = T * counts_by_rank.shape[0]  # every data rank routes the same number of tokens
         capacity = expert_capacity(tokens, E, k, self.capacity_factor)
         if capacity is None:
@@ -184,15 +202,21 @@ def moe_layers(model: nn.Module) -> list[MoEMLP]:
     return [m for m in model.modules() if isinstance(m, MoEMLP)]
 
 
-def configure(model: nn.Module, *, capacity_factor: float | None = None, aux_alpha: float = AUX_ALPHA) -> nn.Module:
-    """Set the capacity factor (None: no dropping) and aux-loss weight of every MoE layer."""
+def configure(
+    model: nn.Module, *, capacity_factor: float | None = None, aux_alpha: float = AUX_ALPHA, bias_rate: float = 0.0
+) -> nn.Module:
+    """Set the capacity factor (None: no dropping), aux-loss weight and bias rate γ (0: no bias
+    balancing; DeepSeek-V3 uses 0.001) of every MoE layer; a bias starts at zero."""
     check_capacity_factor(capacity_factor)
-    if not isinstance(aux_alpha, (int, float)) or aux_alpha < 0:
-        raise ValueError(
-            f"aux_alpha must be a number >= 0 (0 switches the loss off; Switch uses 0.01), got {aux_alpha!r}"
-        )
+    for name, value, hint in [
+        ("aux_alpha", aux_alpha, "Switch uses 0.01"),
+        ("bias_rate", bias_rate, "DeepSeek-V3 0.001"),
+    ]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ValueError(f"{name} must be a finite number >= 0 (0 switches it off; {hint}), got {value!r}")
     for layer in moe_layers(model):
-        layer.capacity_factor, layer.aux_alpha = capacity_factor, float(aux_alpha)
+        layer.capacity_factor, layer.aux_alpha, layer.bias_rate = capacity_factor, float(aux_alpha), float(bias_rate)
+        layer.route_bias = torch.zeros(layer.n_experts) if bias_rate > 0 else None
     return model
 
 
@@ -202,12 +226,17 @@ def routing_stats(model: nn.Module) -> list[dict]:
 
 
 def build(
-    cfg: ModelConfig, seed: int = 0, *, capacity_factor: float | None = None, aux_alpha: float = AUX_ALPHA
+    cfg: ModelConfig,
+    seed: int = 0,
+    *,
+    capacity_factor: float | None = None,
+    aux_alpha: float = AUX_ALPHA,
+    bias_rate: float = 0.0,
 ) -> GPT:
     """``GPT(cfg, seed)`` with every MoE layer configured: the single-process reference model."""
     if not cfg.is_moe:
         raise ValueError(f"{cfg.name} is dense (n_experts=0); use an MoE preset such as gpt-tiny-moe")
-    return configure(GPT(cfg, seed), capacity_factor=capacity_factor, aux_alpha=aux_alpha)
+    return configure(GPT(cfg, seed), capacity_factor=capacity_factor, aux_alpha=aux_alpha, bias_rate=bias_rate)
 
 
 def capacity_of(tokens: int, cfg: ModelConfig, capacity_factor: float | None) -> int | None:

@@ -130,6 +130,7 @@ def train_moe(
     *,
     capacity_factor: float | None = None,
     aux_alpha: float = AUX_ALPHA,
+    bias_rate: float = 0.0,
     ctx=None,
     mode: str = "ep",
     ep: int | None = None,
@@ -140,7 +141,7 @@ def train_moe(
     data parallelism over all, or ``mode="tp"``: tensor parallelism inside every expert.
     ``native=True``: PyTorch's differentiable all-to-all instead of ours (not traced)."""
     rank, n, device = (0, 1, "cpu") if ctx is None else (ctx.rank, ctx.world_size, ctx.device)
-    model = build(cfg, setup.seed, capacity_factor=capacity_factor, aux_alpha=aux_alpha)
+    model = build(cfg, setup.seed, capacity_factor=capacity_factor, aux_alpha=aux_alpha, bias_rate=bias_rate)
     hooks, record = {}, StepRecord(model)
     if ctx is not None:
         validate(cfg, n, ep or n, capacity_factor, setup.global_batch, mode)

@@ -42,7 +42,8 @@ class ExpertParallelMoE(MoEMLP):
     def __init__(self, moe: MoEMLP, *, ep_group, data_group, ep: int, ep_rank: int, data_rank: int, n_data: int):
         nn.Module.__init__(self)
         self.hidden, self.n_experts, self.top_k = moe.hidden, moe.n_experts, moe.top_k
-        self.capacity_factor, self.aux_alpha = moe.capacity_factor, moe.aux_alpha
+        self.capacity_factor, self.aux_alpha, self.bias_rate = moe.capacity_factor, moe.aux_alpha, moe.bias_rate
+        self.register_buffer("route_bias", moe.route_bias, persistent=False)  # [E] or None: the same on every rank
         self.ep, self.ep_rank, self.data_rank, self.n_data = ep, ep_rank, data_rank, n_data
         self.ep_group, self.data_group, self.native = ep_group, data_group, False
         self.per_rank = self.n_experts // ep
@@ -86,7 +87,8 @@ class TensorParallelExperts(MoEMLP):
     def __init__(self, moe: MoEMLP, *, group, tp: int, rank: int):
         nn.Module.__init__(self)
         self.hidden, self.n_experts, self.top_k = moe.hidden, moe.n_experts, moe.top_k
-        self.capacity_factor, self.aux_alpha = moe.capacity_factor, moe.aux_alpha
+        self.capacity_factor, self.aux_alpha, self.bias_rate = moe.capacity_factor, moe.aux_alpha, moe.bias_rate
+        self.register_buffer("route_bias", moe.route_bias, persistent=False)  # [E] or None: the same on every rank
         self.group, self.router, self.shared_experts = group, moe.router, moe.shared_experts
         fe = moe.experts[0].gate_proj.weight.shape[0]
         require_divides("tp", tp, "expert_ffn_hidden", fe)

@@ -56,10 +56,11 @@ def on_rank(
     mode: str = "ep",
     ep: int | None = None,
     native: bool = False,
+    bias_rate: float = 0.0,
 ):
     """Rank function: ``train_moe`` on this rank; with ``native``, a pair: ours, then the same run
     with PyTorch's differentiable all-to-all."""
-    kw = dict(capacity_factor=capacity_factor, aux_alpha=aux_alpha, ctx=ctx, mode=mode, ep=ep)
+    kw = dict(capacity_factor=capacity_factor, aux_alpha=aux_alpha, bias_rate=bias_rate, ctx=ctx, mode=mode, ep=ep)
     ours = train_moe(setup, cfg, **kw)
     if not native:
         return ours

@@ -40,3 +40,66 @@ def p2p_vs_tp_bytes(
             "bytes per micro-batch": cfg.n_layers * tp_layer,
         },
     ]
+
+
+# Every training strategy of chapters 1-6 as a trade. Ψ parameters, B bytes per element, n the degree,
+# b·s·h one micro-batch's activation; per training step unless said otherwise. "runs" names the
+# ``playbook run`` strategies that implement the row (a test holds the table to the registry).
+STRATEGY_TRADES: list[dict[str, str]] = [
+    {
+        "strategy": "data parallel (ch. 1)",
+        "runs": "dp",
+        "shards": "the batch",
+        "communicates": "all-reduce of the gradients: 2(n−1)/n·BΨ",
+        "link": "any; overlapped with backward but the last bucket",
+        "costs": "every rank holds the whole model state (16Ψ in mixed precision)",
+    },
+    {
+        "strategy": "ZeRO-1/2 (ch. 2)",
+        "runs": "zero",
+        "shards": "optimizer states (1), + gradients (2)",
+        "communicates": "reduce-scatter + all-gather: 2(n−1)/n·BΨ, as DP",
+        "link": "any",
+        "costs": "nothing in bytes; weights still whole on every rank",
+    },
+    {
+        "strategy": "ZeRO-3 / FSDP (ch. 2)",
+        "runs": "zero, fsdp2",
+        "shards": "+ the weights",
+        "communicates": "2 all-gathers + reduce-scatter: 3(n−1)/n·BΨ (1.5× DP)",
+        "link": "any; gathers prefetched behind compute",
+        "costs": "the largest unit whole in memory for a moment; more latency-bound messages",
+    },
+    {
+        "strategy": "tensor parallel (+SP) (ch. 3)",
+        "runs": "tp",
+        "shards": "weights and the hidden dimension of activations (+ the sequence of norms with SP)",
+        "communicates": "4 all-reduces of B·bsh per layer (SP: all-gather + reduce-scatter, same bytes)",
+        "link": "inside a node: on the critical path, not overlapped",
+        "costs": "t ≤ KV heads; small matmuls at large t",
+    },
+    {
+        "strategy": "pipeline parallel (ch. 4)",
+        "runs": "pp",
+        "shards": "the layers",
+        "communicates": "send/recv of B·bsh per micro-batch per stage boundary, each way",
+        "link": "any, even across nodes",
+        "costs": "bubble (p−1)/(m+p−1) with 1F1B; stage 0 still holds one micro-batch of the whole model",
+    },
+    {
+        "strategy": "context parallel (ch. 5)",
+        "runs": "cp",
+        "shards": "the sequence",
+        "communicates": "K/V blocks around a ring: (c−1) steps of 2·B·b·(s/c)·g·d per layer, twice in backward",
+        "link": "overlapped with attention when s/c is long enough",
+        "costs": "causal load balance needs zig-zag; short sequences expose the ring",
+    },
+    {
+        "strategy": "expert parallel (ch. 6)",
+        "runs": "ep",
+        "shards": "the experts",
+        "communicates": "2 all-to-alls per MoE layer (dispatch, combine), ≈ k·(e−1)/e·B·bsh each, ×2 in backward",
+        "link": "inside a node; across nodes capped by node-limited routing",
+        "costs": "load imbalance: the busiest expert sets the pace; capacity drops or padding",
+    },
+]
