@@ -125,3 +125,13 @@ def test_the_trade_table_covers_every_training_strategy():
     covered = {name.strip() for row in STRATEGY_TRADES for name in row["runs"].split(",")}
     assert covered == set(names()) - {"single", "serve", "hybrid"}
     assert all(set(row) == set(STRATEGY_TRADES[0]) and all(row.values()) for row in STRATEGY_TRADES)
+
+
+def test_the_balance_figures_draw_what_they_are_given():
+    from playbook.viz.moe_balance import balance_figure, capacity_figure
+
+    fig = capacity_figure(capacity_buffer([5, 1, 3], 3, hidden=4))
+    assert [list(t.y) for t in fig.data] == [[3, 1, 3], [0, 2, 0], [2, 0, 0]]  # filled, padding, dropped
+    step = [{"router_entropy": math.log(4) / 2, "dropped": 1, "counts": [3, 1, 0, 0]}]
+    fig = balance_figure({"run": [step, step]}, n_experts=4)
+    assert list(fig.data[0].y) == [0.5, 0.5] and list(fig.data[1].y) == [0.25, 0.25]
