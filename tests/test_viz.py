@@ -194,8 +194,24 @@ def test_dashboard_fp32_grad_accum_checkbox():
     box.controls["fp32_grad_accum"].value = True
     assert traces_by_group(box.figure)["grads"].y[0] == pytest.approx((2 + 4) * psi / 8 / 1e9)  # + the fp32 buffer
     assert "20Ψ" in box.message.value
-    box.controls["precision"].value = "fp32"  # fp32 grads need no second fp32 copy: refused, and said so
-    assert "fp32_grad_accum needs precision=&#x27;mixed&#x27;" in box.message.value
+    box.controls["precision"].value = "fp32"  # fp32 grads need no second fp32 copy: disabled, and it says so
+    assert box.controls["fp32_grad_accum"].disabled and "mixed only" in box.controls["fp32_grad_accum"].description
+    assert traces_by_group(box.figure)["grads"].y[0] == pytest.approx(4 * psi / 8 / 1e9) and "16Ψ" in box.message.value
+    box.controls["precision"].value = "mixed"
+    assert not box.controls["fp32_grad_accum"].disabled and "20Ψ" in box.message.value
+
+
+def test_dashboard_disables_sequence_parallelism_without_tp():
+    box = memory_dashboard(model="llama-3.1-8b", seq_len=4096, dp=8)
+    sp, figure = box.controls["sequence_parallel"], box.figure
+    assert sp.disabled and "tp > 1" in sp.description
+    sp.value = True
+    before = traces_by_group(figure)["activations"].y[0]
+    box.controls["tp"].value = 4
+    assert not sp.disabled  # now it counts: the norms' activations split over tp
+    with_sp = traces_by_group(figure)["activations"].y[0]
+    sp.value = False
+    assert traces_by_group(figure)["activations"].y[0] > with_sp < before
 
 
 def test_dashboard_small_model_fits():
@@ -252,3 +268,14 @@ def test_activation_formulas_figure_carries_the_rows():
     for trace, key in zip(fig.data, SERIES):
         assert list(trace.x) == [1024, 4096]
         assert list(trace.y) == [r[key] / 2**30 for r in rows]
+
+
+def test_the_capacity_label_moves_off_a_bar_total_near_the_line():
+    def side(*totals):
+        fig = memory_bars({f"t{i}": {"params": t * 1e9} for i, t in enumerate(totals)}, capacity=80e9)
+        (label,) = [a for a in fig.layout.annotations if "capacity" in a.text]
+        return label.xanchor, label.yanchor
+
+    assert side(443, 228, 120, 40) == ("right", "bottom")  # above the line's right end
+    assert side(443, 228, 120, 66) == ("left", "bottom")  # the last total sits at the line: left end
+    assert side(78, 20, 79) == ("right", "top")  # both ends near: below the line

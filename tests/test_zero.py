@@ -270,6 +270,21 @@ def test_figures_carry_the_numbers():
     assert sum(t.y[0] for t in box.memory_figure.data) < before
 
 
+def test_zero_dashboard_offers_only_models_it_computes_and_marks_a_refusal_stale():
+    from playbook.viz.zero import zero_dashboard
+
+    box = zero_dashboard(model="llama-3.1-8b", dp=8, stage=1)
+    for name in box.controls["model"].options:  # every offered model draws, none is refused
+        box.controls["model"].value = name
+        assert "Cannot compute" not in box.message.value, name
+        assert name in box.memory_figure.layout.title.text
+    assert not {"gpt-tiny-moe", "mixtral-8x7b", "deepseek-v3"} & set(box.controls["model"].options)
+    box.controls["model"].options = [*box.controls["model"].options, "no-such-model"]
+    box.controls["model"].value = "no-such-model"  # a refusal: the figures keep the last settings, and say so
+    assert "Cannot compute" in box.message.value
+    assert all("last valid" in f.layout.title.text for f in (box.memory_figure, box.comm_figure))
+
+
 # ---- chapter 2's quoted numbers ------------------------------------------------------------------
 def test_chapter2_largest_unit_sets_the_llama_8b_transient():
     # embedding and head: 128,256 × 4,096 each, 6.5% of 8.03e9; a block 2.7%

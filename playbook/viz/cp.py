@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 from playbook.config import Hardware, ModelConfig
 from playbook.theory import cp as th
 from playbook.viz.figures import TEMPLATE, format_value
+from playbook.viz.widgets import fit_controls
 
 RANK_COLORS = ["#3b7dd8", "#e4572e", "#52a852", "#f1c453", "#8a63b8", "#2aa198", "#d36fa5", "#9c6b30"]
 LATER, ALL_RANKS = "#e6e6e6", "#7f8fa6"
@@ -349,8 +350,7 @@ def cp_dashboard(
         "zigzag": w.Checkbox(value=zigzag, description="zig-zag layout"),
         "step": w.IntSlider(min=0, max=n - 1, value=0, description="ring step"),
     }
-    for ctl in c.values():
-        ctl.style = {"description_width": "90px"}
+    fit_controls(c.values())
     fig, message = go.FigureWidget(), w.HTML()
 
     def update(_change=None) -> None:
@@ -381,15 +381,14 @@ def cp_dashboard(
     for ctl in c.values():
         ctl.observe(update, names="value")
     update()
+    # model and device change only the numbers under the figure (the score matrix is the same for
+    # every model), so they sit there, with a line that says so
+    numbers_for = w.HTML("<i>the numbers below are for:</i>")
     box = w.VBox(
         [
-            w.HBox(
-                [
-                    w.VBox([c["model"], c["hardware"], c["seq_len"], c["n"]]),
-                    w.VBox([c["variant"], c["causal"], c["zigzag"], c["step"]]),
-                ]
-            ),
+            w.HBox([w.VBox([c["seq_len"], c["n"]]), w.VBox([c["variant"], c["causal"], c["zigzag"], c["step"]])]),
             fig,
+            w.HBox([numbers_for, c["model"], c["hardware"]]),
             message,
         ]
     )

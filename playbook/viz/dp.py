@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.buckets import MIB, Bucket, bucket_cap_bytes, predict_dp_step
 from playbook.viz.figures import TEMPLATE, format_value
+from playbook.viz.widgets import fit_controls
 
 # One colour per span name in every DP figure, so naive, bucketed, DDP and predictions read alike.
 COLORS = {
@@ -284,11 +285,7 @@ def dp_dashboard(
         "mfu": w.FloatSlider(min=0.05, max=1.0, step=0.05, value=mfu, description="MFU"),
         "grad_dtype": w.ToggleButtons(options=["bf16", "fp32"], value=grad_dtype, description="gradients"),
     }
-    for ctl in c.values():
-        ctl.style = {
-            "description_width": "90px",
-            **({"button_width": "60px"} if isinstance(ctl, w.ToggleButtons) else {}),
-        }
+    fit_controls(c.values())
     fig, message = go.FigureWidget(), w.HTML()
 
     def update(_change=None) -> None:

@@ -170,7 +170,7 @@ def memory_bars(
                 line_color="#444",
                 line_width=1.5,
                 annotation_text=label,
-                annotation_position="top right",
+                annotation_position=_clear_side(totals, capacity),
                 annotation_font_color="#444",
             )
         else:  # a line far above would flatten the bars: name it instead
@@ -195,6 +195,13 @@ def memory_bars(
         legend=dict(title="category", traceorder="normal"),
         bargap=0.45,
     )
+
+
+def _clear_side(totals: list[float], capacity: float) -> str:
+    """Where the capacity line's label does not sit on a bar's total: above its right end, unless the
+    last bar's total is near the line (then the left end, or below the line if both ends are)."""
+    near = [abs(t - capacity) < 0.06 * max(*totals, capacity) for t in (totals[0], totals[-1])] if totals else [0, 0]
+    return "top right" if not near[1] else "top left" if not near[0] else "bottom right"
 
 
 def predicted_vs_measured(

@@ -29,6 +29,7 @@ from playbook.parallel.training import TrainSetup
 from playbook.theory.hybrid import comm_per_axis
 from playbook.theory.hybrid import memory_per_rank as predict_memory
 from playbook.viz.mesh import bytes_per_axis, memory_per_rank, rank_grid
+from playbook.viz.widgets import fit_controls
 
 WORLD = 8
 MODELS = ("gpt-tiny", "gpt-tiny-moe")
@@ -151,6 +152,7 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
         "zero": w.ToggleButtons(options=[0, 1, 2, 3], value=0, description="ZeRO", style=style, layout=wide()),
     }
     c["model"].style = {"description_width": "60px"}
+    fit_controls([c["sequence_parallel"]])
     figs = {"grid": go.FigureWidget(), "bytes": go.FigureWidget(), "memory": go.FigureWidget()}
     message, note_box, status = w.HTML(), w.HTML(), w.HTML()
     button = w.Button(description=f"run on {WORLD} real ranks", icon="play", button_style="primary")

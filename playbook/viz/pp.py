@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playbook.theory.schedules import SCHEDULES, Costs, Timeline, closed_form, make_schedule, simulate
+from playbook.viz.widgets import fit_controls
 
 KIND_COLORS = {"F": "#3b7dd8", "B": "#e4572e", "W": "#52a852"}
 KIND_NAMES = {"F": "forward F", "B": "backward B", "W": "weight grad W"}
@@ -171,11 +172,19 @@ def activation_bars(
 
 
 def pipeline_explorer(
-    *, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f1b", last_run: Timeline | None = None
+    *,
+    p: int = 4,
+    m: int = 8,
+    v: int = 2,
+    schedule: str = "1f1b",
+    last_run: Timeline | None = None,
+    last_run_label: str = "",
 ) -> w.VBox:
     """Controls p, m, v, schedule and a time step -> the Gantt chart up to that step, both bubble
     fractions, and the peak activations per rank (1F1B: p − r; GPipe: m); under it bubble vs m,
-    and, if given, the last real run's measured Gantt. ``.controls``, ``.figure``, ``.message``."""
+    and, if given, the last real run's measured Gantt, titled with ``last_run_label`` (what was run,
+    e.g. "1f1b, p=2, m=4") so it is not mistaken for the simulation above it.
+    ``.controls``, ``.figure``, ``.message``."""
     c = {
         "schedule": w.ToggleButtons(options=list(SCHEDULES), value=schedule, description="schedule"),
         "p": w.IntSlider(min=1, max=8, value=p, description="p (ranks)"),
@@ -183,8 +192,7 @@ def pipeline_explorer(
         "v": w.IntSlider(min=1, max=4, value=v, description="v (chunks)"),
         "t": w.FloatSlider(min=0, max=1, step=0.02, value=1, description="time", readout_format=".0%"),
     }
-    for ctl in c.values():
-        ctl.style = {"description_width": "90px", "button_width": "90px"}
+    fit_controls(c.values())
     fig, bubble_fig, message = go.FigureWidget(), go.FigureWidget(), w.HTML()
 
     def update(_change=None) -> None:
@@ -226,7 +234,9 @@ def pipeline_explorer(
     update()
     parts = [w.HBox([w.VBox([c["schedule"], c["t"]]), w.VBox([c["p"], c["m"], c["v"]])]), fig, message, bubble_fig]
     if last_run is not None:
-        parts.append(go.FigureWidget(gantt(last_run, unit="ms", title="the last real run, measured")))
+        what = last_run_label or f"p={last_run.p}"
+        title = f"measured on real ranks: {what} (fixed; the controls drive the simulation above)"
+        parts.append(go.FigureWidget(gantt(last_run, unit="ms", title=title)))
     box = w.VBox(parts)
     box.controls, box.figure, box.bubble_figure, box.message, box.update = c, fig, bubble_fig, message, update
     return box

@@ -23,6 +23,7 @@ from playbook.theory.tp import (
     valid_tp,
 )
 from playbook.viz.figures import _layout, format_value, memory_bars, unit_scale
+from playbook.viz.widgets import fit_controls
 
 RANK_COLORS = ["#2f6db5", "#e8893a", "#5b9a48", "#c94a4a", "#8a63b8", "#3aa6a0", "#b8860b", "#d36fa5"]
 REPLICATED = "#9e9e9e"
@@ -59,7 +60,7 @@ def shard_diagram(cfg: ModelConfig, tp: int, *, title: str = "", per_row: int = 
         fig.add_annotation(
             x=x0 + 0.5,
             y=y0 + 1.02,
-            text=f"<b>{m['name']}</b> [{rows:,}×{cols:,}]<br>{how}",
+            text=f"<b>{m['name']}</b><br>[{rows:,}×{cols:,}]<br>{how}",
             showarrow=False,
             yanchor="bottom",
             font=dict(size=11),
@@ -328,6 +329,7 @@ def tp_dashboard(
         "micro_batch": w.IntSlider(min=1, max=32, value=micro_batch, description="micro_batch"),
         "hardware": w.Dropdown(options=Hardware.presets(), value=hardware, description="device"),
     }
+    fit_controls(c.values())
     figs = {k: go.FigureWidget() for k in ("memory", "time", "shards")}
     message = w.HTML()
 
@@ -369,16 +371,16 @@ def tp_dashboard(
                 unit=unit,
                 capacity=hw.memory_bytes,
                 capacity_label=hw.name,
-                title=f"{cfg.name} per rank, bf16 weights + activations "
-                f"({mode}, seq {v['seq_len']:,} × {v['micro_batch']})",
+                title=f"{cfg.name} per rank, bf16 weights + activations<br>"
+                f"<sup>{mode}, seq {v['seq_len']:,} × micro-batch {v['micro_batch']}</sup>",
             ),
         )
         replace(
             figs["time"],
             layer_time(
                 n["times"],
-                title=f"one layer per rank on {hw.name}: compute at "
-                f"{efficiency:.0%} of peak vs predicted {mode} communication",
+                title=f"one layer per rank on {hw.name}<br><sup>compute at {efficiency:.0%} of peak "
+                f"vs predicted {mode} communication</sup>",
             ),
         )
         replace(figs["shards"], shard_diagram(cfg, v["tp"]))

@@ -20,6 +20,20 @@ STALE = "  <i>(last valid settings; see below)</i>"
 POWERS_OF_TWO = lambda lo, hi: [2**k for k in range(lo, hi + 1)]  # noqa: E731
 
 
+def fit_controls(controls, description_width: str = "90px") -> None:
+    """Size every control so that no label is cut: toggle buttons as wide as their longest option
+    (about 8 px a character, plus padding), checkboxes unindented with their whole description."""
+    for ctl in controls:
+        if isinstance(ctl, w.Checkbox):
+            ctl.indent, ctl.style = False, {"description_width": "initial"}
+            ctl.layout.width = "auto"
+        elif isinstance(ctl, w.ToggleButtons):
+            longest = max(len(str(label)) for label in ctl.options)
+            ctl.style = {"description_width": description_width, "button_width": f"{8 * longest + 22}px"}
+        else:
+            ctl.style = {"description_width": description_width}
+
+
 def memory_budgets(
     cfg: ModelConfig,
     *,
@@ -125,7 +139,6 @@ def memory_dashboard(
     ``fp32_grad_accum``, ``hardware``, ``unit``) and ``message`` (an ``HTML`` widget with
     the summary, or a red error when the calculator refuses the settings).
     """
-    style = {"description_width": "90px"}
     c = {
         "model": w.Dropdown(options=ModelConfig.presets(), value=model, description="model"),
         "hardware": w.Dropdown(options=Hardware.presets(), value=hardware, description="device"),
@@ -136,15 +149,14 @@ def memory_dashboard(
         "pp": w.SelectionSlider(options=POWERS_OF_TWO(0, 6), value=1, description="pp"),
         "cp": w.SelectionSlider(options=POWERS_OF_TWO(0, 6), value=1, description="cp"),
         "ep": w.SelectionSlider(options=POWERS_OF_TWO(0, 8), value=1, description="ep"),
-        "sequence_parallel": w.Checkbox(value=False, description="sequence parallel (with tp)"),
-        "fp32_grad_accum": w.Checkbox(value=False, description="fp32 grad accumulation (mixed)"),
+        "sequence_parallel": w.Checkbox(value=False, description="sequence parallel (needs tp > 1)"),
+        "fp32_grad_accum": w.Checkbox(value=False, description="fp32 grad accumulation (mixed only)"),
         "zero": w.ToggleButtons(options=[0, 1, 2, 3], value=zero, description="ZeRO stage"),
         "precision": w.ToggleButtons(options=["mixed", "fp32"], value=precision, description="precision"),
         "recompute": w.ToggleButtons(options=["none", "selective", "full"], value=recompute, description="recompute"),
         "unit": w.ToggleButtons(options=["GB", "GiB"], value=unit, description="unit"),
     }
-    for ctl in c.values():
-        ctl.style = {**style, **({"button_width": "70px"} if isinstance(ctl, w.ToggleButtons) else {})}
+    fit_controls(c.values())
     fig = go.FigureWidget()
     message = w.HTML()
 
@@ -153,6 +165,9 @@ def memory_dashboard(
 
     def update(_change=None) -> None:
         v = settings()
+        # a control that would change nothing is disabled, and its description says when it counts
+        c["sequence_parallel"].disabled = v["tp"] == 1
+        c["fp32_grad_accum"].disabled = v["precision"] == "fp32"
         try:
             cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
             budgets = memory_budgets(
@@ -167,8 +182,8 @@ def memory_dashboard(
                 pp=v["pp"],
                 cp=v["cp"],
                 ep=v["ep"],
-                sequence_parallel=v["sequence_parallel"],
-                fp32_grad_accum=v["fp32_grad_accum"],
+                sequence_parallel=v["sequence_parallel"] and v["tp"] > 1,
+                fp32_grad_accum=v["fp32_grad_accum"] and v["precision"] == "mixed",
             )
         except (ValueError, NotImplementedError) as e:
             message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
@@ -194,7 +209,8 @@ def memory_dashboard(
                 old.update(x=fresh.x, y=fresh.y, customdata=fresh.customdata, hovertemplate=fresh.hovertemplate)
             for key in ("title", "yaxis", "annotations", "shapes"):
                 fig.layout[key] = new.layout[key]
-        message.value = _summary(cfg, budgets, hw, v["unit"], v["precision"], v["seq_len"], v["fp32_grad_accum"])
+        grad_accum = v["fp32_grad_accum"] and v["precision"] == "mixed"
+        message.value = _summary(cfg, budgets, hw, v["unit"], v["precision"], v["seq_len"], grad_accum)
 
     for ctl in c.values():
         ctl.observe(update, names="value")
@@ -208,4 +224,4 @@ def memory_dashboard(
     return box
 
 
-__all__ = ["memory_budgets", "memory_dashboard"]
+__all__ = ["fit_controls", "memory_budgets", "memory_dashboard"]

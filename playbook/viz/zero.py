@@ -18,6 +18,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory.memory import training_memory
 from playbook.theory.zero import STAGES, zero_comm_per_step
 from playbook.viz.figures import _layout, format_value, memory_bars, unit_scale
+from playbook.viz.widgets import STALE, fit_controls
 
 OP_COLORS = {"all_reduce": "#c0392b", "reduce_scatter": "#e4572e", "all_gather": "#f29e4c"}
 STAGE_NAMES = {0: "DP (ZeRO-0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -145,7 +146,12 @@ def zero_dashboard(
     """
     c = {
         "model": w.Dropdown(
-            options=[m for m in ModelConfig.presets() if not ModelConfig.preset(m).tie_embeddings],
+            # dense presets with their own head: the ZeRO calculators count those (MoE is chapter 6's)
+            options=[
+                m
+                for m in ModelConfig.presets()
+                if not (ModelConfig.preset(m).tie_embeddings or ModelConfig.preset(m).is_moe)
+            ],
             value=model,
             description="model",
         ),
@@ -155,11 +161,7 @@ def zero_dashboard(
         "seq_len": w.SelectionSlider(options=[2**k for k in range(5, 16)], value=seq_len, description="seq_len"),
         "recompute": w.ToggleButtons(options=["none", "selective", "full"], value=recompute, description="recompute"),
     }
-    for ctl in c.values():
-        ctl.style = {
-            "description_width": "80px",
-            **({"button_width": "60px"} if isinstance(ctl, w.ToggleButtons) else {}),
-        }
+    fit_controls(c.values(), "80px")
     memory, comm, message = go.FigureWidget(), go.FigureWidget(), w.HTML()
 
     def replace(live: go.FigureWidget, new: go.Figure) -> None:
@@ -184,6 +186,9 @@ def zero_dashboard(
             }
         except (ValueError, NotImplementedError) as e:
             message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
+            for live in (memory, comm):  # the figures keep the last valid settings, and say so
+                if live.data and STALE not in (live.layout.title.text or ""):
+                    live.layout.title.text = (live.layout.title.text or "") + STALE
             return
         fits = fitting_devices(budget["total"])
         smallest = next((name for name, _, ok in fits if ok), None)
