@@ -112,7 +112,7 @@ def test_rejections_say_why():
 
 
 def test_bad_input_is_one_line():
-    with pytest.raises(ValueError, match=r"^nothing fits: the smallest is .* GB per GPU"):
+    with pytest.raises(ValueError, match=r"^nothing fits: the least memory a layout of 8 GPUs needs is .* GB per GPU"):
         plan(ModelConfig.preset("llama-3.1-405b"), Hardware.preset("h100-sxm"), gpus=8, seq_len=4096, global_batch=8)
     with pytest.raises(ValueError, match="not a whole number of nodes"):
         plan(TINY, HW, gpus=12, gpus_per_node=8, seq_len=32, global_batch=8)
@@ -175,3 +175,6 @@ def test_cli_plan_json_and_bad_input(capsys):
     assert main(["plan", "--model", "llama-3.1-405b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("playbook: error: nothing fits")
+    # --model and --hf-config: exactly one of them
+    assert main(["plan"]) == 2
+    assert capsys.readouterr().err.strip().startswith("playbook: error: name the model: --model NAME (one of ")
