@@ -172,6 +172,28 @@ def step_cost(
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
 
+def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layout) -> dict[int, StepCost]:
+    """:func:`step_cost` for every ZeRO stage in ``zeros`` at once: only the dp axis depends on the
+    stage (compute, tp, cp, ep, pp and the bubble do not), so the rest is computed once."""
+    base = step_cost(cfg, hw, zero=zeros[0], **layout)
+    out = {zeros[0]: base}
+    if "dp" not in base.axes:
+        return out
+    degrees = {a: layout[a] for a in ("dp", "tp", "pp", "cp", "ep")}
+    for zero in zeros[1:]:
+        dp = _dp_seconds(
+            cfg,
+            hw,
+            zero=zero,
+            compute=base.compute,
+            gpus_per_node=layout["gpus_per_node"],
+            microbatches=layout["microbatches"],
+            **degrees,
+        )
+        out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
+    return out
+
+
 def grad_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) -> list[tuple[float, int]]:
     """(parameters per rank, group size) whose gradients are averaged: dense weights (1/tp of a
     stage's, even stages) over dp·cp; routed experts (E/ep per rank) over dp·cp/ep replicas."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.dims import ParallelDims
 from playbook.theory.memory import RECOMPUTE, ZERO_STAGES, training_memory
-from playbook.theory.plan_cost import StepCost, step_cost
+from playbook.theory.plan_cost import StepCost, step_costs
 
 MAX_MICRO_BATCH = 8
 MEM_UTIL = 0.9  # share of device memory a plan may fill: CUDA context, NCCL buffers, fragmentation are not counted
@@ -245,23 +245,22 @@ def plan(
             if out.smallest is None or need < out.smallest[0]:
                 out.smallest = (need, str(least))
             continue
-        costs = sorted(
-            (
-                (
-                    step_cost(
-                        cfg,
-                        hw,
-                        **v.degrees,
-                        zero=v.zero,
-                        micro_batch=v.micro_batch,
-                        microbatches=v.microbatches,
-                        recompute=v.recompute,
-                        **common,
-                    ),
-                    v,
+        zeros = tuple(sorted({v.zero for v in variants}))
+        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute) -> cost per ZeRO stage
+        for v in variants:
+            if (v.micro_batch, v.recompute) not in by_zero:
+                by_zero[v.micro_batch, v.recompute] = step_costs(
+                    cfg,
+                    hw,
+                    zeros=zeros,
+                    **v.degrees,
+                    micro_batch=v.micro_batch,
+                    microbatches=v.microbatches,
+                    recompute=v.recompute,
+                    **common,
                 )
-                for v in variants
-            ),
+        costs = sorted(
+            ((by_zero[v.micro_batch, v.recompute][v.zero], v) for v in variants),
             key=lambda cv: (cv[0].total, -cv[1].zero),
         )
         too_big: list[Layout] = []
