@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from playbook.config import Hardware, ModelConfig
-from playbook.theory.plan_cost import step_cost
+from playbook.theory.plan_cost import step_cost, step_costs
 from playbook.theory.planner import plan
 
 TINY = ModelConfig.preset("gpt-tiny")  # vocab 64, hidden 64, 2 layers, 4 heads (2 KV, dim 16), ffn 176, untied
@@ -99,6 +99,16 @@ def test_bubble_is_p_minus_1_over_m_of_the_pipelined_time():
     c = cost(pp=2, microbatches=4, micro_batch=1)
     pipelined = c.compute + c.axes["pp"][1]
     assert c.bubble == pytest.approx(pipelined * 1 / 4)
+
+
+def test_step_costs_per_zero_stage_equal_step_cost():
+    # the planner's shortcut (one cost per micro-batch and recomputation, the dp axis per stage) must
+    # give what step_cost gives for each stage on its own, here with every axis present
+    layout = dict(dp=2, tp=2, pp=2, cp=2, ep=1, micro_batch=1, microbatches=4, recompute="selective")
+    many = step_costs(TINY, HW, zeros=(0, 1, 2, 3), **layout, seq_len=32, gpus_per_node=8)
+    for zero in range(4):
+        assert many[zero] == step_cost(TINY, HW, zero=zero, **layout, seq_len=32, gpus_per_node=8)
+    assert len({many[z].axes["dp"] for z in range(4)}) > 1  # and the stages do differ
 
 
 def test_rejections_say_why():
