@@ -1,6 +1,7 @@
 """``playbook plan`` and ``playbook serve-plan``: layouts for a cluster, predicted (no ranks start).
 
 playbook plan --model llama-3.1-70b --gpus 64 --hardware h100-sxm --seq-len 8192 --global-batch 512
+playbook plan --hf-config data/hf/Qwen2-7B.json --gpus 16
 playbook serve-plan --model llama-3.1-70b --gpus 8 --context 8192
 """
 
@@ -104,15 +105,33 @@ def add_serve_plan(sub) -> None:
     p.set_defaults(func=cmd_serve_plan)
 
 
+def _plan_inputs(args) -> tuple[ModelConfig, Hardware]:
+    """The model (a preset or a Hugging Face config.json, exactly one) and the hardware, or one line."""
+    if args.model and args.hf_config:
+        raise BadInput(f"--model {args.model} and --hf-config {args.hf_config} both name the model; give one of them")
+    if not (args.model or args.hf_config):
+        raise BadInput(
+            f"name the model: --model NAME (one of {', '.join(ModelConfig.presets())}) or --hf-config "
+            "path/to/config.json (examples in data/hf/)"
+        )
+    for flag, value, example in (
+        ("--top", args.top, 5),
+        ("--gpus", args.gpus, 64),
+        ("--gpus-per-node", args.gpus_per_node, 8),
+    ):
+        if value is not None and value < 1:  # --seq-len and --global-batch: cli.check_numbers
+            raise BadInput(f"{flag} must be a positive integer, got {value}; try {flag} {example}")
+    hw = Hardware.preset(args.hardware)
+    return ModelConfig.from_hf_config(args.hf_config) if args.hf_config else ModelConfig.preset(args.model), hw
+
+
 def cmd_plan(args) -> int:
     """Every layout of ``--gpus`` GPUs for training ``--model``: rejections by reason, the fastest
     that fit (memory, step time, MFU, tokens/s; ``playbook.theory.planner``) and launch text."""
     from playbook.theory.plan_launch import replay_command, sbatch_script, torchrun_command
     from playbook.theory.planner import plan
 
-    if args.top < 1:
-        raise BadInput(f"--top must be a positive integer, got {args.top}; try --top 5")
-    cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
+    cfg, hw = _plan_inputs(args)
     result = plan(
         cfg,
         hw,
@@ -124,7 +143,7 @@ def cmd_plan(args) -> int:
     )
     best = result.candidates[0].layout
     where = dict(
-        model=args.model, seq_len=args.seq_len, global_batch=args.global_batch, gpus_per_node=result.gpus_per_node
+        model=cfg.name, seq_len=args.seq_len, global_batch=args.global_batch, gpus_per_node=result.gpus_per_node
     )
     launch = {
         "torchrun": torchrun_command(best, **where),
@@ -134,8 +153,10 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps({**result.as_dict(top=args.top), "launch": launch}, indent=2))
         return 0
+    if args.hf_config:
+        print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")
     print(
-        f"{args.model} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
+        f"{cfg.name} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
         f"global batch {args.global_batch}; {len(result.candidates)} layouts fit, {result.dominated} slower "
         f"variants of them skipped"
     )
@@ -160,7 +181,13 @@ def add_plan(sub) -> None:
         help="training layouts (dp × tp × pp × cp, ZeRO, micro-batches, recomputation) on N GPUs",
         formatter_class=_Formatter,
     )
-    p.add_argument("--model", default="llama-3.1-70b", help=f"one of: {', '.join(ModelConfig.presets())}")
+    p.add_argument("--model", help=f"a preset, one of: {', '.join(ModelConfig.presets())}")
+    p.add_argument(
+        "--hf-config",
+        metavar="CONFIG_JSON",
+        help="instead of --model: a Hugging Face config.json (or its folder) of a Llama, Mistral, Mixtral, Qwen2 "
+        "or DeepSeek-V2/V3 model; examples in data/hf/",
+    )
     p.add_argument("--gpus", type=int, default=64, help="GPUs in all")
     p.add_argument("--gpus-per-node", type=int, default=None, help="default: the hardware profile's devices_per_node")
     p.add_argument("--hardware", default="h100-sxm", help=f"one of: {', '.join(Hardware.presets())}")

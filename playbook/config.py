@@ -65,6 +65,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
+    qkv_bias: bool = False  # biases on q, k and v (Qwen2), for counting only (our torch model has none)
     # mixture of experts (filled in by the expert-parallel chapter)
     n_experts: int = 0
     top_k: int = 0
@@ -103,6 +104,8 @@ class ModelConfig:
             )
         if self.attention not in ("gqa", "mla"):
             raise ValueError(f"attention must be 'gqa' or 'mla', got {self.attention!r}")
+        if self.qkv_bias and self.attention != "gqa":
+            raise ValueError("qkv_bias is for grouped-query attention (Qwen2); try qkv_bias=False with attention='mla'")
         if self.n_experts:
             require_positive(n_experts=self.n_experts, top_k=self.top_k, expert_ffn_hidden=self.expert_ffn_hidden)
             if self.top_k > self.n_experts:
@@ -131,7 +134,7 @@ class ModelConfig:
 
     # ---- counting ------------------------------------------------------------------------------
     def attention_params(self) -> int:
-        """Weights of one attention block (no biases), GQA or MLA."""
+        """Weights of one attention block, GQA or MLA; with ``qkv_bias`` the q, k and v biases too."""
         h = self.hidden
         if self.attention == "mla":
             qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -147,7 +150,8 @@ class ModelConfig:
             return q + kv + self.n_heads * self.v_head_dim * h
         q_out = self.n_heads * self.dim_head
         kv_out = self.kv_heads * self.dim_head
-        return h * q_out + 2 * h * kv_out + q_out * h
+        bias = q_out + 2 * kv_out if self.qkv_bias else 0
+        return h * q_out + 2 * h * kv_out + q_out * h + bias
 
     def dense_mlp_params(self) -> int:
         """SwiGLU: gate and up projections h -> f, down projection f -> h."""
@@ -180,13 +184,15 @@ class ModelConfig:
     def num_param_tensors(self) -> int:
         """Parameter tensors in our torch model: embedding, final norm, head unless tied; per dense
         block two norms, q/k/v/o and gate/up/down; per MoE block two norms, q/k/v/o, the router and
-        gate/up/down of every routed and shared expert. PyTorch's Adam keeps one ``step`` counter each."""
+        gate/up/down of every routed and shared expert (and q/k/v biases with ``qkv_bias``). PyTorch's
+        Adam keeps one ``step`` counter each."""
         per_moe = 2 + 4 + 1 + 3 * (self.n_experts + self.n_shared_experts)
         return (
             2
             + (0 if self.tie_embeddings else 1)
             + 9 * (self.n_layers - self.n_moe_layers)
             + per_moe * self.n_moe_layers
+            + (3 * self.n_layers if self.qkv_bias else 0)
         )
 
     def active_params(self) -> int:
@@ -207,6 +213,14 @@ class ModelConfig:
     @staticmethod
     def presets() -> list[str]:
         return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+    @classmethod
+    def from_hf_config(cls, path_or_dict, name: str | None = None) -> ModelConfig:
+        """A Hugging Face ``config.json`` (a path, the model's folder, or the dict) for Llama, Mistral,
+        Mixtral, Qwen2 and DeepSeek-V2/V3; the mapping and what it leaves out: ``playbook.hf_config``."""
+        from playbook.hf_config import model_fields
+
+        return cls(**model_fields(path_or_dict, name))
 
     def replace(self, **changes) -> ModelConfig:
         """A copy with some fields changed (validated again)."""

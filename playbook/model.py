@@ -219,6 +219,8 @@ class GPT(nn.Module):
         super().__init__()
         if cfg.attention != "gqa":
             raise NotImplementedError(f"attention={cfg.attention!r} is for counting only; our torch model is 'gqa'")
+        if cfg.qkv_bias:
+            raise NotImplementedError("qkv_bias (Qwen2's q/k/v biases) is for counting only; our projections have none")
         self.cfg = cfg
         with torch.random.fork_rng(devices=[]):  # nn.Linear draws a default init from the global RNG: undo that
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)

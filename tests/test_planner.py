@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from playbook.config import Hardware, ModelConfig
-from playbook.theory.plan_cost import step_cost
+from playbook.theory.plan_cost import step_cost, step_costs
 from playbook.theory.planner import plan
 
 TINY = ModelConfig.preset("gpt-tiny")  # vocab 64, hidden 64, 2 layers, 4 heads (2 KV, dim 16), ffn 176, untied
@@ -101,6 +101,16 @@ def test_bubble_is_p_minus_1_over_m_of_the_pipelined_time():
     assert c.bubble == pytest.approx(pipelined * 1 / 4)
 
 
+def test_step_costs_per_zero_stage_equal_step_cost():
+    # the planner's shortcut (one cost per micro-batch and recomputation, the dp axis per stage) must
+    # give what step_cost gives for each stage on its own, here with every axis present
+    layout = dict(dp=2, tp=2, pp=2, cp=2, ep=1, micro_batch=1, microbatches=4, recompute="selective")
+    many = step_costs(TINY, HW, zeros=(0, 1, 2, 3), **layout, seq_len=32, gpus_per_node=8)
+    for zero in range(4):
+        assert many[zero] == step_cost(TINY, HW, zero=zero, **layout, seq_len=32, gpus_per_node=8)
+    assert len({many[z].axes["dp"] for z in range(4)}) > 1  # and the stages do differ
+
+
 def test_rejections_say_why():
     p = plan(TINY, HW, gpus=8, gpus_per_node=2, seq_len=32, global_batch=6)
     assert p.rejected["tp crosses nodes"][1].startswith("tp=4 > 2 GPUs per node")
@@ -112,7 +122,7 @@ def test_rejections_say_why():
 
 
 def test_bad_input_is_one_line():
-    with pytest.raises(ValueError, match=r"^nothing fits: the smallest is .* GB per GPU"):
+    with pytest.raises(ValueError, match=r"^nothing fits: the least memory a layout of 8 GPUs needs is .* GB per GPU"):
         plan(ModelConfig.preset("llama-3.1-405b"), Hardware.preset("h100-sxm"), gpus=8, seq_len=4096, global_batch=8)
     with pytest.raises(ValueError, match="not a whole number of nodes"):
         plan(TINY, HW, gpus=12, gpus_per_node=8, seq_len=32, global_batch=8)
@@ -175,3 +185,6 @@ def test_cli_plan_json_and_bad_input(capsys):
     assert main(["plan", "--model", "llama-3.1-405b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("playbook: error: nothing fits")
+    # --model and --hf-config: exactly one of them
+    assert main(["plan"]) == 2
+    assert capsys.readouterr().err.strip().startswith("playbook: error: name the model: --model NAME (one of ")

@@ -38,6 +38,7 @@ here), imbalance between stages, stragglers, optimizer step time, overlap of tp 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -47,6 +48,23 @@ from playbook.theory.flops import BACKWARD_SHARE, attention_flops_per_token, flo
 
 BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
 GRAD_BYTES = 2  # bf16 gradients and weights on the wire (precision="mixed")
+
+
+@functools.lru_cache(maxsize=256)
+def _per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float, float, float]:
+    """(training FLOPs, forward FLOPs, attention training FLOPs, attention forward FLOPs) per token:
+    the same for every layout of one search, so counted once (a ModelConfig is frozen, hashable)."""
+    return (
+        flops_per_token(cfg, seq_len),
+        flops_per_token(cfg, seq_len, training=False),
+        attention_flops_per_token(cfg, seq_len),
+        attention_flops_per_token(cfg, seq_len, training=False),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _num_params(cfg: ModelConfig) -> int:
+    return cfg.num_params()
 
 
 @dataclass(frozen=True)
@@ -113,12 +131,9 @@ def step_cost(
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring)."""
     world, s, b, m, h = dp * tp * pp * cp, seq_len, micro_batch, microbatches, cfg.hidden
     tokens = dp * b * m * s
-    model_flops = tokens * flops_per_token(cfg, s)
-    extra = {
-        "none": 0.0,
-        "full": flops_per_token(cfg, s, training=False),
-        "selective": attention_flops_per_token(cfg, s, training=False),
-    }[recompute]
+    train, forward, attention_train, attention_forward = _per_token(cfg, s)
+    model_flops = tokens * train
+    extra = {"none": 0.0, "full": forward, "selective": attention_forward}[recompute]
     rate = hw.peak_bf16_flops * hw.achievable_flops_fraction
     compute = (model_flops + tokens * extra) / world / rate
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
@@ -137,7 +152,7 @@ def step_cost(
         kv = 2 * (s // cp) * b * max(cfg.kv_heads / tp, 1) * cfg.dim_head * GRAD_BYTES
         one = collective_seconds("send", kv, 2, bw, lat)
         comm = m * layers * 3 * (cp - 1) * one
-        attention = tokens * attention_flops_per_token(cfg, s) / world / rate
+        attention = tokens * attention_train / world / rate
         axes["cp"] = (comm, _overlapped(comm, attention, m * layers * one))
     if ep > 1 and moe_layers:
         bw, lat, _ = link(hw, "ep", gpus_per_node, **degrees)
@@ -157,11 +172,33 @@ def step_cost(
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
 
+def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layout) -> dict[int, StepCost]:
+    """:func:`step_cost` for every ZeRO stage in ``zeros`` at once: only the dp axis depends on the
+    stage (compute, tp, cp, ep, pp and the bubble do not), so the rest is computed once."""
+    base = step_cost(cfg, hw, zero=zeros[0], **layout)
+    out = {zeros[0]: base}
+    if "dp" not in base.axes:
+        return out
+    degrees = {a: layout[a] for a in ("dp", "tp", "pp", "cp", "ep")}
+    for zero in zeros[1:]:
+        dp = _dp_seconds(
+            cfg,
+            hw,
+            zero=zero,
+            compute=base.compute,
+            gpus_per_node=layout["gpus_per_node"],
+            microbatches=layout["microbatches"],
+            **degrees,
+        )
+        out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
+    return out
+
+
 def grad_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) -> list[tuple[float, int]]:
     """(parameters per rank, group size) whose gradients are averaged: dense weights (1/tp of a
     stage's, even stages) over dp·cp; routed experts (E/ep per rank) over dp·cp/ep replicas."""
     experts = cfg.n_moe_layers * cfg.n_experts * 3 * cfg.hidden * cfg.expert_ffn_hidden
-    out = [((cfg.num_params() - experts) / (tp * pp), dp * cp)]
+    out = [((_num_params(cfg) - experts) / (tp * pp), dp * cp)]
     if experts:
         out.append((experts / (ep * pp), dp * cp // ep))
     return out

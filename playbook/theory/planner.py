@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.dims import ParallelDims
 from playbook.theory.memory import RECOMPUTE, ZERO_STAGES, training_memory
-from playbook.theory.plan_cost import StepCost, step_cost
+from playbook.theory.plan_cost import StepCost, step_costs
 
 MAX_MICRO_BATCH = 8
 MEM_UTIL = 0.9  # share of device memory a plan may fill: CUDA context, NCCL buffers, fragmentation are not counted
@@ -211,9 +211,13 @@ def plan(
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
     require_positive(gpus=gpus, gpus_per_node=g, seq_len=seq_len, global_batch=global_batch)
     if gpus > g and gpus % g:
-        raise ValueError(f"--gpus {gpus} is not a whole number of nodes of {g}; try --gpus {gpus // g * g or g}")
+        raise ValueError(
+            f"--gpus {gpus} is not a whole number of nodes of {g}; try --gpus {gpus // g * g} or {(gpus // g + 1) * g}"
+        )
     if seq_len > cfg.max_seq_len:
-        raise ValueError(f"--seq-len {seq_len} exceeds {cfg.name}'s max_seq_len {cfg.max_seq_len}")
+        raise ValueError(
+            f"--seq-len {seq_len} exceeds {cfg.name}'s max_seq_len {cfg.max_seq_len}; try --seq-len {cfg.max_seq_len}"
+        )
     if not 0 < mem_util <= 1:
         raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; try 0.9")
     out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes)
@@ -222,10 +226,9 @@ def plan(
     structures = list(_structures(cfg, out))
     if not structures:
         if "global batch split" in out.rejected:  # some layout divides the model; the batch splits over none
-            raise ValueError(
-                f"global batch {global_batch} does not split over any dp of {gpus} GPUs; "
-                f"use a multiple of {gpus // g or 1}"
-            )
+            from playbook.theory.plan_advice import batch_advice
+
+            raise ValueError(batch_advice(cfg, gpus=gpus, gpus_per_node=g, seq_len=seq_len, global_batch=global_batch))
         first = next((msg for k, (_, msg) in out.rejected.items() if k.endswith("vs the model")), "")
         raise ValueError(f"no layout of {gpus} GPUs divides {cfg.name}: {first}")
     for dims in structures:
@@ -242,23 +245,22 @@ def plan(
             if out.smallest is None or need < out.smallest[0]:
                 out.smallest = (need, str(least))
             continue
-        costs = sorted(
-            (
-                (
-                    step_cost(
-                        cfg,
-                        hw,
-                        **v.degrees,
-                        zero=v.zero,
-                        micro_batch=v.micro_batch,
-                        microbatches=v.microbatches,
-                        recompute=v.recompute,
-                        **common,
-                    ),
-                    v,
+        zeros = tuple(sorted({v.zero for v in variants}))
+        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute) -> cost per ZeRO stage
+        for v in variants:
+            if (v.micro_batch, v.recompute) not in by_zero:
+                by_zero[v.micro_batch, v.recompute] = step_costs(
+                    cfg,
+                    hw,
+                    zeros=zeros,
+                    **v.degrees,
+                    micro_batch=v.micro_batch,
+                    microbatches=v.microbatches,
+                    recompute=v.recompute,
+                    **common,
                 )
-                for v in variants
-            ),
+        costs = sorted(
+            ((by_zero[v.micro_batch, v.recompute][v.zero], v) for v in variants),
             key=lambda cv: (cv[0].total, -cv[1].zero),
         )
         too_big: list[Layout] = []
@@ -275,16 +277,15 @@ def plan(
             out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.memory_bytes / 1e9:.0f} GB device")
             too_big.append(v)
     if not out.candidates:
+        from playbook.theory.plan_advice import nothing_fits, nothing_plans
+
         if out.smallest is None:
-            raise ValueError(
-                f"no layout of {gpus} GPUs can be planned for {cfg.name}: "
-                + "; ".join(msg for _, msg in out.rejected.values())
-            )
-        need, where = out.smallest
+            raise ValueError(nothing_plans(cfg, out))
+
         raise ValueError(
-            f"nothing fits: the smallest is {need / 1e9:.1f} GB per GPU ({where}) of a {hw.memory_bytes / 1e9:.0f} GB "
-            f"device at {mem_util:g} use; it needs a device of {need / mem_util / 1e9:.0f} GB, more GPUs, a shorter "
-            "sequence or a smaller global batch"
+            nothing_fits(
+                cfg, hw, **common, gpus=gpus, global_batch=global_batch, mem_util=mem_util, smallest=out.smallest
+            )
         )
     out.candidates.sort(key=lambda c: (c.cost.total, c.memory))
     return out

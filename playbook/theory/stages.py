@@ -153,20 +153,21 @@ __all__ = [
 
 
 # ---- every degree together ---------------------------------------------------------------------
+def _moe_layers_in(cfg: ModelConfig, layers: range) -> int:
+    """How many of ``layers`` are MoE layers (:func:`is_moe_layer`), without visiting each."""
+    return max(0, layers.stop - max(layers.start, cfg.n_dense_layers)) if cfg.is_moe else 0
+
+
 def _stage_params(cfg: ModelConfig, layers: range, *, tp: int, ep: int, first: bool, last: bool) -> tuple[float, float]:
     """(dense, routed-expert) parameters one rank of a stage holds: attention, dense MLPs, shared
     experts, embedding and head split 1/tp (Megatron; the vocabulary split too); norms and routers
     whole; routed experts E/ep each, not split by tp (expert parallelism instead)."""
     h = cfg.hidden
-    dense = experts = 0.0
-    for j in layers:
-        dense += 2 * h + cfg.attention_params() / tp
-        if is_moe_layer(cfg, j):
-            expert = 3 * h * cfg.expert_ffn_hidden
-            dense += h * cfg.n_experts + cfg.n_shared_experts * expert / tp
-            experts += cfg.n_experts // ep * expert
-        else:
-            dense += cfg.dense_mlp_params() / tp
+    moe = _moe_layers_in(cfg, layers)
+    expert = 3 * h * cfg.expert_ffn_hidden
+    dense = len(layers) * (2 * h + cfg.attention_params() / tp) + (len(layers) - moe) * cfg.dense_mlp_params() / tp
+    dense += moe * (h * cfg.n_experts + cfg.n_shared_experts * expert / tp)
+    experts = moe * (cfg.n_experts // ep) * expert if moe else 0.0
     table = cfg.vocab_size * h / tp
     if first:
         dense += table
@@ -295,36 +296,45 @@ def layout_stage_memory(
         dtype_bytes=dtype_bytes,
         recompute=recompute,
     )
+    # A block's bytes depend on the layer only through dense or MoE, and a stage's model state only on
+    # its layer counts and ends: count each once (a 126-layer model over 128 stages repeats them).
+    n_moe = _moe_layers_in(cfg, range(cfg.n_layers))
+    first_of_kind = {
+        kind: j for kind, j in ((False, 0), (True, cfg.n_dense_layers)) if (n_moe if kind else cfg.n_layers - n_moe)
+    }
+    block = {
+        moe: _block_activations(
+            cfg,
+            j,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            tp=tp,
+            cp=cp,
+            sequence_parallel=sequence_parallel,
+            dtype_bytes=dtype_bytes,
+            recompute=recompute,
+        )
+        for moe, j in first_of_kind.items()
+    }
+    common = dict(zero=zero, precision=precision, fp32_grad_accum=fp32_grad_accum)
+    states: dict[tuple, tuple] = {}
     out = []
     for i, layers in enumerate(stage_layers(cfg.n_layers, pp)):
         first, last = i == 0, i == pp - 1
-        dense, experts = _stage_params(cfg, layers, tp=tp, ep=ep, first=first, last=last)
-        common = dict(zero=zero, precision=precision, fp32_grad_accum=fp32_grad_accum)
-        state = model_state_bytes(dense, dp=dp * cp, n_tensors=n_tensors, **common)
-        if experts:
-            more = model_state_bytes(experts, dp=dp * cp // ep, **common)
-            state = TrainingMemory(
-                state.params + more.params, state.grads + more.grads, state.optimizer + more.optimizer, 0.0
-            )
-        acts = (
-            first * first_extra
-            + last * last_extra
-            + sum(
-                _block_activations(
-                    cfg,
-                    j,
-                    seq_len=seq_len,
-                    micro_batch=micro_batch,
-                    tp=tp,
-                    cp=cp,
-                    sequence_parallel=sequence_parallel,
-                    dtype_bytes=dtype_bytes,
-                    recompute=recompute,
+        moe = _moe_layers_in(cfg, layers)
+        key = (len(layers), moe, first, last)
+        if key not in states:
+            dense, experts = _stage_params(cfg, layers, tp=tp, ep=ep, first=first, last=last)
+            state = model_state_bytes(dense, dp=dp * cp, n_tensors=n_tensors, **common)
+            if experts:
+                more = model_state_bytes(experts, dp=dp * cp // ep, **common)
+                state = TrainingMemory(
+                    state.params + more.params, state.grads + more.grads, state.optimizer + more.optimizer, 0.0
                 )
-                for j in layers
-            )
-        )
+            states[key] = (int(dense + experts), state)
+        params, state = states[key]
+        blocks = moe * block.get(True, 0) + (len(layers) - moe) * block.get(False, 0)
+        acts = first * first_extra + last * last_extra + blocks
         memory = TrainingMemory(state.params, state.grads, state.optimizer, float(acts * (pp - i)))
-        moe = sum(is_moe_layer(cfg, j) for j in layers)
-        out.append(StageMemory(i, layers.start, len(layers), moe, first, last, int(dense + experts), pp - i, memory))
+        out.append(StageMemory(i, layers.start, len(layers), moe, first, last, params, pp - i, memory))
     return out
