@@ -29,6 +29,8 @@ def cmd_calibrate(args) -> int:
         raise BadInput(f"--out must name a .json file (Hardware.preset reads it by path), got {args.out!r}")
     if not out.parent.exists():
         raise BadInput(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist; create it or pick another")
+    if args.step_time:
+        _max_seq(args.model)  # an unknown preset is refused before anything is measured
     profile = calibrate(args.ranks, quick=args.quick)
     out.write_text(json.dumps(profile, indent=2) + "\n")
     if args.json:
@@ -50,7 +52,39 @@ def cmd_calibrate(args) -> int:
         + " GFLOP/s"
     )
     print(f"wrote {out}  (use it as --hardware {out})")
+    if args.step_time:
+        step_time(profile_path=out, model=args.model)
     return 0
+
+
+def step_time(profile_path: Path, model: str) -> list[dict]:
+    """Predicted (from the profile) vs measured step time of every chapter strategy at 2 and 4 ranks."""
+    from playbook.config import Hardware
+    from playbook.measure.step_time import step_time_table
+    from playbook.parallel.training import TrainSetup
+
+    setup = TrainSetup(model=model, global_batch=16, seq_len=min(128, _max_seq(model)), steps=3)
+    rows = step_time_table(Hardware.preset(str(profile_path)), setup)
+    print(
+        f"\nstep time of {model}, global batch {setup.global_batch} × {setup.seq_len} tokens, median of 3 steps after 2"
+    )
+    print(
+        f"  {'strategy':<16} {'ranks':>5} {'predicted':>10} {'compute':>8} {'comm':>7} {'bubble':>7} "
+        f"{'measured':>9} {'1 alone':>8} {'error':>7} {'load':>5}  why (|error| > 25%)"
+    )
+    for r in rows:
+        print(
+            f"  {r['strategy']:<16} {r['ranks']:>5} {r['predicted_ms']:>8.1f}ms {r['compute_ms']:>6.1f}ms "
+            f"{r['comm_ms']:>5.1f}ms {r['bubble_ms']:>5.1f}ms {r['measured_ms']:>7.1f}ms {r['alone_ms']:>6.1f}ms "
+            f"{r['error']:>+7.0%} {r['load']:>5.2f}  {r['reason']}"
+        )
+    return rows
+
+
+def _max_seq(model: str) -> int:
+    from playbook.config import ModelConfig
+
+    return ModelConfig.preset(model).max_seq_len
 
 
 def _cores() -> int:
@@ -69,4 +103,8 @@ def add_calibrate(sub) -> None:
     p.add_argument("--out", default="calibrated.json", help="where to write the profile (.json)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds; for tests)")
     p.add_argument("--json", action="store_true", help="print the profile instead of a summary")
+    p.add_argument(
+        "--step-time", action="store_true", help="then predict and measure a step of every strategy (2 and 4 ranks)"
+    )
+    p.add_argument("--model", default="gpt-small", help="with --step-time: the model preset to train")
     p.set_defaults(func=cmd_calibrate)

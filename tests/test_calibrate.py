@@ -103,3 +103,96 @@ def test_bad_input_one_line(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the step-time prediction, piece by piece, by hand on gpt-tiny --------------------------------
+
+
+def _profile(**fits) -> Hardware:
+    return Hardware(
+        name="hand",
+        memory_bytes=1e9,
+        peak_bf16_flops=100e9,
+        memory_bandwidth=1e10,
+        intra_node_bandwidth=1e9,
+        inter_node_bandwidth=1e8,
+        devices_per_node=2,
+        achievable_flops_fraction=0.5,
+        collectives={op: {"alpha": a, "beta": b} for op, (a, b) in fits.items()},
+    )
+
+
+def test_step_prediction_by_hand_on_gpt_tiny():
+    from playbook.config import ModelConfig
+    from playbook.theory.step_time import Comm, predict_step
+
+    cfg = ModelConfig.preset("gpt-tiny")  # h 64, 2 layers, 4 heads (2 kv) of 16, ffn 176, vocab 64, untied
+    per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176 + 2 * 64  # q, k+v, o, SwiGLU, 2 norms
+    n = 2 * per_layer + 64 + 64 * 64  # + final norm + head (the input embedding is a lookup)
+    per_token = 6 * n + 12 * 2 * 4 * 16 * 32  # PaLM: 6N + 12·L·H·Q·T at T = 32
+    flops = 8 * 32 * per_token / 2  # global batch 8 × 32 tokens over 2 ranks
+    hw = _profile(all_reduce=(50e-6, 1e-9), send=(20e-6, 2e-9))
+    loads = [Comm("all_reduce", 2, 3, 1e6), Comm("isend", 2, 4, 65536), Comm("irecv", 2, 4, 0)]
+    p = predict_step(cfg, hw, global_batch=8, seq_len=32, world_size=2, comm=loads, pp=2, microbatches=4)
+    assert p.flops_per_rank == pytest.approx(flops)
+    assert p.compute == pytest.approx(flops / 50e9)  # 100 GFLOP/s × 0.5 achievable
+    # all-reduce: 3 calls × 2(n−1) ring steps × α + bytes × β; a send pays once, its receive not at all
+    assert p.comm == pytest.approx(3 * 2 * 50e-6 + 1e6 * 1e-9 + 4 * 1 * 20e-6 + 65536 * 2e-9)
+    assert p.bubble == pytest.approx((2 - 1) / 4 * p.compute)  # 1F1B: (p − 1)/m of the ideal
+    assert p.total == pytest.approx(p.compute + p.comm + p.bubble)
+
+
+def test_datasheet_profile_without_fits_uses_its_link_numbers():
+    from playbook.theory.step_time import Comm, comm_seconds
+
+    hw = Hardware.preset("cpu-laptop")
+    got = comm_seconds(hw, Comm("all_gather_single", 4, 2, 3e6))
+    assert got == pytest.approx(2 * 3 * hw.intra_node_latency + 3e6 / hw.intra_node_bandwidth)
+
+
+def test_pp_send_bytes_by_hand():
+    from playbook.config import ModelConfig
+    from playbook.theory.step_time import pp_send_bytes
+
+    # 1F1B on 2 stages, 4 micro-batches: stage 0 sends each micro-batch's activation forward once,
+    # [8/4 rows, 32, 64] fp32
+    cfg = ModelConfig.preset("gpt-tiny")
+    assert pp_send_bytes(cfg, global_batch=8, seq_len=32, pp=2, microbatches=4) == 4 * (2 * 32 * 64 * 4)
+
+
+def test_traced_loads_count_calls_per_step_and_overlap_once():
+    from playbook.measure.step_time import step_windows, traced_loads
+
+    def comm(name, start, end, sent, rank=0):
+        return dict(rank=rank, kind="comm", name=name, start=start, end=end, sent_bytes=sent, group_size=2)
+
+    spans = [
+        dict(rank=0, kind="compute", name="step 0", start=0.0, end=1.0),  # warm-up: left out
+        dict(rank=0, kind="compute", name="step 1", start=1.0, end=2.0),
+        dict(rank=0, kind="compute", name="step 2", start=2.0, end=3.0),
+        comm("all_reduce", 0.5, 0.6, 100),
+        comm("all_reduce", 1.1, 1.4, 100),
+        comm("all_reduce", 1.2, 1.3, 100),  # inside the one above: counted once in time
+        comm("all_gather_single", 2.1, 2.2, 50),
+        comm("irecv", 2.3, 2.9, 0),  # a receive: its send pays
+        comm("all_reduce", 2.5, 2.6, 100, rank=1),  # another rank
+    ]
+    windows = step_windows(spans, warmup=1)
+    loads, busy = traced_loads(spans, windows)
+    assert sorted(windows) == [1, 2]
+    assert loads["all_reduce"]["calls"] == 1 and loads["all_reduce"]["sent_bytes"] == 100
+    assert loads["all_gather"]["calls"] == 0.5 and "irecv" not in loads and None not in loads
+    assert busy == pytest.approx((0.3 + 0.1) / 2)
+
+
+def test_measured_step_on_real_ranks_uses_the_bytes_theory_predicts(ranks2):
+    from playbook.measure.step_time import measure_case
+    from playbook.parallel.training import TrainSetup
+
+    hw = _profile(all_reduce=(50e-6, 1e-9), reduce_scatter=(50e-6, 1e-9), all_gather=(50e-6, 1e-9))
+    setup = TrainSetup(steps=2)
+    for label in ("DP", "ZeRO-3"):
+        row = measure_case(ranks2, label, setup, hw, warmup=1, alone=0.01)
+        assert row["bytes_from"] == "theory" and math.isfinite(row["error"]) and row["measured_ms"] > 0
+        for op, sent in row["traced_bytes"].items():  # the loss all-reduce sits outside the step spans
+            assert sent == pytest.approx(row["predicted_bytes"][op] - (4 if op == "all_reduce" else 0))
