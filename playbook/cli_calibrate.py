@@ -53,7 +53,10 @@ def cmd_calibrate(args) -> int:
     )
     print(f"wrote {out}  (use it as --hardware {out})")
     if args.step_time:
-        step_time(profile_path=out, model=args.model)
+        rows = step_time(profile_path=out, model=args.model)
+        table = out.with_name(f"{out.stem}-step-time.json")
+        table.write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {table}")
     return 0
 
 
@@ -70,12 +73,12 @@ def step_time(profile_path: Path, model: str) -> list[dict]:
     )
     print(
         f"  {'strategy':<16} {'ranks':>5} {'predicted':>10} {'compute':>8} {'comm':>7} {'bubble':>7} "
-        f"{'measured':>9} {'1 alone':>8} {'error':>7} {'load':>5}  why (|error| > 25%)"
+        f"{'measured':>9} {'fastest':>8} {'1 alone':>8} {'error':>7} {'load':>5}  why (|error| > 25%)"
     )
     for r in rows:
         print(
             f"  {r['strategy']:<16} {r['ranks']:>5} {r['predicted_ms']:>8.1f}ms {r['compute_ms']:>6.1f}ms "
-            f"{r['comm_ms']:>5.1f}ms {r['bubble_ms']:>5.1f}ms {r['measured_ms']:>7.1f}ms {r['alone_ms']:>6.1f}ms "
+            f"{r['comm_ms']:>5.1f}ms {r['bubble_ms']:>5.1f}ms {r['measured_ms']:>7.1f}ms {r['fastest_ms']:>6.1f}ms {r['alone_ms']:>6.1f}ms "
             f"{r['error']:>+7.0%} {r['load']:>5.2f}  {r['reason']}"
         )
     return rows

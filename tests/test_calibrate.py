@@ -196,3 +196,15 @@ def test_measured_step_on_real_ranks_uses_the_bytes_theory_predicts(ranks2):
         assert row["bytes_from"] == "theory" and math.isfinite(row["error"]) and row["measured_ms"] > 0
         for op, sent in row["traced_bytes"].items():  # the loss all-reduce sits outside the step spans
             assert sent == pytest.approx(row["predicted_bytes"][op] - (4 if op == "all_reduce" else 0))
+
+
+def test_reason_reads_the_measurements(monkeypatch):
+    from playbook.measure import step_time
+
+    monkeypatch.setattr(step_time.os, "cpu_count", lambda: 2)
+    pred = {"compute": 0.010, "comm": 0.002, "bubble": 0.0}
+    assert step_time.reason(4, pred, 0.5, 0.1).startswith("OS scheduling: 4 ranks")
+    # one rank alone already takes 5× its FLOPs; the run adds little beyond it: compute is the gap
+    assert step_time.reason(2, pred, 0.060, 0.050).startswith("compute beyond the matmuls")
+    # one rank alone is near its FLOPs; the run is far beyond it: communication is the gap
+    assert step_time.reason(2, pred, 0.100, 0.012).startswith("gloo per call / waiting")

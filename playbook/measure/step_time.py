@@ -153,7 +153,8 @@ def compute_alone(setup, n: int, warmup: int = 2) -> float:
 def reason(n: int, predicted: dict, measured: float, alone: float) -> str:
     """Which left-out cost the numbers point at, read from measurements (never a fitted constant):
     more ranks than cores; else the larger of the compute excess (one rank alone, no collectives,
-    vs FLOPs / matmul rate: Python and elementwise kernels between the matmuls) and the excess of
+    vs FLOPs / matmul rate: elementwise kernels the FLOP count does not see (softmax, masking, norms,
+    AdamW), Python between kernels, the share of a core a loaded machine gives) and the excess of
     the run over one rank alone beyond the fitted communication (gloo's per-call cost, waiting)."""
     cores = os.cpu_count() or 1
     if n > cores:
@@ -164,7 +165,8 @@ def reason(n: int, predicted: dict, measured: float, alone: float) -> str:
         return "faster than predicted: the load fell after calibrating"
     if python >= comm:
         return (
-            f"Python between kernels: 1 rank alone {alone * 1e3:.0f} ms vs {predicted['compute'] * 1e3:.0f} ms of FLOPs"
+            f"compute beyond the matmuls: 1 rank alone {alone * 1e3:.0f} ms vs {predicted['compute'] * 1e3:.0f} ms "
+            "of FLOPs (elementwise kernels, Python between kernels, a share of a busy core)"
         )
     return f"gloo per call / waiting: {(measured - alone) * 1e3:.0f} ms over 1 rank alone vs {predicted['comm'] * 1e3:.0f} fitted"
 
@@ -205,6 +207,7 @@ def measure_case(ranks, label: str, setup, hw: Hardware, warmup: int = 2, alone:
         "comm_ms": pred["comm"] * 1e3,
         "bubble_ms": pred["bubble"] * 1e3,
         "measured_ms": measured * 1e3,
+        "fastest_ms": min(per_step) * 1e3,
         "measured_comm_ms": busy * 1e3,
         "error": error,
         "load": load,
