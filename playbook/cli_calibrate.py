@@ -76,6 +76,9 @@ def step_time(profile_path: Path, model: str) -> list[dict]:
         f"{'measured':>9} {'fastest':>8} {'1 alone':>8} {'error':>7} {'load':>5}  why (|error| > 25%)"
     )
     for r in rows:
+        if "skipped" in r:
+            print(f"  {r['strategy']:<16} {r['ranks']:>5}  not run: {r['skipped']}")
+            continue
         print(
             f"  {r['strategy']:<16} {r['ranks']:>5} {r['predicted_ms']:>8.1f}ms {r['compute_ms']:>6.1f}ms "
             f"{r['comm_ms']:>5.1f}ms {r['bubble_ms']:>5.1f}ms {r['measured_ms']:>7.1f}ms {r['fastest_ms']:>6.1f}ms {r['alone_ms']:>6.1f}ms "

@@ -208,3 +208,13 @@ def test_reason_reads_the_measurements(monkeypatch):
     assert step_time.reason(2, pred, 0.060, 0.050).startswith("compute beyond the matmuls")
     # one rank alone is near its FLOPs; the run is far beyond it: communication is the gap
     assert step_time.reason(2, pred, 0.100, 0.012).startswith("gloo per call / waiting")
+
+
+def test_cases_a_model_cannot_run_are_named_not_started():
+    from playbook.measure.step_time import not_runnable
+    from playbook.parallel.training import TrainSetup
+
+    tiny = TrainSetup()  # gpt-tiny: 2 KV heads, 2 layers
+    assert "n_kv_heads=2" in not_runnable("TP", tiny, 4)
+    assert "2 layers cannot fill 4 stages" in not_runnable("PP (1f1b)", tiny, 4)
+    assert not_runnable("TP", tiny, 2) == "" and not_runnable("hybrid dp2×tp2", tiny, 4) == ""

@@ -232,5 +232,26 @@ def step_time_table(hw: Hardware, setup, *, world_sizes=(2, 4), labels=None, war
         alone = compute_alone(setup, n, warmup)
         with no_progress(), Ranks(n, backend="gloo", timeout=300) as ranks:
             for label in wanted:
+                why = not_runnable(label, setup, n)
+                if why:
+                    rows.append({"strategy": label, "ranks": n, "skipped": why})
+                    continue
                 rows.append(measure_case(ranks, label, setup, hw, warmup, alone))
     return rows
+
+
+def not_runnable(label: str, setup, n: int) -> str:
+    """Why a case cannot run with this model and rank count (its strategy's own check), or ''."""
+    name, options, _ = CASES[label]
+    cfg = setup.config()
+    try:
+        if name == "tp" or (name == "hybrid" and options.get("tp", 1) > 1):
+            from playbook.theory.tp import check_tp
+
+            check_tp(cfg, options.get("tp", n), seq_len=setup.seq_len)
+        if name == "pp" and cfg.n_layers < n:
+            return f"{cfg.n_layers} layers cannot fill {n} stages"
+        setup.local_batch(n)
+    except ValueError as e:
+        return str(e).splitlines()[0]
+    return ""
