@@ -1,4 +1,4 @@
-"""``playbook`` on the command line: ``info``, ``memory`` and ``run STRATEGY`` (``plan`` and ``serve-plan`` in ``cli_plan``).
+"""``playbook`` on the command line: ``info``, ``memory`` and ``run STRATEGY`` (``plan`` and ``serve-plan`` in ``cli_plan``, ``calibrate`` in ``cli_calibrate``).
 
     playbook info
     playbook memory --model llama-3.1-70b --seq-len 4096 --dp 64 --zero 3 [--tp 8 --sequence-parallel] [--json]
@@ -325,10 +325,12 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_memory)
 
+    from playbook.cli_calibrate import add_calibrate
     from playbook.cli_plan import add_plan, add_serve_plan
 
     add_serve_plan(sub)
     add_plan(sub)
+    add_calibrate(sub)
 
     run = sub.add_parser(
         "run", help="run a strategy on real ranks and compare with the reference", formatter_class=_Formatter

@@ -247,10 +247,26 @@ class Hardware:
     inter_node_latency: float = 5e-6  # seconds per ring step between nodes
     achievable_flops_fraction: float = 0.5  # share of peak_bf16_flops the matmul-bound compute reaches
     planning_source: str = field(default="", compare=False)  # where the three planning numbers come from
+    # written by ``playbook calibrate`` (playbook.measure.calibrate); empty for datasheet profiles
+    collectives: dict = field(default_factory=dict, compare=False)  # op -> {alpha, beta, points, ...}
+    load_average: dict = field(default_factory=dict, compare=False)  # os.getloadavg() before/after
+    date: str = field(default="", compare=False)  # when it was measured (UTC, ISO 8601)
 
     @classmethod
     def preset(cls, name: str) -> Hardware:
-        raw = json.loads(_choose("hardware profile", name, HARDWARE_DIR).read_text())
+        """A profile of ``data/hardware/`` by name, or any profile file by its path (``….json``),
+        such as the one ``playbook calibrate --out`` wrote."""
+        if name.endswith(".json"):
+            path = Path(name).expanduser()
+            if not path.is_file():
+                raise ValueError(f"no hardware profile file {name!r}; write one with `playbook calibrate --out {name}`")
+            name = path.stem
+        else:
+            path = _choose("hardware profile", name, HARDWARE_DIR)
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"hardware profile {str(path)!r} is not valid JSON ({e.msg}, line {e.lineno})") from None
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in fields and k != "name"}, name=name)
 

@@ -24,7 +24,7 @@ def matmul_throughput(
     threads: int | None = 1,
 ) -> list[dict]:
     """Time one rank's column-parallel matmul [tokens, h] @ [h, f/t]ᵀ for each t (median of
-    ``repeats``) and return ``[{tp, shape, seconds, flops_per_s}, ...]``; FLOPs = 2·tokens·h·f/t.
+    ``repeats``) and return ``[{tp, shape, seconds, min_seconds, flops_per_s}, ...]``; FLOPs = 2·tokens·h·f/t.
     ``threads``: CPU threads while timing (1, like one rank on this machine; None leaves it)."""
     saved = torch.get_num_threads()
     if threads and torch.device(device).type == "cpu":
@@ -50,6 +50,7 @@ def matmul_throughput(
                     "tp": t,
                     "shape": (tokens, hidden, ffn // t),
                     "seconds": seconds,
+                    "min_seconds": min(times),
                     "flops_per_s": 2 * tokens * hidden * (ffn // t) / seconds,
                 }
             )
