@@ -96,7 +96,7 @@ def test_calibration_figure_has_points_fit_and_residuals(profile_path):
         (["calibrate", "--ranks", "64"], "--ranks must be between 2 and"),
         (["calibrate", "--out", "profile.txt"], "--out must name a .json file"),
         (["calibrate", "--out", "/no/such/dir/p.json"], "does not exist"),
-        (["plan", "--hardware", "/no/such/profile.json"], "no hardware profile file"),
+        (["plan", "--model", "gpt-tiny", "--hardware", "/no/such/profile.json"], "no hardware profile file"),
     ],
 )
 def test_bad_input_one_line(capsys, argv, message):
@@ -202,12 +202,27 @@ def test_reason_reads_the_measurements(monkeypatch):
     from playbook.measure import step_time
 
     monkeypatch.setattr(step_time.os, "cpu_count", lambda: 2)
-    pred = {"compute": 0.010, "comm": 0.002, "bubble": 0.0}
+    pred = {"compute": 0.010, "comm": 0.002, "bubble": 0.0, "total": 0.012}
     assert step_time.reason(4, pred, 0.5, 0.1).startswith("OS scheduling: 4 ranks")
-    # one rank alone already takes 5× its FLOPs; the run adds little beyond it: compute is the gap
-    assert step_time.reason(2, pred, 0.060, 0.050).startswith("compute beyond the matmuls")
-    # one rank alone is near its FLOPs; the run is far beyond it: communication is the gap
-    assert step_time.reason(2, pred, 0.100, 0.012).startswith("gloo per call / waiting")
+    assert step_time.reason(2, pred, 0.011, 0.010).startswith("faster than predicted")
+    # one rank alone is near its share; the run is far beyond it: communication is the gap
+    assert step_time.reason(2, pred, 0.100, 0.012) == "gloo per call / waiting: 88 ms over 1 rank alone vs 2 ms fitted"
+
+
+def test_compute_is_predicted_at_the_rate_one_rank_reached_alone():
+    from playbook.measure.step_time import model_rate
+    from playbook.parallel.training import TrainSetup
+    from playbook.theory.flops import step_flops
+    from playbook.theory.step_time import predict_step
+
+    setup = TrainSetup(model="gpt-tiny", global_batch=8, seq_len=32)
+    cfg, hw = setup.config(), Hardware.preset("cpu-laptop")
+    rate = model_rate(setup, 2, alone=0.05)  # half the batch took 50 ms alone
+    assert rate == pytest.approx(step_flops(cfg, tokens=8 * 32, seq_len=32) / 2 / 0.05)
+    pred = predict_step(cfg, hw, global_batch=8, seq_len=32, world_size=2, flops_per_s=rate)
+    assert pred.compute == pytest.approx(0.05)  # the same share on each of 2 ranks: the time alone
+    matmul = predict_step(cfg, hw, global_batch=8, seq_len=32, world_size=2)
+    assert matmul.flops_per_s == hw.peak_bf16_flops * hw.achievable_flops_fraction
 
 
 def test_cases_a_model_cannot_run_are_named_not_started():

@@ -3,8 +3,10 @@
 With a profile that ``playbook calibrate`` wrote (``Hardware.preset(path)``):
 
 - **compute** = FLOPs of this rank's share of the step (``theory.flops.step_flops``: PaLM's 6N + attention
-  count, Chowdhery et al. 2022 App. B) / achievable matmul FLOP/s (the profile's
-  ``peak_bf16_flops × achievable_flops_fraction``, measured at one thread per rank). Every strategy
+  count, Chowdhery et al. 2022 App. B) / a calibrated rate: the FLOP/s one process reaches training
+  the same model alone, at one thread (``flops_per_s``), or, without it, the profile's matmul rate
+  (``peak_bf16_flops × achievable_flops_fraction``), which on a CPU is 10× too fast for a whole
+  step: softmax, norms, masking, AdamW and the Python between kernels do not count as FLOPs. Every strategy
   here splits the step's FLOPs evenly over its ranks (DP/ZeRO/CP/EP: the tokens; TP: every matmul's
   width; PP: the layers), so a rank's share is the total / world size;
 - **communication** = Σ over collectives of calls · ring_steps · α + bytes sent · β, with α and β
@@ -103,11 +105,15 @@ def predict_step(
     pp: int = 1,
     microbatches: int = 1,
     schedule: str = "1f1b",
+    flops_per_s: float | None = None,
 ) -> StepPrediction:
-    """One step of ``global_batch`` sequences of ``seq_len`` over ``world_size`` ranks (module docstring)."""
+    """One step of ``global_batch`` sequences of ``seq_len`` over ``world_size`` ranks (module docstring).
+    ``flops_per_s``: the rate one process reached training this model alone (measured by
+    ``measure.step_time.model_rate``); None: the profile's matmul rate, an upper bound that leaves out
+    the elementwise kernels and the Python between them."""
     require_positive(global_batch=global_batch, seq_len=seq_len, world_size=world_size)
     flops = step_flops(cfg, tokens=global_batch * seq_len, seq_len=seq_len) / world_size
-    rate = achievable_flops(hw)
+    rate = flops_per_s or achievable_flops(hw)
     compute = flops / rate
     return StepPrediction(
         compute=compute,
