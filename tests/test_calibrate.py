@@ -233,3 +233,17 @@ def test_cases_a_model_cannot_run_are_named_not_started():
     assert "n_kv_heads=2" in not_runnable("TP", tiny, 4)
     assert "2 layers cannot fill 4 stages" in not_runnable("PP (1f1b)", tiny, 4)
     assert not_runnable("TP", tiny, 2) == "" and not_runnable("hybrid dp2×tp2", tiny, 4) == ""
+
+
+def test_the_shipped_measurements_load_and_add_up():
+    """data/measurements/cpu-2core: the profile loads as hardware, and every step-time row's prediction
+    is its parts and its error is against its own measurement (a hand-edited row would not add up)."""
+    folder = HARDWARE_DIR.parent / "measurements" / "cpu-2core"
+    hw = Hardware.preset(str(folder / "profile.json"))
+    assert set(hw.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send"}
+    rows = json.loads((folder / "step-time.json").read_text())
+    assert {r["strategy"] for r in rows} >= {"DP", "ZeRO-1", "ZeRO-3", "TP", "PP (1f1b)", "CP (ring)", "EP"}
+    for r in rows:
+        assert r["predicted_ms"] == pytest.approx(r["compute_ms"] + r["comm_ms"] + r["bubble_ms"])
+        assert r["error"] == pytest.approx((r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"])
+        assert r["load"] > 0 and r["ranks"] in (2, 4)
