@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from playbook.viz.plan import breakdown, candidate_rows, rejected_rows, step_breakdown
+from playbook.viz.plan import breakdown, candidate_rows, rejected_rows, replay_rows, step_breakdown
 from playbook.viz.plan_dashboard import STALE, cached_plan, plan_dashboard
 
 PLAN = ("llama-3.1-70b", "h100-sxm", 64, 8192, 512)
@@ -102,3 +102,13 @@ def test_a_setting_the_planner_refuses_is_one_red_line_and_the_last_plan_stays(b
 
 def test_teaching_presets_are_not_offered(box):
     assert not any(m.startswith("gpt-") for m in box.controls["model"].options)
+
+
+def test_replay_rows_pivot_one_row_per_rank_with_predicted_and_measured():
+    rows = [
+        {"rank": 1, "what": "bytes sent", "key": "tp", "predicted": 1024, "measured": 1024},
+        {"rank": 0, "what": "bytes sent", "key": "tp", "predicted": 2048, "measured": 2000},
+        {"rank": 0, "what": "memory", "key": "params", "predicted": None, "measured": 5},
+    ]
+    assert replay_rows(rows, "bytes sent") == [{"rank": 0, "tp": "2,048 / 2,000"}, {"rank": 1, "tp": "1,024 / 1,024"}]
+    assert replay_rows(rows, "memory") == [{"rank": 0, "params": "— / 5"}]

@@ -58,8 +58,10 @@ def rejected_rows(plan: Plan) -> list[dict]:
     and the slower variants of kept layouts, which are not rejections but are not shown."""
 
     def why(kind: str) -> str:
+        if kind == "seq_len vs the model":
+            return "the sequence does not split into equal chunks over the cp ranks"
         if kind.endswith(" vs the model"):
-            return f"{kind.split()[0]} does not divide the model (heads, layers or sequence)"
+            return f"{kind.split()[0]} does not divide the model (its heads, layers or experts)"
         return REASONS.get(kind, kind)
 
     rows = [
@@ -72,7 +74,7 @@ def rejected_rows(plan: Plan) -> list[dict]:
                 "reason": "fits, but a faster variant of the same degrees also fits",
                 "kind": "dominated",
                 "layouts": plan.dominated,
-                "for example": "a smaller ZeRO stage or less recomputation runs faster and still fits",
+                "for example": "another ZeRO stage, micro-batch size or recomputation of the same degrees runs faster",
             }
         )
     return rows
@@ -129,4 +131,15 @@ def step_breakdown(plan: Plan | Sequence[Candidate], *, top: int | None = 8, tit
     return fig.update_yaxes(autorange="reversed", automargin=True)
 
 
-__all__ = ["breakdown", "candidate_rows", "rejected_rows", "step_breakdown"]
+def replay_rows(rows: Sequence[dict], what: str) -> list[dict]:
+    """A replay's rows (``parallel.plan_replay.Replay.rows``) of one kind (``"bytes sent"`` or
+    ``"memory"``) as one table row per rank, each cell "predicted / measured" in bytes."""
+    out: dict[int, dict] = {}
+    for r in rows:
+        if r["what"] == what:
+            cell = " / ".join("—" if x is None else f"{x:,}" for x in (r["predicted"], r["measured"]))
+            out.setdefault(r["rank"], {"rank": r["rank"]})[r["key"]] = cell
+    return [out[k] for k in sorted(out)]
+
+
+__all__ = ["breakdown", "candidate_rows", "rejected_rows", "replay_rows", "step_breakdown"]
