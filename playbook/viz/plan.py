@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from playbook.theory.planner import Candidate, Plan
 from playbook.viz.figures import _layout
@@ -39,8 +40,7 @@ def candidate_rows(plan: Plan | Sequence[Candidate], top: int | None = 8) -> lis
     parts, MFU and tokens per second."""
     return [
         {
-            "#": i + 1,
-            "layout": str(c.layout),
+            "layout": f"#{i + 1} {c.layout}",
             "memory / GPU (GB)": c.memory / 1e9,
             "step (s)": c.cost.total,
             "compute (s)": c.cost.compute,
@@ -91,14 +91,23 @@ def breakdown(c: Candidate) -> dict[str, float]:
 
 
 def step_breakdown(plan: Plan | Sequence[Candidate], *, top: int | None = 8, title: str = "") -> go.Figure:
-    """Stacked horizontal bars, one per candidate (fastest on top): compute, each axis's exposed
-    communication, the bubble; the label at the end gives the step time and MFU. Hover shows each
+    """Stacked horizontal bars, one per candidate (fastest on top). Left, the whole step: compute,
+    each axis's exposed communication, the bubble (they add up to the step). Right, the same parts
+    but compute, on their own scale: at real scale compute is most of every step, and what ranks the
+    candidates is the rest. The label at the end gives the step time and MFU; hover shows each
     axis's whole communication beside its exposed part."""
     cands = _candidates(plan, top)
     labels = [f"#{i + 1} {c.layout}" for i, c in enumerate(cands)]
     parts = [breakdown(c) for c in cands]
     names = ["compute"] + [f"exposed {a}" for a in AXES if any(f"exposed {a}" in p for p in parts)] + ["bubble"]
-    fig = go.Figure()
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        shared_yaxes=True,
+        column_widths=[0.4, 0.6],
+        horizontal_spacing=0.03,
+        subplot_titles=("the whole step", "beyond compute: what tells them apart"),
+    )
     for name in names:
         axis = name.split()[-1]
         comm = [c.cost.axes.get(axis, (0.0, 0.0))[0] for c in cands]
@@ -109,25 +118,29 @@ def step_breakdown(plan: Plan | Sequence[Candidate], *, top: int | None = 8, tit
             + ("<br>all of its communication: %{customdata:.3g} s" if name.startswith("exposed") else "")
             + "<extra></extra>"
         )
-        fig.add_trace(
-            go.Bar(
+        color = COMPUTE if name == "compute" else BUBBLE if name == "bubble" else AXIS_COLORS[axis]
+        for col in (1, 2) if name != "compute" else (1,):
+            bar = go.Bar(
                 name=name,
                 y=labels,
                 x=[p.get(name, 0.0) for p in parts],
                 orientation="h",
-                marker_color=COMPUTE if name == "compute" else BUBBLE if name == "bubble" else AXIS_COLORS[axis],
+                marker_color=color,
                 customdata=comm,
                 hovertemplate=hover,
+                legendgroup=name,
+                showlegend=col == 1,
             )
-        )
-    for label, c in zip(labels, cands):
+            fig.add_trace(bar, row=1, col=col)
+    rest = [c.cost.total - c.cost.compute for c in cands]
+    for label, c, r in zip(labels, cands, rest):
         fig.add_annotation(
-            x=c.cost.total, y=label, text=f" {c.cost.total:.3g} s, MFU {c.mfu:.0%}", showarrow=False, xanchor="left"
+            x=r, y=label, text=f" {c.cost.total:.3g} s, MFU {c.mfu:.0%}", showarrow=False, xanchor="left", row=1, col=2
         )
-    longest = max((c.cost.total for c in cands), default=1.0)
-    _layout(fig, title=title or "predicted step time, by part", height=120 + 34 * len(cands))
-    fig.update_layout(barmode="stack", legend=dict(orientation="h", y=-0.15), margin=dict(l=10))
-    fig.update_xaxes(title_text="seconds per step", range=[0, longest * 1.3])
+    _layout(fig, title=title or "predicted step time, by part", height=170 + 34 * len(cands))
+    fig.update_layout(barmode="stack", legend=dict(x=1.02, y=1, traceorder="normal"), margin=dict(l=10, r=10))
+    fig.update_xaxes(title_text="seconds per step", row=1, col=1)
+    fig.update_xaxes(title_text="seconds beyond compute", range=[0, max(rest, default=1.0) * 1.6], row=1, col=2)
     return fig.update_yaxes(autorange="reversed", automargin=True)
 
 
