@@ -126,3 +126,29 @@ def test_a_shrunk_candidate_on_four_real_ranks_matches_its_prediction_to_the_byt
     assert result.parity["max_rel_l2_param_diff"] < 1e-4
     with pytest.raises(ValueError, match=r"needs 2 ranks, the cluster has 4; pass ranks\(2\)"):
         replay(shrink(lay(dp=8, zero=0)), cluster=ranks4)
+
+
+def test_playbook_plan_prints_a_runnable_replay_and_runs_it_with_replay(capsys):
+    """The printed replay line is the shrunk candidate's (the hybrid accepts it), and ``--replay``
+    runs it on fresh ranks: every number predicted == measured, exit 0."""
+    import json
+
+    from playbook.cli import main
+
+    argv = ["plan", "--model", "llama-3.1-70b", "--gpus", "64", "--replay-ranks", "4"]
+    assert main([*argv, "--json"]) == 0
+    launch = json.loads(capsys.readouterr().out)["launch"]
+    assert (
+        launch["replay_candidate"] >= 1
+        and launch["replay_notes"][0] == "dp 8 → 2: 2 replicas keep the gradient all-reduce"
+    )
+    assert launch["replay"] == (
+        "playbook run hybrid --model gpt-tiny --dp 2 --tp 2 --zero 3 --global-batch 4 --seq-len 32"
+    )
+    assert main([*argv, "--replay"]) == 0
+    out = capsys.readouterr().out
+    assert "replayed on 4 real ranks" in out and "every number predicted == measured: True" in out
+    assert "rank 3 memory     activations" in out and "differs" not in out
+    assert main([*argv, "--replay", "--replay-ranks", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--replay-ranks must be in 2..8" in err[0]
