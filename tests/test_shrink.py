@@ -116,7 +116,7 @@ def test_a_shrunk_candidate_on_four_real_ranks_matches_its_prediction_to_the_byt
         *[("memory", k) for k in ("params", "grads", "optimizer", "activations")],
     }
     for r in result.rows:
-        assert r["predicted"] is not None and r["predicted"] == r["measured"], r
+        assert r["predicted"] is not None and r["predicted"] == r["measured"] and r["before_run"], r
         source = before[r["rank"]]["bytes" if r["what"] == "bytes sent" else "memory"][r["key"]]
         assert r["predicted"] == source  # the rows carry the prediction made before the run
     assert result.exact
@@ -152,3 +152,16 @@ def test_playbook_plan_prints_a_runnable_replay_and_runs_it_with_replay(capsys):
     assert main([*argv, "--replay", "--replay-ranks", "16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--replay-ranks must be in 2..8" in err[0]
+
+
+def test_a_shrunk_moe_candidate_replays_with_its_routing_dependent_numbers_marked(ranks2):
+    """ep's all-to-all bytes and a MoE's activations follow from the routing: predicted from the
+    run's routing (``before_run`` False), still equal to the measurement; dp's bytes and the weights
+    are predicted before the run."""
+    from playbook.parallel.plan_replay import replay
+
+    s = shrink(lay(dp=64, ep=8, microbatches=4), model=ModelConfig.preset("mixtral-8x7b"))
+    result = replay(s, cluster=ranks2)
+    assert result.exact
+    late = {(r["what"], r["key"]) for r in result.rows if not r["before_run"]}
+    assert late == {("bytes sent", "ep"), ("memory", "activations")}

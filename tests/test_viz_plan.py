@@ -114,6 +114,10 @@ def test_replay_rows_pivot_one_row_per_rank_with_predicted_and_measured():
         {"rank": 1, "what": "bytes sent", "key": "tp", "predicted": 1024, "measured": 1024},
         {"rank": 0, "what": "bytes sent", "key": "tp", "predicted": 2048, "measured": 2000},
         {"rank": 0, "what": "memory", "key": "params", "predicted": None, "measured": 5},
+        {"rank": 1, "what": "bytes sent", "key": "ep", "predicted": 8, "measured": 8, "before_run": False},
     ]
-    assert replay_rows(rows, "bytes sent") == [{"rank": 0, "tp": "2,048 / 2,000"}, {"rank": 1, "tp": "1,024 / 1,024"}]
+    assert replay_rows(rows, "bytes sent") == [
+        {"rank": 0, "tp": "2,048 / 2,000"},
+        {"rank": 1, "tp": "1,024 / 1,024", "ep": "8 / 8 †"},
+    ]
     assert replay_rows(rows, "memory") == [{"rank": 0, "params": "— / 5"}]

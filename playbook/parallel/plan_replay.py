@@ -21,7 +21,8 @@ from playbook.theory.shrink import Shrunk
 
 @dataclass
 class Replay:
-    """Rows ``{rank, what, key, predicted, measured}`` (what: "bytes sent" or "memory") and parity."""
+    """Rows ``{rank, what, key, predicted, measured, before_run}`` (what: "bytes sent" or "memory";
+    before_run False where the prediction needed the run's routing) and parity."""
 
     shrunk: Shrunk
     rows: list[dict]
@@ -41,6 +42,7 @@ class Replay:
                 "predicted (bytes)": r["predicted"],
                 "measured (bytes)": r["measured"],
                 "match": "exact" if r["predicted"] == r["measured"] else "differs",
+                "predicted": "before the run" if r["before_run"] else "from the run's routing",
             }
             for r in self.rows
         ]
@@ -77,14 +79,23 @@ def replay(shrunk: Shrunk, *, cluster=None, steps: int = 3, backend: str = "auto
     for ahead, run in zip(before, table):
         measured, held = run["measured"], run["memory"]
         for axis in sorted(set(ahead["bytes"]) | set(measured) | set(run["predicted"])):
-            guess = ahead["bytes"].get(axis, run["predicted"].get(axis))  # routing-dependent: from the run's
-            rows.append(_row(run["rank"], "bytes sent", axis, guess, measured.get(axis, 0.0)))
+            known = axis in ahead["bytes"]  # else routing-dependent: predicted from the run's routing
+            guess = ahead["bytes"][axis] if known else run["predicted"].get(axis)
+            rows.append(_row(run["rank"], "bytes sent", axis, guess, measured.get(axis, 0.0), known))
         for cat, guess in ahead["memory"].items():
-            guess = held["predicted"].get(cat) if guess is None else guess
-            rows.append(_row(run["rank"], "memory", cat, guess, held["measured"].get(cat)))
+            known = guess is not None
+            guess = guess if known else held["predicted"].get(cat)
+            rows.append(_row(run["rank"], "memory", cat, guess, held["measured"].get(cat), known))
     return Replay(shrunk, rows, parity)
 
 
-def _row(rank: int, what: str, key: str, predicted, measured) -> dict:
+def _row(rank: int, what: str, key: str, predicted, measured, before_run: bool) -> dict:
     number = lambda x: None if x is None else int(x) if float(x).is_integer() else float(x)  # noqa: E731
-    return {"rank": rank, "what": what, "key": key, "predicted": number(predicted), "measured": number(measured)}
+    return {
+        "rank": rank,
+        "what": what,
+        "key": key,
+        "predicted": number(predicted),
+        "measured": number(measured),
+        "before_run": before_run,  # False: a mixture of experts' routing-dependent number, from the run's routing
+    }

@@ -146,11 +146,13 @@ def step_breakdown(plan: Plan | Sequence[Candidate], *, top: int | None = 8, tit
 
 def replay_rows(rows: Sequence[dict], what: str) -> list[dict]:
     """A replay's rows (``parallel.plan_replay.Replay.rows``) of one kind (``"bytes sent"`` or
-    ``"memory"``) as one table row per rank, each cell "predicted / measured" in bytes."""
+    ``"memory"``) as one table row per rank, each cell "predicted / measured" in bytes; † marks a
+    prediction that needed the run's routing (a mixture of experts)."""
     out: dict[int, dict] = {}
     for r in rows:
         if r["what"] == what:
             cell = " / ".join("—" if x is None else f"{x:,}" for x in (r["predicted"], r["measured"]))
+            cell += "" if r.get("before_run", True) else " †"
             out.setdefault(r["rank"], {"rank": r["rank"]})[r["key"]] = cell
     return [out[k] for k in sorted(out)]
 
