@@ -24,6 +24,7 @@ from playbook.viz.plan import candidate_rows, rejected_rows, step_breakdown
 
 STALE = "  <i style='color:#c62828'>(stale)</i>"
 RED, GREY = "#c62828", "#555"
+WIDTH = 980
 POW2 = lambda lo, hi: [2**k for k in range(lo, hi + 1)]  # noqa: E731
 
 
@@ -107,7 +108,8 @@ def plan_dashboard(
                 rejected.value = f"<div>rejections of the last plan{STALE}</div>" + rejected.value
             return
         name = f"{p.model} on {p.gpus:,} × {p.hardware}, seq {p.seq_len:,}, batch {p.global_batch:,}"
-        _show(figs["table"], table(candidate_rows(p, v["top"]), title=f"{name}: the fastest layouts that fit"))
+        rows = table(candidate_rows(p, v["top"]), title=f"{name}: the fastest layouts that fit")
+        _show(figs["table"], rows.update_layout(width=WIDTH))  # the width ``table`` sizes its rows for
         _show(figs["breakdown"], step_breakdown(p, top=v["top"], title=f"{name}: why they rank so"))
         message.value = summary(p)
         rejected.value = "".join(
