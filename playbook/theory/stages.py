@@ -295,6 +295,23 @@ def layout_stage_memory(
         dtype_bytes=dtype_bytes,
         recompute=recompute,
     )
+    sizes = dict(
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        dtype_bytes=dtype_bytes,
+        recompute=recompute,
+    )
+    blocks: dict[bool, int] = {}  # a block's bytes depend on its layer only through whether it is MoE
+
+    def block(j: int) -> int:
+        moe = is_moe_layer(cfg, j)
+        if moe not in blocks:
+            blocks[moe] = _block_activations(cfg, j, **sizes)
+        return blocks[moe]
+
     out = []
     for i, layers in enumerate(stage_layers(cfg.n_layers, pp)):
         first, last = i == 0, i == pp - 1
@@ -306,24 +323,7 @@ def layout_stage_memory(
             state = TrainingMemory(
                 state.params + more.params, state.grads + more.grads, state.optimizer + more.optimizer, 0.0
             )
-        acts = (
-            first * first_extra
-            + last * last_extra
-            + sum(
-                _block_activations(
-                    cfg,
-                    j,
-                    seq_len=seq_len,
-                    micro_batch=micro_batch,
-                    tp=tp,
-                    cp=cp,
-                    sequence_parallel=sequence_parallel,
-                    dtype_bytes=dtype_bytes,
-                    recompute=recompute,
-                )
-                for j in layers
-            )
-        )
+        acts = first * first_extra + last * last_extra + sum(block(j) for j in layers)
         memory = TrainingMemory(state.params, state.grads, state.optimizer, float(acts * (pp - i)))
         moe = sum(is_moe_layer(cfg, j) for j in layers)
         out.append(StageMemory(i, layers.start, len(layers), moe, first, last, int(dense + experts), pp - i, memory))
