@@ -2,6 +2,7 @@
 
 playbook plan --model llama-3.1-70b --gpus 64 --hardware h100-sxm --seq-len 8192 --global-batch 512
 playbook plan --hf-config data/hf/Qwen2-7B.json --gpus 16
+playbook plan --model llama-3.1-70b --gpus 64 --replay --replay-ranks 4   # + the shrunk layout on real ranks
 playbook serve-plan --model llama-3.1-70b --gpus 8 --context 8192
 """
 
@@ -128,9 +129,12 @@ def _plan_inputs(args) -> tuple[ModelConfig, Hardware]:
 def cmd_plan(args) -> int:
     """Every layout of ``--gpus`` GPUs for training ``--model``: rejections by reason, the fastest
     that fit (memory, step time, MFU, tokens/s; ``playbook.theory.planner``) and launch text."""
-    from playbook.theory.plan_launch import replay_command, sbatch_script, torchrun_command
+    from playbook.theory.plan_launch import sbatch_script, torchrun_command
     from playbook.theory.planner import plan
+    from playbook.theory.shrink import first_shrinkable
 
+    if not 2 <= args.replay_ranks <= 8:
+        raise BadInput(f"--replay-ranks must be in 2..8 (local ranks), got {args.replay_ranks}; try --replay-ranks 4")
     cfg, hw = _plan_inputs(args)
     result = plan(
         cfg,
@@ -145,14 +149,18 @@ def cmd_plan(args) -> int:
     where = dict(
         model=cfg.name, seq_len=args.seq_len, global_batch=args.global_batch, gpus_per_node=result.gpus_per_node
     )
-    launch = {
-        "torchrun": torchrun_command(best, **where),
-        "sbatch": sbatch_script(best, **where),
-        "replay": replay_command(best, moe=cfg.is_moe),
-    }
+    launch = {"torchrun": torchrun_command(best, **where), "sbatch": sbatch_script(best, **where), "replay": None}
+    try:
+        index, small = first_shrinkable(result, max_ranks=args.replay_ranks)
+        launch |= {"replay": small.command(), "replay_candidate": index + 1, "replay_notes": list(small.notes)}
+    except ValueError as e:
+        if args.replay:
+            raise BadInput(str(e)) from None
+        launch["replay_notes"] = [str(e)]
+    measured = _replay(small) if args.replay else None
     if args.json:
-        print(json.dumps({**result.as_dict(top=args.top), "launch": launch}, indent=2))
-        return 0
+        print(json.dumps({**result.as_dict(top=args.top), "launch": launch, "replayed": measured}, indent=2))
+        return 0 if measured is None or measured["exact"] else 1
     if args.hf_config:
         print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")
     print(
@@ -169,10 +177,33 @@ def cmd_plan(args) -> int:
     print("rejected:")
     for kind, (count, example) in result.rejected.items():
         print(f"  {kind}: {count}, e.g. {example}")
-    print(
-        f"torchrun:\n  {launch['torchrun']}\nsbatch:\n{launch['sbatch']}\nreplay on this machine:\n  {launch['replay']}"
-    )
-    return 0
+    print(f"torchrun:\n  {launch['torchrun']}\nsbatch:\n{launch['sbatch']}")
+    if launch["replay"]:
+        print(f"replay on this machine (candidate #{launch['replay_candidate']}, shrunk):\n  {launch['replay']}")
+    for note in launch["replay_notes"]:
+        print(f"    {note}")
+    if measured is None:
+        return 0
+    print(f"replayed on {small.dims.world} real ranks: predicted / measured bytes")
+    for r in measured["rows"]:
+        flag = "" if r["predicted"] == r["measured"] else "  <- differs"
+        print(
+            f"  rank {r['rank']} {r['what']:<10} {r['key']:<12} {_num(r['predicted']):>12} / {_num(r['measured'])}{flag}"
+        )
+    print(f"every number predicted == measured: {measured['exact']}")
+    return 0 if measured["exact"] else 1
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{x:,}"
+
+
+def _replay(small) -> dict:
+    """Run the shrunk candidate on fresh ranks (``parallel.plan_replay``): rows and parity."""
+    from playbook.parallel.plan_replay import replay
+
+    done = replay(small)
+    return {"layout": str(small), "rows": done.rows, "exact": done.exact, "parity": done.parity}
 
 
 def add_plan(sub) -> None:
@@ -195,5 +226,9 @@ def add_plan(sub) -> None:
     p.add_argument("--global-batch", type=int, default=512, help="sequences per step")
     p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory a layout may fill")
     p.add_argument("--top", type=int, default=5, help="layouts to show")
+    p.add_argument(
+        "--replay", action="store_true", help="run the fastest candidate that shrinks to --replay-ranks real ranks"
+    )
+    p.add_argument("--replay-ranks", type=int, default=8, help="most local ranks a shrunk replay may use")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)

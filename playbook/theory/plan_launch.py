@@ -1,5 +1,5 @@
-"""Launch text for a planned layout: a ``torchrun`` command, a Slurm ``sbatch`` script, and the small
-``playbook run hybrid`` replay of the same shape on the teaching model (pure strings, no torch).
+"""Launch text for a planned layout: a ``torchrun`` command and a Slurm ``sbatch`` script (pure
+strings, no torch). The small replay of the same shape on the teaching model is ``theory.shrink``.
 
 ``torchrun`` starts one process per GPU on every node (``--nnodes``, ``--nproc-per-node``; c10d
 rendezvous, PyTorch's "torchrun (Elastic Launch)" documentation); under Slurm one task per node runs
@@ -9,11 +9,7 @@ Our ``hybrid`` strategy has no recomputation flag: the command says so in a comm
 
 from __future__ import annotations
 
-from playbook.config import ModelConfig
-from playbook.dims import ParallelDims
 from playbook.theory.planner import Layout
-
-REPLAY_MODEL = {False: "gpt-tiny", True: "gpt-tiny-moe"}
 
 
 def hybrid_flags(lay: Layout) -> str:
@@ -55,18 +51,3 @@ def sbatch_script(lay: Layout, *, model: str, seq_len: int, global_batch: int, g
             f"srun {run}",
         ]
     )
-
-
-def replay_command(lay: Layout, *, moe: bool = False) -> str:
-    """The same axes at degree ≤ 2 on the teaching model (``gpt-tiny``: 2 layers, 2 KV heads), so
-    it runs on a laptop: ``playbook run hybrid`` then reports parity and bytes per collective."""
-    model = ModelConfig.preset(REPLAY_MODEL[moe])
-    small = {a: min(v, 2) for a, v in lay.degrees.items()}
-    if small["ep"] > small["dp"] * small["cp"]:
-        small["ep"] = 1
-    m = small["pp"] * 2 if small["pp"] > 1 else 1
-    batch = small["dp"] * m * 2
-    dims = ParallelDims(**small)
-    dims.check(model, seq_len=32, global_batch=batch, microbatches=m if small["pp"] > 1 else None)
-    replay = Layout(**small, zero=lay.zero, micro_batch=2, microbatches=m, recompute="none")
-    return f"playbook run hybrid --model {model.name} {hybrid_flags(replay)} --global-batch {batch} --seq-len 32"

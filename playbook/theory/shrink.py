@@ -1,0 +1,193 @@
+"""Shrink a planned layout to the teaching model on a few local ranks, and predict that small run.
+
+The planner (``playbook.theory.planner``) ranks layouts of a big model on many GPUs by formulas
+that no laptop can check at their size. What a laptop can check is the *shape*: the same axes,
+in the same order (tp fastest, then cp, dp, pp; ``playbook.dims``), composed the same way, on the
+teaching model (``gpt-tiny``, or ``gpt-tiny-moe`` for a mixture of experts), with every byte sent
+and held predicted by ``playbook.theory.hybrid`` — the functions ``playbook run hybrid`` is checked
+against to the byte. This is how Megatron-LM's scaling study validated its performance model on
+small configurations before the large ones (Narayanan et al. 2021, arXiv:2104.04473, §5).
+
+The rules (each change is written into ``Shrunk.notes`` with its reason):
+
+- every axis > 1 is kept at degree 2, the smallest that keeps its groups and collectives (a ring
+  of two, a pipeline of two stages); ``gpt-tiny`` has 2 KV heads and 2 layers, so tp ≤ 2, pp ≤ 2;
+  ep (which borrows ranks from dp·cp) is kept at 2 of ``gpt-tiny-moe``'s 4 experts;
+- k kept axes need 2**k ranks (ep adds none): more than ``max_ranks`` is refused;
+- axes the hybrid does not compose together (cp inside a pipeline; a mixture of experts with tp,
+  pp or cp) are refused, unless the caller names one to leave out (``drop``);
+- the ZeRO stage is kept when the hybrid composes it (dp > 1, no pp, cp, ep or sequence
+  parallelism), otherwise replayed as stage 0; sequence parallelism (the planner assumes it with
+  every tp > 1) is kept with tp unless ZeRO, pp or cp exclude it;
+- a pipeline runs m = 2·pp micro-batches (m ≥ pp fills 1F1B, as the candidate's m does); without a
+  pipeline one micro-batch per step; two rows of 32 tokens per micro-batch;
+- our runs are fp32 with no recomputation: the planner's bf16 bytes and recomputation are not replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
+from playbook.theory.hybrid import comm_per_axis, memory_per_rank
+from playbook.theory.planner import Candidate, Layout, Plan
+
+SMALL = {False: "gpt-tiny", True: "gpt-tiny-moe"}
+SEQ_LEN, ROWS = 32, 2  # tokens per sequence and rows per micro-batch of the replay
+AXES = ("dp", "tp", "pp", "cp", "ep")
+WHY_TWO = {
+    "tp": "{model} has 2 KV heads, and 2 keeps tp's all-reduces",
+    "pp": "{model} has 2 layers: 2 stages of one layer",
+    "dp": "2 replicas keep the gradient all-reduce",
+    "cp": "2 ranks keep the ring's K/V passes",
+    "ep": "2 of {model}'s 4 experts per rank keep the all-to-alls",
+}
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """A planner candidate at laptop size: the layout to run, and what changed and why."""
+
+    source: Layout
+    model: str
+    dims: ParallelDims
+    zero: int = 0
+    sequence_parallel: bool = False
+    microbatches: int | None = None  # None: no pipeline
+    global_batch: int = ROWS
+    seq_len: int = SEQ_LEN
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def m(self) -> int:
+        return self.microbatches or 1
+
+    def __str__(self) -> str:
+        extra = [f"ZeRO-{self.zero}"] * bool(self.zero) + ["SP"] * self.sequence_parallel
+        extra += [f"m{self.microbatches}"] if self.microbatches else []
+        return f"{self.dims} {' '.join(extra)}".strip() + f" on {self.model}"
+
+    def command(self) -> str:
+        """The ``playbook run hybrid`` line of this replay."""
+        flags = [f"--{a} {getattr(self.dims, a)}" for a in AXES if getattr(self.dims, a) > 1 or a == "dp"]
+        flags += [f"--zero {self.zero}"] * bool(self.zero) + ["--sequence-parallel"] * self.sequence_parallel
+        flags += [f"--microbatches {self.microbatches}"] if self.microbatches else []
+        return (
+            f"playbook run hybrid --model {self.model} {' '.join(flags)} "
+            f"--global-batch {self.global_batch} --seq-len {self.seq_len}"
+        )
+
+    def predict(self, routing: list | None = None) -> list[dict]:
+        """Per rank: ``{rank, coords, bytes, memory}``, bytes sent per step by axis and bytes held by
+        category, from ``theory.hybrid`` (a mixture of experts' all-to-all bytes and activations
+        depend on the routing: give the run's, or they are missing / None)."""
+        cfg = ModelConfig.preset(self.model)
+        rows = []
+        for r in range(self.dims.world):
+            where = dict(
+                rank=r,
+                global_batch=self.global_batch,
+                seq_len=self.seq_len,
+                sequence_parallel=self.sequence_parallel,
+                microbatches=self.m,
+                zero=self.zero,
+            )
+            rows.append(
+                {
+                    "rank": r,
+                    "coords": self.dims.coords(r),
+                    "bytes": comm_per_axis(cfg, self.dims, routing=routing, **where),
+                    "memory": memory_per_rank(cfg, self.dims, routing=routing[0] if routing else None, **where),
+                }
+            )
+        return rows
+
+
+def _refuse(lay: Layout, why: str, fix: str) -> ValueError:
+    return ValueError(f"{lay} cannot be shrunk: {why}; {fix}")
+
+
+def shrink(
+    candidate: Candidate | Layout,
+    *,
+    model: ModelConfig | None = None,
+    drop: tuple[str, ...] = (),
+    max_ranks: int = 8,
+) -> Shrunk:
+    """The same layout shape on ``gpt-tiny`` (``gpt-tiny-moe`` if ``model`` has experts) on at most
+    ``max_ranks`` ranks (module docstring). ``model``: the planned model, named in the notes.
+    ``drop``: axes to leave out, when the hybrid does not compose them with the others.
+    Raises one ``ValueError`` naming the constraint and what would work."""
+    lay = candidate.layout if isinstance(candidate, Candidate) else candidate
+    moe = bool(model and model.is_moe) or lay.ep > 1
+    small = SMALL[moe]
+    big = model.name if model else "the planned model"
+    unknown = [a for a in drop if a not in AXES]
+    if unknown:
+        raise _refuse(lay, f"drop={unknown} names no axis", f"name some of {', '.join(AXES)}")
+    kept = {a: v for a, v in lay.degrees.items() if v > 1 and a not in drop}
+    notes = [f"{a}{lay.degrees[a]} left out, as asked (drop)" for a in drop if lay.degrees[a] > 1]
+    if "ep" in kept and "dp" not in kept and "cp" not in kept:
+        raise _refuse(lay, "ep borrows ranks from dp·cp, and none is left", "keep dp or cp, or drop ep too")
+    conflicts = [
+        (("cp", "pp"), "context parallelism inside a pipeline is not composed by playbook run hybrid yet"),
+        *[
+            (("ep", a), f"expert parallelism with {a} is not composed by playbook run hybrid yet")
+            for a in "tp pp cp".split()
+        ],
+    ]
+    if moe:
+        conflicts += [
+            ((a,), f"a mixture of experts runs with dp and ep only here, not {a}") for a in ("tp", "pp", "cp")
+        ]
+    for axes, why in conflicts:
+        if all(a in kept for a in axes):
+            choices = " or ".join(f"drop=('{a}',)" for a in axes)
+            raise _refuse(lay, why, f"leave one out ({choices}) or shrink a candidate without it")
+    ranked = [a for a in kept if a != "ep"]
+    if 2 ** len(ranked) > max_ranks:
+        raise _refuse(
+            lay,
+            f"{len(ranked)} axes > 1 need 2^{len(ranked)} = {2 ** len(ranked)} ranks at degree 2, over max_ranks={max_ranks}",
+            f"raise max_ranks to {2 ** len(ranked)} or drop an axis",
+        )
+    degrees = {a: 2 if a in kept else 1 for a in AXES}
+    for a, v in kept.items():
+        if v > 2:
+            notes.append(f"{a} {v} → 2: {WHY_TWO[a].format(model=small)}")
+    dims = ParallelDims(**degrees)
+    zero = lay.zero
+    excluded = [a for a in ("pp", "cp", "ep") if degrees[a] > 1]
+    if zero and (dims.dp == 1 or excluded):
+        why = f"ZeRO over dp with {excluded[0]}" if excluded else "ZeRO without dp"
+        notes.append(f"ZeRO-{zero} → 0: {why} is not composed by playbook run hybrid yet")
+        zero = 0
+    sp = dims.tp > 1
+    if sp and (zero or dims.pp > 1 or dims.cp > 1):
+        why = f"ZeRO-{zero}" if zero else ("a pipeline" if dims.pp > 1 else "context parallelism")
+        notes.append(f"sequence parallelism left out: with {why} it is not composed by playbook run hybrid yet")
+        sp = False
+    m = 2 * dims.pp if dims.pp > 1 else None
+    if m:
+        notes.append(f"micro-batches {lay.microbatches} → {m}: m ≥ pp fills the 1F1B pipeline")
+    elif lay.microbatches > 1:
+        notes.append(f"gradient accumulation over {lay.microbatches} micro-batches → one micro-batch per step")
+    notes.append(f"{big} → {small}; {ROWS} rows of {SEQ_LEN} tokens per micro-batch, fp32 (the plan counts bf16)")
+    if lay.recompute != "none":
+        notes.append(f"recompute={lay.recompute} is not replayed: our hybrid keeps every activation")
+    return Shrunk(lay, small, dims, zero, sp, m, dims.dp * (m or 1) * ROWS, SEQ_LEN, tuple(notes))
+
+
+def first_shrinkable(plan: Plan, *, max_ranks: int = 8) -> tuple[int, Shrunk]:
+    """The fastest of ``plan``'s candidates that shrinks with no axis left out: (its index, it)."""
+    model = ModelConfig.preset(plan.model) if plan.model in ModelConfig.presets() else None
+    for i, c in enumerate(plan.candidates):
+        try:
+            return i, shrink(c, model=model, max_ranks=max_ranks)
+        except ValueError:
+            continue
+    raise ValueError(
+        f"none of the {len(plan.candidates)} candidates shrinks to ≤ {max_ranks} ranks with every axis kept; "
+        "pass drop=(...) to shrink() to leave an axis out"
+    )

@@ -1,0 +1,167 @@
+"""Shrinking a planner candidate to gpt-tiny on a few ranks: the rules by hand, every shrunk layout
+accepted by the hybrid, bad input in one line, and one real 4-rank replay measured == predicted to
+the byte."""
+
+from __future__ import annotations
+
+import pytest
+
+from playbook.config import Hardware, ModelConfig
+from playbook.dims import ParallelDims
+from playbook.theory.planner import Layout, plan
+from playbook.theory.shrink import first_shrinkable, shrink
+
+
+def lay(**kw) -> Layout:
+    base = dict(dp=1, tp=1, pp=1, cp=1, ep=1, zero=1, micro_batch=1, microbatches=256, recompute="none")
+    return Layout(**{**base, **kw})
+
+
+def test_dp8_tp8_pp32_keeps_its_three_axes_at_two_each():
+    s = shrink(lay(dp=8, tp=8, pp=32), model=ModelConfig.preset("llama-3.1-405b"))
+    assert s.dims == ParallelDims(dp=2, tp=2, pp=2) and s.model == "gpt-tiny"
+    # ZeRO and sequence parallelism are not composed with a pipeline by the hybrid: both left out, and said so
+    assert s.zero == 0 and not s.sequence_parallel
+    assert s.microbatches == 4 and s.global_batch == 2 * 4 * 2  # m = 2·pp; dp · m · 2 rows
+    notes = " | ".join(s.notes)
+    for said in ("dp 8 → 2", "tp 8 → 2", "pp 32 → 2", "ZeRO-1 → 0", "sequence parallelism left out", "→ 4"):
+        assert said in notes
+    assert "llama-3.1-405b → gpt-tiny" in notes
+    assert s.command().startswith("playbook run hybrid --model gpt-tiny --dp 2 --tp 2 --pp 2 --microbatches 4")
+
+
+def test_zero_is_kept_where_the_hybrid_composes_it_and_sequence_parallelism_otherwise():
+    with_zero = shrink(lay(dp=8, tp=8, zero=1))
+    assert (with_zero.dims, with_zero.zero, with_zero.sequence_parallel) == (ParallelDims(dp=2, tp=2), 1, False)
+    assert with_zero.microbatches is None and with_zero.global_batch == 4
+    assert any("gradient accumulation over 256" in n for n in with_zero.notes)
+    no_zero = shrink(lay(dp=8, tp=8, zero=0, microbatches=1))
+    assert no_zero.sequence_parallel and not any("sequence" in n for n in no_zero.notes)
+    single = shrink(lay(tp=4, zero=0, microbatches=1))  # one axis: 2 ranks
+    assert single.dims.world == 2 and single.zero == 0
+
+
+def test_cp_inside_a_pipeline_is_refused_unless_one_axis_is_dropped():
+    big = lay(dp=8, tp=8, pp=32, cp=8)
+    with pytest.raises(ValueError) as e:
+        shrink(big)
+    msg = str(e.value)
+    assert "\n" not in msg and "context parallelism inside a pipeline" in msg and "drop=('cp',)" in msg
+    s = shrink(big, drop=("cp",))
+    assert s.dims == ParallelDims(dp=2, tp=2, pp=2) and s.notes[0] == "cp8 left out, as asked (drop)"
+    without_pp = shrink(big, drop=("pp",))
+    assert without_pp.dims == ParallelDims(dp=2, tp=2, cp=2) and without_pp.zero == 0
+
+
+def test_expert_parallelism_borrows_ranks_and_moe_keeps_to_dp_and_ep():
+    mixtral = ModelConfig.preset("mixtral-8x7b")
+    s = shrink(lay(dp=64, ep=8, recompute="full"), model=mixtral)
+    assert (s.model, s.dims, s.dims.world) == ("gpt-tiny-moe", ParallelDims(dp=2, ep=2), 2)
+    assert any("recompute=full is not replayed" in n for n in s.notes)
+    with pytest.raises(ValueError, match="expert parallelism with tp"):
+        shrink(lay(dp=8, tp=8, ep=8), model=mixtral)
+    with pytest.raises(ValueError, match="mixture of experts runs with dp and ep only here, not pp"):
+        shrink(lay(dp=8, pp=8), model=mixtral)
+
+
+@pytest.mark.parametrize(
+    "layout, kw, words",
+    [
+        (lay(dp=2, tp=8, cp=4), dict(max_ranks=4), "3 axes > 1 need 2^3 = 8 ranks"),
+        (lay(dp=8, ep=8), dict(drop=("dp",)), "ep borrows ranks from dp·cp"),
+        (lay(dp=8, tp=8), dict(drop=("xp",)), "names no axis"),
+    ],
+)
+def test_layouts_that_cannot_be_shrunk_say_why_in_one_line(layout, kw, words):
+    with pytest.raises(ValueError) as e:
+        shrink(layout, **kw)
+    assert words in str(e.value) and "\n" not in str(e.value) and str(layout) in str(e.value)
+
+
+def test_every_shrunk_candidate_of_a_real_plan_passes_the_hybrids_checks():
+    """The shrink rules restate what ``playbook run hybrid`` composes: ``Plan.check`` must agree."""
+    from playbook.parallel.plan_replay import setup_and_plan
+
+    cfg = ModelConfig.preset("llama-3.1-70b")
+    planned = plan(cfg, Hardware.preset("h100-sxm"), gpus=64, seq_len=8192, global_batch=512)
+    shrunk = 0
+    for c in planned.candidates:
+        for drop in ((), ("cp",), ("pp",)):
+            try:
+                s = shrink(c, model=cfg, drop=drop)
+            except ValueError:
+                continue
+            setup_and_plan(s)  # raises if the hybrid refuses the layout
+            assert s.dims.world <= 8
+            shrunk += 1
+    assert shrunk >= len(planned.candidates)
+    i, s = first_shrinkable(planned, max_ranks=4)
+    assert s.dims.world <= 4 and s.source == planned.candidates[i].layout
+    for faster in planned.candidates[:i]:  # every faster candidate needs more ranks or an axis dropped
+        with pytest.raises(ValueError):
+            shrink(faster, model=cfg, max_ranks=4)
+
+
+def test_a_shrunk_candidate_on_four_real_ranks_matches_its_prediction_to_the_byte(ranks4):
+    from playbook.parallel.plan_replay import replay
+
+    s = shrink(lay(dp=8, tp=8, zero=3, microbatches=64))  # dp2×tp2 ZeRO-3
+    assert s.dims.world == 4
+    before = s.predict()  # nothing has run yet
+    result = replay(s, cluster=ranks4)
+    assert {r["rank"] for r in result.rows} == {0, 1, 2, 3}
+    assert {(r["what"], r["key"]) for r in result.rows} == {
+        ("bytes sent", "dp"),
+        ("bytes sent", "tp"),
+        *[("memory", k) for k in ("params", "grads", "optimizer", "activations")],
+    }
+    for r in result.rows:
+        assert r["predicted"] is not None and r["predicted"] == r["measured"] and r["before_run"], r
+        source = before[r["rank"]]["bytes" if r["what"] == "bytes sent" else "memory"][r["key"]]
+        assert r["predicted"] == source  # the rows carry the prediction made before the run
+    assert result.exact
+    # the gate is the first step's gradients; after 3 AdamW steps on 2 rows per replica, Adam's
+    # normalisation lifts 1e-7 rounding to a few 1e-5 (the hybrid's own suite gates at batch 8)
+    assert result.parity["max_abs_loss_diff"] < 4e-5 and result.parity["max_rel_grad_diff"] < 1e-5
+    assert result.parity["max_rel_l2_param_diff"] < 1e-4
+    with pytest.raises(ValueError, match=r"needs 2 ranks, the cluster has 4; pass ranks\(2\)"):
+        replay(shrink(lay(dp=8, zero=0)), cluster=ranks4)
+
+
+def test_playbook_plan_prints_a_runnable_replay_and_runs_it_with_replay(capsys):
+    """The printed replay line is the shrunk candidate's (the hybrid accepts it), and ``--replay``
+    runs it on fresh ranks: every number predicted == measured, exit 0."""
+    import json
+
+    from playbook.cli import main
+
+    argv = ["plan", "--model", "llama-3.1-70b", "--gpus", "64", "--replay-ranks", "4"]
+    assert main([*argv, "--json"]) == 0
+    launch = json.loads(capsys.readouterr().out)["launch"]
+    assert (
+        launch["replay_candidate"] >= 1
+        and launch["replay_notes"][0] == "dp 8 → 2: 2 replicas keep the gradient all-reduce"
+    )
+    assert launch["replay"] == (
+        "playbook run hybrid --model gpt-tiny --dp 2 --tp 2 --zero 3 --global-batch 4 --seq-len 32"
+    )
+    assert main([*argv, "--replay"]) == 0
+    out = capsys.readouterr().out
+    assert "replayed on 4 real ranks" in out and "every number predicted == measured: True" in out
+    assert "rank 3 memory     activations" in out and "differs" not in out
+    assert main([*argv, "--replay", "--replay-ranks", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--replay-ranks must be in 2..8" in err[0]
+
+
+def test_a_shrunk_moe_candidate_replays_with_its_routing_dependent_numbers_marked(ranks2):
+    """ep's all-to-all bytes and a MoE's activations follow from the routing: predicted from the
+    run's routing (``before_run`` False), still equal to the measurement; dp's bytes and the weights
+    are predicted before the run."""
+    from playbook.parallel.plan_replay import replay
+
+    s = shrink(lay(dp=64, ep=8, microbatches=4), model=ModelConfig.preset("mixtral-8x7b"))
+    result = replay(s, cluster=ranks2)
+    assert result.exact
+    late = {(r["what"], r["key"]) for r in result.rows if not r["before_run"]}
+    assert late == {("bytes sent", "ep"), ("memory", "activations")}
