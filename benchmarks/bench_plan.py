@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--global-batch", type=int, default=2048)
+    ap.add_argument("--attention", default="flash", choices=["flash", "eager"], help="as playbook plan's")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -37,13 +38,16 @@ def main() -> None:
     times, cpu, result = [], [], None
     for _ in range(args.repeats):
         start, start_cpu = time.perf_counter(), time.process_time()
-        result = plan(cfg, hw, gpus=args.gpus, seq_len=args.seq_len, global_batch=args.global_batch)
+        result = plan(
+            cfg, hw, gpus=args.gpus, seq_len=args.seq_len, global_batch=args.global_batch, attention=args.attention
+        )
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     out = {
         "model": args.model,
         "gpus": args.gpus,
         "hardware": args.hardware,
+        "attention": args.attention,
         "median_s": statistics.median(times),
         "min_s": min(times),
         "max_s": max(times),
@@ -59,7 +63,7 @@ def main() -> None:
         return
     verdict = "meets" if out["median_s"] < GOAL_S else "misses"
     print(
-        f"plan {args.model} on {args.gpus} × {args.hardware}: median {out['median_s']:.2f} s "
+        f"plan {args.model} on {args.gpus} × {args.hardware}, {args.attention} attention: median {out['median_s']:.2f} s "
         f"(min {out['min_s']:.2f}, max {out['max_s']:.2f}; CPU {out['cpu_median_s']:.2f} s) over {args.repeats} runs, "
         f"{verdict} the {GOAL_S:g} s goal; "
         f"load average {out['load_average_1min']:.2f} on {out['cpus']} CPUs; {out['candidates']} layouts fit, "

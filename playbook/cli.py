@@ -197,6 +197,7 @@ def cmd_memory(args) -> int:
             "precision",
             "recompute",
             "fp32_grad_accum",
+            "attention",
         )
     }
     stages = []
@@ -211,13 +212,15 @@ def cmd_memory(args) -> int:
         cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.serve_dtype
     ).as_dict()
     if args.json:
-        report = {"model": args.model, "num_params": cfg.num_params(), "training": train, "inference": serve}
+        report = {"model": args.model, "num_params": cfg.num_params(), "attention": args.attention}
+        report |= {"training": train, "inference": serve}
         if stages:
             report["training_stages"] = [st.as_dict() for st in stages]
         print(json.dumps(report, indent=2))
         return 0
     print(
-        f"{args.model}: {cfg.num_params():,} parameters; per rank, seq_len {args.seq_len}, micro-batch {args.micro_batch}"
+        f"{args.model}: {cfg.num_params():,} parameters; per rank, seq_len {args.seq_len}, micro-batch "
+        f"{args.micro_batch}, {args.attention} attention"
     )
     for title, budget in (("training (the most loaded rank)", train), ("inference", serve)):
         print(f"  {title}")
@@ -320,6 +323,13 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
         "--fp32-grad-accum",
         action="store_true",
         help="with --precision mixed: an fp32 gradient-accumulation buffer, 4 more bytes per parameter",
+    )
+    p.add_argument(
+        "--attention",
+        default="eager",
+        choices=["eager", "flash"],
+        help="training activations of: eager (our model's softmax, [b, heads, s, s] per layer, what the chapters "
+        "measure) or flash (a fused FlashAttention kernel as real clusters run: an fp32 log-sum-exp instead)",
     )
     p.add_argument("--serve-dtype", default="bf16", help="dtype of the served weights and KV cache")
     p.add_argument("--json", action="store_true")

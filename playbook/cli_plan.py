@@ -144,6 +144,7 @@ def cmd_plan(args) -> int:
         seq_len=args.seq_len,
         global_batch=args.global_batch,
         mem_util=args.mem_util,
+        attention=args.attention,
     )
     best = result.candidates[0].layout
     where = dict(
@@ -165,8 +166,8 @@ def cmd_plan(args) -> int:
         print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")
     print(
         f"{cfg.name} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
-        f"global batch {args.global_batch}; {len(result.candidates)} layouts fit, {result.dominated} slower "
-        f"variants of them skipped"
+        f"global batch {args.global_batch}, {args.attention} attention; {len(result.candidates)} layouts fit, "
+        f"{result.dominated} slower variants of them skipped"
     )
     print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
     for c in result.candidates[: args.top]:
@@ -225,6 +226,14 @@ def add_plan(sub) -> None:
     p.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence")
     p.add_argument("--global-batch", type=int, default=512, help="sequences per step")
     p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory a layout may fill")
+    p.add_argument(
+        "--attention",
+        default="flash",
+        choices=["flash", "eager"],
+        help="attention kernel whose activations are counted: flash (a fused FlashAttention kernel, what real "
+        "clusters run: no [s, s] scores kept, an fp32 log-sum-exp instead) or eager (our teaching model's "
+        "softmax, [b, heads, s, s] kept per layer)",
+    )
     p.add_argument("--top", type=int, default=5, help="layouts to show")
     p.add_argument(
         "--replay", action="store_true", help="run the fastest candidate that shrinks to --replay-ranks real ranks"

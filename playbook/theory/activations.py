@@ -66,6 +66,19 @@ Korthikanti et al. 2022 §5):
   none − b·a·s²·B − s² − 2·b·(a − g)·s·d·B; for plain multi-head attention (g = a) exactly
   "drop the s² terms".
 
+Attention kernel (``attention=``, Dao et al. 2022, *FlashAttention*, arXiv:2205.14135, §3.1):
+- "eager" (the default): our model's ``causal_attention`` as counted above, with the [s, s] mask and
+  the b·a·s² probabilities. Every measured == predicted check in the chapters uses this.
+- "flash": a fused kernel, as every production run uses (FlashAttention-2 reads GQA's k and v at
+  their g heads, no repeat). Forward keeps q, k, v, its output and the softmax's log-sum-exp, fp32
+  [b, a, s]; backward recomputes the scores block by block from them, so no [s, s] tensor is ever
+  saved. Korthikanti et al. 2022 (§5) reach the same with "selective" recomputation of the
+  attention core, and the count is exactly that one plus the statistics: flash =
+  selective + 4·b·a·s bytes per block (``flash_lse_bytes``; the output, a view, is the o_proj input
+  already counted). With recompute="selective" the kernel itself is rerun in backward, so its
+  log-sum-exp is not kept either: flash + selective = selective; "full" is unchanged.
+  For plain multi-head attention (g = a): eager − flash = b·a·s²·B + s² − 4·b·a·s.
+
 dtype: every floating tensor above has ``dtype_bytes`` per element, as when the model is cast with
 ``model.to(torch.bfloat16)`` (softmax, log_softmax and the norm then also run in bf16). Under
 ``torch.autocast`` some ops (softmax, log_softmax, the loss) run and save in fp32 and linear
@@ -81,8 +94,10 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+ATTENTION_KERNELS = ("eager", "flash")
 INDEX_BYTES = 8  # int64 token ids and targets
 MASK_BYTES = 1  # torch.bool
+LSE_BYTES = 4  # the flash kernel's softmax statistics are fp32 whatever the activations' dtype
 
 
 def _check(cfg: ModelConfig, seq_len: int, micro_batch: int, dtype_bytes: int, recompute: str) -> None:
@@ -91,6 +106,29 @@ def _check(cfg: ModelConfig, seq_len: int, micro_batch: int, dtype_bytes: int, r
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+
+
+def check_attention(attention: str) -> None:
+    """One line naming the choices when ``attention`` is not a kernel we count."""
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_KERNELS))}; got {attention!r}")
+
+
+def flash_lse_bytes(*, seq_len: int, micro_batch: int, heads: int) -> int:
+    """Bytes of the log-sum-exp a flash kernel saves for one block: fp32 [b, heads, s] (Dao et al.
+    2022, arXiv:2205.14135, Algorithm 2: the statistics m and ℓ kept as one L = m + log ℓ). ``heads``
+    and ``seq_len`` are this rank's: a/t under TP, s/cp under CP."""
+    return micro_batch * heads * seq_len * LSE_BYTES
+
+
+def attention_core(recompute: str, attention: str) -> tuple[str, bool]:
+    """(which attention-core terms a block keeps: "none" = eager's s² tensors, "selective" = only
+    the core's inputs; whether a flash log-sum-exp is added). Flash keeps selective's tensors plus
+    its statistics; recomputing the kernel (selective) drops the statistics too."""
+    check_attention(attention)
+    if attention == "flash" and recompute == "none":
+        return "selective", True
+    return recompute, False
 
 
 def _moe_mlp_terms(cfg: ModelConfig, b: int, s: int, B: int) -> dict[str, int]:
@@ -116,10 +154,13 @@ def block_activation_breakdown(
     dtype_bytes: int = 4,
     recompute: str = "none",
     moe: bool = False,
+    attention: str = "eager",
 ) -> dict[str, int]:
     """Bytes saved for backward by one transformer block, term by term (see the module docstring).
-    ``moe=True``: a mixture-of-experts block, whose MLP terms are an estimate (``_moe_mlp_terms``)."""
+    ``moe=True``: a mixture-of-experts block, whose MLP terms are an estimate (``_moe_mlp_terms``).
+    ``attention="flash"``: a fused kernel's core (selective's terms plus the fp32 log-sum-exp)."""
     _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
+    core, lse = attention_core(recompute, attention)
     b, s, h, B = micro_batch, seq_len, cfg.hidden, dtype_bytes
     a, g, d, f = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden
     if recompute == "full":
@@ -130,7 +171,7 @@ def block_activation_breakdown(
         "attn norm: x * inv_rms": b * s * h * B,
         "attn norm: output (q/k/v input)": b * s * h * B,
     }
-    if recompute == "none":
+    if core == "none":
         terms |= {
             "q (for q·kᵀ)": b * a * s * d * B,
             "k repeated to all heads": b * a * s * d * B,
@@ -144,6 +185,8 @@ def block_activation_breakdown(
             "k (kept, kv heads)": b * g * s * d * B,
             "v (kept, kv heads)": b * g * s * d * B,
         }
+    if lse:
+        terms["log-sum-exp (fp32, flash kernel)"] = flash_lse_bytes(seq_len=s, micro_batch=b, heads=a)
     terms |= {
         "attention output (o_proj input)": b * s * a * d * B,
         "mlp norm: input (residual sum)": b * s * h * B,
@@ -169,23 +212,31 @@ def block_activation_bytes(
     dtype_bytes: int = 4,
     recompute: str = "none",
     moe: bool = False,
+    attention: str = "eager",
 ) -> int:
     """Bytes autograd saves for one block of our GPT (module docstring): with recompute="none",
-    B·(6bsh + 2bs + 4basd + bas² + 4bsf) + s²."""
-    return sum(
-        block_activation_breakdown(
-            cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, moe=moe
-        ).values()
-    )
+    B·(6bsh + 2bs + 4basd + bas² + 4bsf) + s²; with ``attention="flash"`` the selective count
+    plus 4bas (the kernel's fp32 log-sum-exp)."""
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    return sum(block_activation_breakdown(cfg, **sizes, moe=moe, attention=attention).values())
 
 
 def model_activation_breakdown(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
+    attention: str = "eager",
 ) -> dict[str, int]:
     """Bytes saved for backward by the whole model and its loss, by part: tokens, all blocks,
     final norm, log-probabilities, targets, nll_loss's total_weight. Mixture-of-experts layers use
-    the estimate of ``_moe_mlp_terms``; multi-head latent attention is counted as if it were GQA."""
-    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    the estimate of ``_moe_mlp_terms``; multi-head latent attention is counted as if it were GQA.
+    ``attention`` changes the blocks only (module docstring)."""
+    sizes = dict(
+        seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention
+    )
     dense = block_activation_bytes(cfg, **sizes)
     moe = block_activation_bytes(cfg, **sizes, moe=True) if cfg.is_moe else 0
     b, s, h, V, B = micro_batch, seq_len, cfg.hidden, cfg.vocab_size, dtype_bytes
@@ -200,15 +251,18 @@ def model_activation_breakdown(
 
 
 def model_activation_bytes(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
+    attention: str = "eager",
 ) -> int:
     """Bytes autograd saves for one forward of the whole model with its loss (one micro-batch):
     16bs (int64 tokens and targets) + L·block + B·(3bsh + bs + bsV + 1)."""
-    return sum(
-        model_activation_breakdown(
-            cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute
-        ).values()
-    )
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    return sum(model_activation_breakdown(cfg, **sizes, attention=attention).values())
 
 
 def korthikanti_vs_exact(

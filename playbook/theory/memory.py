@@ -22,12 +22,14 @@ import math
 from dataclasses import asdict, dataclass
 
 from playbook.config import ModelConfig, divisors, require_divides, require_positive
+from playbook.theory.activations import ATTENTION_KERNELS
 
 # Bytes per element of each storage type (int4 packs two values per byte).
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ATTENTION_KERNELS  # "eager": our model's attention; "flash": a fused FlashAttention-style kernel
 
 # Bytes per parameter: (weights, gradients, optimizer states), before any sharding.
 #   mixed: bf16/fp16 weights and grads; fp32 master copy + Adam momentum + variance = K = 12 (ZeRO §3.1)
@@ -246,6 +248,7 @@ def training_memory(
     precision: str = "mixed",
     n_tensors: int = 0,
     fp32_grad_accum: bool = False,
+    attention: str = "eager",
 ) -> TrainingMemory:
     """Bytes held by the most loaded rank while training ``cfg`` with Adam, by category.
 
@@ -264,6 +267,13 @@ def training_memory(
     every ``pp`` and ``ep`` (``playbook.theory.stages.activation_bytes``). Compare with Korthikanti
     et al. 2022, Table 2 (:func:`activation_bytes_per_layer` × ``cfg.n_layers``), which counts a GPT block.
 
+    ``attention``: "eager" (default) is our model's attention, whose softmax keeps [b, a, s, s] per
+    layer, what the chapters measure; "flash" is a fused kernel (Dao et al. 2022, *FlashAttention*,
+    arXiv:2205.14135) as production runs use: no [s, s] tensor, only q, k, v, the output and an fp32
+    log-sum-exp [b, a/tp, s/cp] per layer, i.e. selective recomputation's count (Korthikanti et al.
+    2022, §5) plus those statistics (``playbook.theory.activations``). With ``cp`` and "flash" every
+    block is counted at s/cp tokens, so recomputation is modelled there too.
+
     Degrees: ``dp`` with ``zero`` (ZeRO stages); ``tp`` (Megatron TP, with ``sequence_parallel``:
     ``playbook.theory.tp``), ``cp`` (ring attention: ``playbook.theory.cp``), ``ep`` (experts split:
     ``playbook.theory.moe``) and ``pp`` (1F1B: the most loaded stage). Alone, each uses its
@@ -275,6 +285,7 @@ def training_memory(
     _choice("zero", zero, ZERO_STAGES)
     _choice("precision", precision, tuple(_STATE_BYTES))
     _choice("recompute", recompute, RECOMPUTE)
+    _choice("attention", attention, ATTENTION)
     if not isinstance(sequence_parallel, bool):
         raise ValueError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
     split = {name: d for name, d in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)) if d != 1}
@@ -297,6 +308,7 @@ def training_memory(
             recompute=recompute,
             n_tensors=n_tensors,
             fp32_grad_accum=fp32_grad_accum,
+            attention=attention,
         )
         return stages[most_loaded_stage(stages)].memory
 
@@ -308,7 +320,7 @@ def training_memory(
     common = dict(dp=dp, zero=zero, precision=precision, n_tensors=n_tensors, fp32_grad_accum=fp32_grad_accum)
     if pp > 1:  # 1F1B pipeline: the most loaded stage, holding p - i micro-batches in flight
         stages = pipeline_stage_memory(
-            cfg, pp=pp, seq_len=seq_len, micro_batch=micro_batch, recompute=recompute, **common
+            cfg, pp=pp, seq_len=seq_len, micro_batch=micro_batch, recompute=recompute, attention=attention, **common
         )
         return stages[most_loaded_stage(stages)].memory
     if tp > 1:  # Megatron TP (+ SP): matrices split 1/t, norms replicated; exact activations of our TP model
@@ -317,20 +329,24 @@ def training_memory(
         check_tp(cfg, tp, seq_len=seq_len, sequence_parallel=sequence_parallel)
         held = params_per_rank(cfg, tp)
         state = model_state_bytes(held["split"] + held["replicated"], **common)
-        acts = tp_model_activation_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, **sizes)
+        acts = tp_model_activation_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, attention=attention, **sizes)
     elif cp > 1:  # ring attention: weights replicated, every activation at s/cp tokens
-        from playbook.theory.cp import cp_activation_bytes
+        from playbook.theory.cp import check_layout, cp_activation_bytes
 
         state = model_state_bytes(cfg.num_params(), **common)
-        acts = cp_activation_bytes(cfg, cp=cp, variant="ring", **sizes)
+        if attention == "flash":  # a fused ring kernel: the flash block at s/cp tokens
+            check_layout(seq_len, cp, zigzag=False)
+            acts = activation_bytes(cfg, **{**sizes, "seq_len": seq_len // cp}, attention=attention)
+        else:
+            acts = cp_activation_bytes(cfg, cp=cp, variant="ring", **sizes)
     elif ep > 1:  # routed experts split over ep ranks (DeepSpeed-MoE); activations at even routing
         from playbook.theory.moe import moe_model_state_bytes
 
         state = moe_model_state_bytes(cfg, ep=ep, **common)
-        acts = activation_bytes(cfg, **sizes)
+        acts = activation_bytes(cfg, **sizes, attention=attention)
     else:
         state = model_state_bytes(cfg.num_params(), **common)
-        acts = activation_bytes(cfg, **sizes)
+        acts = activation_bytes(cfg, **sizes, attention=attention)
     return TrainingMemory(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=float(acts))
 
 

@@ -423,7 +423,13 @@ def moe_mlp_activation_terms(
 
 
 def moe_block_activation_bytes(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
+    attention: str = "eager",
 ) -> int:
     """Exact bytes one MoE block of our model saves for backward on one rank when routing is even
     and nothing is dropped: the block's attention and norms (``theory.activations``) plus
@@ -434,11 +440,12 @@ def moe_block_activation_bytes(
     with a capacity factor, S) around it: see :func:`model_activation_bytes_moe`.
 
     ``recompute="full"`` keeps the block input only, as for a dense block; ``"selective"``
-    recomputes attention and leaves the MLP terms as they are."""
+    recomputes attention and leaves the MLP terms as they are. ``attention="flash"``: a fused
+    kernel's attention core (``theory.activations``, Dao et al. 2022)."""
     from playbook.theory.activations import block_activation_breakdown
 
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
-    block = block_activation_breakdown(cfg, **sizes, moe=True)
+    block = block_activation_breakdown(cfg, **sizes, moe=True, attention=attention)
     if recompute == "full":
         return sum(block.values())
     rest = sum(v for k, v in block.items() if "(estimate)" not in k)

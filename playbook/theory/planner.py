@@ -3,10 +3,12 @@
 A layout is dp × tp × pp × cp (ep inside dp·cp, ``playbook.dims``), a ZeRO stage, a micro-batch size
 b, a number of micro-batches m (global batch = dp·b·m) and a recomputation choice. For each
 candidate: memory per GPU from ``playbook.theory.memory.training_memory`` (every degree together,
-mixed precision, sequence parallelism whenever tp > 1, the most loaded 1F1B stage), step time from
-``playbook.theory.plan_cost`` (compute + exposed communication per axis + bubble), MFU (model
-FLOPs / (step time · GPUs · peak), Chowdhery et al. 2022, arXiv:2204.02311, Appendix B) and tokens
-per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473, §3: tp inside a node, pp
+mixed precision, sequence parallelism whenever tp > 1, the most loaded 1F1B stage; by default a
+fused FlashAttention kernel, Dao et al. 2022, arXiv:2205.14135, as production runs use: no [s, s]
+scores kept, only an fp32 log-sum-exp; ``attention="eager"`` counts our teaching model's softmax),
+step time from ``playbook.theory.plan_cost`` (compute + exposed communication per axis + bubble),
+MFU (model FLOPs / (step time · GPUs · peak), Chowdhery et al. 2022, arXiv:2204.02311, Appendix B)
+and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473, §3: tp inside a node, pp
 across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.1).
 
 Pruned (and said so): degrees tp, pp, cp (and ep) are powers of two; tp ≤ GPUs per node is a
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.dims import ParallelDims
-from playbook.theory.memory import RECOMPUTE, ZERO_STAGES, training_memory
+from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES, training_memory
 from playbook.theory.plan_cost import StepCost, step_costs
 
 MAX_MICRO_BATCH = 8
@@ -81,6 +83,7 @@ class Plan:
     seq_len: int
     global_batch: int
     device_bytes: float
+    attention: str = "flash"  # the attention kernel whose activations are counted (training_memory)
     candidates: list[Candidate] = field(default_factory=list)  # fastest first
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
@@ -91,7 +94,7 @@ class Plan:
         entry[0] += 1
 
     def as_dict(self, top: int | None = None) -> dict:
-        keys = ("model", "hardware", "gpus", "gpus_per_node", "seq_len", "global_batch", "device_bytes", "dominated")
+        keys = "model hardware gpus gpus_per_node seq_len global_batch attention device_bytes dominated".split()
         return {
             **{k: getattr(self, k) for k in keys},
             "candidates": [c.as_dict() for c in self.candidates[:top]],
@@ -160,7 +163,8 @@ def _variants(dims: ParallelDims, plan: Plan):
                 )
 
 
-def memory_bytes(cfg: ModelConfig, lay: Layout, seq_len: int) -> float:
+def memory_bytes(cfg: ModelConfig, lay: Layout, seq_len: int, attention: str = "flash") -> float:
+    """Bytes on the most loaded GPU of ``lay`` (``training_memory``, mixed precision, SP with tp)."""
     return training_memory(
         cfg,
         seq_len=seq_len,
@@ -170,6 +174,7 @@ def memory_bytes(cfg: ModelConfig, lay: Layout, seq_len: int) -> float:
         sequence_parallel=lay.tp > 1,
         recompute=lay.recompute,
         precision="mixed",
+        attention=attention,
     ).total
 
 
@@ -179,7 +184,7 @@ def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_
     while variants:
         least = min(variants, key=lambda v: (v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute)))
         try:
-            return variants, memory_bytes(cfg, least, seq_len), least
+            return variants, memory_bytes(cfg, least, seq_len, out.attention), least
         except (ValueError, NotImplementedError) as e:
             out.reject("not modelled", f"{dims} recompute={least.recompute}: {e}")
             variants = [v for v in variants if v.recompute != least.recompute]
@@ -204,10 +209,13 @@ def plan(
     global_batch: int,
     gpus_per_node: int | None = None,
     mem_util: float = MEM_UTIL,
+    attention: str = "flash",
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
-    Raises ``ValueError`` (one line) on bad input, when no layout divides, the global batch splits
-    over none, or nothing fits (naming the smallest memory found)."""
+    ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
+    softmax, [b, a, s, s] kept per layer); see ``theory.activations``. Raises ``ValueError`` (one
+    line) on bad input, when no layout divides, the global batch splits over none, or nothing fits
+    (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
     require_positive(gpus=gpus, gpus_per_node=g, seq_len=seq_len, global_batch=global_batch)
     if gpus > g and gpus % g:
@@ -220,7 +228,9 @@ def plan(
         )
     if not 0 < mem_util <= 1:
         raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; try 0.9")
-    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes)
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}; try flash")
+    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes, attention)
     budget = hw.memory_bytes * mem_util
     common = dict(seq_len=seq_len, gpus_per_node=g)
     structures = list(_structures(cfg, out))
@@ -268,7 +278,7 @@ def plan(
             if any(_needs_more(v, f) for f in too_big):  # memory grows with b, falls with ZeRO and recomputation
                 out.reject("memory", f"{v} needs more than {too_big[0]}, which does not fit")
                 continue
-            mem = memory_bytes(cfg, v, seq_len)
+            mem = memory_bytes(cfg, v, seq_len, attention)
             if mem <= budget:
                 mfu = cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops)
                 out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
@@ -281,11 +291,10 @@ def plan(
 
         if out.smallest is None:
             raise ValueError(nothing_plans(cfg, out))
+        advice = dict(smallest=out.smallest, attention=attention)
 
         raise ValueError(
-            nothing_fits(
-                cfg, hw, **common, gpus=gpus, global_batch=global_batch, mem_util=mem_util, smallest=out.smallest
-            )
+            nothing_fits(cfg, hw, **common, gpus=gpus, global_batch=global_batch, mem_util=mem_util, **advice)
         )
     out.candidates.sort(key=lambda c: (c.cost.total, c.memory))
     return out

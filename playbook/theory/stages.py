@@ -15,6 +15,8 @@ at its peak, so stage 0 holds about as many as the whole unsplit model does for 
 Activations are the exact counts for our model: ``theory.activations.block_activation_bytes`` for
 a dense block, ``theory.moe.moe_block_activation_bytes`` (even routing, no drops) for an MoE block,
 the same at every ``pp`` and ``ep``. Model state follows ZeRO (``theory.memory.model_state_bytes``).
+Every function takes ``attention`` ("eager": our model's attention, the default; "flash": a fused
+kernel that keeps no [s, s] tensor, Dao et al. 2022, arXiv:2205.14135; ``theory.activations``).
 
 Units: bytes. No torch.
 """
@@ -34,13 +36,21 @@ def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
 
 
 def layer_activation_bytes(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
+    attention: str = "eager",
 ) -> list[int]:
     """Bytes each of the ``cfg.n_layers`` blocks saves for one micro-batch, in layer order."""
     from playbook.theory.activations import block_activation_bytes
     from playbook.theory.moe import moe_block_activation_bytes
 
-    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    sizes = dict(
+        seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention
+    )
     dense = block_activation_bytes(cfg, **sizes)
     moe = moe_block_activation_bytes(cfg, **sizes) if cfg.is_moe else 0
     return [moe if is_moe_layer(cfg, i) else dense for i in range(cfg.n_layers)]
@@ -57,13 +67,19 @@ def _ends(cfg: ModelConfig, **sizes) -> tuple[int, int]:
 
 
 def activation_bytes(
-    cfg: ModelConfig, *, seq_len: int, micro_batch: int, dtype_bytes: int = 4, recompute: str = "none"
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
+    attention: str = "eager",
 ) -> int:
     """Bytes the whole model saves for one micro-batch: every layer (:func:`layer_activation_bytes`)
     plus tokens, final norm, log-probabilities and the loss. For a dense config this equals
     ``theory.activations.model_activation_bytes``; for MoE it uses the exact even-routing count."""
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
-    return sum(layer_activation_bytes(cfg, **sizes)) + sum(_ends(cfg, **sizes))
+    return sum(layer_activation_bytes(cfg, **sizes, attention=attention)) + sum(_ends(cfg, **sizes))
 
 
 @dataclass(frozen=True)
@@ -107,6 +123,7 @@ def pipeline_stage_memory(
     recompute: str = "none",
     n_tensors: int = 0,
     fp32_grad_accum: bool = False,
+    attention: str = "eager",
 ) -> list[StageMemory]:
     """Bytes per rank of every stage of a 1F1B pipeline over ``pp`` stages (module docstring), each
     stage's model state sharded by ZeRO over its ``dp`` replicas. ``n_tensors`` (AdamW's 4-byte
@@ -114,7 +131,7 @@ def pipeline_stage_memory(
     :func:`most_loaded_stage` picks the one ``training_memory(pp=...)`` reports."""
     dtype_bytes = 2 if precision == "mixed" else 4
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
-    per_layer = layer_activation_bytes(cfg, **sizes)
+    per_layer = layer_activation_bytes(cfg, **sizes, attention=attention)
     first_extra, last_extra = _ends(cfg, **sizes)
     table = cfg.vocab_size * cfg.hidden
     out = []
@@ -187,20 +204,25 @@ def _block_activations(
     sequence_parallel: bool,
     dtype_bytes: int,
     recompute: str,
+    attention: str = "eager",
 ) -> int:
     """Bytes one block saves for one micro-batch on one rank, at s/cp tokens: our TP model's exact
     count (``theory.tp``), ring CP's (``theory.cp``), or the plain block's; an MoE block at even
     routing (``theory.moe``). TP with CP: TP's block with CP's attention core
     (``theory.hybrid.tp_cp_block_bytes``; with recomputation, TP's block at s/cp tokens, an
-    estimate); TP with MoE is not modelled."""
-    sizes = dict(micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
+    estimate); TP with MoE is not modelled. ``attention="flash"``: the block (TP's or the plain
+    one) at s/cp tokens with a fused kernel's core, whose log-sum-exp is [b, a/t, s/cp] fp32; our
+    ring kernel's own count (``theory.cp``, a second copy of its output and RoPE tables at explicit
+    positions) is eager's."""
+    sizes = dict(micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention)
+    ours = attention == "eager" and recompute == "none"  # our ring kernel's exact count applies
     if is_moe_layer(cfg, layer):
         if tp > 1:
             raise NotImplementedError("tensor parallelism inside MoE layers is not modelled; use ep (and tp=1) for MoE")
         from playbook.theory.moe import moe_block_activation_bytes
 
         return moe_block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
-    if tp > 1 and cp > 1 and recompute == "none":
+    if tp > 1 and cp > 1 and ours:
         from playbook.theory.hybrid import tp_cp_block_bytes
 
         return tp_cp_block_bytes(
@@ -219,7 +241,7 @@ def _block_activations(
             cfg, seq_len=seq_len // cp, tp=tp, sequence_parallel=sequence_parallel, **sizes
         )
         return sum(parts.values())
-    if cp > 1 and recompute == "none":
+    if cp > 1 and ours:
         from playbook.theory.cp import cp_block_activation_breakdown
 
         parts = cp_block_activation_breakdown(
@@ -276,6 +298,7 @@ def layout_stage_memory(
     recompute: str = "none",
     n_tensors: int = 0,
     fp32_grad_accum: bool = False,
+    attention: str = "eager",
 ) -> list[StageMemory]:
     """Bytes per rank of every pipeline stage when every degree is > 1 at once, from each rank's
     local shapes: 1/tp of the split matrices, E/ep routed experts, s/cp tokens, the stage's layers,
@@ -313,6 +336,7 @@ def layout_stage_memory(
             sequence_parallel=sequence_parallel,
             dtype_bytes=dtype_bytes,
             recompute=recompute,
+            attention=attention,
         )
         for moe, j in first_of_kind.items()
     }

@@ -44,6 +44,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from playbook.config import Hardware, ModelConfig, divisors, require_positive
+from playbook.theory.activations import attention_core, flash_lse_bytes
 from playbook.theory.comm import collective_seconds, sent_bytes
 from playbook.theory.memory import RECOMPUTE, TrainingMemory, model_state_bytes
 
@@ -324,6 +325,7 @@ def tp_block_activation_breakdown(
     regather: bool = False,
     recompute: str = "none",
     dtype_bytes: int = 4,
+    attention: str = "eager",
 ) -> dict[str, int]:
     """Bytes one rank's block of our TP model saves for backward, term by term.
 
@@ -337,10 +339,13 @@ def tp_block_activation_breakdown(
 
     Recomputation as in ``theory.activations``: "selective" keeps q, k, v (a/t, g/t, g/t heads)
     instead of the attention core's tensors; "full" keeps only the block's input ([b, s/t, h] with SP).
+    ``attention="flash"`` (a fused kernel, Dao et al. 2022, arXiv:2205.14135): selective's terms
+    plus the kernel's fp32 log-sum-exp over this rank's a/t heads (``theory.activations``).
     """
     check_tp(cfg, tp, seq_len=seq_len, sequence_parallel=sequence_parallel, regather=regather)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(map(repr, RECOMPUTE))}; got {recompute!r}")
+    core, lse = attention_core(recompute, attention)
     b, s, h, B, t = micro_batch, seq_len, cfg.hidden, dtype_bytes, tp
     a, g, d, f = cfg.n_heads // t, cfg.kv_heads // t, cfg.dim_head, cfg.ffn_hidden // t  # this rank's share
     sn = s // t if sequence_parallel else s  # tokens the norms see
@@ -358,11 +363,16 @@ def tp_block_activation_breakdown(
                 else {f"{part} region input ({'all-gathered' if sequence_parallel else 'norm output'})": b * s * h * B}
             ),
         }
-        if part == "attn" and recompute == "selective":
+        if part == "attn" and core == "selective":
             terms |= {
                 "q (kept for recomputation, a/t heads)": b * a * s * d * B,
                 "k (kept, g/t heads)": b * g * s * d * B,
                 "v (kept, g/t heads)": b * g * s * d * B,
+                **(
+                    {"log-sum-exp (fp32, flash kernel, a/t heads)": flash_lse_bytes(seq_len=s, micro_batch=b, heads=a)}
+                    if lse
+                    else {}
+                ),
                 "attention output (o_proj input)": b * s * a * d * B,
             }
         elif part == "attn":
@@ -392,6 +402,7 @@ def tp_model_activation_breakdown(
     regather: bool = False,
     recompute: str = "none",
     dtype_bytes: int = 4,
+    attention: str = "eager",
 ) -> dict[str, int]:
     """Bytes one rank saves for one forward of our whole TP model with its vocabulary-parallel loss:
     embedding (the local token ids, int64, and the "owned by another rank" mask), the blocks, the
@@ -407,7 +418,7 @@ def tp_model_activation_breakdown(
         recompute=recompute,
         dtype_bytes=dtype_bytes,
     )
-    block = sum(tp_block_activation_breakdown(cfg, **sizes).values())
+    block = sum(tp_block_activation_breakdown(cfg, **sizes, attention=attention).values())
     b, s, h, B, V = micro_batch, seq_len, cfg.hidden, dtype_bytes, cfg.vocab_size
     sn = s // tp if sequence_parallel else s
     return {
