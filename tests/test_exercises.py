@@ -1,0 +1,77 @@
+"""Exercises: each checker passes the reference solution and names realistic wrong answers.
+
+The wrong answers are the mistakes learners make (a missing 1/N, a bucket left out, ...); each
+test asserts on the part of the message that tells the learner what to fix. Checks run on the
+session's real ranks and must answer within 10 s, hangs included.
+"""
+
+import time
+
+import torch.distributed as dist
+
+from playbook import exercises
+from playbook.exercises import NotYetWritten
+
+FAST = 10.0  # seconds: the issue's budget for one check on 2 cores
+
+
+def timed_check(module, fn, ranks):
+    t0 = time.perf_counter()
+    verdict = module.check(fn, ranks=ranks)
+    assert time.perf_counter() - t0 < FAST, f"check took {time.perf_counter() - t0:.1f} s"
+    return verdict
+
+
+# ---- 1. data parallel -----------------------------------------------------------------------
+def dp_sum_only(buckets, group):
+    for b in buckets:
+        dist.all_reduce(b, group=group)
+
+
+def dp_some_buckets(buckets, group):
+    n = dist.get_world_size(group)
+    for b in buckets[:-1]:
+        dist.all_reduce(b, group=group)
+        b.div_(n)
+
+
+def dp_divide_twice(buckets, group):
+    n = dist.get_world_size(group)
+    for b in buckets:
+        b.div_(n)
+        dist.all_reduce(b, op=dist.ReduceOp.AVG, group=group)
+
+
+def dp_only_rank0(buckets, group):
+    if dist.get_rank(group) == 0:
+        for b in buckets:
+            dist.all_reduce(b, group=group)
+
+
+def dp_blank(buckets, group):
+    raise NotYetWritten("average_buckets")
+
+
+def test_dp_solution_passes_with_measured_bytes(ranks2):
+    v = timed_check(exercises.dp, exercises.dp.solution, ranks2)
+    assert v.ok, v
+    assert v.numbers["bytes sent per rank, measured"] == v.numbers["bytes sent per rank, predicted"] > 0
+    assert v.numbers["all_reduce calls (rank 0)"] == v.numbers["buckets"] == 3
+
+
+def test_dp_wrong_answers_are_named(ranks2):
+    v = timed_check(exercises.dp, dp_sum_only, ranks2)
+    assert not v.ok and "2× the average" in v.message and "missing 1/N" in v.message, v
+    v = timed_check(exercises.dp, dp_some_buckets, ranks2)
+    assert not v.ok and "bucket 2 (fc1.bias, fc1.weight) on rank 0" in v.message, v
+    assert "never all-reduced" in v.message and "you called all_reduce 2× (656 B, 4096 B); predicted 3×" in v.message, v
+    v = timed_check(exercises.dp, dp_divide_twice, ranks2)
+    assert not v.ok and "divided twice" in v.message, v
+
+
+def test_dp_hang_and_blank_are_one_sentence(ranks2):
+    v = timed_check(exercises.dp, dp_only_rank0, ranks2)
+    assert not v.ok and v.message.startswith("hang: rank 0 waits in all_reduce"), v
+    assert "rank 1 already returned" in v.message, v
+    v = timed_check(exercises.dp, dp_blank, ranks2)
+    assert not v.ok and v.message.startswith("not yet written"), v
