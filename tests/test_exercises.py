@@ -7,6 +7,7 @@ session's real ranks and must answer within 10 s, hangs included.
 
 import time
 
+import torch
 import torch.distributed as dist
 
 from playbook import exercises
@@ -75,3 +76,58 @@ def test_dp_hang_and_blank_are_one_sentence(ranks2):
     assert "rank 1 already returned" in v.message, v
     v = timed_check(exercises.dp, dp_blank, ranks2)
     assert not v.ok and v.message.startswith("not yet written"), v
+
+
+# ---- 2. ZeRO-1 --------------------------------------------------------------------------------
+def zero_wrong_offset(params, grads, update, group):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    k = params.numel() // n
+    g = torch.empty(k)
+    dist.reduce_scatter_single(g, grads, group=group)
+    g.div_(n)
+    mine = params[((r + 1) % n) * k : ((r + 1) % n + 1) * k]  # the neighbour's shard
+    update(mine, g)
+    dist.all_gather_single(params, mine.clone(), group=group)
+
+
+def zero_no_all_gather(params, grads, update, group):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    k = params.numel() // n
+    g = torch.empty(k)
+    dist.reduce_scatter_single(g, grads, group=group)
+    update(params[r * k : (r + 1) * k], g.div_(n))
+
+
+def zero_no_averaging(params, grads, update, group):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    k = params.numel() // n
+    g = torch.empty(k)
+    dist.reduce_scatter_single(g, grads, group=group)
+    mine = params[r * k : (r + 1) * k]
+    update(mine, g)
+    dist.all_gather_single(params, mine.clone(), group=group)
+
+
+def zero_all_reduce_whole(params, grads, update, group):
+    dist.all_reduce(grads, group=group)
+    update(params, grads.div_(dist.get_world_size(group)))
+
+
+def test_zero_solution_passes_with_measured_bytes(ranks2):
+    v = timed_check(exercises.zero, exercises.zero.solution, ranks2)
+    assert v.ok, v
+    assert v.numbers["bytes sent per rank, measured"] == v.numbers["bytes sent per rank, predicted"] == 2 * 48 * 4 / 2
+
+
+def test_zero_wrong_answers_are_named(ranks2):
+    v = timed_check(exercises.zero, zero_wrong_offset, ranks2)
+    assert not v.ok and "wrong shard offset" in v.message, v
+    assert "on rank 0, elements [0:24) (shard 0) hold shard 1's parameters updated with shard 0's gradient" in v.message
+    v = timed_check(exercises.zero, zero_no_all_gather, ranks2)
+    assert not v.ok and "on rank 0, elements [24:48) (shard 1) still hold the old parameters" in v.message, v
+    assert "the all-gather is missing" in v.message and "you called all_gather 0×" in v.message, v
+    v = timed_check(exercises.zero, zero_no_averaging, ranks2)
+    assert not v.ok and "moved 2× too far" in v.message and "no averaging" in v.message, v
+    v = timed_check(exercises.zero, zero_all_reduce_whole, ranks2)
+    assert not v.ok and "update() was given [48] element(s) on rank 0" in v.message, v
+    assert "you called all_reduce 1× (192 B); predicted 0×" in v.message, v
