@@ -131,3 +131,55 @@ def test_zero_wrong_answers_are_named(ranks2):
     v = timed_check(exercises.zero, zero_all_reduce_whole, ranks2)
     assert not v.ok and "update() was given [48] element(s) on rank 0" in v.message, v
     assert "you called all_reduce 1× (192 B); predicted 0×" in v.message, v
+
+
+# ---- 3. tensor parallel ---------------------------------------------------------------------
+def _tp_pieces(x, w1, w2, group):
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    k = w1.shape[1] // t
+    return w1[:, r * k : (r + 1) * k], w2[r * k : (r + 1) * k, :]
+
+
+def tp_swapped(x, w1, w2, group):
+    a, b = _tp_pieces(x, w1, w2, group)
+    x = exercises.tp.g(x, group)
+    return exercises.tp.f(torch.nn.functional.gelu(x @ a) @ b, group)
+
+
+def tp_no_g(x, w1, w2, group):
+    a, b = _tp_pieces(x, w1, w2, group)
+    return torch.nn.functional.gelu(exercises.tp.f(x, group) @ a) @ b
+
+
+def tp_no_f(x, w1, w2, group):
+    a, b = _tp_pieces(x, w1, w2, group)
+    return exercises.tp.g(torch.nn.functional.gelu(x @ a) @ b, group)
+
+
+def tp_wrong_split_dim(x, w1, w2, group):
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    x = exercises.tp.f(x, group)
+    h = torch.nn.functional.gelu(x @ w1.chunk(t, dim=0)[r])  # rows of w1: the wrong dim
+    return exercises.tp.g(h @ w2.chunk(t, dim=1)[r], group)
+
+
+def test_tp_solution_passes_with_measured_bytes(ranks2):
+    v = timed_check(exercises.tp, exercises.tp.solution, ranks2)
+    assert v.ok, v
+    assert v.numbers["bytes sent per rank, measured"] == v.numbers["bytes sent per rank, predicted"] == 2 * 4 * 8 * 4
+    assert v.numbers["max |error| vs one process"] < 1e-5
+
+
+def test_tp_wrong_answers_are_named(ranks2):
+    v = timed_check(exercises.tp, tp_swapped, ranks2)
+    assert not v.ok and v.message.startswith("y on rank 0") and "f and g are swapped" in v.message, v
+    v = timed_check(exercises.tp, tp_no_g, ranks2)
+    assert not v.ok and "y on rank 0 is only this rank's partial sum" in v.message, v
+    assert "forward: you called all_reduce 0×" in v.message, v
+    v = timed_check(exercises.tp, tp_no_f, ranks2)
+    assert not v.ok and "x.grad on rank 0 is only this rank's share" in v.message, v
+    assert "f's backward all-reduce is missing" in v.message, v
+    v = timed_check(exercises.tp, tp_wrong_split_dim, ranks2)
+    assert not v.ok and "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied" in v.message, v
+    assert "`h = torch.nn.functional.gelu(x @ w1.chunk(t, dim=0)[r])" in v.message, v
+    assert "a split along the wrong dim?" in v.message and "Traceback" not in v.message, v

@@ -69,7 +69,7 @@ def shared_ranks(ranks=None):
 def learner_line(remote_traceback: str) -> str:
     """The last frame of the traceback that is the learner's code (not torch's, not ours)."""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n(?:    (.*)\n)?', remote_traceback)
-    mine = [f for f in frames if not _TORCH_FRAMES.search(f[0]) and "exercises" not in f[0]]
+    mine = [f for f in frames if not _TORCH_FRAMES.search(f[0])]
     if not mine:
         return ""
     _, line, func, code = mine[-1]
