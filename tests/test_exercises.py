@@ -183,3 +183,64 @@ def test_tp_wrong_answers_are_named(ranks2):
     assert not v.ok and "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied" in v.message, v
     assert "`h = torch.nn.functional.gelu(x @ w1.chunk(t, dim=0)[r])" in v.message, v
     assert "a split along the wrong dim?" in v.message and "Traceback" not in v.message, v
+
+
+# ---- 4. pipelines (through the simulator) -----------------------------------------------------
+def pp_warmup_off_by_one(rank, p, m):
+    warm = min(p - rank, m)  # p − r, one too many
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warm, m)]
+
+
+def pp_backward_reversed(rank, p, m):
+    warm = min(p - rank - 1, m)
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in reversed(range(m - warm, m))]  # last in, first out
+
+
+def pp_no_cooldown(rank, p, m):
+    warm = min(p - rank - 1, m)
+    order = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order
+
+
+def pp_blank(rank, p, m):
+    raise NotYetWritten("one_f_one_b")
+
+
+def test_pp_solution_passes_with_simulated_bubble():
+    v = exercises.pp.check(exercises.pp.solution)
+    assert v.ok, v
+    for p, m in exercises.pp.CASES:
+        assert abs(v.numbers[f"p={p} m={m} bubble (idle/total), simulated"] - (p - 1) / (m + p - 1)) < 1e-12
+        assert v.numbers[f"p={p} m={m} peak micro-batches held per rank"] == [min(p - r, m) for r in range(p)]
+
+
+def test_pp_wrong_answers_are_named():
+    v = exercises.pp.check(pp_warmup_off_by_one)
+    assert not v.ok and "rank 0 runs 5 forward(s) before its first backward" in v.message, v
+    assert "1F1B runs min(p−r, m) = 4 there" in v.message and "warm-up off by one, too many" in v.message, v
+    v = exercises.pp.check(pp_backward_reversed)
+    assert not v.ok and "backwards go in the order of the forwards" in v.message, v
+    assert "rank 0 runs the backward of micro-batch 5 before micro-batch 4" in v.message, v
+    v = exercises.pp.check(pp_no_cooldown)
+    assert not v.ok and "rank 0 never runs the backward of micro-batch(es) [3, 4, 5]" in v.message, v
+    assert "the cool-down is missing" in v.message, v
+    v = exercises.pp.check(pp_blank)
+    assert not v.ok and v.message.startswith("not yet written"), v
+
+
+def pp_warmup_too_short(rank, p, m):
+    return exercises.pp.solution(rank + 1, p, m) if rank < p - 1 else exercises.pp.solution(rank, p, m)
+
+
+def test_pp_a_warmup_too_short_is_named():
+    v = exercises.pp.check(pp_warmup_too_short)  # rank r uses rank r+1's list: one forward too few
+    assert not v.ok and "rank 0 runs 3 forward(s) before its first backward" in v.message, v
+    assert "warm-up off by one, too few" in v.message, v
