@@ -244,3 +244,43 @@ def test_pp_a_warmup_too_short_is_named():
     v = exercises.pp.check(pp_warmup_too_short)  # rank r uses rank r+1's list: one forward too few
     assert not v.ok and "rank 0 runs 3 forward(s) before its first backward" in v.message, v
     assert "warm-up off by one, too few" in v.message, v
+
+
+# ---- 5. context parallel ----------------------------------------------------------------------
+def cp_no_max(o1, lse1, o2, lse2):
+    total = torch.exp(lse1) + torch.exp(lse2)  # overflows at scores near 1e3
+    return (torch.exp(lse1)[:, None] * o1 + torch.exp(lse2)[:, None] * o2) / total[:, None], torch.log(total)
+
+
+def cp_equal_weights(o1, lse1, o2, lse2):
+    return (o1 + o2) / 2, torch.logaddexp(lse1, lse2)
+
+
+def cp_lse_is_max(o1, lse1, o2, lse2):
+    lse = torch.maximum(lse1, lse2)
+    return torch.exp(lse1 - lse)[:, None] * o1 + torch.exp(lse2 - lse)[:, None] * o2, lse
+
+
+def cp_weights_unnormalized(o1, lse1, o2, lse2):
+    m = torch.maximum(lse1, lse2)
+    return torch.exp(lse1 - m)[:, None] * o1 + torch.exp(lse2 - m)[:, None] * o2, torch.logaddexp(lse1, lse2)
+
+
+def test_cp_solution_passes_at_both_scales(ranks2):
+    v = timed_check(exercises.cp, exercises.cp.solution, ranks2)
+    assert v.ok, v
+    assert all(err < 1e-5 for err in v.numbers.values()), v
+
+
+def test_cp_wrong_answers_are_named(ranks2):
+    v = timed_check(exercises.cp, cp_no_max, ranks2)
+    assert not v.ok and "with scores near 1e3" in v.message and "is inf/NaN" in v.message, v
+    assert "subtract the max" in v.message, v
+    v = timed_check(exercises.cp, cp_equal_weights, ranks2)
+    assert (
+        not v.ok and "with ordinary scores" in v.message and "you averaged the blocks with equal weights" in v.message
+    )
+    v = timed_check(exercises.cp, cp_lse_is_max, ranks2)
+    assert not v.ok and "lse differs" in v.message and "the largest block's lse" in v.message, v
+    v = timed_check(exercises.cp, cp_weights_unnormalized, ranks2)
+    assert not v.ok and "o differs from one process" in v.message and "exp(lse_i − lse)" in v.message, v
