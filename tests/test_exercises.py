@@ -284,3 +284,41 @@ def test_cp_wrong_answers_are_named(ranks2):
     assert not v.ok and "lse differs" in v.message and "the largest block's lse" in v.message, v
     v = timed_check(exercises.cp, cp_weights_unnormalized, ranks2)
     assert not v.ok and "o differs from one process" in v.message and "exp(lse_i − lse)" in v.message, v
+
+
+# ---- 6. expert parallel -----------------------------------------------------------------------
+def ep_counts_per_expert(expert_of_token, n_ranks, experts_per_rank):
+    order = torch.argsort(expert_of_token, stable=True)
+    return order, torch.bincount(expert_of_token, minlength=n_ranks * experts_per_rank)
+
+
+def ep_unsorted(expert_of_token, n_ranks, experts_per_rank):
+    order = torch.arange(len(expert_of_token))  # tokens in their own order: not contiguous per rank
+    return order, torch.bincount(expert_of_token // experts_per_rank, minlength=n_ranks)
+
+
+def ep_no_inverse(y_sorted, order):
+    return y_sorted
+
+
+def ep_permute_again(y_sorted, order):
+    return y_sorted[order]
+
+
+def test_ep_solution_passes_with_measured_bytes(ranks2):
+    v = exercises.ep.check(*exercises.ep.solution, ranks=ranks2)
+    assert v.ok, v
+    measured = v.numbers["all-to-all bytes sent by rank 0, measured"]
+    assert measured == v.numbers["all-to-all bytes sent by rank 0, from your counts"] > 0, v
+
+
+def test_ep_wrong_answers_are_named(ranks2):
+    plan, restore = exercises.ep.solution
+    v = exercises.ep.check(ep_counts_per_expert, restore, ranks=ranks2)
+    assert not v.ok and "send_counts has 4 entries; the all-to-all needs one per rank (2)" in v.message, v
+    v = exercises.ep.check(ep_unsorted, restore, ranks=ranks2)
+    assert not v.ok and "all_to_all_single sends contiguous pieces, so sort by destination rank" in v.message, v
+    v = exercises.ep.check(plan, ep_no_inverse, ranks=ranks2)
+    assert not v.ok and "the inverse permutation is missing" in v.message, v
+    v = exercises.ep.check(plan, ep_permute_again, ranks=ranks2)
+    assert not v.ok and "you applied the permutation again" in v.message, v
