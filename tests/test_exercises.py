@@ -322,3 +322,38 @@ def test_ep_wrong_answers_are_named(ranks2):
     assert not v.ok and "the inverse permutation is missing" in v.message, v
     v = exercises.ep.check(plan, ep_permute_again, ranks=ranks2)
     assert not v.ok and "you applied the permutation again" in v.message, v
+
+
+# ---- 7. hybrid mesh ---------------------------------------------------------------------------
+def mesh_dp_fastest(dims, axis):
+    order = ["dp", "cp", "tp", "pp"]  # dp fastest: the wrong order
+    sizes = {a: getattr(dims, a) for a in order}
+    stride = 1
+    for a in order[: order.index(axis)]:
+        stride *= sizes[a]
+    return [[r + i * stride for i in range(sizes[axis])] for r in range(dims.world) if (r // stride) % sizes[axis] == 0]
+
+
+def mesh_consecutive(dims, axis):
+    k = getattr(dims, axis)
+    return [list(range(s, s + k)) for s in range(0, dims.world, k)]  # stride 1 for every axis
+
+
+def mesh_forgets_last(dims, axis):
+    return exercises.mesh.solution(dims, axis)[:-1] if getattr(dims, axis) > 1 else exercises.mesh.solution(dims, axis)
+
+
+def test_mesh_solution_passes():
+    v = exercises.mesh.check(exercises.mesh.solution)
+    assert v.ok, v
+
+
+def test_mesh_wrong_answers_are_named():
+    v = exercises.mesh.check(mesh_dp_fastest)
+    assert not v.ok and "your tp groups are this layout's dp groups" in v.message, v
+    assert "ranks go tp fastest" in v.message, v
+    v = exercises.mesh.check(mesh_consecutive)
+    assert not v.ok and "dp2×tp2×pp2 (8 ranks), axis dp: your dp groups are this layout's tp groups" in v.message, v
+    assert "the ranks of one dp group are tp·cp apart: [[0, 2], [1, 3], [4, 6], [5, 7]]" in v.message, v
+    v = exercises.mesh.check(mesh_forgets_last)
+    assert not v.ok and "every rank must be in exactly one tp group; yours leave out [6, 7]" in v.message, v
