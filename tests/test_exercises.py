@@ -357,3 +357,49 @@ def test_mesh_wrong_answers_are_named():
     assert "the ranks of one dp group are tp·cp apart: [[0, 2], [1, 3], [4, 6], [5, 7]]" in v.message, v
     v = exercises.mesh.check(mesh_forgets_last)
     assert not v.ok and "every rank must be in exactly one tp group; yours leave out [6, 7]" in v.message, v
+
+
+# ---- 8. serving -------------------------------------------------------------------------------
+def serve_no_factor_two(cfg, hw, context, tp):
+    per_token = cfg.n_layers * (cfg.kv_heads // tp) * cfg.dim_head * 2  # the keys only
+    budget = 0.9 * hw.memory_bytes - 2 * cfg.num_params() / tp
+    return per_token, int(budget // (16 * per_token)) // -(-context // 16)
+
+
+def serve_query_heads(cfg, hw, context, tp):
+    per_token = 2 * cfg.n_layers * (cfg.n_heads // tp) * cfg.dim_head * 2  # MHA's heads, not GQA's
+    budget = 0.9 * hw.memory_bytes - 2 * cfg.num_params() / tp
+    return per_token, int(budget // (16 * per_token)) // -(-context // 16)
+
+
+def serve_all_memory(cfg, hw, context, tp):
+    per_token = 2 * cfg.n_layers * (cfg.kv_heads // tp) * cfg.dim_head * 2
+    budget = hw.memory_bytes - 2 * cfg.num_params() / tp  # no gpu_memory_utilization
+    return per_token, int(budget // (16 * per_token)) // -(-context // 16)
+
+
+def serve_weights_forgotten(cfg, hw, context, tp):
+    per_token = 2 * cfg.n_layers * (cfg.kv_heads // tp) * cfg.dim_head * 2
+    return per_token, int(0.9 * hw.memory_bytes // (16 * per_token)) // -(-context // 16)
+
+
+def test_serving_solution_passes_with_a_measured_block():
+    v = exercises.serving.check(exercises.serving.solution)
+    assert v.ok, v
+    case = "llama-3.1-8b on h100-sxm, context 8192, tp=1"
+    assert v.numbers[f"{case}: KV bytes/token, measured on a real bf16 block"] == 2 * 32 * 8 * 128 * 2
+    case = "llama-3.1-70b on h100-sxm, context 32768, tp=4"  # 80 layers, 8 KV heads split over 4 GPUs
+    assert v.numbers[f"{case}: KV bytes/token, measured on a real bf16 block"] == 2 * 80 * 2 * 128 * 2
+
+
+def test_serving_wrong_answers_are_named():
+    v = exercises.serving.check(serve_no_factor_two)
+    assert not v.ok and "is half the right value" in v.message and "a key AND a value" in v.message, v
+    assert "a real cache block measures 131,072" in v.message, v
+    v = exercises.serving.check(serve_query_heads)
+    assert not v.ok and "4× too large" in v.message and "8 KV heads, not its 32 query heads" in v.message, v
+    v = exercises.serving.check(serve_all_memory)
+    # (80e9 − 2·8,030,261,248) B // 2 MiB blocks = 30,489 blocks; // 512 per sequence = 59 (0.9·80e9: 52)
+    assert not v.ok and "your max_seqs is 59, predicted 52" in v.message and "keeps 10% back" in v.message, v
+    v = exercises.serving.check(serve_weights_forgotten)
+    assert not v.ok and "subtract them before filling it with cache" in v.message, v

@@ -17,7 +17,7 @@ folded in a markdown ``<details>`` cell, and ``tests/test_exercises.py`` checks 
     exercises.dp.check(average_buckets)
 """
 
-from playbook.exercises import cp, dp, ep, mesh, pp, tp, zero
+from playbook.exercises import cp, dp, ep, mesh, pp, serving, tp, zero
 from playbook.exercises._common import NotYetWritten, Verdict
 
-__all__ = ["NotYetWritten", "Verdict", "cp", "dp", "ep", "mesh", "pp", "tp", "zero"]
+__all__ = ["NotYetWritten", "Verdict", "cp", "dp", "ep", "mesh", "pp", "serving", "tp", "zero"]
