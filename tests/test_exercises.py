@@ -142,25 +142,25 @@ def _tp_pieces(x, w1, w2, group):
 
 def tp_swapped(x, w1, w2, group):
     a, b = _tp_pieces(x, w1, w2, group)
-    x = exercises.tp.g(x, group)
-    return exercises.tp.f(torch.nn.functional.gelu(x @ a) @ b, group)
+    x = exercises.tp.g(x, group, "mlp")
+    return exercises.tp.f(torch.nn.functional.gelu(x @ a) @ b, group, "mlp")
 
 
 def tp_no_g(x, w1, w2, group):
     a, b = _tp_pieces(x, w1, w2, group)
-    return torch.nn.functional.gelu(exercises.tp.f(x, group) @ a) @ b
+    return torch.nn.functional.gelu(exercises.tp.f(x, group, "mlp") @ a) @ b
 
 
 def tp_no_f(x, w1, w2, group):
     a, b = _tp_pieces(x, w1, w2, group)
-    return exercises.tp.g(torch.nn.functional.gelu(x @ a) @ b, group)
+    return exercises.tp.g(torch.nn.functional.gelu(x @ a) @ b, group, "mlp")
 
 
 def tp_wrong_split_dim(x, w1, w2, group):
     t, r = dist.get_world_size(group), dist.get_rank(group)
-    x = exercises.tp.f(x, group)
+    x = exercises.tp.f(x, group, "mlp")
     h = torch.nn.functional.gelu(x @ w1.chunk(t, dim=0)[r])  # rows of w1: the wrong dim
-    return exercises.tp.g(h @ w2.chunk(t, dim=1)[r], group)
+    return exercises.tp.g(h @ w2.chunk(t, dim=1)[r], group, "mlp")
 
 
 def test_tp_solution_passes_with_measured_bytes(ranks2):

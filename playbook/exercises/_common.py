@@ -109,12 +109,27 @@ def hang_message(waiting: dict[int, str], n: int) -> str:
     )
 
 
+_BLANK = "__not_yet_written__"
+
+
+def _guarded(ctx, rank_fn, *args):
+    """A blank exercise raises on every rank before any collective: answer instead of failing, so
+    that the ranks stay up (a rank that raises makes the whole set restart on the next call)."""
+    try:
+        return rank_fn(ctx, *args)
+    except NotYetWritten:
+        return _BLANK
+
+
 def run_checked(ranks, rank_fn, *args, timeout: float = HANG_SECONDS) -> tuple[list | None, str]:
     """``ranks.run(rank_fn, *args)`` with a short timeout; (results, "") or (None, the failure)."""
     try:
-        return ranks.run(rank_fn, *args, timeout=timeout, progress=False), ""
+        results = ranks.run(_guarded, rank_fn, *args, timeout=timeout, progress=False)
     except (RankError, RankTimeout) as err:
         return None, failure_message(err, ranks.world_size)
+    if any(isinstance(r, str) and r == _BLANK for r in results):
+        return None, "not yet written — fill in the cell above, then run the check again"
+    return results, ""
 
 
 def traced_call(ctx, fn, *args):

@@ -8,7 +8,8 @@ Two conjugate operators make it exact forward and backward:
     f = identity forward, all-reduce backward   (before the column-parallel linear)
     g = all-reduce forward, identity backward   (after the row-parallel linear)
 
-Write ``tp_mlp(x, w1, w2, group)`` with ``f`` and ``g`` from this module; ``w1`` [H, F] and ``w2``
+Write ``tp_mlp(x, w1, w2, group)`` with ``f(x, group, label)`` and ``g(x, group, label)`` (from
+``playbook.parallel.tp``, re-exported here); ``w1`` [H, F] and ``w2``
 [F, H] are the full weights (the same on every rank): slice your shard. One all-reduce of [B, H]
 forward, one backward, each 2·B·H·4·(t−1)/t bytes per rank.
 """
@@ -28,31 +29,21 @@ from playbook.exercises._common import (
     traced_call,
 )
 from playbook.measure.trace import op_family
-from playbook.parallel.comm import CopyToModelParallelRegion, ReduceFromModelParallelRegion
+from playbook.parallel.comm import f, g  # noqa: F401  f(x, group, label), g(x, group, label): Megatron's pair
 from playbook.theory.comm import sent_bytes
 
 NAME = "tensor parallel: column- and row-parallel linear with f and g"
 B, H, F = 4, 8, 16  # rows, model width, hidden width (F divisible by 2 and 4 ranks)
 
 
-def f(x: torch.Tensor, group) -> torch.Tensor:
-    """Megatron's f: identity forward, all-reduce of the gradient backward."""
-    return CopyToModelParallelRegion.apply(x, group, "exercise")
-
-
-def g(x: torch.Tensor, group) -> torch.Tensor:
-    """Megatron's g: all-reduce forward, identity backward."""
-    return ReduceFromModelParallelRegion.apply(x, group, "exercise")
-
-
 def solution(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, group) -> torch.Tensor:
     """The reference answer."""
     t, r = dist.get_world_size(group), dist.get_rank(group)
     k = w1.shape[1] // t  # hidden units per rank
-    x = f(x, group)  # [B, H], identity forward
+    x = f(x, group, "mlp")  # [B, H], identity forward
     h = torch.nn.functional.gelu(x @ w1[:, r * k : (r + 1) * k])  # column-parallel: [B, F/t]
     y = h @ w2[r * k : (r + 1) * k, :]  # row-parallel: [B, H], a partial sum
-    return g(y, group)  # [B, H], the sum over ranks
+    return g(y, group, "mlp")  # [B, H], the sum over ranks
 
 
 def _inputs():
