@@ -146,3 +146,57 @@ def test_serving_wrong_answers_are_named():
     assert not v.ok and "your max_seqs is 59, predicted 52" in v.message and "keeps 10% back" in v.message, v
     v = exercises.serving.check(serve_weights_forgotten)
     assert not v.ok and "subtract them before filling it with cache" in v.message, v
+
+
+# ---- the notebooks' exercise sections ----------------------------------------------------------
+def _chapter_script(chapter):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).parent.parent / "notebooks" / "_exercise_cells"
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(f"exercise_cells_{chapter}", folder / f"{chapter}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module, sys.modules["_insert"]
+    finally:
+        sys.path.remove(str(folder))
+
+
+def test_chapters_carry_their_exercise_with_the_checked_solution():
+    """Chapters 1-5 and 7 hold the cells their script makes (so the folded solution is the one the
+    tests check), before the closing questions; 6 and 8 get theirs from a script the lead applies."""
+    import nbformat
+
+    for chapter in ("01", "02", "03", "04", "05", "07"):
+        script, _ = _chapter_script(chapter)
+        (path,) = __import__("glob").glob(f"notebooks/{chapter}_*.ipynb")
+        cells = nbformat.read(path, as_version=4).cells
+        at = next(i for i, c in enumerate(cells) if c.source.startswith("## Exercise"))
+        kinds = {"markdown": "md", "code": "code"}
+        assert [(kinds[c.cell_type], c.source) for c in cells[at : at + 4]] == list(script.CELLS), chapter
+        assert all(not c.get("outputs") for c in cells), f"{path} was committed with outputs"
+        later = [c.source.split("\n")[0] for c in cells[at + 4 :] if c.cell_type == "markdown"]
+        assert all(not line.startswith("## Exercise") for line in later), chapter
+
+
+def test_the_scripts_for_chapters_6_and_8_insert_once_before_the_questions(tmp_path):
+    import shutil
+
+    import nbformat
+
+    for chapter in ("06", "08"):
+        script, helper = _chapter_script(chapter)
+        (path,) = __import__("glob").glob(f"notebooks/{chapter}_*.ipynb")
+        shutil.copy(path, tmp_path)
+        assert "inserted" in helper.insert(chapter, script.CELLS, script.BEFORE, root=str(tmp_path))
+        assert "already has" in helper.insert(chapter, script.CELLS, script.BEFORE, root=str(tmp_path))
+        cells = nbformat.read(str(tmp_path / path.split("/")[-1]), as_version=4).cells
+        at = next(i for i, c in enumerate(cells) if c.source.startswith("## Exercise"))
+        if any(c.source.startswith(script.BEFORE) for c in cells[at + 4 :]):  # else: appended at the end
+            assert cells[at + 4].source.startswith(script.BEFORE), chapter
+        else:
+            assert at + 4 == len(cells), chapter
+        assert cells[at + 2].source.startswith("exercises."), chapter

@@ -4,6 +4,7 @@ from _insert import insert, solution_markdown
 
 from playbook.exercises import dp
 
+BEFORE = "**Question"  # the chapter's closing section (None: at the end)
 CELLS = [
     (
         "md",
@@ -31,4 +32,4 @@ CELLS = [
 ]
 
 if __name__ == "__main__":
-    print(insert("01", CELLS, before="**Question"))
+    print(insert("01", CELLS, before=BEFORE))

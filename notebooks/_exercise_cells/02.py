@@ -4,6 +4,7 @@ from _insert import insert, solution_markdown
 
 from playbook.exercises import zero
 
+BEFORE = "**Question"  # the chapter's closing section (None: at the end)
 CELLS = [
     (
         "md",
@@ -32,4 +33,4 @@ CELLS = [
 ]
 
 if __name__ == "__main__":
-    print(insert("02", CELLS, before="**Question"))
+    print(insert("02", CELLS, before=BEFORE))

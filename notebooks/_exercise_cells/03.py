@@ -4,6 +4,7 @@ from _insert import insert, solution_markdown
 
 from playbook.exercises import tp
 
+BEFORE = "**Question"  # the chapter's closing section (None: at the end)
 CELLS = [
     (
         "md",
@@ -33,4 +34,4 @@ CELLS = [
 ]
 
 if __name__ == "__main__":
-    print(insert("03", CELLS, before="**Question"))
+    print(insert("03", CELLS, before=BEFORE))

@@ -4,6 +4,7 @@ from _insert import insert, solution_markdown
 
 from playbook.exercises import pp
 
+BEFORE = "**Question"  # the chapter's closing section (None: at the end)
 CELLS = [
     (
         "md",
@@ -29,4 +30,4 @@ CELLS = [
 ]
 
 if __name__ == "__main__":
-    print(insert("04", CELLS, before="**Question"))
+    print(insert("04", CELLS, before=BEFORE))

@@ -4,6 +4,7 @@ from _insert import insert, solution_markdown
 
 from playbook.exercises import cp
 
+BEFORE = "**Question"  # the chapter's closing section (None: at the end)
 CELLS = [
     (
         "md",
@@ -30,4 +31,4 @@ CELLS = [
 ]
 
 if __name__ == "__main__":
-    print(insert("05", CELLS, before="**Question"))
+    print(insert("05", CELLS, before=BEFORE))

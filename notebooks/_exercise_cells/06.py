@@ -8,6 +8,7 @@ from _insert import insert, solution_markdown
 
 from playbook.exercises import ep
 
+BEFORE = "## Questions"  # the chapter's closing section (None: at the end)
 CELLS = [
     (
         "md",
@@ -38,4 +39,4 @@ CELLS = [
 ]
 
 if __name__ == "__main__":
-    print(insert("06", CELLS, before="## Questions"))
+    print(insert("06", CELLS, before=BEFORE))

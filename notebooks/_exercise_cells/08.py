@@ -8,6 +8,7 @@ from _insert import insert, solution_markdown
 
 from playbook.exercises import mesh
 
+BEFORE = "## Questions"  # the chapter's closing section (None: at the end)
 CELLS = [
     (
         "md",
@@ -33,4 +34,4 @@ CELLS = [
 ]
 
 if __name__ == "__main__":
-    print(insert("08", CELLS, before="## Questions"))
+    print(insert("08", CELLS, before=BEFORE))

@@ -26,10 +26,10 @@ def solution_markdown(*pairs) -> str:
     return f"<details><summary><b>Solution</b> (click to open)</summary>\n\n```python\n{code.rstrip()}\n```\n</details>"
 
 
-def insert(chapter: str, cells: list[tuple[str, str]], before: str | None) -> str:
+def insert(chapter: str, cells: list[tuple[str, str]], before: str | None, root: str = ROOT) -> str:
     """Put ``cells`` [(kind, source)] before the last markdown cell starting with ``before`` (at the
-    end if None or not found) in ``notebooks/<chapter>_*.ipynb``; nothing if already there."""
-    (path,) = glob.glob(os.path.join(ROOT, f"{chapter}_*.ipynb"))
+    end if None or not found) in ``<root>/<chapter>_*.ipynb``; nothing if already there."""
+    (path,) = glob.glob(os.path.join(root, f"{chapter}_*.ipynb"))
     nb = nbformat.read(path, as_version=4)
     if any(c.cell_type == "markdown" and c.source.startswith(HEADING) for c in nb.cells):
         return f"{path}: already has an exercise section; left as it is"
