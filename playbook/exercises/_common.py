@@ -7,6 +7,7 @@ last line and the learner's own line of code; a hang as what each rank was waiti
 
 from __future__ import annotations
 
+import linecache
 import re
 from dataclasses import dataclass, field
 
@@ -17,6 +18,11 @@ from playbook.cluster import RankError, RankTimeout
 
 HANG_SECONDS = 6.0  # a check answers within 10 s, a hang included (the issue's budget)
 _TORCH_FRAMES = re.compile(r"/(torch|playbook|multiprocessing|cloudpickle)/")
+
+
+class LearnerError(RuntimeError):
+    """The learner's function raised on a rank: the exception in one line, and where in the
+    learner's code (``[at name line N]``: the parent, which has the notebook cell's source, shows it)."""
 
 
 class NotYetWritten(NotImplementedError):
@@ -76,7 +82,21 @@ def learner_line(remote_traceback: str) -> str:
     return f" in {func}, line {line}: `{code.strip()}`" if code else f" in {func}, line {line}"
 
 
-def failure_message(err: BaseException, n: int) -> str:
+def _resolve(last: str, learners) -> str:
+    """``RuntimeError: ... [at tp_mlp line 3]`` -> ``RuntimeError: ... in tp_mlp, line 3: `code```."""
+    m = re.search(r" \[at (\S+) line (\d+)\]$", last)
+    if not m:
+        return last
+    text = last[: m.start()]
+    for fn in learners:
+        code = getattr(fn, "__code__", None)
+        if code is not None and fn.__name__ == m[1]:
+            line = linecache.getline(code.co_filename, int(m[2])).strip()
+            return f"{text} in {m[1]}, line {m[2]}" + (f": `{line}`" if line else "")
+    return f"{text} in {m[1]}, line {m[2]}"
+
+
+def failure_message(err: BaseException, n: int, learners=()) -> str:
     """One sentence for a rank that raised or a set of ranks that hung."""
     if isinstance(err, RankTimeout):
         return hang_message(err.waiting, n)
@@ -85,6 +105,8 @@ def failure_message(err: BaseException, n: int) -> str:
         last = text.splitlines()[-1] if text else (err.headline or str(err).splitlines()[0])
         if "NotYetWritten" in last:
             return "not yet written — fill in the cell above, then run the check again"
+        if "LearnerError: " in last:
+            return f"rank {err.rank} raised {_resolve(last.split('LearnerError: ', 1)[1], learners)}"
         last = re.sub(r"^[\w.]+\.(\w+Error|\w+Exception)", r"\1", last)  # torch.OutOfMemoryError -> OutOfMemoryError
         return f"rank {err.rank} raised {last}{learner_line(text)}"
     return f"{type(err).__name__}: {err}"
@@ -126,7 +148,7 @@ def run_checked(ranks, rank_fn, *args, timeout: float = HANG_SECONDS) -> tuple[l
     try:
         results = ranks.run(_guarded, rank_fn, *args, timeout=timeout, progress=False)
     except (RankError, RankTimeout) as err:
-        return None, failure_message(err, ranks.world_size)
+        return None, failure_message(err, ranks.world_size, [a for a in args if callable(a)])
     if any(isinstance(r, str) and r == _BLANK for r in results):
         return None, "not yet written — fill in the cell above, then run the check again"
     return results, ""
@@ -139,7 +161,17 @@ def traced_call(ctx, fn, *args):
 
     tracer = Tracer(ctx.rank, on_status=ctx.tracer.on_status)  # a hang is still named
     with recording(tracer):
-        result = fn(*args)
+        try:
+            result = fn(*args)
+        except NotYetWritten:
+            raise
+        except Exception as e:  # the learner's error: its one line, and the learner's line of code
+            where, tb = "", e.__traceback__
+            while tb is not None:
+                if tb.tb_frame.f_globals is getattr(fn, "__globals__", None):
+                    where = f" [at {tb.tb_frame.f_code.co_name} line {tb.tb_lineno}]"
+                tb = tb.tb_next
+            raise LearnerError(f"{type(e).__name__}: {e}{where}") from None
     calls = [(s.name, s.bytes, s.sent_bytes, s.group_size) for s in tracer.comm()]
     return result, calls
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from playbook.exercises._common import NotYetWritten, Verdict, close, max_err, run_checked, shared_ranks
+from playbook.exercises._common import NotYetWritten, Verdict, close, max_err, run_checked, shared_ranks, traced_call
 
 NAME = "expert parallel: permutation and send counts for the all-to-all"
 TOKENS, D, EXPERTS_PER_RANK = 12, 3, 2
@@ -85,7 +85,7 @@ def _on_rank(ctx, plan, restore):
     n, r = ctx.world_size, ctx.rank
     experts = _experts_of(r, n)  # [T]
     x = torch.randn(TOKENS, D, generator=torch.Generator().manual_seed(r))  # [T, D]
-    order, counts = plan(experts.clone(), n, EXPERTS_PER_RANK)
+    (order, counts), _ = traced_call(ctx, plan, experts.clone(), n, EXPERTS_PER_RANK)
     order, send = torch.as_tensor(order), torch.as_tensor(counts).tolist()
     recv_counts = torch.empty(n, dtype=torch.long)
     dist.all_to_all_single(recv_counts, torch.tensor(send), group=ctx.group)  # how many come from each rank
@@ -96,7 +96,7 @@ def _on_rank(ctx, plan, restore):
     y_here = _expert(got[:, :D], got[:, D])  # [received, D]
     back = torch.empty(TOKENS, D)
     dist.all_to_all_single(back, y_here.contiguous(), send, recv, group=ctx.group)  # home, still sorted
-    y = restore(back, order)
+    y, _ = traced_call(ctx, restore, back, order)
     return {
         "y": np.asarray(y.detach(), dtype=np.float64),
         "ref": _expert(x, experts.float()).numpy(),
