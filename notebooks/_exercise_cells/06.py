@@ -1,14 +1,14 @@
 """Chapter 6's exercise: permutation and send counts for the all-to-all (``playbook.exercises.ep``).
 
 For the lead to apply after merging (the notebook was being edited elsewhere):
-``python notebooks/_exercise_cells/06.py`` appends the section at the end of the chapter.
+``python notebooks/_exercise_cells/06.py`` inserts the section before "What to remember".
 """
 
 from _insert import insert, solution_markdown
 
 from playbook.exercises import ep
 
-BEFORE = "## Questions"  # the chapter's closing section (None: at the end)
+BEFORE = "## What to remember"  # the chapter's closing section
 CELLS = [
     (
         "md",
