@@ -8,8 +8,8 @@
 # PLAYBOOK_TORCH (a pip requirement, default "torch") and PLAYBOOK_TORCH_INDEX (default: PyTorch's
 # CPU wheel index when there is no GPU; empty for pip's usual index) choose another build.
 # pip runs only when pyproject.toml changed since the last successful setup (a stamp in the venv).
-# The JupyterLab browser tests (tests/browser) run when Chromium and Playwright are present; under
-# CI=true their absence is an error.
+# The JupyterLab browser tests (tests/browser) run when Chromium and Playwright are present, and then
+# they are what executes the notebooks (else nbmake does); under CI=true their absence is an error.
 set -euo pipefail
 cd "$(dirname "$0")"
 venv="${PLAYBOOK_VENV:-.venv}"
@@ -52,14 +52,14 @@ fi
 say "lint (ruff check) and format (ruff format --check)"
 ruff check . && ruff format --check --quiet playbook tests benchmarks
 browser="$(python -c 'import sys; sys.path.insert(0, "tests"); from browser.conftest import why_not_here; print(why_not_here() or "")')"
-skip=()
+# Each notebook is executed once: by Run All in JupyterLab when a browser is here (tests/browser fails on
+# any error output, a cell left unrun or a timeout, as nbmake does, and checks the widgets), else by nbmake.
 if [ -z "$browser" ]; then
-  say "tests: pytest over tests/ (JupyterLab in headless Chromium included) and nbmake over notebooks/"
+  say "tests: pytest over tests/, every notebook run in JupyterLab under headless Chromium (tests/browser)"
+  exec python -m pytest tests "$@"
 elif [ "${CI:-}" = true ]; then
   say "CI=true, and the JupyterLab browser tests cannot run: $browser" >&2
   exit 1
-else
-  say "tests: pytest over tests/ and nbmake over notebooks/; browser tests skipped: $browser"
-  skip=(--ignore=tests/browser)
 fi
-exec python -m pytest tests ${skip[@]+"${skip[@]}"} --nbmake notebooks --nbmake-timeout=300 "$@"
+say "tests: pytest over tests/ and nbmake over notebooks/; browser tests skipped: $browser"
+exec python -m pytest tests --ignore=tests/browser --nbmake notebooks --nbmake-timeout=300 "$@"

@@ -18,7 +18,9 @@ from .lab_page import NotebookPage, find_chromium, launch
 from .lab_process import LabServer
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# every notebook nbmake would collect (this check replaces it when a browser is present: setup.sh)
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+IDS = [str(p.relative_to(ROOT / "notebooks").with_suffix("")) for p in NOTEBOOKS]
 ARTIFACTS = Path(os.environ.get("PLAYBOOK_BROWSER_ARTIFACTS", ROOT / "build" / "browser-artifacts"))
 TIMINGS: dict[str, dict[str, float]] = {}
 
@@ -57,12 +59,12 @@ def browser_context():
     shutil.rmtree(profile, ignore_errors=True)
 
 
-@pytest.fixture(scope="module", params=NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
+@pytest.fixture(scope="module", params=IDS)
 def ran(request, lab, browser_context) -> NotebookPage:
     """The notebook open in a fresh tab after Run All (outputs cleared first), screenshots taken."""
-    name = request.param.name
-    page = NotebookPage(browser_context, lab, name, ARTIFACTS / request.param.stem)
-    times = TIMINGS.setdefault(request.param.stem, {})
+    name, key = f"{request.param}.ipynb", request.param.replace("/", "__")
+    page = NotebookPage(browser_context, lab, name, ARTIFACTS / key)
+    times = TIMINGS.setdefault(key, {})
     try:
         times["open"] = page.open()
         times["run_all"] = page.run_all()

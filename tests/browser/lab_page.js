@@ -64,13 +64,15 @@ window.playbookTest = {
     return found;
   },
   emptyFigures(name) {
-    // plotly figures drawn with no trace, no shape and no annotation: a figure whose data never arrived
+    // plotly figures that draw axes but no trace: data that never arrived (a diagram made of shapes
+    // alone hides its axes, so it is not counted)
     const found = [];
     for (const [i, c] of this.codeCells(name)) {
       for (const el of c.node.querySelectorAll(".js-plotly-plot")) {
-        const l = el.layout || {};
-        const drawn = (el.data || []).length + (l.shapes || []).length + (l.annotations || []).length;
-        if (!drawn) found.push(`cell ${i}: an empty plotly figure (no trace, shape or annotation)`);
+        if (!(el.data || []).length && el.querySelector(".xtick, .ytick")) {
+          const title = ((el.layout || {}).title || {}).text || "untitled";
+          found.push(`cell ${i}: a figure with axes and no data ("${title}")`);
+        }
       }
     }
     return found;

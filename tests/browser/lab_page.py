@@ -130,7 +130,7 @@ class NotebookPage:
         )
         return time.monotonic() - start
 
-    def run_all(self, timeout: float = 300.0) -> float:
+    def run_all(self, timeout: float = 600.0) -> float:
         """Run All (the menu's command) and wait until no cell is queued or running; returns seconds."""
         self.kernel.doing = "Run All"
         start = time.monotonic()
@@ -163,18 +163,19 @@ class NotebookPage:
 
     def screenshot_outputs(self) -> list[Path]:
         """One PNG per code cell whose output holds a widget or a plotly figure: ``cell-NN.png``."""
-        paths = []
-        for index in self.js("n => playbookTest.visualCells(n)", self.name):
-            path = self.artifacts / f"cell-{index:02d}.png"
-            cell = self.cell(index)
-            # a viewport taller than the cell, so the toolbar and status bar cannot cover part of it
-            height = cell.bounding_box()["height"]
-            self.page.set_viewport_size({**VIEWPORT, "height": max(VIEWPORT["height"], int(height) + 400)})
-            cell.scroll_into_view_if_needed()
-            cell.screenshot(path=str(path), animations="disabled")
-            paths.append(path)
+        return [
+            self.screenshot_cell(i, f"cell-{i:02d}") for i in self.js("n => playbookTest.visualCells(n)", self.name)
+        ]
+
+    def screenshot_cell(self, index: int, label: str) -> Path:
+        """The whole cell, in a viewport taller than it, so the toolbar and status bar cover none of it."""
+        path, cell = self.artifacts / f"{label}.png", self.cell(index)
+        height = cell.bounding_box()["height"]
+        self.page.set_viewport_size({**VIEWPORT, "height": max(VIEWPORT["height"], int(height) + 400)})
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=str(path), animations="disabled")
         self.page.set_viewport_size(VIEWPORT)
-        return paths
+        return path
 
     def screenshot(self, label: str) -> Path:
         path = self.artifacts / f"{label}.png"

@@ -58,7 +58,7 @@ class LabServer:
         self.tmp = Path(tempfile.mkdtemp(prefix="playbook-lab-"))
         self.root = self.tmp / "notebooks"
         shutil.copytree(notebooks, self.root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-        for nb in self.root.glob("*.ipynb"):  # saved outputs must not be able to fake a pass
+        for nb in self.root.rglob("*.ipynb"):  # saved outputs must not be able to fake a pass
             doc = json.loads(nb.read_text())
             for cell in doc["cells"]:
                 if cell["cell_type"] == "code":

@@ -72,7 +72,7 @@ def test_every_control_changes_a_figure_or_says_why_not(ran):
         if not changed:
             problems.append(f"{where} -> {after['value']!r}: no figure changed, and the control is not disabled")
             slug = re.sub(r"\W+", "-", c["label"]).strip("-") or c["kind"]
-            ran.cell(c["cell"]).screenshot(path=str(ran.artifacts / f"cell-{c['cell']:02d}-{slug}-unchanged.png"))
+            ran.screenshot_cell(c["cell"], f"cell-{c['cell']:02d}-{slug}-unchanged")
         moved_to = ran.figures(c["cell"])
         ran.move(c, back=True)
         if changed and not ran.wait_changed(c["cell"], moved_to) or ran.figures(c["cell"]) != before:
