@@ -158,7 +158,10 @@ window.playbookTest = {
   },
   figures(name, index) {
     const cell = this.cells(name)[index][1];
-    const skip = (k, v) => (k.startsWith("_") ? undefined : v);
+    // what the figure shows, less what plotly writes into it itself (private keys, a fresh uid per
+    // trace object, the x/y type it infers for a heatmap, the autosize flag its widget sets when it sizes)
+    const own = new Set(["uid", "xtype", "ytype", "autosize"]);
+    const skip = (k, v) => (k.startsWith("_") || own.has(k) ? undefined : v);
     return JSON.stringify(
       Array.from(cell.node.querySelectorAll(".js-plotly-plot")).map((el) => ({ data: el.data, layout: el.layout })),
       skip

@@ -216,15 +216,20 @@ class NotebookPage:
         return "click"
 
     def wait_changed(self, cell: int, before: list[dict], timeout: float = 10.0) -> bool:
-        """Poll the cell's figures until they differ from ``before`` (then let the kernel finish)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.figures(cell) != before:
-                self.wait_idle()
-                return True
+        """Whether the cell's figures change from ``before`` within ``timeout`` seconds; either way,
+        return once they have stopped changing and the kernel is idle (one update can take several
+        messages: a snapshot between two of them is not the result)."""
+        deadline, last, steady, changed = time.monotonic() + timeout, before, 0, False
+        while True:
+            now = self.figures(cell)
+            changed = changed or now != before
+            steady = steady + 1 if now == last else 0
+            last = now
+            if (changed and steady >= 3) or time.monotonic() > deadline:
+                break
             time.sleep(0.2)
         self.wait_idle()
-        return self.figures(cell) != before
+        return changed
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         self.page.wait_for_function(

@@ -75,7 +75,8 @@ def test_every_control_changes_a_figure_or_says_why_not(ran):
             ran.screenshot_cell(c["cell"], f"cell-{c['cell']:02d}-{slug}-unchanged")
         moved_to = ran.figures(c["cell"])
         ran.move(c, back=True)
-        if changed and not ran.wait_changed(c["cell"], moved_to) or ran.figures(c["cell"]) != before:
+        ran.wait_changed(c["cell"], moved_to, timeout=10.0 if changed else 2.0)
+        if ran.figures(c["cell"]) != before:
             diff = first_difference(before, ran.figures(c["cell"]))
             problems.append(f"{where} -> {after['value']!r} and back: the figure did not come back ({diff})")
         if ran.controls()[k]["value"] != c["value"]:
