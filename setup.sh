@@ -7,26 +7,59 @@
 # Without a GPU it installs PyTorch's CPU build first, so pip does not pull a multi-GB CUDA build.
 # PLAYBOOK_TORCH (a pip requirement, default "torch") and PLAYBOOK_TORCH_INDEX (default: PyTorch's
 # CPU wheel index when there is no GPU; empty for pip's usual index) choose another build.
+# pip runs only when pyproject.toml changed since the last successful setup (a stamp in the venv).
+# The JupyterLab browser tests (tests/browser) run when Chromium and Playwright are present, and then
+# they are what executes the notebooks (else nbmake does); under CI=true their absence is an error.
 set -euo pipefail
 cd "$(dirname "$0")"
 venv="${PLAYBOOK_VENV:-.venv}"
 what="${1:-}"
 case "$what" in lab|test) shift ;; *) echo "usage: ./setup.sh lab [jupyter args] | test [pytest args]" >&2; exit 2 ;; esac
+say() { echo "setup.sh: $*"; }
 
-[ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating the virtual environment $venv"
+  "${PYTHON:-python3}" -m venv "$venv"
+fi
 # shellcheck disable=SC1091
 . "$venv/bin/activate"
-if ! python -c "import torch" 2>/dev/null; then
-  index="https://download.pytorch.org/whl/cpu"
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then index=""; fi
-  index="${PLAYBOOK_TORCH_INDEX-$index}"
-  pip install ${index:+--index-url "$index"} "${PLAYBOOK_TORCH:-torch}"
+stamp="$venv/.playbook-setup"
+want="$(python -c 'import hashlib, sys; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest(), sys.version.split()[0])')"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  say "$venv is up to date with pyproject.toml: pip skipped (delete $stamp to force it)"
+else
+  rm -f "$stamp"
+  if ! python -c "import torch" 2>/dev/null; then
+    index="https://download.pytorch.org/whl/cpu" why="no GPU found" usual="pip's usual index"
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then index="" why="a GPU was found"; fi
+    if [ -n "${PLAYBOOK_TORCH_INDEX+set}" ]; then index="$PLAYBOOK_TORCH_INDEX" why="PLAYBOOK_TORCH_INDEX"; fi
+    say "installing PyTorch (${PLAYBOOK_TORCH:-torch}) from ${index:-$usual} ($why; about a minute)"
+    if ! pip install --quiet --disable-pip-version-check ${index:+--index-url "$index"} "${PLAYBOOK_TORCH:-torch}"; then
+      say "could not install PyTorch from ${index:-$usual}. If that index is unreachable, set" >&2
+      say "PLAYBOOK_TORCH_INDEX to a mirror of it, or to empty for pip's usual index (on Linux that is the CUDA build, several GB)" >&2
+      exit 1
+    fi
+  fi
+  say "installing the playbook and its dependencies (pip install -e '.[dev]')"
+  pip install --quiet --disable-pip-version-check -e ".[dev]"
+  echo "$want" > "$stamp"
 fi
-pip install -e ".[dev]"
 
 if [ "$what" = lab ]; then
-  exec jupyter lab notebooks/ "$@"
+  say "starting JupyterLab on notebooks/"
+  exec python -m jupyter lab notebooks/ "$@"
 fi
-echo "setup.sh: lint (ruff check) and format (ruff format --check)"
+say "lint (ruff check) and format (ruff format --check)"
 ruff check . && ruff format --check --quiet playbook tests benchmarks
-exec python -m pytest tests --nbmake notebooks --nbmake-timeout=300 "$@"
+browser="$(python -c 'import sys; sys.path.insert(0, "tests"); from browser.conftest import why_not_here; print(why_not_here() or "")')"
+# Each notebook is executed once: by Run All in JupyterLab when a browser is here (tests/browser fails on
+# any error output, a cell left unrun or a timeout, as nbmake does, and checks the widgets), else by nbmake.
+if [ -z "$browser" ]; then
+  say "tests: pytest over tests/, every notebook run in JupyterLab under headless Chromium (tests/browser)"
+  exec python -m pytest tests "$@"
+elif [ "${CI:-}" = true ]; then
+  say "CI=true, and the JupyterLab browser tests cannot run: $browser" >&2
+  exit 1
+fi
+say "tests: pytest over tests/ and nbmake over notebooks/; browser tests skipped: $browser"
+exec python -m pytest tests --ignore=tests/browser --nbmake notebooks --nbmake-timeout=300 "$@"

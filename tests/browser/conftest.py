@@ -1,0 +1,92 @@
+"""Fixtures for the chapters in a real JupyterLab under headless Chromium.
+
+One JupyterLab server and one browser for the whole session; per notebook, a fresh tab that opens
+the notebook and runs it all once (``ran``), shared by the tests on that notebook; its kernel is shut
+down when they are done. Screenshots and timings go to ``build/browser-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .lab_page import NotebookPage, find_chromium, launch
+from .lab_process import LabServer
+
+ROOT = Path(__file__).resolve().parents[2]
+# every notebook nbmake would collect (this check replaces it when a browser is present: setup.sh)
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+IDS = [str(p.relative_to(ROOT / "notebooks").with_suffix("")) for p in NOTEBOOKS]
+ARTIFACTS = Path(os.environ.get("PLAYBOOK_BROWSER_ARTIFACTS", ROOT / "build" / "browser-artifacts"))
+TIMINGS: dict[str, dict[str, float]] = {}
+
+
+def why_not_here() -> str | None:
+    """Why the browser tests cannot run on this machine, or None when they can."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is missing (pip install -e '.[dev]')"
+    if find_chromium() is None:
+        return "no chromium on PATH (Debian/Ubuntu: apt-get install chromium; or set PLAYBOOK_CHROMIUM=/path/to/it)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab():
+    server = LabServer(ROOT / "notebooks")
+    yield server
+    leftover = server.stop()
+    server.cleanup()
+    assert not leftover, f"processes still running after the server and its kernels stopped (killed): {leftover}"
+
+
+@pytest.fixture(scope="session")
+def browser_context():
+    from playwright.sync_api import sync_playwright
+
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    profile = Path(tempfile.mkdtemp(prefix="playbook-chromium-"))
+    playwright = sync_playwright().start()
+    context = launch(playwright, profile, find_chromium())
+    yield context
+    context.close()
+    playwright.stop()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=IDS)
+def ran(request, lab, browser_context) -> NotebookPage:
+    """The notebook open in a fresh tab after Run All (outputs cleared first), screenshots taken."""
+    name, key = f"{request.param}.ipynb", request.param.replace("/", "__")
+    page = NotebookPage(browser_context, lab, name, ARTIFACTS / key)
+    times = TIMINGS.setdefault(key, {})
+    try:
+        times["open"] = page.open()
+        times["run_all"] = page.run_all()
+        times["load"] = os.getloadavg()[0]
+        page.settled_problems = page.widget_problems()
+        page.screenshot_outputs()
+    except Exception:
+        page.screenshot("failed")
+        raise
+    yield page
+    kernel = page.js("n => playbookTest.kernelId(n)", name)
+    page.close()
+    if kernel:
+        lab.api(f"kernels/{kernel}", method="DELETE")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not TIMINGS:
+        return
+    terminalreporter.section("JupyterLab in Chromium: seconds per notebook")
+    for stem, t in TIMINGS.items():
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in t.items() if k not in ("load", "moved"))
+        parts += f", {t['moved']:.0f} controls moved" if "moved" in t else ""
+        terminalreporter.write_line(f"{stem}: {parts} (1-min load average {t.get('load', float('nan')):.1f})")
+    terminalreporter.write_line(f"screenshots: {ARTIFACTS}")
