@@ -192,7 +192,7 @@ def pipeline_explorer(
         "v": w.IntSlider(min=1, max=4, value=v, description="v (chunks)"),
         "t": w.FloatSlider(min=0, max=1, step=0.02, value=1, description="time", readout_format=".0%"),
     }
-    fit_controls(c.values())
+    fit_controls(c.values(), "110px")
     fig, bubble_fig, message = go.FigureWidget(), go.FigureWidget(), w.HTML()
 
     def update(_change=None) -> None:

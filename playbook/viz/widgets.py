@@ -195,10 +195,9 @@ def memory_dashboard(
             unit=v["unit"],
             capacity=hw.memory_bytes,
             capacity_label=hw.name,
-            title=f"{cfg.name}: {_count(cfg.num_params())} params, ZeRO-{v['zero']} over dp={v['dp']}"
+            title=f"{cfg.name}: {_count(cfg.num_params())} params<br><sup>ZeRO-{v['zero']} over dp={v['dp']}"
             + "".join(f", {d}={v[d]}" for d in ("tp", "pp", "cp", "ep") if v[d] > 1)
-            + ", "
-            f"seq {v['seq_len']:,} × micro-batch {v['micro_batch']}",
+            + f", seq {v['seq_len']:,} × micro-batch {v['micro_batch']}</sup>",
         )
         if [t.name for t in fig.data] != [t.name for t in new.data]:  # first call, or categories changed
             fig.data = ()

@@ -25,6 +25,25 @@ ARTIFACTS = Path(os.environ.get("PLAYBOOK_BROWSER_ARTIFACTS", ROOT / "build" / "
 TIMINGS: dict[str, dict[str, float]] = {}
 
 
+def save_executed(source: Path, executed: dict, seconds: float) -> Path:
+    """Keep the notebook as Run All left it (before any control moves), keyed on its sources, for the
+    book (``playbook.book``): a chapter executed here is not executed a second time to build it."""
+    import json
+
+    from playbook.book.executed import executed_path, source_key
+
+    executed.setdefault("metadata", {})["playbook_executed"] = {
+        "source_key": source_key(source),
+        "by": "JupyterLab Run All (tests/browser)",
+        "seconds": round(seconds, 1),
+        "load": round(os.getloadavg()[0], 1),
+    }
+    path = executed_path(source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(executed, indent=1))
+    return path
+
+
 def why_not_here() -> str | None:
     """Why the browser tests cannot run on this machine, or None when they can."""
     try:
@@ -70,6 +89,7 @@ def ran(request, lab, browser_context) -> NotebookPage:
         times["run_all"] = page.run_all()
         times["load"] = os.getloadavg()[0]
         page.settled_problems = page.widget_problems()
+        save_executed(NOTEBOOKS[IDS.index(request.param)], page.notebook(), times["run_all"])
         page.screenshot_outputs()
     except Exception:
         page.screenshot("failed")

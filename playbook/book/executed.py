@@ -1,0 +1,39 @@
+"""Executed chapters kept under ``build/executed/``, keyed on their sources, so that a chapter run
+once (by JupyterLab's Run All in ``tests/browser``, or by :mod:`~playbook.book.execute`) is not
+run again to build the book in the same test session.
+
+The key is a hash of every cell's type and source: an edit to any cell makes the kept copy stale,
+and an output-only difference (a notebook committed with outputs by mistake) does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+
+def source_key(source: Path) -> str:
+    """sha256 over the notebook's cells (type and source), in order."""
+    cells = json.loads(Path(source).read_text())["cells"]
+    digest = hashlib.sha256()
+    for cell in cells:
+        text = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        digest.update(cell["cell_type"].encode() + b"\0" + text.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def executed_path(source: Path) -> Path:
+    """Where the executed copy of ``notebooks/NAME.ipynb`` is kept: ``build/executed/NAME.ipynb``
+    at the repository root (the notebooks folder's parent)."""
+    source = Path(source).resolve()
+    return source.parent.parent / "build" / "executed" / source.name
+
+
+def kept(source: Path) -> Path | None:
+    """The kept executed copy of ``source`` if its sources are still those of ``source``, else None."""
+    path = executed_path(source)
+    if not path.exists():
+        return None
+    meta = json.loads(path.read_text()).get("metadata", {}).get("playbook_executed", {})
+    return path if meta.get("source_key") == source_key(source) else None
