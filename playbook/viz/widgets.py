@@ -167,7 +167,17 @@ def memory_dashboard(
         v = settings()
         # a control that would change nothing is disabled, and its description says when it counts
         c["sequence_parallel"].disabled = v["tp"] == 1
+        c["sequence_parallel"].tooltip = (
+            "sequence parallelism splits what tensor parallelism leaves whole: set tp > 1 to use it"
+            if v["tp"] == 1
+            else "split the norms' and the residual's activations over the tp ranks"
+        )
         c["fp32_grad_accum"].disabled = v["precision"] == "fp32"
+        c["fp32_grad_accum"].tooltip = (
+            "fp32 gradients need no second fp32 copy: choose mixed precision to use it"
+            if v["precision"] == "fp32"
+            else "add an fp32 buffer that accumulates the bf16 gradients (4 bytes per parameter)"
+        )
         try:
             cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
             budgets = memory_budgets(
@@ -209,7 +219,10 @@ def memory_dashboard(
             for key in ("title", "yaxis", "annotations", "shapes"):
                 fig.layout[key] = new.layout[key]
         grad_accum = v["fp32_grad_accum"] and v["precision"] == "mixed"
-        message.value = _summary(cfg, budgets, hw, v["unit"], v["precision"], v["seq_len"], grad_accum)
+        off = [c[k] for k in ("sequence_parallel", "fp32_grad_accum") if c[k].disabled]  # say why, on screen
+        message.value = _summary(cfg, budgets, hw, v["unit"], v["precision"], v["seq_len"], grad_accum) + "".join(
+            f"<br><i>{html.escape(ctl.description)}: off, {html.escape(ctl.tooltip)}.</i>" for ctl in off
+        )
 
     for ctl in c.values():
         ctl.observe(update, names="value")

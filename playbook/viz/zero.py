@@ -165,7 +165,8 @@ def zero_dashboard(
     memory, comm, message = go.FigureWidget(), go.FigureWidget(), w.HTML()
 
     def replace(live: go.FigureWidget, new: go.Figure) -> None:
-        with live.batch_update():
+        new.layout.height = None  # the widget's first render drops a height set before it is shown:
+        with live.batch_update():  # leave it to the page every time, so the figure looks the same after
             live.data = ()
             live.add_traces(new.data)
             live.layout = new.layout
