@@ -20,7 +20,7 @@ from playbook.book.execute import execute
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CHROMIUM = os.environ.get("PLAYBOOK_CHROMIUM", "/usr/bin/chromium")
-NOTEBOOK_LIMIT = int(os.environ.get("PLAYBOOK_NOTEBOOK_TIMEOUT", "300"))  # seconds per chapter, all cells
+NOTEBOOK_LIMIT = int(os.environ.get("PLAYBOOK_NOTEBOOK_TIMEOUT", "600"))  # seconds per chapter, all cells
 FLAGS = [
     "--headless",
     "--no-sandbox",

@@ -9,6 +9,7 @@ in its metadata, so the book builder never runs a chapter a second time.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,17 +32,13 @@ class Execution:
     error: str | None = None  # one paragraph naming the cell and the error; None when every cell ran
 
 
-def _failing_cell(nb) -> tuple[int, str]:
-    """The index and first source line of the last cell that produced an error output."""
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
-            return i, (cell.source.strip().splitlines() or [""])[0]
-    return -1, ""
+def _first_line(nb, index: int) -> str:
+    return (nb.cells[index].source.strip().splitlines() or [""])[0] if 0 <= index < len(nb.cells) else ""
 
 
-def execute(source: Path, out_dir: Path, *, timeout: int = 300, kernel: str = "python3") -> Execution:
-    """Execute ``source`` in a fresh ``kernel`` (working directory: the notebook's folder) with at most
-    ``timeout`` seconds per cell, and write the executed copy to ``out_dir / source.name``.
+def execute(source: Path, out_dir: Path, *, timeout: float = 600, kernel: str = "python3") -> Execution:
+    """Execute ``source`` in a fresh ``kernel`` (working directory: the notebook's folder) within
+    ``timeout`` seconds for the whole notebook, and write the executed copy to ``out_dir / source.name``.
 
     Never raises for a failing notebook: the returned :class:`Execution` carries the error (cell
     number, its first line, the exception name and message, the traceback's tail) and the executed
@@ -50,23 +47,31 @@ def execute(source: Path, out_dir: Path, *, timeout: int = 300, kernel: str = "p
     source, out_dir = Path(source), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(source, as_version=4)
+    deadline = time.monotonic() + timeout
     client = NotebookClient(
         nb,
-        timeout=timeout,
+        timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),  # what is left of the budget
         kernel_name=kernel,
         resources={"metadata": {"path": str(source.parent.resolve())}},
         record_timing=False,
         store_widget_state=False,  # the book swaps widget outputs for static figures
     )
+    running = [-1]  # index of the cell being executed, for the error message
+    client.on_cell_start = lambda cell, cell_index: running.__setitem__(0, cell_index)
     error = None
     start = time.perf_counter()
     try:
         client.execute()
     except CellExecutionError as e:
-        index, first = _failing_cell(nb)
-        error = f"{source.name}: cell {index} ({first!r}) raised {e.ename}: {e.evalue}\n{_tail(str(e))}"
+        index = running[0]
+        error = (
+            f"{source.name}: cell {index} ({_first_line(nb, index)!r}) raised {e.ename}: {e.evalue}\n{_tail(str(e))}"
+        )
     except CellTimeoutError:
-        error = f"{source.name}: a cell ran past the {timeout} s limit per cell (timeout=...)"
+        error = (
+            f"{source.name}: cell {running[0]} ({_first_line(nb, running[0])!r}) was still running when the notebook's {timeout:.0f} s ran out "
+            "(raise it with timeout=..., or PLAYBOOK_NOTEBOOK_TIMEOUT for the tests)"
+        )
     except DeadKernelError as e:
         error = f"{source.name}: the kernel died ({e})"
     seconds = time.perf_counter() - start
@@ -78,7 +83,8 @@ def execute(source: Path, out_dir: Path, *, timeout: int = 300, kernel: str = "p
 
 
 def _tail(text: str, lines: int = 25) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+    """The last ``lines`` of a traceback, without the terminal colour codes IPython adds."""
+    return "\n".join(re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()[-lines:])
 
 
 __all__ = ["META", "Execution", "execute"]

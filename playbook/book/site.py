@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executed", type=Path, default=Path("build/executed"), help="executed notebooks folder")
     ap.add_argument("--out", type=Path, default=Path("build/book"), help="where the site goes")
     ap.add_argument("--execute", action="store_true", help="run every chapter first (else use --executed as is)")
-    ap.add_argument("--timeout", type=int, default=300, help="seconds per cell when executing")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per chapter when executing")
     args = ap.parse_args(argv)
     sources = sorted(args.notebooks.glob("*.ipynb"))
     if not sources:
