@@ -17,7 +17,18 @@ from typing import Any
 import plotly.graph_objects as go
 
 SEP = "|"  # frame name = the control labels joined by SEP, in control order
-TRACE_KEYS = ("type", "x", "y", "base", "text", "customdata", "visible", "width")  # hovertemplate: from the base trace
+TRACE_KEYS = (
+    "type",
+    "x",
+    "y",
+    "base",
+    "text",
+    "customdata",
+    "visible",
+    "width",
+    "marker",
+    "orientation",
+)  # hovertemplate: from the base trace
 LAYOUT_KEYS = ("title", "annotations", "shapes")
 META_KEY = "playbook_grid"  # layout.meta[META_KEY] = {"controls": [...], "sep": SEP}
 
@@ -46,8 +57,9 @@ def _frame_layout(fig: go.Figure) -> dict:
     plain = fig.layout.to_plotly_json()
     out = {k: plain.get(k, [] if k != "title" else {"text": ""}) for k in LAYOUT_KEYS}
     for axis in ("xaxis", "yaxis", "yaxis2"):
-        if axis in plain and "range" in plain[axis]:
-            out[f"{axis}.range"] = plain[axis]["range"]
+        for key in ("range", "categoryarray", "title"):
+            if key in plain.get(axis, {}):
+                out[f"{axis}.{key}"] = plain[axis][key]
     return out
 
 
@@ -88,6 +100,8 @@ def grid_figure(
                 trace_names.append(t.name)
                 templates[t.name] = t
     base = go.Figure(layout=first.layout)
+    # one height for the whole grid (the controls sit at fixed pixel offsets): the tallest figure's
+    base.layout.height = max((f.layout.height or 450) for f in figures.values() if not isinstance(f, str))
     shown = {t.name for t in first.data}
     for name in trace_names:
         trace = templates[name] if name in shown else templates[name].update(visible=False)
