@@ -6,9 +6,7 @@ document.addEventListener("DOMContentLoaded", function () {
   document.querySelectorAll("div.playbook-plot").forEach(function (div) {
     var spec = JSON.parse(document.getElementById(div.id + "-json").textContent);
     Plotly.newPlot(div, spec.data, spec.layout, {responsive: true, displaylogo: false}).then(function (gd) {
-      if (spec.frames && spec.frames.length) {
-        return Plotly.addFrames(gd, spec.frames).then(function () { playbookGrid(gd); });
-      }
+      if (spec.frames && spec.frames.length) playbookGrid(gd, spec.frames);
     });
   });
 });

@@ -30,6 +30,7 @@ TRACE_KEYS = (
     "orientation",
 )  # hovertemplate: from the base trace
 LAYOUT_KEYS = ("title", "annotations", "shapes")
+AXES = ("xaxis", "yaxis", "yaxis2")
 META_KEY = "playbook_grid"  # layout.meta[META_KEY] = {"controls": [...], "sep": SEP}
 
 
@@ -54,12 +55,12 @@ def _frame_data(fig: go.Figure, types: Mapping[str, str]) -> list[dict]:
 
 
 def _frame_layout(fig: go.Figure) -> dict:
+    """Title, annotations, shapes and whole axes (so an autoranged axis autoranges again)."""
     plain = fig.layout.to_plotly_json()
     out = {k: plain.get(k, [] if k != "title" else {"text": ""}) for k in LAYOUT_KEYS}
-    for axis in ("xaxis", "yaxis", "yaxis2"):
-        for key in ("range", "categoryarray", "title"):
-            if key in plain.get(axis, {}):
-                out[f"{axis}.{key}"] = plain[axis][key]
+    for axis in AXES:
+        if axis in plain:
+            out[axis] = {"autorange": "range" not in plain[axis], **plain[axis]}
     return out
 
 
@@ -199,11 +200,15 @@ def _add_controls(fig, names, controls, start, kinds, note) -> None:
         height=height,
         margin=dict(t=top, b=bottom, l=left),
         title={**title, "y": 1 - 12 / height, "yanchor": "top", "yref": "container"},
-        meta={META_KEY: {"controls": meta, "sep": SEP}},
+        meta={META_KEY: {"controls": meta, "sep": SEP, "owned": [*LAYOUT_KEYS, *AXES]}},
     )
     # the control names and the note stay put: every frame's annotations end with them
     for target in (fig.layout, *(f.layout for f in fig.frames)):
         target.annotations = [*(target.annotations or ()), *fixed]
+        if target.title and target.title.text is not None:
+            target.title.update(y=1 - 12 / height, yanchor="top", yref="container")
+    if n_sliders and fig.layout.legend.orientation == "h" and (fig.layout.legend.y or 1) < 0:
+        fig.layout.legend.update(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top")  # not over a slider
 
 
 def frame_for(fig: go.Figure, settings: Mapping[str, Any]) -> go.Frame:
@@ -213,19 +218,27 @@ def frame_for(fig: go.Figure, settings: Mapping[str, Any]) -> go.Frame:
     return next(f for f in fig.frames if f.name == name)
 
 
-# Shows the frame named by every control's active label; plotly keeps `active` on each control.
+# Shows the frame named by every control's active label (plotly keeps `active` on each control).
+# Plotly.react, not Plotly.animate: animate merges layout arrays element by element, so a frame
+# with fewer annotations or shapes would keep the previous frame's extra ones.
 COMPOSER_JS = """
-function playbookGrid(gd) {
+function playbookGrid(gd, frames) {
   var grid = gd.layout.meta && gd.layout.meta.%(key)s;
   if (!grid || gd._playbookGrid) return;
   gd._playbookGrid = true;
+  var byName = {};
+  frames.forEach(function (f) { byName[f.name] = f; });
   function show() {
     var labels = grid.controls.map(function (c) {
       var ctl = c.kind === "slider" ? gd.layout.sliders[c.index] : gd.layout.updatemenus[c.index];
       return c.labels[ctl.active || 0];
     });
-    Plotly.animate(gd, [labels.join(grid.sep)], {mode: "immediate", frame: {duration: 0, redraw: true},
-                                                 transition: {duration: 0}});
+    var frame = byName[labels.join(grid.sep)];
+    if (!frame) return;
+    var data = gd.data.map(function (trace, i) { return Object.assign({}, trace, frame.data[i]); });
+    var layout = Object.assign({}, gd.layout);
+    grid.owned.forEach(function (key) { delete layout[key]; });  // empty arrays do not reach the JSON
+    Plotly.react(gd, data, Object.assign(layout, frame.layout));
   }
   gd.on("plotly_sliderchange", show);
   gd.on("plotly_buttonclicked", function () { setTimeout(show, 0); });

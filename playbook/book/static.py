@@ -85,7 +85,8 @@ def static_zero(
             unit="GB",
             capacity=Hardware.preset(smallest).memory_bytes if smallest else None,
             capacity_label=f"smallest device that holds it: {smallest}" if smallest else "",
-            title=f"{cfg.name}: memory per rank, seq {seq:,}, micro-batch 1, {recompute} recomputation",
+            title=f"{cfg.name}: memory per rank, seq {seq:,}, micro-batch 1, {recompute} recomputation"
+            + ("" if smallest else " (no single device holds it)"),
         )
 
     return grid_figure(
