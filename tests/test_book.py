@@ -33,6 +33,152 @@ FLAGS = [
 ]
 
 
+# ---- the pieces, without a kernel -----------------------------------------------------------------
+def test_static_memory_frames_hold_the_zero_papers_model_state():
+    """ZeRO-3 over N ranks keeps 16Ψ/N bytes of model state per rank in mixed precision (Rajbhandari
+    et al. 2020, §5): the frame a reader reaches by moving the controls must show exactly that."""
+    from playbook.book.grid import frame_for
+    from playbook.book.static import static_memory
+    from playbook.config import ModelConfig
+
+    fig = static_memory(model="llama-3.1-70b", seq_len=4096, dp=8, zero=0)  # chapter 0's cell: cached for the book
+    names = [t.name for t in fig.data]
+    for zero, dp in ((3, 16), (3, 64), (0, 4)):
+        frame = frame_for(fig, {"model": "llama-3.1-8b", "zero": zero, "recompute": "full", "dp": dp})
+        by_name = dict(zip(names, frame.data))
+        state = sum(by_name[c].y[0] for c in ("parameters", "gradients", "optimizer states")) * 1e9
+        psi = ModelConfig.preset("llama-3.1-8b").num_params()
+        want = 16 * psi / dp if zero == 3 else 16 * psi
+        assert state == pytest.approx(want, rel=1e-3), (zero, dp)
+        assert "llama-3.1-8b" in frame.layout.title.text and f"ZeRO-{zero} over dp={dp}" in frame.layout.title.text
+
+
+def _dashboard_cells() -> list[tuple[str, str, dict]]:
+    """(chapter, dashboard, the cell's literal settings) for every dashboard cell with a static form."""
+    import nbformat
+
+    from playbook.book.render import dashboard_call
+
+    found = []
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and (call := dashboard_call(cell.source)):
+                found.append((path.stem, *call))
+    return found
+
+
+DASHBOARD_CELLS = _dashboard_cells()
+
+
+@pytest.mark.parametrize("chapter,name,settings", DASHBOARD_CELLS, ids=[f"{c}-{n}" for c, n, _ in DASHBOARD_CELLS])
+def test_every_static_dashboard_has_a_frame_per_setting_and_opens_where_the_cell_does(chapter, name, settings):
+    """The very figure the book shows (same settings, cached for the build)."""
+    import itertools
+
+    from playbook.book.grid import META_KEY, SEP
+    from playbook.book.static import STATIC
+
+    fig = STATIC[name](**settings)
+    controls = fig.layout.meta[META_KEY]["controls"]
+    names = [f.name for f in fig.frames]
+    assert len(names) == len(set(names))
+    assert set(names) == {SEP.join(c) for c in itertools.product(*(c["labels"] for c in controls))}
+    for c in controls:
+        ctl = (fig.layout.sliders if c["kind"] == "slider" else fig.layout.updatemenus)[c["index"]]
+        steps = ctl.steps if c["kind"] == "slider" else ctl.buttons
+        assert [s.label for s in steps] == c["labels"]
+    start = SEP.join(
+        c["labels"][(fig.layout.sliders if c["kind"] == "slider" else fig.layout.updatemenus)[c["index"]].active]
+        for c in controls
+    )
+    opened = next(f for f in fig.frames if f.name == start)
+    assert [t.y for t in opened.data if t.visible is not False] == [t.y for t in fig.data if t.visible is not False]
+    # each control, moved one step from the start, shows a different figure
+    for i, c in enumerate(controls):
+        labels = start.split(SEP)
+        j = c["labels"].index(labels[i])
+        labels[i] = c["labels"][j - 1 if j else 1]
+        moved = next(f for f in fig.frames if f.name == SEP.join(labels))
+        assert moved.to_plotly_json() != opened.to_plotly_json(), f"{name}: {c['name']} changes nothing"
+
+
+def _cell(source, outputs=()):
+    import nbformat
+
+    cell = nbformat.v4.new_code_cell(source)
+    cell.outputs = [nbformat.from_dict(o) for o in outputs]
+    return cell
+
+
+def test_a_page_draws_every_figure_once_swaps_dashboards_and_drops_what_needs_a_kernel(monkeypatch):
+    import nbformat
+    import plotly.graph_objects as go
+
+    from playbook.book import render
+    from playbook.book.render import PLOTLY, WIDGET, prepare
+
+    # a stand-in static form that says which settings it got (the real grids are tested above)
+    monkeypatch.setitem(render.STATIC, "memory_dashboard", lambda **kw: go.Figure(layout={"title": repr(kw)}))
+
+    fig = {"data": [{"type": "bar", "y": [1, 2]}], "layout": {}}
+    widget = {"output_type": "display_data", "metadata": {}, "data": {WIDGET: {"model_id": "x"}, "text/plain": "VBox"}}
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Title"),
+        _cell(
+            "show()",
+            [
+                {
+                    "output_type": "display_data",
+                    "metadata": {},
+                    "data": {"text/html": "<script>window.PlotlyConfig = {};</script>"},
+                },
+                {"output_type": "display_data", "metadata": {}, "data": {PLOTLY: fig, "text/html": "<div>"}},
+            ],
+        ),
+        _cell("run_on_ranks()", [widget, {"output_type": "stream", "name": "stdout", "text": "done\n"}]),
+        _cell('memory_dashboard(model="llama-3.1-8b", dp=some_variable)', [widget]),
+        nbformat.v4.new_markdown_cell("Keep this.\n\n(The dashboard needs a live kernel.)"),
+        nbformat.v4.new_markdown_cell("(In a static export it stays empty.)"),
+    ]
+    ready, count = prepare(nb)
+    assert count == 2
+    html = json_dump(ready)
+    assert WIDGET not in html and "PlotlyConfig" not in html and "done" in html
+    assert html.count('class=\\"playbook-plot\\"') == 2 and "{'model': 'llama-3.1-8b'}" in html
+    assert [c.source for c in ready.cells if c.cell_type == "markdown"] == ["# Title", "Keep this."]
+
+
+def json_dump(nb) -> str:
+    import json
+
+    return json.dumps(nb)
+
+
+def test_dashboard_calls_are_found_by_name_with_their_literal_settings():
+    from playbook.book.render import dashboard_call
+
+    assert dashboard_call('x = 1\nmemory_dashboard(model="gpt-small", dp=4)') == (
+        "memory_dashboard",
+        {"model": "gpt-small", "dp": 4},
+    )
+    assert dashboard_call("pipeline_explorer(p=4, last_run=measured_timeline(m))") == ("pipeline_explorer", {"p": 4})
+    assert dashboard_call("box = memory_dashboard()") is None  # not shown by the cell
+    assert dashboard_call("print(1)") is None and dashboard_call("def (") is None
+
+
+def test_a_failing_chapter_names_its_cell_and_error(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+    nb.cells = [nbformat.v4.new_markdown_cell("# T"), _cell("x = 1"), _cell("y = x + 1"), _cell("{}['missing']")]
+    nbformat.write(nb, tmp_path / "ch.ipynb")
+    run = execute(tmp_path / "ch.ipynb", tmp_path / "out", timeout=120)
+    assert run.error.startswith("ch.ipynb: cell 3 (\"{}['missing']\") raised KeyError: 'missing'"), run.error
+    assert (tmp_path / "out" / "ch.ipynb").exists()
+
+
+# ---- every chapter, once, then the book built from those runs ----------------------------------------
 @pytest.fixture(scope="session")
 def book_dirs(tmp_path_factory):
     """(executed notebooks, site, timings): shared by the chapter tests and the book test."""

@@ -9,6 +9,9 @@ static figure in place of the widget.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import plotly.graph_objects as go
 
 from playbook.book.grid import grid_figure
@@ -20,11 +23,31 @@ MEMORY_MODELS = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"]
 POWERS = [1, 4, 8, 16, 64, 256]
 
 
+def _once(build: Callable[..., go.Figure]) -> Callable[..., go.Figure]:
+    """Build each static figure once per process and settings (a grid costs seconds: the book
+    build and the tests that inspect the same figure share it). Callers must not mutate it."""
+    cache: dict[tuple, go.Figure] = {}
+
+    @functools.wraps(build)
+    def cached(**kwargs) -> go.Figure:
+        key = tuple(sorted(kwargs.items(), key=lambda kv: kv[0]))
+        try:
+            hash(key)
+        except TypeError:  # an unhashable setting (a measured timeline): build afresh
+            return build(**kwargs)
+        if key not in cache:
+            cache[key] = build(**kwargs)
+        return cache[key]
+
+    return cached
+
+
 def _nearest(value, options):
     """``value`` if the grid has it, else the grid's closest value (a cell may start anywhere)."""
     return value if value in options else min(options, key=lambda o: abs(o - value))
 
 
+@_once
 def static_memory(
     *,
     model: str = "llama-3.1-70b",
@@ -59,6 +82,7 @@ def static_memory(
     )
 
 
+@_once
 def static_zero(
     *,
     model: str = "llama-3.1-8b",
@@ -97,6 +121,7 @@ def static_zero(
     )
 
 
+@_once
 def static_dp(
     *,
     model: str = "llama-3.1-8b",
@@ -145,6 +170,7 @@ def static_dp(
     )
 
 
+@_once
 def static_pipeline(*, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f1b", last_run=None) -> go.Figure:
     """Chapter 4's explorer (:func:`~playbook.viz.pp.pipeline_explorer`): the simulated schedule's
     Gantt chart over schedule × p × m (v chunks per rank for the interleaved one)."""
