@@ -9,6 +9,7 @@ figures as the page's notebook makes, and on each static dashboard a control tha
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -216,20 +217,35 @@ PLOT_STATE = """gd => JSON.stringify([gd.data.map(t => [t.x, t.y, t.base, t.visi
 CHANGED = f"([gd, before]) => ({PLOT_STATE})(gd) !== before"
 
 
-def _move_a_control(page, plot) -> str:
-    """Click the first control of a static dashboard that is not at its active value; say which."""
-    buttons = plot.locator("g.updatemenu-button")
+def _move_a_control(page, plot) -> tuple[str, int]:
+    """Move the first control of a static dashboard off its active value: the first menu's other
+    button, else the first slider's far end. Returns (the control's kind, the index it now shows)."""
+    buttons = plot.locator("g.updatemenu-container").first.locator("g.updatemenu-button")
     if buttons.count():
-        active = plot.evaluate("gd => gd.layout.updatemenus[0].active")
-        target = 1 if active == 0 else 0
+        target = 1 if plot.evaluate("gd => gd.layout.updatemenus[0].active") == 0 else 0
         buttons.nth(target).click()
-        return f"menu 0 → button {target}"
-    rail = plot.locator("rect.slider-rail-touch-rect").first
-    box = rail.bounding_box()
-    active = plot.evaluate("gd => gd.layout.sliders[0].active")
-    x = box["x"] + box["width"] * (0.05 if active else 0.95)
-    page.mouse.click(x, box["y"] + box["height"] / 2)
-    return "slider 0"
+        return "menu", target
+    box = plot.locator("rect.slider-rail-touch-rect").first.bounding_box()
+    steps = plot.evaluate("gd => gd.layout.sliders[0].steps.length")
+    target = 0 if plot.evaluate("gd => gd.layout.sliders[0].active") else steps - 1
+    page.mouse.click(box["x"] + box["width"] * (0.02 if target == 0 else 0.98), box["y"] + box["height"] / 2)
+    return "slider", target
+
+
+def _expected_frame(spec: dict, kind: str, target: int) -> dict:
+    """The frame the page should show once the first ``kind`` control shows ``target``, read from
+    the figure's own JSON on the page (not from the page script under test)."""
+    layout = spec["layout"]
+    labels = []
+    moved = False
+    for c in layout["meta"]["playbook_grid"]["controls"]:
+        ctl = (layout["sliders"] if c["kind"] == "slider" else layout["updatemenus"])[c["index"]]
+        index = ctl.get("active", 0)
+        if c["kind"] == kind and c["index"] == 0 and not moved:
+            index, moved = target, True
+        labels.append(c["labels"][index])
+    name = layout["meta"]["playbook_grid"]["sep"].join(labels)
+    return next(f for f in spec["frames"] if f["name"] == name)
 
 
 def test_the_book_builds_and_reads_offline_in_a_browser(book_dirs, tmp_path):
@@ -300,11 +316,24 @@ def _check_page(context, site: Path, entry: dict, shots: Path) -> list[str]:
     for i, plot in enumerate(grids):
         plot.scroll_into_view_if_needed()
         before = plot.evaluate(PLOT_STATE)
-        moved = _move_a_control(page, plot)
+        spec = json.loads(page.locator(f"#{plot.get_attribute('id')}-json").text_content())
+        kind, target = _move_a_control(page, plot)
         try:
             page.wait_for_function(CHANGED, arg=[plot.element_handle(), before], timeout=10_000)
         except Exception:  # noqa: BLE001 - reported below
-            problems.append(f"{href}: moving {moved} on dashboard {i} did not change its figure")
+            problems.append(f"{href}: moving the first {kind} on dashboard {i} did not change its figure")
+            continue
+        want = _expected_frame(spec, kind, target)
+        shown = plot.evaluate("gd => gd.layout.title.text")
+        if shown != want["layout"]["title"]["text"]:
+            problems.append(
+                f"{href}: dashboard {i} shows {shown!r} after its first {kind} moved to {target}, "
+                f"not its frame {want['name']!r}"
+            )
+        ys = plot.evaluate("gd => gd.data.map(t => t.visible === false ? null : t.y)")
+        frame_ys = [None if t.get("visible") is False else t.get("y") for t in want["data"]]
+        if all(isinstance(y, list) or y is None for y in frame_ys) and ys != frame_ys:
+            problems.append(f"{href}: dashboard {i} draws other data than its frame {want['name']!r}")
         plot.screenshot(path=str(shots / f"{Path(href).stem}-dashboard{i}.png"))
     page.close()
     return problems
