@@ -10,6 +10,7 @@ between grid points (trace data, title, annotations, shapes, axis ranges), so a 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -246,4 +247,28 @@ function playbookGrid(gd, frames) {
 """ % {"key": META_KEY}
 
 
-__all__ = ["COMPOSER_JS", "SEP", "frame_for", "grid_figure"]
+def once(build: Callable[..., go.Figure]) -> Callable[..., go.Figure]:
+    """Build each static figure once per process and settings (a grid costs seconds: the book
+    build and the tests that inspect the same figure share it). Callers must not mutate it."""
+    cache: dict[tuple, go.Figure] = {}
+
+    @functools.wraps(build)
+    def cached(**kwargs) -> go.Figure:
+        key = tuple(sorted(kwargs.items(), key=lambda kv: kv[0]))
+        try:
+            hash(key)
+        except TypeError:  # an unhashable setting (a measured timeline): build afresh
+            return build(**kwargs)
+        if key not in cache:
+            cache[key] = build(**kwargs)
+        return cache[key]
+
+    return cached
+
+
+def nearest(value, options):
+    """``value`` if the grid has it, else the grid's closest value (a cell may start anywhere)."""
+    return value if value in options else min(options, key=lambda o: abs(o - value))
+
+
+__all__ = ["COMPOSER_JS", "SEP", "frame_for", "grid_figure", "nearest", "once"]
