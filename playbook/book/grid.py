@@ -122,7 +122,11 @@ def grid_figure(
     return base
 
 
-MENU_ROW, SLIDER_ROW, NOTE_ROW = 38, 80, 26  # pixels per control row above / below the plot
+MENU_ROW, SLIDER_ROW, NOTE_ROW = (
+    38,
+    80,
+    44,
+)  # the note clears subplot titles  # pixels per control row above / below the plot
 
 
 def _kind(values: Sequence[Any], kind: str | None) -> str:
@@ -192,7 +196,7 @@ def _add_controls(fig, names, controls, start, kinds, note) -> None:
         )
     if note:
         fixed.append(
-            dict(text=note, xref="paper", yref="paper", x=0, y=1.0, yanchor="bottom", yshift=4, showarrow=False)
+            dict(text=note, xref="paper", yref="paper", x=0, y=1.0, yanchor="bottom", yshift=24, showarrow=False)
         )
     title = fig.layout.title.to_plotly_json() if fig.layout.title else {}
     fig.update_layout(

@@ -143,8 +143,7 @@ def static_routing(
         },
         {"n_experts": n_experts, "top_k": top_k, "capacity_factor": capacity_factor},
         kinds={"capacity_factor": "slider"},
-        note=f"router skew {skew}, {tokens} tokens per step over {steps} steps; capacity factor 0 = no dropping "
-        "(a simulated router costs ~0.5 s: the live dashboard also moves the skew)",
+        note=f"router skew {skew} (the live dashboard moves it too), {tokens} tokens × {steps} steps; capacity 0 = no drops",
     )
 
 
