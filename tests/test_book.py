@@ -139,6 +139,7 @@ def test_a_page_draws_every_figure_once_swaps_dashboards_and_drops_what_needs_a_
         ),
         _cell("run_on_ranks()", [widget, {"output_type": "stream", "name": "stdout", "text": "done\n"}]),
         _cell('memory_dashboard(model="llama-3.1-8b", dp=some_variable)', [widget]),
+        _cell("mesh_dashboard(cluster)", [widget]),  # no static form: a note says where it lives
         nbformat.v4.new_markdown_cell("Keep this.\n\n(The dashboard needs a live kernel.)"),
         nbformat.v4.new_markdown_cell("(In a static export it stays empty.)"),
     ]
@@ -146,6 +147,7 @@ def test_a_page_draws_every_figure_once_swaps_dashboards_and_drops_what_needs_a_
     assert count == 2
     html = json_dump(ready)
     assert WIDGET not in html and "PlotlyConfig" not in html and "done" in html
+    assert html.count("A live dashboard: open this chapter in JupyterLab") == 1
     assert html.count('class=\\"playbook-plot\\"') == 2 and "{'model': 'llama-3.1-8b'}" in html
     assert [c.source for c in ready.cells if c.cell_type == "markdown"] == ["# Title", "Keep this."]
 

@@ -26,6 +26,7 @@ PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 TEMPLATES = Path(__file__).parent / "templates"
 PLOTLY_LIBRARY = "window.PlotlyConfig"  # the notebook renderer's one-off copy of plotly.js
+LIVE_CALL = re.compile(r"\b\w+_(dashboard|explorer)\(")  # a cell that shows a live dashboard
 LIVE_ONLY = re.compile(r"live kernel|static export", re.I)  # prose about where widgets do not run
 
 
@@ -90,8 +91,10 @@ def prepare(nb) -> tuple[object, int]:
             for out in cell.get("outputs", []):
                 data = out.get("data", {})
                 if WIDGET in data:
-                    if found is None:
-                        continue  # a progress bar or a dashboard without a static form
+                    if found is None:  # a progress bar (dropped), or a dashboard without a static form
+                        if LIVE_CALL.search(cell.source.strip().splitlines()[-1] if cell.source.strip() else ""):
+                            outputs.append(_note(out))
+                        continue
                     name, kwargs = found
                     spec = STATIC[name](**kwargs).to_plotly_json()
                     found = None  # one static figure per dashboard cell
@@ -112,6 +115,18 @@ def prepare(nb) -> tuple[object, int]:
         cells.append(cell)
     nb.cells = cells
     return nb, count
+
+
+def _note(out) -> dict:
+    """A one-line note in place of a live dashboard that has no static form."""
+    note = copy.deepcopy(out)
+    note["output_type"] = "display_data"
+    note.pop("execution_count", None)
+    note["data"] = {
+        "text/html": "<p><i>A live dashboard: open this chapter in JupyterLab (<code>./setup.sh lab</code>) "
+        "to use it.</i></p>"
+    }
+    return note
 
 
 def nav(prev: tuple[str, str] | None, nxt: tuple[str, str] | None, bottom: bool = False) -> str:
