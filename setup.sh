@@ -2,19 +2,20 @@
 # Set up a virtual environment (once) and then either open the notebooks or run every test.
 #
 #   ./setup.sh lab [ARGS...]    JupyterLab on the chapters (the main job; ARGS go to jupyter lab)
-#   ./setup.sh test [ARGS...]   lint, then every test, notebooks included (extra ARGS go to pytest)
+#   ./setup.sh test [ARGS...]   lint, then every test, every chapter run once and the book checked in a browser
+#   ./setup.sh book             run every chapter and build the static book in build/book/ (no kernel to read it)
 #
 # Without a GPU it installs PyTorch's CPU build first, so pip does not pull a multi-GB CUDA build.
 # PLAYBOOK_TORCH (a pip requirement, default "torch") and PLAYBOOK_TORCH_INDEX (default: PyTorch's
 # CPU wheel index when there is no GPU; empty for pip's usual index) choose another build.
 # pip runs only when pyproject.toml changed since the last successful setup (a stamp in the venv).
 # The JupyterLab browser tests (tests/browser) run when Chromium and Playwright are present, and then
-# they are what executes the notebooks (else nbmake does); under CI=true their absence is an error.
+# they are what executes the chapters (else tests/test_book.py does); under CI=true their absence is an error.
 set -euo pipefail
 cd "$(dirname "$0")"
 venv="${PLAYBOOK_VENV:-.venv}"
 what="${1:-}"
-case "$what" in lab|test) shift ;; *) echo "usage: ./setup.sh lab [jupyter args] | test [pytest args]" >&2; exit 2 ;; esac
+case "$what" in lab|test|book) shift ;; *) echo "usage: ./setup.sh lab [jupyter args] | test [pytest args] | book" >&2; exit 2 ;; esac
 say() { echo "setup.sh: $*"; }
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -49,17 +50,22 @@ if [ "$what" = lab ]; then
   say "starting JupyterLab on notebooks/"
   exec python -m jupyter lab notebooks/ "$@"
 fi
+if [ "$what" = book ]; then
+  say "building the static book: every chapter executed, then build/book/"
+  exec python -m playbook.book --execute --out build/book   # prints where the index page is
+fi
 say "lint (ruff check) and format (ruff format --check)"
 ruff check . && ruff format --check --quiet playbook tests benchmarks
 browser="$(python -c 'import sys; sys.path.insert(0, "tests"); from browser.conftest import why_not_here; print(why_not_here() or "")')"
-# Each notebook is executed once: by Run All in JupyterLab when a browser is here (tests/browser fails on
-# any error output, a cell left unrun or a timeout, as nbmake does, and checks the widgets), else by nbmake.
+# Each chapter is executed once: by Run All in JupyterLab when a browser is here (tests/browser fails on any
+# error output, a cell left unrun or a timeout, and checks every widget), which keeps the executed copy in
+# build/executed/; tests/test_book.py then builds the book from those copies (else it executes the chapters).
 if [ -z "$browser" ]; then
-  say "tests: pytest over tests/, every notebook run in JupyterLab under headless Chromium (tests/browser)"
+  say "tests: pytest over tests/: every chapter in JupyterLab under headless Chromium, then the book built from those runs"
   exec python -m pytest tests "$@"
 elif [ "${CI:-}" = true ]; then
   say "CI=true, and the JupyterLab browser tests cannot run: $browser" >&2
   exit 1
 fi
-say "tests: pytest over tests/ and nbmake over notebooks/; browser tests skipped: $browser"
-exec python -m pytest tests --ignore=tests/browser --nbmake notebooks --nbmake-timeout=300 "$@"
+say "tests: pytest over tests/ (tests/test_book.py executes every chapter); browser tests skipped: $browser"
+exec python -m pytest tests --ignore=tests/browser "$@"

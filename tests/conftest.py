@@ -2,10 +2,16 @@
 so that the parity suites of every chapter pay the start-up cost once."""
 
 import os
+import uuid
 
 import pytest
 
+from playbook.book.executed import SESSION
 from playbook.cluster import Ranks
+
+# A chapter executed by JupyterLab's Run All in this session (tests/browser) is reused by the book's
+# tests (tests/test_book.py), never a copy an earlier session left with other code (playbook/book/executed.py).
+os.environ[SESSION] = uuid.uuid4().hex
 
 
 def pid_alive(pid: int) -> bool:

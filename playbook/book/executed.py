@@ -2,15 +2,19 @@
 once (by JupyterLab's Run All in ``tests/browser``, or by :mod:`~playbook.book.execute`) is not
 run again to build the book in the same test session.
 
-The key is a hash of every cell's type and source: an edit to any cell makes the kept copy stale,
-and an output-only difference (a notebook committed with outputs by mistake) does not.
+The key is a hash of every cell's type and source (an edit to any cell makes the kept copy stale)
+and the test session that made it (``PLAYBOOK_TEST_SESSION``, set by ``tests/conftest.py``): a copy
+left by an earlier session, run against other code in ``playbook/``, is never reused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
+
+SESSION = "PLAYBOOK_TEST_SESSION"
 
 
 def source_key(source: Path) -> str:
@@ -36,4 +40,6 @@ def kept(source: Path) -> Path | None:
     if not path.exists():
         return None
     meta = json.loads(path.read_text()).get("metadata", {}).get("playbook_executed", {})
-    return path if meta.get("source_key") == source_key(source) else None
+    session = os.environ.get(SESSION)
+    fresh = session and meta.get("session") == session and meta.get("source_key") == source_key(source)
+    return path if fresh else None

@@ -30,10 +30,11 @@ def save_executed(source: Path, executed: dict, seconds: float) -> Path:
     book (``playbook.book``): a chapter executed here is not executed a second time to build it."""
     import json
 
-    from playbook.book.executed import executed_path, source_key
+    from playbook.book.executed import SESSION, executed_path, source_key
 
     executed.setdefault("metadata", {})["playbook_executed"] = {
         "source_key": source_key(source),
+        "session": os.environ.get(SESSION, ""),
         "by": "JupyterLab Run All (tests/browser)",
         "seconds": round(seconds, 1),
         "load": round(os.getloadavg()[0], 1),
