@@ -42,4 +42,12 @@ def kept(source: Path) -> Path | None:
     meta = json.loads(path.read_text()).get("metadata", {}).get("playbook_executed", {})
     session = os.environ.get(SESSION)
     fresh = session and meta.get("session") == session and meta.get("source_key") == source_key(source)
-    return path if fresh else None
+    if not fresh:
+        return None
+    try:  # a copy nbformat refuses is executed again instead
+        import nbformat
+
+        nbformat.validate(nbformat.read(path, as_version=4))
+    except Exception:  # noqa: BLE001
+        return None
+    return path

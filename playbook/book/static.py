@@ -145,7 +145,9 @@ def static_dp(
 
 
 @once
-def static_pipeline(*, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f1b", last_run=None) -> go.Figure:
+def static_pipeline(
+    *, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f1b", last_run=None, last_run_label: str = ""
+) -> go.Figure:
     """Chapter 4's explorer (:func:`~playbook.viz.pp.pipeline_explorer`): the simulated schedule's
     Gantt chart over schedule × p × m (v chunks per rank for the interleaved one)."""
     from playbook.theory.schedules import SCHEDULES, make_schedule, simulate

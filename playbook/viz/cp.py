@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 from playbook.config import Hardware, ModelConfig
 from playbook.theory import cp as th
 from playbook.viz.figures import TEMPLATE, format_value
-from playbook.viz.widgets import fit_controls
+from playbook.viz.widgets import fit_controls, page_height
 
 RANK_COLORS = ["#3b7dd8", "#e4572e", "#52a852", "#f1c453", "#8a63b8", "#2aa198", "#d36fa5", "#9c6b30"]
 LATER, ALL_RANKS = "#e6e6e6", "#7f8fa6"
@@ -373,10 +373,13 @@ def cp_dashboard(
             step=min(c["step"].value, v["n"] - 1),
             seq_len=v["seq_len"],
         )
+        new.layout.title.text = (
+            f"{new.layout.title.text or ''}<br><sup>the numbers below: {cfg.name} on {hw.name}</sup>"
+        )
         fig.data = ()
         with fig.batch_update():
             fig.add_traces(new.data)
-            fig.layout = new.layout
+            fig.layout = page_height(new).layout
 
     for ctl in c.values():
         ctl.observe(update, names="value")

@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.buckets import MIB, Bucket, bucket_cap_bytes, predict_dp_step
 from playbook.viz.figures import TEMPLATE, format_value
-from playbook.viz.widgets import fit_controls
+from playbook.viz.widgets import fit_controls, page_height
 
 # One colour per span name in every DP figure, so naive, bucketed, DDP and predictions read alike.
 COLORS = {
@@ -312,7 +312,7 @@ def dp_dashboard(
         )
         fig.data = ()
         fig.add_traces(new.data)
-        fig.layout = new.layout
+        fig.layout = page_height(new).layout
         message.value = _summary(cfg, hw, v["world_size"], both)
 
     for ctl in c.values():

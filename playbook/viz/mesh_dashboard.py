@@ -29,7 +29,7 @@ from playbook.parallel.training import TrainSetup
 from playbook.theory.hybrid import comm_per_axis
 from playbook.theory.hybrid import memory_per_rank as predict_memory
 from playbook.viz.mesh import bytes_per_axis, memory_per_rank, rank_grid
-from playbook.viz.widgets import fit_controls
+from playbook.viz.widgets import fit_controls, page_height
 
 WORLD = 8
 MODELS = ("gpt-tiny", "gpt-tiny-moe")
@@ -109,9 +109,10 @@ def _drop_measured(fig: go.Figure) -> go.Figure:
 
 def _show(widget: go.FigureWidget, new: go.Figure) -> None:
     """Copy ``new``'s traces and layout into the live ``widget`` (the number of subplots changes)."""
-    widget.data = ()
-    widget.add_traces(new.data)
-    widget.layout = new.layout
+    with widget.batch_update():  # one message: a layout applied piecemeal lost "reversed" axes on the page
+        widget.data = ()
+        widget.add_traces(new.data)
+        widget.layout = page_height(new).layout
 
 
 def _mark_stale(widget: go.FigureWidget) -> None:

@@ -141,7 +141,8 @@ def step_breakdown(plan: Plan | Sequence[Candidate], *, top: int | None = 8, tit
     fig.update_layout(barmode="stack", legend=dict(x=1.02, y=1, traceorder="normal"), margin=dict(l=10, r=10))
     fig.update_xaxes(title_text="seconds per step", row=1, col=1)
     fig.update_xaxes(title_text="seconds beyond compute", range=[0, max(rest, default=1.0) * 1.6], row=1, col=2)
-    return fig.update_yaxes(autorange="reversed", automargin=True)
+    # fastest on top by the category order, not autorange="reversed" (a live widget lost that on redraw)
+    return fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], automargin=True)
 
 
 def replay_rows(rows: Sequence[dict], what: str) -> list[dict]:

@@ -21,6 +21,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory.planner import Plan, plan
 from playbook.viz.mesh import table
 from playbook.viz.plan import candidate_rows, rejected_rows, step_breakdown
+from playbook.viz.widgets import page_height
 
 STALE = "  <i style='color:#c62828'>(stale)</i>"
 RED, GREY = "#c62828", "#555"
@@ -55,9 +56,10 @@ def summary(p: Plan) -> str:
 
 
 def _show(widget: go.FigureWidget, new: go.Figure) -> None:
-    widget.data = ()
-    widget.add_traces(new.data)
-    widget.layout = new.layout
+    with widget.batch_update():  # one message: a layout applied piecemeal lost "reversed" axes on the page
+        widget.data = ()
+        widget.add_traces(new.data)
+        widget.layout = page_height(new).layout
 
 
 def plan_dashboard(

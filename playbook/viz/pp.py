@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playbook.theory.schedules import SCHEDULES, Costs, Timeline, closed_form, make_schedule, simulate
-from playbook.viz.widgets import fit_controls
+from playbook.viz.widgets import fit_controls, page_height
 
 KIND_COLORS = {"F": "#3b7dd8", "B": "#e4572e", "W": "#52a852"}
 KIND_NAMES = {"F": "forward F", "B": "backward B", "W": "weight grad W"}
@@ -198,6 +198,8 @@ def pipeline_explorer(
     def update(_change=None) -> None:
         s = {k: ctl.value for k, ctl in c.items()}
         vv = s["v"] if s["schedule"] == "interleaved" else 1
+        c["v"].disabled = s["schedule"] != "interleaved"  # only the interleaved schedule has chunks
+        c["v"].tooltip = "chunks per rank: only the interleaved schedule splits a stage into v chunks"
         try:
             sched = make_schedule(s["schedule"], s["p"], s["m"], vv)
         except ValueError as e:
@@ -214,20 +216,25 @@ def pipeline_explorer(
         with fig.batch_update():
             fig.data = ()
             fig.add_traces(new.data)
-            fig.layout = new.layout
+            fig.layout = page_height(new).layout
         unit = "chunk activations" if vv > 1 else "micro-batches"
         message.value = (
             f"bubble: idle/total <b>{tl.bubble_over_total:.1%}</b>, bubble/ideal <b>{tl.bubble_over_ideal:.1%}</b> "
             f"(closed form {closed_form(s['schedule'], s['p'], s['m'], vv)['bubble_over_ideal']:.1%})<br>"
             f"peak activations held per rank ({unit}): until B {tl.peak_in_flight}"
             + (f", until W {tl.peak_held}" if sched.split_backward else "")
+            + (
+                f"<br><i>{c['v'].description}: off, only the interleaved schedule has chunks.</i>"
+                if c["v"].disabled
+                else ""
+            )
         )
         if _change is None or _change["owner"] in (c["p"], c["v"]):  # bubble vs m depends on p and v only
             bf = bubble_vs_m(s["p"], [1, 2, 4, 8, 16, 32], v=max(2, vv))
             with bubble_fig.batch_update():
                 bubble_fig.data = ()
                 bubble_fig.add_traces(bf.data)
-                bubble_fig.layout = bf.layout
+                bubble_fig.layout = page_height(bf).layout
 
     for ctl in c.values():
         ctl.observe(update, names="value")

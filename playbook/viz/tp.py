@@ -23,7 +23,7 @@ from playbook.theory.tp import (
     valid_tp,
 )
 from playbook.viz.figures import _layout, format_value, memory_bars, unit_scale
-from playbook.viz.widgets import fit_controls
+from playbook.viz.widgets import fit_controls, page_height
 
 RANK_COLORS = ["#2f6db5", "#e8893a", "#5b9a48", "#c94a4a", "#8a63b8", "#3aa6a0", "#b8860b", "#d36fa5"]
 REPLICATED = "#9e9e9e"
@@ -337,7 +337,7 @@ def tp_dashboard(
         with fig.batch_update():
             fig.data = ()
             fig.add_traces(new.data)
-            fig.layout = new.layout
+            fig.layout = page_height(new).layout
 
     def update(change=None) -> None:
         if change is not None and change["owner"] is c["model"]:

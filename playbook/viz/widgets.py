@@ -20,6 +20,14 @@ STALE = "  <i>(last valid settings; see below)</i>"
 POWERS_OF_TWO = lambda lo, hi: [2**k for k in range(lo, hi + 1)]  # noqa: E731
 
 
+def page_height(new: go.Figure) -> go.Figure:
+    """``new`` without a fixed height, for a live ``FigureWidget`` whose layout is replaced: plotly's
+    widget drops a height set before it is first shown, so a figure replaced after a control moves
+    would come back taller than it was first drawn. The page's default height, every time."""
+    new.layout.height = None
+    return new
+
+
 def fit_controls(controls, description_width: str = "90px") -> None:
     """Size every control so that no label is cut: toggle buttons as wide as their longest option
     (about 8 px a character, plus padding), checkboxes unindented with their whole description."""
@@ -236,4 +244,4 @@ def memory_dashboard(
     return box
 
 
-__all__ = ["fit_controls", "memory_budgets", "memory_dashboard"]
+__all__ = ["fit_controls", "page_height", "memory_budgets", "memory_dashboard"]

@@ -18,7 +18,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory.memory import training_memory
 from playbook.theory.zero import STAGES, zero_comm_per_step
 from playbook.viz.figures import _layout, format_value, memory_bars, unit_scale
-from playbook.viz.widgets import STALE, fit_controls
+from playbook.viz.widgets import STALE, fit_controls, page_height
 
 OP_COLORS = {"all_reduce": "#c0392b", "reduce_scatter": "#e4572e", "all_gather": "#f29e4c"}
 STAGE_NAMES = {0: "DP (ZeRO-0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -165,11 +165,10 @@ def zero_dashboard(
     memory, comm, message = go.FigureWidget(), go.FigureWidget(), w.HTML()
 
     def replace(live: go.FigureWidget, new: go.Figure) -> None:
-        new.layout.height = None  # the widget's first render drops a height set before it is shown:
-        with live.batch_update():  # leave it to the page every time, so the figure looks the same after
+        with live.batch_update():
             live.data = ()
             live.add_traces(new.data)
-            live.layout = new.layout
+            live.layout = page_height(new).layout
 
     def update(_change=None) -> None:
         v = {k: ctl.value for k, ctl in c.items()}

@@ -39,6 +39,9 @@ def save_executed(source: Path, executed: dict, seconds: float) -> Path:
         "seconds": round(seconds, 1),
         "load": round(os.getloadavg()[0], 1),
     }
+    for cell in executed.get("cells", []):  # JupyterLab writes "attachments": null, which nbformat refuses
+        for key in [k for k, v in cell.items() if v is None]:
+            del cell[key]
     path = executed_path(source)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(executed, indent=1))

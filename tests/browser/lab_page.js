@@ -160,11 +160,24 @@ window.playbookTest = {
     const cell = this.cells(name)[index][1];
     // what the figure shows, less what plotly writes into it itself (private keys, a fresh uid per
     // trace object, the x/y type it infers for a heatmap, the autosize flag its widget sets when it sizes)
+    // and what plotly.js computes for an axis: an autoranged or scale-constrained axis's range (it
+    // depends on the order of redraws), and the default domain [0, 1] it writes in on the first redraw
     const own = new Set(["uid", "xtype", "ytype", "autosize"]);
-    const skip = (k, v) => (k.startsWith("_") || own.has(k) ? undefined : v);
     return JSON.stringify(
-      Array.from(cell.node.querySelectorAll(".js-plotly-plot")).map((el) => ({ data: el.data, layout: el.layout })),
-      skip
+      Array.from(cell.node.querySelectorAll(".js-plotly-plot")).map((el) => {
+        const constrained = JSON.stringify(el.layout || {}).includes('"scaleanchor"');
+        return JSON.parse(
+          JSON.stringify({ data: el.data, layout: el.layout }, function (k, v) {
+            if (k.startsWith("_") || own.has(k)) return undefined;
+            if (k === "range" && (constrained || this.autorange === true)) return undefined;
+            if (k === "domain" && (v == null || JSON.stringify(v) === "[0,1]")) return undefined;
+            // an axis plotly.js wrote in itself, holding nothing but its computed autorange
+            if (/^[xy]axis\d*$/.test(k) && v && Object.keys(v).every((x) => x === "range" || x === "autorange") && v.autorange !== "reversed")
+              return undefined;
+            return v;
+          })
+        );
+      })
     );
   },
 };
