@@ -1,6 +1,7 @@
 """Fixtures for the chapters in a real JupyterLab under headless Chromium.
 
-One JupyterLab server and one browser for the whole session; per notebook, a fresh tab that opens
+One JupyterLab server and one browser for this package's tests (closed before tests/test_book.py
+opens its own Playwright: two sync Playwrights cannot share a thread); per notebook, a fresh tab that opens
 the notebook and runs it all once (``ran``), shared by the tests on that notebook; its kernel is shut
 down when they are done. Screenshots and timings go to ``build/browser-artifacts/``.
 """
@@ -59,7 +60,7 @@ def why_not_here() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab():
     server = LabServer(ROOT / "notebooks")
     yield server
@@ -68,7 +69,7 @@ def lab():
     assert not leftover, f"processes still running after the server and its kernels stopped (killed): {leftover}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser_context():
     from playwright.sync_api import sync_playwright
 
