@@ -10,6 +10,7 @@ from playbook.cli import main
 from playbook.parallel import TrainSetup, compare, train
 from playbook.measure.collectives import measured_comm
 from playbook.parallel.dp import micro_batch
+from playbook.parallel.parity import assert_parity
 from playbook.parallel.dp_run import DPResult, on_rank, parity, rel_l2_diff, run_dp, scaling_on_rank, scaling_table
 from playbook.theory.dp import predicted_comm
 from playbook.theory.buckets import bucket_cap_bytes, bucket_plan, parameter_shapes
@@ -44,14 +45,12 @@ def run(ranks, runs, variant, accumulate=1):
 def test_parity_with_one_process(request, runs, reference, n, variant, accumulate):
     results = run(request.getfixturevalue(f"ranks{n}"), runs, variant, accumulate)
     for r in results:  # every rank ends with the same model as the single process
-        p = parity(r, reference)
-        assert p["max_abs_loss_diff"] < 1e-5, p  # losses of every step
-        assert p["max_rel_grad_diff"] < 1e-5, p  # every gradient after the first step
-        # every parameter after the last step, as relative L2 per tensor: AdamW turns a gradient element
-        # of rounding-noise size (~1e-8, one in ~1e5) into a step of ~lr, a 1e-3 single-element
-        # difference (max_rel_param_diff, information only); over the whole tensor that is ≤ 1e-5,
-        # while a bug (a missed bucket, test below) is above 1e-2
-        assert p["max_rel_l2_param_diff"] <= 1e-5, p
+        # losses of every step, every gradient after the first step, every parameter after the last
+        # step as relative L2 per tensor, each within max(1e-5, 3 x the float floor): AdamW turns a
+        # gradient element of rounding-noise size (~1e-8, one in ~1e5) into a step of ~lr, a 1e-3
+        # single-element difference (max_rel_param_diff, information only); over the whole tensor
+        # that is near the float floor, while a bug (a missed bucket, test below) is above 1e-2
+        assert_parity(parity(r, reference), SETUP, f"{variant} n={n}")
     assert results[0].losses == results[-1].losses
 
 
@@ -131,7 +130,7 @@ def test_bucketed_starts_all_reduces_inside_backward_and_naive_after_it(request,
 
 def test_our_bucketed_matches_ddp(ranks2, runs):
     ours, ddp = run(ranks2, runs, "bucketed")[0], run(ranks2, runs, "ddp")[0]
-    assert parity(ours, ddp)["max_rel_grad_diff"] < 1e-6
+    assert_parity(parity(ours, ddp), SETUP, "ours against DDP")  # two float32 runs of the same sums
 
 
 def test_scaling_rows_on_subgroups(ranks4):
@@ -227,7 +226,8 @@ def test_cli_reports_parity_against_reference_and_ddp(capsys):
     code = main(["run", "dp", "--world-size", "2", "--variant", "bucketed", "--steps", "2", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["strategy"] == "dp" and report["setup"]["variant"] == "bucketed"
-    assert report["parity"]["max_rel_grad_diff"] < 1e-5 and report["native"]["max_rel_grad_diff"] < 1e-5
+    assert report["parity"]["within_bounds"] is True
+    assert report["native"]["max_rel_grad_diff"] <= report["parity"]["bounds"]["max_rel_grad_diff"]
     assert (
         report["native"]["reference"].startswith("DistributedDataParallel") and report["native"]["step_time_ratio"] > 0
     )

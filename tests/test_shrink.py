@@ -10,6 +10,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.planner import Layout, plan
 from playbook.theory.shrink import first_shrinkable, shrink
+from playbook.parallel.report import GATED
 
 
 def lay(**kw) -> Layout:
@@ -120,10 +121,9 @@ def test_a_shrunk_candidate_on_four_real_ranks_matches_its_prediction_to_the_byt
         source = before[r["rank"]]["bytes" if r["what"] == "bytes sent" else "memory"][r["key"]]
         assert r["predicted"] == source  # the rows carry the prediction made before the run
     assert result.exact
-    # the gate is the first step's gradients; after 3 AdamW steps on 2 rows per replica, Adam's
-    # normalisation lifts 1e-7 rounding to a few 1e-5 (the hybrid's own suite gates at batch 8)
-    assert result.parity["max_abs_loss_diff"] < 4e-5 and result.parity["max_rel_grad_diff"] < 1e-5
-    assert result.parity["max_rel_l2_param_diff"] < 1e-4
+    # after 3 AdamW steps on 2 rows per replica, Adam's normalisation lifts 1e-7 rounding to a few
+    # 1e-5: the replay is held to max(1e-5, 3x the float floor of its own shrunk setup)
+    assert result.parity["within_bounds"] is True and set(result.parity["bounds"]) == set(GATED), result.parity
     with pytest.raises(ValueError, match=r"needs 2 ranks, the cluster has 4; pass ranks\(2\)"):
         replay(shrink(lay(dp=8, zero=0)), cluster=ranks4)
 

@@ -42,6 +42,7 @@ from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.ring_attention import VARIANTS, attention
 from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.parallel.parity import gated
 from playbook.theory import cp as theory
 from playbook.theory.memory import model_state_bytes
 
@@ -246,7 +247,7 @@ def run_cp(
         strategy="cp",
         world_size=world_size,
         backend=backend,
-        parity=compare(results[0], reference(setup)),
+        parity=gated(compare(results[0], reference(setup)), setup),
         memory={"predicted": predicted_memory(setup, world_size, variant), "measured": measured},
         comm={"predicted": comm, "measured": results[0].sent_per_step},
         setup={**setup.as_dict(), "variant": variant, "zigzag": zigzag},

@@ -30,6 +30,7 @@ from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, 
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
 from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.parallel.parity import gated
 from playbook.theory.buckets import bucket_cap_bytes
 from playbook.theory.dp import predicted_comm
 from playbook.theory.memory import training_memory
@@ -335,9 +336,9 @@ def run_dp(
         strategy="dp",
         world_size=world_size,
         backend=backend,
-        parity=parity(
-            ours, reference, *(["single process in mixed precision, same global batch"] if precision == "mixed" else [])
-        ),
+        parity=parity(ours, reference, "single process in mixed precision, same global batch")
+        if precision == "mixed"
+        else gated(parity(ours, reference), setup),
         native=native,
         memory={"predicted": predicted, "measured": ours.memory},
         comm={

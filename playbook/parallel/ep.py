@@ -135,11 +135,13 @@ def train_moe(
     mode: str = "ep",
     ep: int | None = None,
     native: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> MoERun:
     """``parallel.training.train`` for a mixture of experts: without ``ctx`` the single-process
     reference; with ``ctx`` (a rank) expert parallelism over ``ep`` ranks (default all) inside
     data parallelism over all, or ``mode="tp"``: tensor parallelism inside every expert.
-    ``native=True``: PyTorch's differentiable all-to-all instead of ours (not traced)."""
+    ``native=True``: PyTorch's differentiable all-to-all instead of ours (not traced); ``dtype``:
+    float64 gives the exact answer the float floor is measured against (``parallel.parity``)."""
     rank, n, device = (0, 1, "cpu") if ctx is None else (ctx.rank, ctx.world_size, ctx.device)
     model = build(cfg, setup.seed, capacity_factor=capacity_factor, aux_alpha=aux_alpha, bias_rate=bias_rate)
     hooks, record = {}, StepRecord(model)
@@ -152,7 +154,9 @@ def train_moe(
             layer.native = native
         record = StepRecord(model, mode=mode, group=mesh.group("dp_cp"), n=n, spans=ctx.tracer.spans)
         hooks = dict(sync_grads=lambda m: sync_gradients(m, mesh, sequence_parallel=False), progress=ctx.progress)
-    result = train(setup, rank=rank, world_size=n, device=device, model=model.to(device), sync_loss=record, **hooks)
+    result = train(
+        setup, rank=rank, world_size=n, device=device, model=model.to(device, dtype), sync_loss=record, **hooks
+    )
     return MoERun(
         **vars(result), routing=record.routing, choices=record.choices, ce=record.ce, comm=record.comm, rank=rank
     )

@@ -17,9 +17,10 @@ from playbook.dims import ParallelDims
 from playbook.measure.trace import bytes_by_axis
 from playbook.parallel.hybrid import CP_VARIANTS, Plan, train_hybrid
 from playbook.parallel.hybrid_native import check_native, native_parity, summary_line
+from playbook.parallel.parity import gated, reference
 from playbook.parallel.registry import register
-from playbook.parallel.report import RunReport, compare
-from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.parallel.report import RunReport, bounds_lines, compare
+from playbook.parallel.training import TrainResult, TrainSetup
 from playbook.theory.hybrid import comm_per_axis, memory_per_rank
 from playbook.theory.schedules import SCHEDULES
 
@@ -81,20 +82,6 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
     return rows
 
 
-def reference(setup: TrainSetup) -> TrainResult:
-    """The single process on the whole global batch (the MoE model built as its chapter builds it)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # like one rank: several threads on a busy 2-core machine run 10-30x slower
-    try:
-        if setup.config().is_moe:
-            from playbook.moe import build
-
-            return train(setup, model=build(setup.config(), setup.seed))
-        return train(setup)
-    finally:
-        torch.set_num_threads(threads)
-
-
 @dataclass
 class HybridReport(RunReport):
     """``RunReport`` plus the layout and, per rank, bytes per axis and memory by category."""
@@ -109,6 +96,7 @@ class HybridReport(RunReport):
             f"  loss per step: {', '.join(f'{x:.4f}' for x in self.losses)}",
             f"  parity vs {p['reference']}: loss {p['max_abs_loss_diff']:.2e} (abs), grads {p['max_rel_grad_diff']:.2e} "
             f"(rel), params {p['max_rel_l2_param_diff']:.2e} (rel L2)",
+            *bounds_lines(p),
             "  per rank: bytes sent per step by axis, predicted / measured; memory (bytes) predicted / measured",
         ]
         for row in self.per_rank:
@@ -153,7 +141,7 @@ def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto", native: boo
         strategy="hybrid",
         world_size=world,
         backend=backend,
-        parity=compare(ours, reference(setup)),
+        parity=gated(compare(ours, reference(setup)), setup),
         memory=mine["memory"],
         comm={"predicted": mine["predicted"], "measured": mine["measured"]},
         setup={**setup.as_dict(), **plan.as_dict()},

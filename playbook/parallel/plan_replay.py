@@ -16,6 +16,7 @@ from playbook.parallel.hybrid import Plan, train_hybrid
 from playbook.parallel.hybrid_run import comm_table, merge, reference, run_layout
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
+from playbook.parallel.parity import gated
 from playbook.theory.shrink import Shrunk
 
 
@@ -70,7 +71,7 @@ def replay(shrunk: Shrunk, *, cluster=None, steps: int = 3, backend: str = "auto
             )
         answers = cluster.run(train_hybrid, setup, plan, progress=False)
         table = comm_table(answers, setup, plan)
-        parity = compare(merge(answers, plan.dims.tp), reference(setup))
+        parity = gated(compare(merge(answers, plan.dims.tp), reference(setup)), setup)
     else:
         report = run_layout(setup, plan, backend)
         table, parity = report.per_rank, report.parity

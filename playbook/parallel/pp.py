@@ -38,6 +38,7 @@ from playbook.parallel.pp_native import NATIVE, native_limits, native_on_rank
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.parallel.parity import gated
 from playbook.theory.pipeline import predicted_memory, stage_ranges
 from playbook.theory.schedules import DEFINITIONS, Schedule, check_pipeline, make_schedule
 
@@ -238,7 +239,7 @@ def run_pp(
         strategy="pp",
         world_size=world_size,
         backend=backend,
-        parity=compare(ours, reference),
+        parity=gated(compare(ours, reference), setup),
         native=native,
         memory={"predicted": predicted_memory(setup, plan), "measured": results[0]["memory"]},
         comm={

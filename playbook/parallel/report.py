@@ -97,8 +97,32 @@ def compare(candidate, reference, name: str = "single process, same global batch
     }
 
 
+GATED = ("max_abs_loss_diff", "max_rel_grad_diff", "max_rel_l2_param_diff")  # worst element: information only
+
+
+def failures(parity: dict, limits: dict[str, float]) -> list[str]:
+    """One line per gated figure over its bound (a NaN fails too); empty when the run agrees."""
+    return [
+        f"{k} = {parity[k]:.3e} > bound {limits[k]:.3e}"
+        for k in GATED
+        if k in limits and not parity[k] <= limits[k]  # `not <=` so that NaN fails
+    ]
+
+
+def bounds_lines(parity: dict) -> list[str]:
+    """The line a summary prints under its parity figures: the bounds they are held to, if any."""
+    b = parity.get("bounds")
+    if not b:
+        return []
+    return [
+        f"  bounds, max(1e-5, 3 x this machine's float32 floor): loss {b['max_abs_loss_diff']:.2e}, "
+        f"grads {b['max_rel_grad_diff']:.2e}, params {b['max_rel_l2_param_diff']:.2e}"
+    ]
+
+
 def parity_problem(parity: dict | None) -> str | None:
-    """Why a parity dict must not be trusted (a diverged run), or None."""
+    """Why a parity dict must not be trusted (a diverged run), or why it fails its bounds
+    (``parity["bounds"]``, set by :func:`playbook.parallel.parity.gated`), or None."""
     if not parity or "max_abs_loss_diff" not in parity:
         return None
     if parity.get("finite") is False:
@@ -106,6 +130,9 @@ def parity_problem(parity: dict | None) -> str | None:
     numbers = [v for k, v in parity.items() if k.startswith("max_") and isinstance(v, float)]
     if any(not math.isfinite(v) for v in numbers):
         return "a parity figure is NaN or inf: the run diverged"
+    bad = failures(parity, parity.get("bounds") or {})
+    if bad:
+        return "outside the float32 bounds (max(1e-5, 3 x this machine's float floor)): " + "; ".join(bad)
     return None
 
 
@@ -147,6 +174,7 @@ class RunReport:
             f"grads {p['max_rel_grad_diff']:.2e} (rel), params {p.get('max_rel_l2_param_diff', float('nan')):.2e} (rel L2), "
             f"worst element {p['max_rel_param_diff']:.2e}",
         ]
+        lines += bounds_lines(p)
         if self.problem():
             lines.insert(1, f"  PARITY FAILED: {self.problem()}")
         if self.native and "skipped" in self.native:

@@ -12,6 +12,7 @@ from playbook.cluster import default_backend, launch
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainSetup, train
+from playbook.parallel.parity import gated
 from playbook.theory.memory import training_memory
 
 
@@ -36,7 +37,7 @@ def run_single(setup: TrainSetup, *, world_size: int = 1, backend: str = "auto")
         strategy="single",
         world_size=1,
         backend=backend,
-        parity=compare(result, reference),
+        parity=gated(compare(result, reference), setup),
         memory={"predicted": setup.predicted_memory(1).as_dict(), "measured": measured},
         setup=setup.as_dict(),
         losses=result.losses,

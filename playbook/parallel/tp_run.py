@@ -16,6 +16,7 @@ from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.tp import check_tp, step_collectives, summarize, tp_training_memory
 from playbook.parallel.tp import TPGPT, shard_dims, sync_replicated_grads, unshard
 from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, to_mixed, train_mixed
+from playbook.parallel.parity import gated
 
 
 # ---- training on real ranks ---------------------------------------------------------------------
@@ -207,7 +208,7 @@ def run_tp(
         strategy=("tp+sp" + ("+regather" if regather else "")) if sequence_parallel else "tp",
         world_size=world_size,
         backend=backend,
-        parity=compare(ours, reference),
+        parity=gated(compare(ours, reference), setup),
         native=compare(answers[0][1], reference, "DTensor parallelize_module, same global batch") if native else None,
         memory={
             "predicted": tp_training_memory(

@@ -18,6 +18,7 @@ from playbook.parallel.report import compare
 from playbook.parallel.sharded import MOMENTS, ShardedReport, ShardedResult, train_sharded
 from playbook.parallel.training import TrainSetup, train
 from playbook.parallel.zero import Zero
+from playbook.parallel.parity import gated
 from playbook.theory.sharded import padding_note, predicted_memory
 from playbook.theory.zero import check_stage, zero_comm_per_step, zero_memory_by_moment
 
@@ -111,7 +112,9 @@ def run_zero(
         strategy=f"zero-{stage}",
         world_size=world_size,
         backend=backend,
-        parity=compare(r0, *((train_mixed(setup), MIXED_REFERENCE) if precision == "mixed" else (train(setup),))),
+        parity=compare(r0, train_mixed(setup), MIXED_REFERENCE)
+        if precision == "mixed"
+        else gated(compare(r0, train(setup)), setup),
         memory={
             "predicted": predicted,
             "measured": r0.memory,
