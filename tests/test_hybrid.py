@@ -61,6 +61,14 @@ def test_ep2_inside_dp2_moe(ranks2):
     assert {"dp", "ep"} <= axes  # the all-to-alls on their own group, though its ranks are dp's
 
 
+def test_moe_inside_dp_alone_routes_on_the_global_counts(ranks2):
+    """dp2 with every expert on every rank (ep = 1): capacity and the aux loss are functions of the
+    whole batch's routing counts, so the counts are all-gathered over dp as under EP. Routing each
+    rank's tokens alone (the old bug) put the first gradients 8% off the single process."""
+    answers, _ = check(ranks2, MOE, Plan(ParallelDims(dp=2)))
+    assert {s["name"] for a in answers for s in a["spans"] if s["axis"] == "dp"} >= {"all_gather_single"}
+
+
 def test_dp2_tp2_pp2_on_eight_ranks(ranks8):
     answers, _ = check(ranks8, DENSE, Plan(ParallelDims(dp=2, tp=2, pp=2)))
     sends = [s for a in answers for s in a["spans"] if s["name"] == "isend"]

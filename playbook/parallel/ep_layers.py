@@ -62,6 +62,10 @@ class ExpertParallelMoE(MoEMLP):
 
     def run_experts(self, xs, kept_by_rank):
         ep, per, me = self.ep, self.per_rank, self.ep_rank
+        if ep == 1:  # every expert is here: only the counts (capacity, aux loss) were global
+            sizes = kept_by_rank[self.data_rank].tolist()
+            outs = [self.experts[str(e)](chunk) for e, chunk in enumerate(xs.split(sizes)) if sizes[e]]
+            return torch.cat(outs) if outs else xs[:0]  # [S, h]
         group = kept_by_rank[self.data_rank - me : self.data_rank - me + ep]  # [ep, E] my EP group's kept slots
         send = group[me].view(ep, per).sum(1).tolist()  # rows to each member (xs is grouped by expert = by owner)
         from_each = group[:, self.first : self.first + per]  # [ep, per] rows each member sends me, per local expert

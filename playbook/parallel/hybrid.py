@@ -125,7 +125,7 @@ def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = N
         use_attention(
             model, cp_attention_fn(plan.cp_variant, mesh.group("cp"), zigzag=plan.zigzag, positions=positions)
         )
-    if d.ep > 1:
+    if d.ep > 1 or d.dp * d.cp > 1:  # routing sees the global counts even with every expert local (ep = 1)
         from playbook.moe import MoEMLP
         from playbook.parallel.ep import ExpertParallelMoE
 

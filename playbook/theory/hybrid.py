@@ -116,10 +116,11 @@ def comm_per_axis(
             dense = moe_params(cfg, dims.ep)["dense"]
             add(data_axis(dims), cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n))  # counts
         add(data_axis(dims), sent_bytes("all_reduce", FP32 * dense, n))
-    if cfg.is_moe and dims.ep > 1 and n > dims.ep:
+    if cfg.is_moe and n > dims.ep:  # ep = 1: every rank holds every expert, its replicas are dp×cp
         p = moe_params(cfg, dims.ep)
         tensors = 3 * cfg.n_experts // dims.ep * cfg.n_moe_layers  # one "had a gradient" flag per tensor
-        add("ep_replica", sent_bytes("all_reduce", FP32 * (p["experts"] + tensors), n // dims.ep))
+        axis = "ep_replica" if dims.ep > 1 else data_axis(dims)
+        add(axis, sent_bytes("all_reduce", FP32 * (p["experts"] + tensors), n // dims.ep))
     if routing is not None and dims.ep > 1:
         from playbook.theory.moe import alltoall_bytes_from_routing
 
