@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 
+from playbook.cli_trace import check_trace_path, write_trace
 from playbook.config import Hardware, ModelConfig
 
 # Every numeric option of ``playbook run`` (and its strategies): dest -> (lowest, highest, example).
@@ -238,7 +239,7 @@ def cmd_memory(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from playbook.cluster import no_progress, under_torchrun
+    from playbook.cluster import LAUNCHED_TRACES, no_progress, under_torchrun
     from playbook.parallel import TrainSetup, get
 
     strategy = get(args.strategy)
@@ -249,6 +250,8 @@ def cmd_run(args) -> int:
         args.world_size = strategy.world_size(vars(args))
     if not under_torchrun():
         check_fits(args)
+    if args.trace is not None:
+        check_trace_path(args.trace)
     common = {
         "strategy",
         "model",
@@ -261,6 +264,7 @@ def cmd_run(args) -> int:
         "command",
         "world_size",
         "backend",
+        "trace",
     }
     options = {k: v for k, v in vars(args).items() if k not in common}
     # With --json, stdout carries the JSON object alone: anything else (rank prints) goes to stderr.
@@ -269,12 +273,15 @@ def cmd_run(args) -> int:
         contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(),
         no_progress() if args.json else contextlib.nullcontext(),
     ):
+        LAUNCHED_TRACES.clear()
         report = strategy.run(setup, world_size=args.world_size, backend=args.backend, **options)
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:  # under torchrun only rank 0 prints
         return 0
     print(report.to_json() if args.json else report.summary())
+    if args.trace is not None:
+        write_trace(args.trace, f"playbook run {args.strategy}")
     problem = report.problem() if hasattr(report, "problem") else None
     if problem:
         print(f"playbook: parity failed: {problem}", file=sys.stderr)
@@ -369,6 +376,11 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
         p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+        p.add_argument(
+            "--trace",
+            metavar="FILE.json",
+            help="write the measured timeline (Chrome trace format: Perfetto, chrome://tracing)",
+        )
         if s.arguments:
             s.arguments(p)
         _show_defaults(p)

@@ -643,6 +643,14 @@ class Ranks:
             self.last_trace = [span for r in range(self.world_size) for span in traces.get(r, [])]
         return [results[r] for r in range(self.world_size)]
 
+    def write_trace(self, path, *, title: str = "playbook ranks"):
+        """Write the last call's spans of every rank (``last_trace``) as a Chrome trace, to open in
+        Perfetto (https://ui.perfetto.dev) or ``chrome://tracing``: one row per rank, compute and
+        communication threads, a flow arrow from each send to its receive. Returns the path."""
+        from playbook.measure.chrome_trace import write_chrome_trace
+
+        return write_chrome_trace(path, self.last_trace, title=title)
+
     def _blame(self, failures: dict[int, str], deaths: dict, results: dict) -> RankError:
         """One error that names the cause: a rank that died comes before the ranks that then lost
         their connection to it ("Connection closed by peer" is a symptom, not a cause); otherwise
@@ -811,7 +819,12 @@ def launch(
     r = Ranks(world_size, backend=backend, timeout=timeout)
     r._restart = ""  # one run: nothing restarts afterwards
     with r:
-        return r.run(fn, *args, **kwargs)
+        results = r.run(fn, *args, **kwargs)
+    LAUNCHED_TRACES.append(r.last_trace)
+    return results
+
+
+LAUNCHED_TRACES: list[list[dict]] = []  # the spans of every rank of each launch, in order (``run --trace``)
 
 
 def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:

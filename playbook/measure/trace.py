@@ -48,6 +48,8 @@ class Span:
     dtype: str = ""
     waited: float | None = None  # async ops: when wait() returned (end is when the op completed)
     axis: str = ""  # the mesh axis the group belongs to ("tp", "dp", ...; see ``label_groups``)
+    peer: int | None = None  # point-to-point: the global rank sent to (send) or received from (recv)
+    tag: int = 0  # point-to-point: the message tag (a send and its receive carry the same)
 
     @property
     def duration(self) -> float:
@@ -150,6 +152,20 @@ def _measure(op: str, args, kwargs, n: int, rank_in_group: int) -> tuple[int, fl
         t = _first_tensor(a, kwargs, "tensor")
         return _nbytes(t), float(_nbytes(t)), str(getattr(t, "dtype", ""))
     return 0, 0.0, ""  # barrier
+
+
+_P2P_PEER = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+
+def _peer(op: str, args, kwargs, group) -> tuple[int | None, int]:
+    """(global peer rank, tag) of a point-to-point call: ``dst``/``src`` are global ranks in
+    ``torch.distributed``; ``group_dst``/``group_src`` are ranks inside ``group``."""
+    key = _P2P_PEER[op]
+    peer = kwargs.get(key, args[1] if len(args) > 1 else None)
+    local = kwargs.get(f"group_{key}")
+    if peer is None and local is not None:
+        peer = dist.get_global_rank(group, local)
+    return peer, int(kwargs.get("tag", args[3] if len(args) > 3 else 0) or 0)
 
 
 TRACED_OPS = (
@@ -316,6 +332,8 @@ def _wrap(op: str, fn):
         S, sent, dtype = _measure(op, args, kwargs, n, rank_in_group)
         axis = _axis_of(group)
         span = Span(tracer.rank, "comm", op, time.perf_counter(), None, S, sent, n, name, dtype, axis=axis)
+        if op in _P2P_PEER:
+            span.peer, span.tag = _peer(op, args, kwargs, group)
         tracer.spans.append(span)
         is_async = op in _ASYNC_ALWAYS or kwargs.get("async_op", False)
         if not is_async:

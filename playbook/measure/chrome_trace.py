@@ -1,0 +1,108 @@
+"""A run's measured timeline in the Chrome trace event format, for Perfetto or ``chrome://tracing``.
+
+Engineers read distributed runs as timelines with one row per rank; PyTorch's profiler writes
+this format too. :func:`chrome_trace` turns the tracer's spans (``playbook.measure.trace``) into
+
+- one *process* per rank (``pid`` = rank), with two *threads*: compute (the step, forward,
+  backward, pipeline actions: whatever the code marked with ``tracer.span``) and communication
+  (every collective and point-to-point message);
+- a *complete event* (``"ph": "X"``) per span, in microseconds from the first span of the run,
+  with the bytes, bytes sent, mesh axis, group and dtype in its ``args``;
+- a *flow* (``"ph": "s"`` then ``"f"``) from each send to the receive that took it: the k-th
+  message from rank a to rank b with tag t is the k-th receive at b from a with tag t, the order
+  both gloo and NCCL deliver in;
+- an *instant event* (``"ph": "i"``) at every step boundary (compute spans named ``step N``).
+
+The format: Google's "Trace Event Format" document (the JSON Object Format, ``traceEvents``).
+Open the file at https://ui.perfetto.dev (it stays in the browser) or in ``chrome://tracing``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+COMPUTE, COMM = 0, 1  # thread ids inside each rank's process
+_ARGS = ("bytes", "sent_bytes", "axis", "group", "group_size", "dtype", "peer", "tag")
+_SENDS, _RECVS = {"send", "isend"}, {"recv", "irecv"}
+
+
+def _get(span, key, default=None):
+    return span.get(key, default) if isinstance(span, dict) else getattr(span, key, default)
+
+
+def _end(span) -> float:
+    """When the span finished: an async op that was never waited on ends where it started."""
+    for key in ("end", "waited"):
+        value = _get(span, key)
+        if value is not None:
+            return value
+    return _get(span, "start")
+
+
+def chrome_trace(spans, *, title: str = "playbook run") -> dict:
+    """The Chrome trace (a JSON-ready dict) of ``spans``: ``Span`` objects or their dicts, of any
+    number of ranks (``ranks.last_trace`` holds every rank's spans of the last call)."""
+    spans = sorted(spans, key=lambda s: (_get(s, "rank"), _get(s, "start")))
+    if not spans:
+        return {"traceEvents": [], "displayTimeUnit": "ms", "otherData": {"title": title}}
+    t0 = min(_get(s, "start") for s in spans)
+    us = lambda t: round((t - t0) * 1e6, 3)  # noqa: E731  seconds since the first span -> microseconds
+    events: list[dict] = []
+    for rank in sorted({_get(s, "rank") for s in spans}):
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        for tid, name in ((COMPUTE, "compute"), (COMM, "communication")):
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for s in spans:
+        rank, kind, name = _get(s, "rank"), _get(s, "kind"), _get(s, "name")
+        start, end = us(_get(s, "start")), us(_end(s))
+        event = {
+            "ph": "X",
+            "name": name,
+            "cat": kind,
+            "pid": rank,
+            "tid": COMM if kind == "comm" else COMPUTE,
+            "ts": start,
+            "dur": max(end - start, 0.0),
+        }
+        if kind == "comm":
+            event["args"] = {k: _get(s, k) for k in _ARGS if _get(s, k) not in (None, "")}
+        events.append(event)
+        if kind == "compute" and name.startswith("step "):
+            events.append({"ph": "i", "s": "g", "name": name, "pid": rank, "tid": COMPUTE, "ts": start})
+        peer = _get(s, "peer")
+        if kind == "comm" and peer is not None and name in _SENDS | _RECVS:
+            where = (rank, peer) if name in _SENDS else (peer, rank)  # (from, to)
+            (sends if name in _SENDS else recvs)[where + (_get(s, "tag", 0),)].append(event)
+    for flow_id, (key, out, into) in enumerate(
+        (key, a, b) for key in sorted(sends) for a, b in zip(sends[key], recvs.get(key, []))
+    ):
+        events.append(_flow("s", flow_id, out, key))
+        events.append(_flow("f", flow_id, into, key))
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+
+
+def _flow(phase: str, flow_id: int, slice_: dict, key: tuple) -> dict:
+    """One end of a flow arrow, placed inside the slice it binds to (its midpoint)."""
+    event = {
+        "ph": phase,
+        "id": flow_id,
+        "name": f"message {key[0]}→{key[1]} tag {key[2]}",
+        "cat": "p2p",
+        "pid": slice_["pid"],
+        "tid": slice_["tid"],
+        "ts": slice_["ts"] + slice_["dur"] / 2,
+    }
+    if phase == "f":
+        event["bp"] = "e"  # bind to the enclosing slice (the receive)
+    return event
+
+
+def write_chrome_trace(path, spans, *, title: str = "playbook run") -> Path:
+    """Write :func:`chrome_trace` of ``spans`` to ``path`` (JSON); returns the path."""
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(spans, title=title)))
+    return path
