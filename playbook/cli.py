@@ -328,8 +328,12 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fp32-grad-accum",
-        action="store_true",
-        help="with --precision mixed: an fp32 gradient-accumulation buffer, 4 more bytes per parameter",
+        nargs="?",
+        const="both",
+        default=False,
+        choices=["main_grad", "both"],
+        help="with --precision mixed: accumulate gradients in fp32; main_grad (Megatron-LM) replaces the "
+        "bf16 gradient (18 bytes per parameter), both (the default when given bare) keeps it too (20)",
     )
     p.add_argument(
         "--attention",

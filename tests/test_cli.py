@@ -61,6 +61,10 @@ def test_memory_command_fp32_grad_accum(capsys):
     )
     assert code == 0
     assert json.loads(out)["training"]["grads"] == 6 * psi / 8
+    # Megatron-LM's main_grad replaces the bf16 gradient: 4 · Ψ / 8
+    argv = ["memory", "--model", "llama-3.1-70b", "--seq-len", "1024", "--dp", "8", "--zero", "2", "--json"]
+    code, out, _ = run_cli(capsys, *argv, "--fp32-grad-accum", "main_grad")
+    assert code == 0 and json.loads(out)["training"]["grads"] == 4 * psi / 8
     code, out, err = run_cli(capsys, "memory", "--precision", "fp32", "--fp32-grad-accum")
     assert code == 2 and "fp32_grad_accum needs precision='mixed'" in err
 

@@ -161,6 +161,19 @@ def test_scaling_table_by_hand():
     assert [t.name for t in fig.data].count("measured") == 2
 
 
+def test_chapter1_ninety_percent_efficiency_and_its_denominator():
+    # strong: speedup over the baseline / (ranks / baseline ranks); weak: T1 / Tn (chapter 1, §7)
+    def row(ranks, batch, step_s):
+        return dict(ranks=ranks, global_batch=batch, step_s=step_s, compute_s=step_s)
+
+    one = scaling_table([row(1, 64, 1.0), row(8, 64, 1 / 7.2)], seq_len=1)[1]
+    node = scaling_table([row(8, 512, 1.0), row(64, 512, 1 / 7.2)], seq_len=1)[1]
+    weak = scaling_table([row(1, 8, 1.0), row(8, 64, 1 / 0.9)], seq_len=1, weak=True)[1]
+    assert one["speedup"] == node["speedup"] == pytest.approx(7.2)
+    assert one["efficiency"] == node["efficiency"] == weak["efficiency"] == pytest.approx(0.9)
+    assert node["efficiency"] != pytest.approx(node["speedup"] / 64)  # not over all 64 ranks
+
+
 def test_relative_l2_ignores_one_noisy_element_but_not_a_shifted_tensor():
     w = {"w": torch.ones(10_000)}
     one = {"w": w["w"].clone()}

@@ -14,7 +14,13 @@ from playbook.parallel.parity import assert_parity, floor_of
 from playbook.parallel.registry import names
 from playbook.parallel.training import TrainSetup
 from playbook.theory.moe import imbalance
-from playbook.theory.moe_routing import capacity_buffer, cross_node_rows, nodes_reached
+from playbook.theory.moe_routing import (
+    capacity_buffer,
+    cross_node_rows,
+    ep_over_tp_bytes,
+    node_limited_rows_sampled,
+    nodes_reached,
+)
 from playbook.theory.trades import STRATEGY_TRADES
 
 SETUP = TrainSetup(model="gpt-tiny-moe", steps=3, global_batch=8, seq_len=32)
@@ -123,10 +129,48 @@ def test_cross_node_rows():
     assert ds["per_expert"] == 7.0 and 4.5 < ds["per_node"] < 4.8 and 3.4 < ds["node_limited"] < 3.5
 
 
+def test_ep_over_tp_once_per_expert_or_once_per_rank():
+    from playbook.theory.moe import tp_experts_bytes_per_step, uniform_alltoall_bytes
+
+    # chapter 6: DeepSeek-V3's top-8 of 256 experts at ep = tp = 4 and 8
+    for n, per_rank in ((4, 0.90), (8, 0.66)):
+        per_expert = ep_over_tp_bytes(256, 8, n)
+        assert per_expert == pytest.approx(4 * uniform_alltoall_bytes(1, 8, n, 1) / tp_experts_bytes_per_step(1, n, 1))
+        assert per_expert == 8 / n  # 2.0 and 1.0: "twice as much on 4 ranks" counts every (token, expert)
+        # once per destination rank: E[D]/n, D the distinct ranks of the 8 experts
+        got = ep_over_tp_bytes(256, 8, n, once_per="rank")
+        expected_d = sum(d * q for d, q in enumerate(nodes_reached(256, 8, n)))
+        assert got == pytest.approx(expected_d / n) and round(got, 2) == per_rank
+    with pytest.raises(ValueError, match="once_per"):
+        ep_over_tp_bytes(256, 8, 4, once_per="node")
+
+
+def test_node_limited_routing_sampled_as_deepseek_v3_routes():
+    # nodes by the sum of their k/M best scores, then top-k inside: slightly below the E[min(D, M)] cap
+    bound = cross_node_rows(256, 8, 8, node_limit=4)["node_limited"]
+    uniform = node_limited_rows_sampled(256, 8, 8, 4)
+    sigmoid = node_limited_rows_sampled(256, 8, 8, 4, scores="sigmoid")
+    assert round(bound, 2) == 3.49 and round(uniform, 2) == 3.46 and round(sigmoid, 2) == 3.47
+    assert uniform < sigmoid < bound
+    assert node_limited_rows_sampled(256, 8, 8, 4) == uniform  # seeded
+    assert node_limited_rows_sampled(8, 2, 2, 1, tokens=500) == 0.5  # one node: D = 1, half of it remote
+    with pytest.raises(ValueError, match=r"node_limit \| top_k"):
+        node_limited_rows_sampled(256, 8, 8, 3)
+
+
 def test_the_trade_table_covers_every_training_strategy():
     covered = {name.strip() for row in STRATEGY_TRADES for name in row["runs"].split(",")}
     assert covered == set(names()) - {"single", "serve", "hybrid"}
     assert all(set(row) == set(STRATEGY_TRADES[0]) and all(row.values()) for row in STRATEGY_TRADES)
+
+
+def test_the_trade_table_uses_one_n_for_every_degree():
+    # n is the degree in every row (chapter 5's c is the tokens per rank, s/n); TP can be overlapped
+    rows = {row["runs"]: row for row in STRATEGY_TRADES}
+    assert "(n−1) steps" in rows["cp"]["communicates"] and "s/n" in rows["cp"]["link"]
+    assert not any("(c−1)" in v or "s/c" in v for row in STRATEGY_TRADES for v in row.values())
+    assert "overlap" in rows["tp"]["link"] and "not overlapped" not in rows["tp"]["link"]
+    assert "once per destination rank" in rows["ep"]["communicates"]
 
 
 def test_the_balance_figures_draw_what_they_are_given():

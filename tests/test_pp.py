@@ -105,11 +105,16 @@ def test_peak_activations_1f1b_p_gpipe_m(ranks2):
 
 
 def test_held_bytes_release_the_w_part_at_w():
-    # zb-h1, p = 2, m = 8: rank 0 plays F0 F1 B0 F2 B1 W0 F3 ... (at most 2 sets before their B and
-    # 1 after it), rank 1 F0 B0 F1 B1 W0 F2 ... (1 and 1). Sets of 10 and 7 bytes, of which 3 and 2 stay for W:
+    # zb-h1, p = 2, m = 8 (Qi et al. §2.1): rank 0 plays F0 F1 B0 W0 F2 B1 W1 ... (2 whole sets at its
+    # peak), rank 1 F0 B0 F1 B1 W0 F2 B2 W1 ... (W one micro-batch late: 1 whole set and 1 W part).
+    # Sets of 10 and 7 bytes, of which 3 and 2 stay for W:
     s = make_schedule("zb-h1", 2, 8)
-    assert held_bytes(s, [[10], [7]], [[3], [2]]) == [2 * 10 + 3, 7 + 2]
-    assert held_bytes(s, [[10], [7]]) == [3 * 10, 2 * 7]  # w_bytes=None: the whole set stays until W
+    assert s.table() == [
+        "rank 0: F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 F4 B3 W3 F5 B4 W4 F6 B5 W5 F7 B6 W6 B7 W7",
+        "rank 1: F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 F4 B4 W3 F5 B5 W4 F6 B6 W5 F7 B7 W6 W7",
+    ]
+    assert held_bytes(s, [[10], [7]], [[3], [2]]) == [2 * 10, 7 + 2]
+    assert held_bytes(s, [[10], [7]]) == [2 * 10, 2 * 7]  # w_bytes=None: the whole set stays until W
 
 
 def test_zb_h1_keeps_only_what_w_needs_until_w(ranks2):
@@ -124,11 +129,12 @@ def test_zb_h1_keeps_only_what_w_needs_until_w(ranks2):
     f = [chunk_activation_bytes(cfg, 0, 2, 1, 16), chunk_activation_bytes(cfg, 2, 4, 1, 16)]
     results = ranks2.run(on_rank, setup, schedule="zb-h1", m=m, progress=False)
     schedule = make_schedule("zb-h1", 2, m)
-    for step in range(setup.steps):  # every step: the orders above, with the W part held after B
-        assert [r["logs"][step].peak_bytes for r in results] == [2 * f[0] + w[0], f[1] + w[1]]
+    want = [2 * f[0], f[1] + w[1]]  # the orders above: rank 1 keeps one W part beside its whole set
+    for step in range(setup.steps):
+        assert [r["logs"][step].peak_bytes for r in results] == want
     assert [r["logs"][0].chunk_bytes[0] for r in results] == f
-    assert [predicted_memory(setup, schedule, r)["activations"] for r in (0, 1)] == [2 * f[0] + w[0], f[1] + w[1]]
-    assert 2 * f[0] + w[0] < 3 * f[0] and f[1] + w[1] < 2 * f[1]  # less than whole graphs until W
+    assert [predicted_memory(setup, schedule, r)["activations"] for r in (0, 1)] == want
+    assert f[1] + w[1] < 2 * f[1]  # less than a whole graph until W
     check_parity(merge(results), setup)
 
 
@@ -145,6 +151,28 @@ def test_bubble_report_has_both_definitions(ranks2):
     for r in range(2):
         order = [(s.kind, s.mb) for s in sorted(tl.slots, key=lambda s: s.start) if s.rank == r]
         assert order == [(a.kind, a.mb) for a in make_schedule("1f1b", 2, 4).compute(r)]
+
+
+def test_zb_h1_on_four_ranks_holds_1f1b_peak_greedy_more(ranks4):
+    """Qi et al. 2023 §2.1 on real ranks, p = 4, m = 8: rank r of ZB-H1 holds at most p − r whole sets
+    and r W parts, (p − r)·f_r + r·w_r bytes, so rank 0 holds exactly what 1F1B's rank 0 holds; the
+    greedy variant keeps 7, 6, 5, 4 sets until their W. Measured by saved-tensor hooks, to the byte."""
+    setup, p, m = DEEP, 4, 8
+    cfg, b = setup.config(), setup.global_batch // m
+    got = {}
+    for name in ("1f1b", "zb-h1", "zb-h1-greedy"):
+        results = ranks4.run(on_rank, setup, schedule=name, m=m, progress=False)
+        got[name] = activation_report(results, make_schedule(name, p, m), setup)
+        assert got[name]["measured_bytes"] == got[name]["predicted_bytes"], name
+        if name == "zb-h1":
+            check_parity(merge(results), setup)
+            ranges = [r["ranges"][0] for r in results]
+    f = [chunk_activation_bytes(cfg, *rg, b, setup.seq_len) for rg in ranges]
+    w = [chunk_w_bytes(cfg, *rg, b, setup.seq_len) for rg in ranges]
+    assert got["zb-h1"]["measured_bytes"] == [(p - r) * f[r] + r * w[r] for r in range(p)]
+    assert got["zb-h1"]["measured_bytes"][0] == got["1f1b"]["measured_bytes"][0] == p * f[0]
+    assert got["zb-h1"]["peak_held"] == [p] * p and got["zb-h1-greedy"]["peak_held"] == [7, 6, 5, 4]
+    assert all(g > z for g, z in zip(got["zb-h1-greedy"]["measured_bytes"][:3], got["zb-h1"]["measured_bytes"]))
 
 
 @pytest.mark.parametrize("name", ["1f1b", "zb-h1"])

@@ -7,6 +7,7 @@ import pytest
 
 from playbook.theory.schedules import (
     SCHEDULES,
+    VARIANTS,
     Action,
     Costs,
     Deadlock,
@@ -24,7 +25,7 @@ from playbook.theory.schedules import (
 
 GRID = [
     (name, p, m, v)
-    for name in SCHEDULES
+    for name in SCHEDULES + VARIANTS
     for p in (1, 2, 3, 4, 8)
     for m in (1, 2, 3, 4, 8, 12, 16, 32)
     for v in ((1, 2, 3, 4) if name == "interleaved" else (1,))
@@ -65,7 +66,7 @@ def test_every_schedule_is_valid_and_plays_without_deadlock(name, p, m, v):
     for r in range(p):
         kinds = [a.kind for a in s.compute(r)]
         assert kinds.count("F") == m * v and kinds.count("B") == m * v
-        assert kinds.count("W") == (m if name == "zb-h1" else 0)
+        assert kinds.count("W") == (m if name.startswith("zb-h1") else 0)
         # one receive per F that is not on the first stage, one per B not on the last, none else
         recv_f = sum(1 for a in s.actions[r] if a.kind == "recv_F")
         assert recv_f == m * sum(1 for c in range(v) if s.stage(r, c) > 0)
@@ -75,27 +76,64 @@ def test_every_schedule_is_valid_and_plays_without_deadlock(name, p, m, v):
         )
 
 
-@pytest.mark.parametrize("name, p, m, v", [g for g in GRID if g[2] >= g[1] or g[0] != "zb-h1"])
+@pytest.mark.parametrize("name, p, m, v", [g for g in GRID if g[2] >= g[1] or not g[0].startswith("zb-h1")])
 def test_simulated_bubble_equals_the_closed_form_for_uniform_costs(name, p, m, v):
     tl = simulate(make_schedule(name, p, m, v), Costs(1.0, 1.0, 1.0))
     want = closed_form(name, p, m, v)
     # derived by hand for the formulas: bubble/ideal x, idle/total x/(1+x)
-    x = {"gpipe": (p - 1) / m, "1f1b": (p - 1) / m, "interleaved": (p - 1) / (v * m), "zb-h1": (p - 1) / (3 * m)}[name]
+    zb = (p - 1) / (3 * m)
+    x = {"gpipe": (p - 1) / m, "1f1b": (p - 1) / m, "interleaved": (p - 1) / (v * m), "zb-h1": zb, "zb-h1-greedy": zb}[
+        name
+    ]
     assert want["bubble_over_ideal"] == pytest.approx(x)
     assert tl.bubble_over_ideal == pytest.approx(x, abs=1e-12)
     assert tl.bubble_over_total == pytest.approx(x / (1 + x), abs=1e-12)
     assert tl.peak_in_flight[0] == want["peak_in_flight_rank0"]
 
 
-@pytest.mark.parametrize("p, m", [(2, 8), (4, 8), (4, 16), (8, 32)])
-def test_zb_h1_bubble_with_unequal_costs_and_gpipe_time(p, m):
+@pytest.mark.parametrize("p, m", [(2, 8), (4, 8), (4, 16), (8, 24), (8, 32)])
+@pytest.mark.parametrize("f, b, w", [(1.0, 1.0, 0.5), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0)])
+def test_zb_h1_bubble_with_unequal_costs_and_gpipe_time(p, m, f, b, w):
     # Qi et al. Table 2: ZB-H1 (p-1)(F+B-W) vs 1F1B (p-1)(F+B+W) per rank, with W <= F, B
-    f, b, w = 1.0, 1.0, 0.5
     zb = simulate(make_schedule("zb-h1", p, m), Costs(f, b, w))
     one = simulate(make_schedule("1f1b", p, m), Costs(f, b, w))
     assert one.makespan == pytest.approx(m * (f + b + w) + (p - 1) * (f + b + w))
-    assert zb.makespan <= one.makespan
-    assert sum(zb.idle()) / p <= (p - 1) * (f + b + w) + 1e-9
+    assert sum(zb.idle()) / p == pytest.approx((p - 1) * (f + b - w), abs=1e-9)
+    assert zb.makespan == pytest.approx(m * (f + b + w) + (p - 1) * (f + b - w))
+    greedy = simulate(make_schedule("zb-h1-greedy", p, m), Costs(f, b, w))
+    assert greedy.makespan <= zb.makespan + 1e-9  # built with unit costs: no better, here no worse
+
+
+def test_zb_h1_is_the_papers_order():
+    # Qi et al. 2023 §2.1, Figure 3, p = 4, m = 8: 1F1B's F and B, each B followed by a W, rank r's W
+    # delayed by r micro-batches. By hand, rank 0 (no delay) and rank 3 (delay 3, no warm-up):
+    s = make_schedule("zb-h1", 4, 8)
+    assert s.table()[0] == "rank 0: F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7"
+    assert s.table()[3] == "rank 3: F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7"
+    # and the F/B order of every rank is 1F1B's
+    one = make_schedule("1f1b", 4, 8)
+    for r in range(4):
+        assert [str(a) for a in s.compute(r) if a.kind != "W"] == [str(a) for a in one.compute(r)]
+
+
+@pytest.mark.parametrize("p, m", [(2, 8), (4, 8), (4, 2), (4, 3), (8, 24), (8, 16)])
+def test_zb_h1_holds_what_1f1b_holds_at_its_peak_greedy_holds_more(p, m):
+    """Qi et al. §2.1: ZB-H1 keeps 1F1B's peak memory. Counted in activation sets (F done, W not
+    yet): min(p, m) on every rank, 1F1B's rank 0; the greedy variant 2p − 1 − r for m >= 2p."""
+    until_b, held = in_flight(make_schedule("zb-h1", p, m))
+    one_b, one_held = in_flight(make_schedule("1f1b", p, m))
+    assert until_b == one_b == [min(p - r, m) for r in range(p)]
+    assert held == [min(p, m)] * p == [max(one_held)] * p
+    g_until_b, g_held = in_flight(make_schedule("zb-h1-greedy", p, m))
+    assert g_until_b == one_b
+    if m >= 2 * p:
+        assert g_held == [2 * p - 1 - r for r in range(p)]  # [7, 6, 5, 4] at p = 4
+    # in bytes, sets of f of which w stay from B to W: rank r holds (p − r)·f + r·w at most, rank 0 as 1F1B
+    f, w = 10, 3
+    got = held_bytes(make_schedule("zb-h1", p, m), [[f]] * p, [[w]] * p)
+    if m >= p:
+        assert got == [(p - r) * f + r * w for r in range(p)]
+        assert got[0] == held_bytes(make_schedule("1f1b", p, m), [[f]] * p)[0] == p * f
 
 
 @pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 3), (8, 16)])
@@ -104,7 +142,7 @@ def test_peak_in_flight_1f1b_holds_p_gpipe_m(p, m):
     assert in_flight(make_schedule("1f1b", p, m))[0] == [min(p - r, m) for r in range(p)]
     until_b, held = in_flight(make_schedule("zb-h1", p, m))
     assert until_b == [min(p - r, m) for r in range(p)]  # the same activation bound as 1F1B
-    assert all(h >= b for h, b in zip(held, until_b))  # deferred W keeps them longer in our executor
+    assert held == [min(p, m)] * p  # the W-only sets bring every rank to 1F1B's peak, no further
 
 
 def test_interleaved_memory_matches_korthikanti():
@@ -151,6 +189,7 @@ def test_a_bad_order_deadlocks_and_is_named():
         (lambda: make_schedule("interleaved", 2, 4, 0), "v (chunks per rank) must be an integer >= 1"),
         (lambda: make_schedule("1f1b", 2, 4, 2), "needs the 'interleaved' schedule"),
         (lambda: make_schedule("pipedream", 2, 4), "unknown schedule"),
+        (lambda: make_schedule("zb-h1-greedy", 2, 4, 2), "needs the 'interleaved' schedule"),
         (lambda: make_schedule("1f1b", 0, 4), "p (pipeline stages) must be an integer >= 1"),
         (lambda: equal_partition(2, 5), "use stages <= 4"),
         (lambda: balanced_partition([1, 2], 3), "use 1 <= stages <= 2"),

@@ -9,6 +9,10 @@ def test_bytes_per_parameter_by_hand():
     rows = {r["setup"].split(" (")[0]: r for r in bytes_per_parameter()}
     assert rows["mixed precision"]["total"] == 16  # 2 + 2 + (4 + 4 + 4)
     assert rows["fp32"]["total"] == 16  # 4 + 4 + (4 + 4)
+    # fp32 gradient accumulation: Megatron's main_grad replaces the bf16 gradient (Megatron-Core's
+    # distributed-optimizer table, "float16 param, fp32 grads": 18); keeping both costs 20 (Ultra-Scale)
+    assert rows["mixed + fp32 main_grad"]["gradients"] == 4
+    assert rows["mixed + fp32 main_grad"]["total"] == 18
     assert rows["mixed + fp32 grad accumulation"]["gradients"] == 6
     assert rows["mixed + fp32 grad accumulation"]["total"] == 20
     adam8 = rows["mixed + 8-bit Adam"]

@@ -118,8 +118,25 @@ def test_fp32_grad_accumulation_reaches_every_training_memory_path():
         assert (acc.params, acc.optimizer, acc.activations) == (plain.params, plain.optimizer, plain.activations)
     with pytest.raises(ValueError, match="fp32_grad_accum needs precision='mixed'"):
         training_memory(tiny, **sizes, precision="fp32", fp32_grad_accum=True)
-    with pytest.raises(ValueError, match="fp32_grad_accum must be True or False"):
+    with pytest.raises(ValueError, match="fp32_grad_accum must be False, True"):
         model_state_bytes(PSI, fp32_grad_accum="yes")
+    with pytest.raises(ValueError, match="fp32_grad_accum needs precision='mixed'"):
+        model_state_bytes(PSI, precision="fp32", fp32_grad_accum="main_grad")
+
+
+# Megatron-LM's main_grad replaces the 16-bit gradient: grads 4Ψ, sharded like them. By hand (GB),
+# Ψ = 7.5e9, Nd = 64: 4Ψ = 30; 30/64 = 0.46875; 2 + 4 + 12 = 18Ψ = 135 GB unsharded.
+MAIN_GRAD_TABLE = {0: (15, 30, 90), 1: (15, 30, 1.40625), 2: (15, 0.46875, 1.40625), 3: (0.234375, 0.46875, 1.40625)}
+
+
+@pytest.mark.parametrize("zero", sorted(MAIN_GRAD_TABLE))
+def test_megatron_main_grad_replaces_the_16_bit_gradient(zero):
+    p, g, o = MAIN_GRAD_TABLE[zero]
+    got = model_state_bytes(PSI, dp=ND, zero=zero, fp32_grad_accum="main_grad")
+    assert (got.params, got.grads, got.optimizer) == pytest.approx((p * GB, g * GB, o * GB), rel=1e-12)
+    both = model_state_bytes(PSI, dp=ND, zero=zero, fp32_grad_accum="both")
+    assert both == model_state_bytes(PSI, dp=ND, zero=zero, fp32_grad_accum=True)  # True means "both"
+    assert both.grads - got.grads == pytest.approx(2 * PSI / (ND if zero >= 2 else 1))  # the bf16 gradient
 
 
 def test_zero_with_one_rank_shards_nothing():
@@ -476,6 +493,19 @@ def test_korthikanti_beside_our_exact_block_for_llama_8b():
     assert row["ratio"] == pytest.approx(ours / 3_254_779_904)
 
 
+def test_chapter0_korthikanti_agrees_with_ours_only_at_short_sequences():
+    from playbook.theory.activations import korthikanti_over_exact_limit, korthikanti_vs_exact
+
+    rows = korthikanti_vs_exact(LLAMA_8B, [512, 1024, 2048])
+    assert [round(r["ratio"], 2) for r in rows] == [1.04, 0.87, 0.71]  # ours / paper: a few percent at 512 only
+    # the s² terms: 5·a bytes per score (paper) against 2·a + 1 (ours), a = 32 heads
+    assert (
+        korthikanti_over_exact_limit(LLAMA_8B)
+        == pytest.approx(5 * 32 / (2 * 32 + 1))
+        == pytest.approx(2.4615, abs=1e-4)
+    )
+
+
 # ---- serving -----------------------------------------------------------------------------------
 def test_kv_cache_per_token():
     # vLLM §3 with GQA: 2 (K and V) · layers · kv_heads · head_dim · bytes
@@ -579,6 +609,7 @@ def test_chapter0_fp32_training_holds_as_much_model_state_as_mixed_precision():
     # 4 + 4 + 8 = 16 bytes in fp32, 2 + 2 + 12 = 16 mixed, 2 + (2 + 4) + 12 = 20 with an fp32 grad buffer
     assert model_state_bytes(PSI, precision="fp32").total == model_state_bytes(PSI, precision="mixed").total == 16 * PSI
     assert model_state_bytes(PSI, precision="mixed", fp32_grad_accum=True).total == 20 * PSI
+    assert model_state_bytes(PSI, precision="mixed", fp32_grad_accum="main_grad").total == 18 * PSI
 
 
 @pytest.mark.parametrize("name, ratio", [("llama-3.1-8b", 4), ("llama-3.1-70b", 8), ("llama-3.1-405b", 16)])

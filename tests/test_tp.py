@@ -410,6 +410,11 @@ def test_layer_comm_is_8bsh_in_16_bit():
         for sp in (False, True):
             c = layer_comm(gpt3, seq_len=s, micro_batch=b, tp=t, sequence_parallel=sp, dtype_bytes=2)
             assert c["forward"]["sent_bytes"] == c["backward"]["sent_bytes"] == 8 * b * s * h * (t - 1) / t
+        # Narayanan et al.'s 8bsh(t−1)/t counts elements over both directions: the same number only in
+        # 16-bit; in fp32 the bytes per direction are twice it, the elements (bytes / 4, both ways) equal it
+        c = layer_comm(gpt3, seq_len=s, micro_batch=b, tp=t, dtype_bytes=4)
+        assert c["forward"]["sent_bytes"] == 16 * b * s * h * (t - 1) / t
+        assert (c["forward"]["sent_bytes"] + c["backward"]["sent_bytes"]) / 4 == 8 * b * s * h * (t - 1) / t
 
 
 def test_matrix_shards_cover_each_matrix():

@@ -290,3 +290,22 @@ def korthikanti_vs_exact(
             }
         )
     return rows
+
+
+def korthikanti_over_exact_limit(cfg: ModelConfig, *, micro_batch: int = 1, dtype_bytes: int = 2) -> float:
+    """The long-sequence limit of Korthikanti et al.'s count over ours (:func:`korthikanti_vs_exact`):
+    the ratio of their s² coefficients. Both counts are A·s + B·s² exactly, so B = (f(2s) − 2f(s))/(2s²)
+    at any s. Theirs is 5·a·b (softmax output 2, dropout mask 1, dropout output 2 bytes per score);
+    ours keeps the probabilities once (2·a·b) and one bool mask: 5a/(2a + 1) at b = 1, 160/65 for
+    32 heads."""
+    from playbook.theory.memory import activation_bytes_per_layer
+
+    s = 4096
+
+    def paper(n: int) -> float:
+        return activation_bytes_per_layer(seq_len=n, micro_batch=micro_batch, hidden=cfg.hidden, heads=cfg.n_heads)
+
+    def ours(n: int) -> float:
+        return block_activation_bytes(cfg, seq_len=n, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
+
+    return (paper(2 * s) - 2 * paper(s)) / (ours(2 * s) - 2 * ours(s))

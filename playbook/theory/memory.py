@@ -101,10 +101,28 @@ def _require_count(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
+GRAD_ACCUM = {  # fp32 gradient accumulation: gradient bytes per parameter in mixed precision, by convention
+    "main_grad": 4,  # Megatron-LM's main_grad replaces the 16-bit gradient: 2 + 4 + 12 = 18 in all
+    "both": 6,  # the 16-bit gradient kept beside the fp32 buffer (Ultra-Scale Playbook): 2 + 6 + 12 = 20
+}
+
+
+def _grad_accum_name(fp32_grad_accum) -> str | None:
+    """``False`` -> None; ``True`` -> ``"both"`` (what True always meant here); a name of ``GRAD_ACCUM``."""
+    if fp32_grad_accum is False:
+        return None
+    if fp32_grad_accum is True:
+        return "both"
+    if fp32_grad_accum in GRAD_ACCUM:
+        return fp32_grad_accum
+    raise ValueError(
+        f"fp32_grad_accum must be False, True (= 'both') or one of {', '.join(map(repr, GRAD_ACCUM))}, "
+        f"got {fp32_grad_accum!r}"
+    )
+
+
 def _check_grad_accum(fp32_grad_accum, precision: str) -> None:
-    if not isinstance(fp32_grad_accum, bool):
-        raise ValueError(f"fp32_grad_accum must be True or False, got {fp32_grad_accum!r}")
-    if fp32_grad_accum and precision != "mixed":
+    if _grad_accum_name(fp32_grad_accum) and precision != "mixed":
         raise ValueError(
             f"fp32_grad_accum needs precision='mixed': with precision={precision!r} the gradients already are fp32"
         )
@@ -118,7 +136,7 @@ def model_state_bytes(
     zero: int = 0,
     precision: str = "mixed",
     n_tensors: int = 0,
-    fp32_grad_accum: bool = False,
+    fp32_grad_accum: bool | str = False,
 ) -> TrainingMemory:
     """Bytes of weights, gradients and Adam optimizer states held by one data-parallel rank.
 
@@ -140,12 +158,19 @@ def model_state_bytes(
     paper's Figure 1: 120 GB, 31.4 GB, 16.6 GB and 1.9 GB. A real partition rounds each shard up
     to whole elements (and often pads for alignment), a few bytes more on some ranks.
 
-    ``fp32_grad_accum=True`` (mixed precision only): an fp32 gradient-accumulation buffer, 4Ψ more
-    bytes counted with the gradients (2Ψ + 4Ψ) and sharded like them (÷Nd from stage 2 on): the
-    "BF16 w/ FP32 grad acc" column of the Ultra-Scale Playbook (Tazi et al. 2025, Hugging Face, its
-    memory-usage section), 20Ψ in all unsharded. Frameworks that accumulate micro-batch gradients in fp32
-    keep it (Megatron-LM's ``main_grad``). In ``"fp32"`` precision the gradients already are fp32, so
-    the flag is refused there. Not counted: temporary buffers and allocator fragmentation.
+    ``fp32_grad_accum`` (mixed precision only): gradients accumulated over micro-batches in fp32,
+    counted with the gradients and sharded like them (÷Nd from stage 2 on). Two conventions, by name:
+
+    - ``"main_grad"``: the fp32 buffer *replaces* the 16-bit gradient, 4Ψ of gradients, 18Ψ in all
+      unsharded. Megatron-LM's ``main_grad`` (the backward adds into it; Megatron-Core's
+      distributed-optimizer table, "float16 param, fp32 grads": 2 + 4 + 12 = 18 bytes).
+    - ``"both"`` (also ``True``): the 16-bit gradient *and* the fp32 buffer, 6Ψ of gradients, 20Ψ in
+      all: the "BF16 w/ FP32 grad acc" column of the Ultra-Scale Playbook (Tazi et al. 2025, Hugging
+      Face, its memory-usage section), for code that casts each micro-batch's bf16 gradient into an
+      fp32 sum.
+
+    In ``"fp32"`` precision the gradients already are fp32, so the option is refused there. Not
+    counted: temporary buffers and allocator fragmentation.
 
     ``n_tensors``: PyTorch's ``Adam``/``AdamW`` also keeps a scalar fp32 ``step`` tensor for every
     parameter tensor, 4 bytes each. ``n_tensors=0`` reproduces the paper; ``n_tensors=
@@ -168,8 +193,9 @@ def model_state_bytes(
     _check_grad_accum(fp32_grad_accum, precision)
 
     p, g, o = (b * num_params for b in _STATE_BYTES[precision])
-    if fp32_grad_accum:
-        g += 4 * num_params
+    accum = _grad_accum_name(fp32_grad_accum)
+    if accum:
+        g = GRAD_ACCUM[accum] * num_params
     if zero >= 1:
         o /= dp
     if zero >= 2:
@@ -247,7 +273,7 @@ def training_memory(
     recompute: str = "none",
     precision: str = "mixed",
     n_tensors: int = 0,
-    fp32_grad_accum: bool = False,
+    fp32_grad_accum: bool | str = False,
     attention: str = "eager",
 ) -> TrainingMemory:
     """Bytes held by the most loaded rank while training ``cfg`` with Adam, by category.
@@ -257,8 +283,9 @@ def training_memory(
     held, not only the active ones). The paper's K = 12 is used; PyTorch's per-tensor ``step``
     scalars (4 bytes each) are added only when ``n_tensors`` says how many tensors there are
     (``cfg.num_param_tensors()`` for our model: then the prediction matches AdamW to the byte).
-    ``fp32_grad_accum`` adds an fp32 gradient-accumulation buffer to the gradients (4 bytes per
-    parameter, sharded like them; :func:`model_state_bytes`).
+    ``fp32_grad_accum`` accumulates the gradients in fp32: ``"main_grad"`` (Megatron-LM, 4 bytes per
+    parameter instead of 2) or ``"both"``/``True`` (fp32 beside bf16, 6), sharded like the gradients
+    (:func:`model_state_bytes`).
 
     Activations are the exact count for our Llama-style model (RMSNorm, SwiGLU, no dropout) for one
     micro-batch of ``micro_batch`` sequences of ``seq_len`` tokens, stored in 16 bits for

@@ -135,7 +135,7 @@ def moe_model_state_bytes(
     precision: str = "mixed",
     n_tensors: int = 0,
     expert_tp: int = 1,
-    fp32_grad_accum: bool = False,
+    fp32_grad_accum: bool | str = False,
 ) -> TrainingMemory:
     """Bytes of weights, gradients and Adam states on one rank with expert parallelism.
 

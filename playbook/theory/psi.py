@@ -27,20 +27,31 @@ def _per_param(m) -> dict[str, float]:
 
 
 def bytes_per_parameter(*, block: int = ADAM8_BLOCK) -> list[dict]:
-    """Bytes per parameter of weights, gradients and Adam state for four common setups (no sharding).
+    """Bytes per parameter of weights, gradients and Adam state for five common setups (no sharding).
 
     - mixed precision (ZeRO's accounting): 2 + 2 + 12 = 16;
     - fp32: 4 + 4 + 8 = 16;
-    - mixed with fp32 gradient accumulation: 2 + (2 + 4) + 12 = 20;
-    - mixed with 8-bit Adam: the fp32 master copy stays (4), momentum and variance take one byte
-      each plus 4/``block`` bytes of scale: 2 + 2 + 4 + 2·(1 + 4/block) ≈ 10.
+    - mixed with fp32 gradient accumulation, two conventions (``model_state_bytes``): Megatron-LM's
+      ``main_grad`` replaces the bf16 gradient, 2 + 4 + 12 = 18; keeping the bf16 gradient beside
+      the fp32 buffer (the Ultra-Scale Playbook's "BF16 w/ FP32 grad acc") costs 2 + (2 + 4) + 12 = 20;
+    - mixed with 8-bit Adam: momentum and variance take one byte each plus 4/``block`` bytes of
+      scale (Dettmers et al. 2022, arXiv:2110.02861, who quantize the optimizer state only); with
+      the fp32 master copy that mixed-precision frameworks keep (their choice, not the paper's):
+      2 + 2 + 4 + 2·(1 + 4/block) ≈ 10.
     """
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be a positive integer (values per quantization scale), got {block!r}")
     rows = [
         ("mixed precision (bf16 + fp32 master, Adam)", model_state_bytes(1)),
         ("fp32 (weights, grads, Adam)", model_state_bytes(1, precision="fp32")),
-        ("mixed + fp32 grad accumulation", model_state_bytes(1, fp32_grad_accum=True)),
+        (
+            "mixed + fp32 main_grad (Megatron-LM: replaces the bf16 gradient)",
+            model_state_bytes(1, fp32_grad_accum="main_grad"),
+        ),
+        (
+            "mixed + fp32 grad accumulation (bf16 gradient kept too: Ultra-Scale Playbook)",
+            model_state_bytes(1, fp32_grad_accum="both"),
+        ),
     ]
     out = [{"setup": name, **_per_param(m)} for name, m in rows]
     mixed = model_state_bytes(1)
@@ -49,7 +60,7 @@ def bytes_per_parameter(*, block: int = ADAM8_BLOCK) -> list[dict]:
     optimizer = mixed.optimizer - adam_fp32 + adam8
     out.append(
         {
-            "setup": "mixed + 8-bit Adam (block-wise)",
+            "setup": "mixed + 8-bit Adam (block-wise, fp32 master kept)",
             "weights": mixed.params,
             "gradients": mixed.grads,
             "optimizer": optimizer,

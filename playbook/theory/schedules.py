@@ -24,8 +24,9 @@ Closed forms, for uniform costs T_F, T_B, T_W per stage (the tests check the sim
 - Interleaved 1F1B with v chunks per rank (Narayanan et al. §2.2.2): bubble / ideal =
   (p−1)/(v·m), m a multiple of p; rank 0 holds p·(1 + (p−1)/(p·v)) stages' worth of activations
   (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.3); v× the point-to-point messages.
-- ZB-H1 (Qi et al. 2023, arXiv:2401.10241, Table 2): bubble time per rank (p−1)(T_F+T_B−T_W)
-  instead of 1F1B's (p−1)(T_F+T_B+T_W), same peak activations (p micro-batches, p·M_B).
+- ZB-H1 (Qi et al. 2023, arXiv:2401.10241, §2.1 and Table 2): bubble time per rank
+  (p−1)(T_F+T_B−T_W) instead of 1F1B's (p−1)(T_F+T_B+T_W), and no rank holds more than p
+  micro-batches (1F1B's peak, p·M_B): rank r delays its W passes by r micro-batches.
 
 Two definitions of "bubble fraction" are in use; we always say which:
 ``idle_over_total`` = Σ_r idle_r / (p · makespan) (GPipe paper) and
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+VARIANTS = ("zb-h1-greedy",)  # built and played like the others, left out of the chapter's tables and the CLI
 DEFINITIONS = {
     "idle_over_total": "idle time / (p × makespan), summed over ranks (GPipe's definition)",
     "bubble_over_ideal": "idle time / busy time, summed over ranks (Narayanan et al.'s definition)",
@@ -127,16 +129,42 @@ def _interleaved(p: int, m: int, v: int, r: int) -> list[tuple]:
     return order + [("B", *which(k, True)) for k in range(total - warm, total)]
 
 
-def _zb_h1(p: int, m: int) -> list[list[tuple]]:
-    """ZB-H1 (Qi et al. 2023, §3.1). The paper draws it by hand; we generate it as a greedy list
-    schedule (as their automatic scheduler does): play the pipeline with unit costs and let each
-    rank, whenever it is free, pick
+def _zb_h1(p: int, m: int, r: int) -> list[tuple]:
+    """ZB-H1 as Qi et al. 2023 (arXiv:2401.10241, §2.1, Figure 3) schedule it: 1F1B's order of F and
+    B (warm-up of p − r − 1 forwards), each B followed by a W, with rank r's W passes delayed by r
+    micro-batches (rank 0 runs W right after each B, the last rank p − 1 of them later). The delay
+    fills the holes 1F1B leaves before each rank's first B, while F done and W not yet stays at
+    (p − r) + r = p sets on every rank: 1F1B's peak (rank 0's), with the r W-only sets (small, §2)
+    in place of full ones. Bubble per rank (p−1)(T_F+T_B−T_W) for m >= p (tests/test_schedules.py)."""
+    warm = min(p - r - 1, m)
+    order: list[tuple] = [("F", i, 0) for i in range(warm)]
+    done_w = 0
+
+    def backward(i: int) -> None:
+        nonlocal done_w
+        order.append(("B", i, 0))
+        if i - done_w >= r:  # the W of micro-batch i − r
+            order.append(("W", done_w, 0))
+            done_w += 1
+
+    for i in range(m - warm):  # steady state: F, B, and the delayed W
+        order.append(("F", warm + i, 0))
+        backward(i)
+    for i in range(m - warm, m):  # cool-down
+        backward(i)
+    return order + [("W", i, 0) for i in range(done_w, m)]
+
+
+def _zb_greedy(p: int, m: int) -> list[list[tuple]]:
+    """A greedy list schedule with a split backward (``"zb-h1-greedy"``; not the paper's ZB-H1): play
+    the pipeline with unit costs and let each rank, whenever it is free, pick
     B (the input gradient: it is on the critical path back to rank 0) over F (allowed while fewer
     than p − r forwards are in flight on rank r, 1F1B's activation bound) over W (the weight
     gradient, which nothing waits for and so fills the gaps); once p W passes are waiting, W goes
-    first. The recorded per-rank orders are the schedule. For m >= p its bubble is the paper's
-    (p−1)(T_F+T_B−T_W) (tests/test_schedules.py); rank r keeps up to p − r forward activations
-    for B, and up to 2p − 1 − r sets until their W (the paper counts the W-only part as small)."""
+    first. The recorded per-rank orders are the schedule. Its bubble equals ZB-H1's for m >= p, but
+    deferring every W as late as it can keeps up to 2p − 1 − r sets on rank r until their W
+    (7, 6, 5, 4 at p = 4, m = 8, against ZB-H1's 4 on every rank): where the W passes go is a
+    memory decision, and Qi et al.'s order (``_zb_h1``) takes the one that costs nothing."""
     orders: list[list[tuple]] = [[] for _ in range(p)]
     free = [0.0] * p
     f_ready = [dict.fromkeys(range(m), 0.0)] + [{} for _ in range(p - 1)]  # mb -> input there at
@@ -177,8 +205,8 @@ def check_pipeline(p: int, m: int, v: int = 1, *, name: str = "1f1b", n_layers: 
     for label, value in (("p (pipeline stages)", p), ("m (micro-batches)", m), ("v (chunks per rank)", v)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    if name not in SCHEDULES + VARIANTS:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES + VARIANTS)}")
     if v > 1 and name != "interleaved":
         raise ValueError(f"v={v} chunks per rank needs the 'interleaved' schedule; use v=1 with {name!r}")
     if name == "interleaved" and m % p:
@@ -196,7 +224,7 @@ def check_pipeline(p: int, m: int, v: int = 1, *, name: str = "1f1b", n_layers: 
 
 
 def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
-    """The schedule ``name`` (gpipe, 1f1b, interleaved, zb-h1) for p ranks, m micro-batches and v
+    """The schedule ``name`` (gpipe, 1f1b, interleaved, zb-h1, or the variant zb-h1-greedy) for p ranks, m micro-batches and v
     chunks per rank, with its sends and receives; checked by playing it (``simulate``)."""
     check_pipeline(p, m, v, name=name)
     if name == "gpipe":
@@ -205,9 +233,11 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
         orders = [_one_f_one_b(p, m, r) for r in range(p)]
     elif name == "interleaved":
         orders = [_interleaved(p, m, v, r) for r in range(p)]
+    elif name == "zb-h1":
+        orders = [_zb_h1(p, m, r) for r in range(p)]
     else:
-        orders = _zb_h1(p, m)
-    schedule = with_communication(name, p, m, v, name == "zb-h1", orders)
+        orders = _zb_greedy(p, m)
+    schedule = with_communication(name, p, m, v, name.startswith("zb-h1"), orders)
     simulate(schedule)  # raises if it does not play (deadlock, or a message never received)
     return schedule
 
@@ -433,7 +463,7 @@ def closed_form(name: str, p: int, m: int, v: int = 1, *, f: float = 1.0, b: flo
     formulas (module docstring), for per-stage costs f, b, w of a whole stage (a chunk costs 1/v)."""
     check_pipeline(p, m, v, name=name)
     step = f + b + w
-    if name == "zb-h1":
+    if name.startswith("zb-h1"):
         idle = (p - 1) * (f + b - w)
     elif name == "interleaved":
         idle = (p - 1) * step / v

@@ -122,7 +122,7 @@ def pipeline_stage_memory(
     precision: str = "mixed",
     recompute: str = "none",
     n_tensors: int = 0,
-    fp32_grad_accum: bool = False,
+    fp32_grad_accum: bool | str = False,
     attention: str = "eager",
 ) -> list[StageMemory]:
     """Bytes per rank of every stage of a 1F1B pipeline over ``pp`` stages (module docstring), each
@@ -297,7 +297,7 @@ def layout_stage_memory(
     precision: str = "mixed",
     recompute: str = "none",
     n_tensors: int = 0,
-    fp32_grad_accum: bool = False,
+    fp32_grad_accum: bool | str = False,
     attention: str = "eager",
 ) -> list[StageMemory]:
     """Bytes per rank of every pipeline stage when every degree is > 1 at once, from each rank's

@@ -17,6 +17,9 @@ sends 2S(t−1)/t per rank (``theory.comm``), so with S = B·bsh
     per layer, forward  = 2 · 2·B·bsh·(t−1)/t = 4·B·bsh·(t−1)/t    (= 8bsh(t−1)/t in 16-bit)
     per layer, backward = the same.
 
+The paper's 8bsh(t−1)/t counts *elements*, forward and backward together; that it equals the 16-bit
+*bytes* of one direction is a coincidence (2 bytes per element, 2 directions).
+
 Sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.2) splits each all-reduce into
 its two halves: an all-gather (S(t−1)/t) where a region starts and a reduce-scatter (S(t−1)/t) where
 it ends, forward and backward, so the bytes are the same. Around the layers, our model adds: the

@@ -75,7 +75,7 @@ STRATEGY_TRADES: list[dict[str, str]] = [
         "runs": "tp",
         "shards": "weights and the hidden dimension of activations (+ the sequence of norms with SP)",
         "communicates": "4 all-reduces of B·bsh per layer (SP: all-gather + reduce-scatter, same bytes)",
-        "link": "inside a node: on the critical path, not overlapped",
+        "link": "inside a node; on the critical path unless overlapped (Megatron-LM's TP communication overlap, async TP)",
         "costs": "t ≤ KV heads; small matmuls at large t",
     },
     {
@@ -90,15 +90,16 @@ STRATEGY_TRADES: list[dict[str, str]] = [
         "strategy": "context parallel (ch. 5)",
         "runs": "cp",
         "shards": "the sequence",
-        "communicates": "K/V blocks around a ring: (c−1) steps of 2·B·b·(s/c)·g·d per layer, twice in backward",
-        "link": "overlapped with attention when s/c is long enough",
+        "communicates": "K/V blocks around a ring: (n−1) steps of 2·B·b·(s/n)·g·d per layer, twice in backward",
+        "link": "overlapped with attention when each rank's s/n tokens are enough",
         "costs": "causal load balance needs zig-zag; short sequences expose the ring",
     },
     {
         "strategy": "expert parallel (ch. 6)",
         "runs": "ep",
         "shards": "the experts",
-        "communicates": "2 all-to-alls per MoE layer (dispatch, combine), ≈ k·(e−1)/e·B·bsh each, ×2 in backward",
+        "communicates": "2 all-to-alls per MoE layer (dispatch, combine), ≈ k·(n−1)/n·B·bsh each sent once per "
+        "(token, expert), less sent once per destination rank (DeepEP); ×2 in backward",
         "link": "inside a node; across nodes capped by node-limited routing",
         "costs": "load imbalance: the busiest expert sets the pace; capacity drops or padding",
     },

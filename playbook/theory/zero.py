@@ -158,6 +158,19 @@ def zero3_gathered_peak(cfg: ModelConfig, *, world_size: int, prefetch: bool, pr
     return {"forward": forward, "backward": backward}
 
 
+def zero3_backward_by_unit(cfg: ModelConfig, *, world_size: int, prefetch: bool, precision: str = "fp32") -> dict:
+    """Bytes of whole units ZeRO-3 holds during each unit's backward, by unit name (the terms whose
+    maximum is ``zero3_gathered_peak(...)["backward"]``): b·(P_k + P_{k−1}) gathered plus b·P_k of
+    flat gradient. Lets a peak be added to what exists in the *same* phase (a block's recompute
+    working set exists in that block's backward, not in the head's)."""
+    require_positive(world_size=world_size)
+    w, g, _ = _check_precision(precision)
+    units = zero_units(cfg)
+    sizes = [padded(k, world_size) for _, k in units]
+    prv = [sizes[k - 1] if prefetch and k > 0 else 0 for k in range(len(sizes))]
+    return {name: w * (p + q) + g * p for (name, _), p, q in zip(units, sizes, prv)}
+
+
 # ---- communication per step --------------------------------------------------------------------
 def zero_comm_per_step(
     cfg: ModelConfig, *, stage: int, world_size: int, precision: str = "fp32", loss_bytes: int = 4

@@ -110,7 +110,9 @@ def _summary(
         )
 
     train, serve = budgets[TRAINING]["total"], budgets[SERVING]["total"]
-    per = 20 if grad_accum else 16  # 2 + 2 + 12 bytes mixed (+ 4 for an fp32 grad buffer), 4 + 4 + 8 in fp32
+    per = (
+        20 if grad_accum else 16
+    )  # 2 + 2 + 12 bytes mixed (+ 4 for an fp32 grad buffer beside the bf16 one), 4 + 4 + 8 in fp32
     extra = " with its fp32 gradient-accumulation buffer" if grad_accum else ""
     lines = [
         f"<b>Training</b>: {fmt(train)} per rank, {fits(train)}.",
@@ -184,7 +186,9 @@ def memory_dashboard(
         c["fp32_grad_accum"].tooltip = (
             "fp32 gradients need no second fp32 copy: choose mixed precision to use it"
             if v["precision"] == "fp32"
-            else "add an fp32 buffer that accumulates the bf16 gradients (4 bytes per parameter)"
+            else "keep the bf16 gradients and add an fp32 buffer that accumulates them (4 bytes per parameter, "
+            "20 in all; Megatron-LM's main_grad replaces the bf16 gradient instead: 18, "
+            "model_state_bytes(fp32_grad_accum='main_grad'))"
         )
         try:
             cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
