@@ -1,4 +1,4 @@
-"""Every chapter runs top to bottom (this replaces nbmake: one test per notebook, executed once), and
+"""Every chapter runs top to bottom (one test per notebook, executed once in this session), and
 the static book built from those very executions reads in a real browser without a network.
 
 The chapter tests write their executed copies into one session folder; the book test builds the

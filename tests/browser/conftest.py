@@ -19,7 +19,7 @@ from .lab_page import NotebookPage, find_chromium, launch
 from .lab_process import LabServer
 
 ROOT = Path(__file__).resolve().parents[2]
-# every notebook nbmake would collect (this check replaces it when a browser is present: setup.sh)
+# every notebook nbmake collects (setup.sh runs pytest --nbmake notebooks/ after these tests)
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 IDS = [str(p.relative_to(ROOT / "notebooks").with_suffix("")) for p in NOTEBOOKS]
 ARTIFACTS = Path(os.environ.get("PLAYBOOK_BROWSER_ARTIFACTS", ROOT / "build" / "browser-artifacts"))
