@@ -253,7 +253,7 @@ def serving_layout(
     mbu: float = 0.8,
     latency: float = 5e-6,
 ) -> dict:
-    """One row of article 2's comparison: ``dp`` replicas of ``tp·pp`` GPUs each. KV capacity,
+    """One row of the TP-against-DP-replicas comparison: ``dp`` replicas of ``tp·pp`` GPUs each. KV capacity,
     TTFT of a ``context``-token prompt, TPOT with ``batch`` sequences per replica (default as many
     as fit) at ``context`` tokens each, and tokens/s in all and per GPU."""
     cap = kv_capacity(cfg, hw, context=context, tp=tp, pp=pp, mem_util=mem_util, block_size=block_size, dtype=dtype)
