@@ -95,3 +95,101 @@ def test_flat_allreduce_latency_costs_the_same_whatever_tp(tp, want):
 
     t = collective_seconds("all_reduce", 0, tp, H100.intra_node_bandwidth, serving.flat_allreduce_latency(tp))
     assert t == pytest.approx(want)
+
+
+# ---- chapter 9 ------------------------------------------------------------------------------------
+def test_ch09_the_oom_lab_counts_eager_attention_and_flash_fits_with_zero_1():
+    gb = lambda **kw: training_memory(LLAMA8, seq_len=4096, micro_batch=1, dp=8, **kw).total / 1e9  # noqa: E731
+    assert gb() > 2 * 80  # "more than twice the 80 GB"
+    assert 75 < gb(zero=3) <= 80  # "fits on paper, within a few GB"
+    assert gb(zero=3, recompute="selective") < 45
+    assert gb(zero=1) > 80 and gb(zero=1, attention="flash") < 80
+
+
+# ---- chapter 8 ------------------------------------------------------------------------------------
+def test_ch08_tp_innermost_bytes_and_seconds():
+    from playbook.dims import ParallelDims
+    from playbook.theory.hybrid import comm_per_axis
+    from playbook.viz.mesh import axis_seconds
+
+    big = ParallelDims(dp=4, tp=8, pp=4)
+    sent = comm_per_axis(LLAMA70, big, rank=0, global_batch=32, seq_len=4096, microbatches=8)
+    inner = {a["axis"]: a for a in axis_seconds(sent, big, H100)}
+    outer = {a["axis"]: a for a in axis_seconds(sent, big, H100, order=("pp", "dp", "cp", "tp"))}
+    assert round(inner["tp"]["bytes"] / inner["dp"]["bytes"]) == 11  # "eleven times"
+    assert round(inner["tp"]["seconds"], 2) == 0.34 and round(outer["tp"]["seconds"]) == 3
+    assert round(outer["tp"]["seconds"] / inner["tp"]["seconds"]) == 9
+    assert round(inner["pp"]["bytes"] / 1e9, 1) == 1.1
+
+
+def test_ch08_published_layouts():
+    def gb(model, seq_len, zero, recompute, **degrees):
+        m = training_memory(
+            ModelConfig.preset(model),
+            seq_len=seq_len,
+            micro_batch=1,
+            zero=zero,
+            recompute=recompute,
+            sequence_parallel=degrees.get("tp", 1) > 1,
+            attention="eager",
+            **degrees,
+        )
+        return m
+
+    l8k = dict(tp=8, pp=16, dp=128)
+    l128k = dict(tp=8, cp=16, pp=16, dp=8)
+    assert 8 * 16 * 16 * 8 == 16_384  # Table 4's 128K row: DP 8, not the DP 4 it prints
+    assert gb("llama-3.1-405b", 8192, 2, "full", **l8k).total / 1e9 < 12
+    for r in ("selective", "full"):  # with recomputation the 128K run's activations equal the 8K run's
+        a8, a128 = (gb("llama-3.1-405b", s, 2, r, **d).activations for s, d in ((8192, l8k), (131072, l128k)))
+        assert a8 == pytest.approx(a128)
+    assert round(gb("llama-3.1-405b", 8192, 2, "selective", **l8k).activations / 1e9) == 151
+    ds = dict(pp=16, ep=64, dp=128)
+    none, full = gb("deepseek-v3", 4096, 1, "none", **ds), gb("deepseek-v3", 4096, 1, "full", **ds)
+    assert (round(none.params / 1e9, 1), round(full.params / 1e9, 1)) == (3.3, 6.2)  # another stage is fullest
+    assert round(gb("mixtral-8x7b", 4096, 1, "none", ep=8, dp=8).optimizer / 1e9) == 70
+
+
+def test_ch08_training_70b_on_8_gpus_does_not_fit():
+    from playbook.viz.mesh import training_rows
+
+    rows = training_rows(LLAMA70, [(4, 2), (2, 4)], seq_len=4096, zero=1)
+    assert all(r["total"] > 80e9 for r in rows)
+
+
+# ---- chapter 8b -----------------------------------------------------------------------------------
+def _plan70():
+    from playbook.viz.plan_dashboard import cached_plan
+
+    return cached_plan("llama-3.1-70b", "h100-sxm", 64, 8192, 512)
+
+
+def test_ch08b_the_70b_winner_and_its_memory():
+    import dataclasses
+
+    from playbook.theory.planner import memory_bytes
+
+    p = _plan70()
+    best = p.candidates[0]
+    assert str(best.layout) == "dp1×pp8×cp8 z2 b1 m512 none"
+    gb = [round(memory_bytes(LLAMA70, dataclasses.replace(best.layout, zero=z), 8192) / 1e9, 1) for z in (0, 1, 2)]
+    assert gb == [183.6, 82.7, 65.9] and round(0.9 * H100.memory_bytes / 1e9) == 72
+    dp, cp = best.cost.axes["dp"], best.cost.axes["cp"]
+    assert round(dp[0]) == 18 and round(dp[1], 2) == 0.04 and round(cp[0], 1) == 1.3
+    assert round(best.cost.compute) == 58
+    tp = {str(c.layout): c.cost.axes.get("tp", (0, 0))[1] for c in p.candidates[:8]}
+    assert all(4.9 < v < 5.4 for k, v in tp.items() if "tp4" in k)
+    assert all(1.6 < v < 1.8 for k, v in tp.items() if "tp2" in k)
+
+
+def test_ch08b_405b_at_llama_3_scale():
+    from playbook.viz.plan_dashboard import cached_plan
+
+    p = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048)
+    two, five = p.candidates[1], p.candidates[4]
+    assert (two.layout.tp, two.layout.pp, two.layout.microbatches) == (8, 16, 128)
+    assert (five.layout.tp, five.layout.pp, five.layout.microbatches) == (4, 32, 128)
+    assert round(two.cost.axes["tp"][1], 1) == 0.7 and round(five.cost.axes["tp"][1], 2) == 0.27
+    assert all(0.6 <= round(c.cost.bubble, 1) <= 0.7 for c in p.candidates[:4])
+    published = next(c for c in p.candidates if c.layout.degrees == dict(dp=128, tp=8, pp=16, cp=1, ep=1))
+    assert published.layout.recompute == "full" and published.layout.microbatches == 16
