@@ -193,3 +193,9 @@ def test_ch08b_405b_at_llama_3_scale():
     assert all(0.6 <= round(c.cost.bubble, 1) <= 0.7 for c in p.candidates[:4])
     published = next(c for c in p.candidates if c.layout.degrees == dict(dp=128, tp=8, pp=16, cp=1, ep=1))
     assert published.layout.recompute == "full" and published.layout.microbatches == 16
+
+
+def test_ch08_question_3_a_decode_all_reduce_is_latency_bound():
+    message = LLAMA70.hidden * 2  # one token's hidden state in bf16
+    assert message == 16_384 and H100.intra_node_bandwidth == 450e9
+    assert round(message / H100.intra_node_bandwidth * 1e9) == 36  # ns, against microseconds of latency
