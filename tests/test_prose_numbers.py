@@ -172,6 +172,7 @@ def test_ch08b_the_70b_winner_and_its_memory():
     p = _plan70()
     best = p.candidates[0]
     assert str(best.layout) == "dp1×pp8×cp8 z2 b1 m512 none"
+    assert str(p.candidates[1].layout).startswith("dp1×tp2×pp8×cp4 z1")  # the ZeRO-1 one to measure beside it
     gb = [round(memory_bytes(LLAMA70, dataclasses.replace(best.layout, zero=z), 8192) / 1e9, 1) for z in (0, 1, 2)]
     assert gb == [183.6, 82.7, 65.9] and round(0.9 * H100.memory_bytes / 1e9) == 72
     dp, cp = best.cost.axes["dp"], best.cost.axes["cp"]
