@@ -7,8 +7,8 @@ its number with **tp varying fastest**, then cp, then dp, and pp slowest::
 
     rank = tp_i + tp · (cp_i + cp · (dp_i + dp · pp_i))
 
-Why this order (Narayanan et al. 2021, arXiv:2104.04473, §3.3 "TP inside a node"; Llama 3,
-Dubey et al. 2024, §3.3.1, whose order is [TP, CP, PP, DP] from fastest to slowest): consecutive
+Why this order (Narayanan et al. 2021, arXiv:2104.04473, §3.2, takeaway 1: TP inside a server; Llama 3,
+Dubey et al. 2024, §3.3.2, whose order is [TP, CP, PP, DP] from fastest to slowest): consecutive
 ranks share a node, and tensor parallelism talks most (four activation collectives per layer),
 context parallelism next (K/V every layer), data parallelism once per step, and the pipeline only
 at stage boundaries, point to point. We put pp outermost as Megatron-LM does, so that a pipeline

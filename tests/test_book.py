@@ -37,6 +37,12 @@ FLAGS = [
 
 
 # ---- the pieces, without a kernel -----------------------------------------------------------------
+def test_the_book_orders_the_mesh_then_its_planner_then_the_appendix():
+    """Chapter order is file order (site, browser tests): 08 the mesh, 08b the planner, 09 the appendix."""
+    stems = [p.stem for p in NOTEBOOKS]
+    assert stems[-3:] == ["08_hybrid_mesh", "08b_planning", "09_debugging"], stems
+
+
 def test_static_memory_frames_hold_the_zero_papers_model_state():
     """ZeRO-3 over N ranks keeps 16Ψ/N bytes of model state per rank in mixed precision (Rajbhandari
     et al. 2020, §5): the frame a reader reaches by moving the controls must show exactly that."""

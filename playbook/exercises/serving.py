@@ -23,25 +23,35 @@ import torch
 from playbook.config import Hardware, ModelConfig
 from playbook.exercises._common import NotYetWritten, Verdict
 from playbook.serve.kv import PagedKVCache
-from playbook.theory.serving import BLOCK_SIZE, kv_capacity
+from playbook.theory.serving import kv_capacity
 
 NAME = "serving: KV-cache capacity by hand"
 MEM_UTIL = 0.9
-CASES = [("llama-3.1-8b", "h100-sxm", 8192, 1), ("llama-3.1-70b", "h100-sxm", 32768, 4)]
+CASES = [
+    ("llama-3.1-8b", "h100-sxm", 8192, 1),
+    ("llama-3.1-70b", "h100-sxm", 32768, 4),
+    ("llama-3.1-70b", "h100-sxm", 8192, 16),
+]
 
 
 def solution(cfg: ModelConfig, hw: Hardware, context: int, tp: int) -> tuple[float, int]:
     """The reference answer."""
-    per_token = 2 * cfg.n_layers * (cfg.kv_heads // tp) * cfg.dim_head * 2  # K and V, bf16
-    budget = MEM_UTIL * hw.memory_bytes - 2 * cfg.num_params() / tp  # what the weights leave
-    blocks = int(budget // (BLOCK_SIZE * per_token))
-    return per_token, blocks // -(-context // BLOCK_SIZE)  # whole blocks per sequence
+    mem_util, block_size = 0.9, 16  # vLLM's gpu_memory_utilization and tokens per KV block
+    kv_heads = max(cfg.kv_heads // tp, 1)  # tp > kv_heads: each rank keeps a copy of one KV head
+    per_token = 2 * cfg.n_layers * kv_heads * cfg.dim_head * 2  # K and V, bf16
+    budget = mem_util * hw.memory_bytes - 2 * cfg.num_params() / tp  # what the weights leave
+    blocks = int(budget // (block_size * per_token))
+    return per_token, blocks // -(-context // block_size)  # whole blocks per sequence
 
 
 def measured_bytes_per_token(cfg: ModelConfig, tp: int) -> float:
     """One block of a real paged cache of this model's shape on one GPU, allocated in bf16."""
     cache = PagedKVCache(
-        n_layers=cfg.n_layers, kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head, n_blocks=1, dtype=torch.bfloat16
+        n_layers=cfg.n_layers,
+        kv_heads=max(cfg.kv_heads // tp, 1),
+        head_dim=cfg.dim_head,
+        n_blocks=1,
+        dtype=torch.bfloat16,
     )
     return cache.block_bytes / cache.block_size
 
@@ -57,7 +67,7 @@ def _per_token_problem(mine: float, ref: float, cfg: ModelConfig, tp: int) -> st
             f"{cfg.kv_heads} KV heads, not its {cfg.n_heads} query heads"
         )
     if tp > 1 and near(tp):
-        return f"{tp}× too large: tensor parallelism splits the KV heads, so each GPU caches kv_heads/tp = {cfg.kv_heads // tp}"
+        return f"{tp}× too large: tensor parallelism splits the KV heads, so each GPU caches kv_heads/tp = {max(cfg.kv_heads // tp, 1)}"
     if near(2):
         return "2× too large: bf16 is 2 bytes per value"
     return f"{ratio:.3g}× the right value"

@@ -3,7 +3,7 @@
 ``install()`` wraps the collectives of the ``torch.distributed`` namespace once per process; each call
 is then recorded in the *current* :class:`Tracer` (one per rank function call) as a :class:`Span`
 with the op, the group, the buffer bytes as issued and the bytes each rank sends under the ring
-algorithm (REFERENCES.md: all-reduce 2S(n-1)/n; all-gather, reduce-scatter, all-to-all S(n-1)/n;
+algorithm (Patarasuk & Yuan 2009; ``theory.comm``: all-reduce 2S(n-1)/n; all-gather, reduce-scatter, all-to-all S(n-1)/n;
 broadcast S, where S is the full buffer in bytes). Compute spans come from ``tracer.span(name)``.
 
 Only calls made through the ``torch.distributed`` namespace are seen (``dist.all_reduce(...)``);

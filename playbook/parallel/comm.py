@@ -1,8 +1,9 @@
 """Every collective the strategies use, in one place: traced ``torch.distributed`` calls, and the
 differentiable ones as our own ``autograd.Function`` s.
 
-Why our own: FEASIBILITY.md found ``torch.distributed.nn.functional.all_gather`` returning wrong
-gradients on gloo for a non-contiguous incoming gradient; here every buffer handed to a collective
+Why our own: ``torch.distributed.nn.functional.all_gather`` returns wrong gradients on gloo for a
+non-contiguous incoming gradient (the appendix's case 4: its backward's receive buffers are
+``empty_like(grad)``, with the gradient's strides); here every buffer handed to a collective
 is ``.contiguous()``, and every path is checked against a single process. Each call goes through
 the ``torch.distributed`` namespace, so the tracer (``playbook.measure.trace``) records it with its
 group and mesh axis.
@@ -198,7 +199,7 @@ def gather_shards(x: torch.Tensor, group) -> torch.Tensor:
 def all_reduce_flat(tensors: list[torch.Tensor], group, *, divide_by: int = 1) -> None:
     """Sum a list of tensors over ``group`` in ONE all-reduce of a flat buffer (in place), then
     divide by ``divide_by`` (the number of ranks, to average). One call instead of one per tensor:
-    ~5 ms per gloo call at 4 ranks (FEASIBILITY.md)."""
+    ~5 ms per gloo call at 4 ranks on a shared 2-core machine."""
     if not tensors:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])  # [sum of numels]

@@ -21,7 +21,7 @@ Ring attention: Liu et al. 2023, arXiv:2310.01889; zig-zag balance: Llama 3 (Dub
 arXiv:2407.21783, §3.3.2); Ulysses: Jacobs et al. 2023 (arXiv:2309.14509).
 PyTorch's own ``torch.distributed.tensor.experimental.context_parallel`` (in torch 2.13 by default
 an all-gather of K/V with "head-tail" load balancing, i.e. our zig-zag layout) runs only on CUDA
-SDPA kernels (FEASIBILITY.md: no CPU path), so the from-scratch version is the one checked here.
+SDPA kernels (no CPU path), so the from-scratch version is the one checked here.
 """
 
 from __future__ import annotations

@@ -16,8 +16,7 @@ splits swapped (``parallel.comm.AllToAll``; GShard, Lepikhin et al. 2020, arXiv:
 rank and MoE layer, the dispatch sends k·T_local·h·(ep−1)/ep elements under even routing, and a
 training step runs four all-to-alls (two forward, two backward).
 
-:class:`TensorParallelExperts` (Gale et al. 2023, MegaBlocks, arXiv:2211.15841, §2; article 2 of
-SEEDS.md): every expert on every rank, a 1/tp slice of its SwiGLU width. Tokens are all-gathered,
+:class:`TensorParallelExperts` (Gale et al. 2023, MegaBlocks, arXiv:2211.15841, §2): every expert on every rank, a 1/tp slice of its SwiGLU width. Tokens are all-gathered,
 each rank computes its slice of every expert, partial outputs are reduce-scattered back:
 4·T_local·tp·h·(tp−1)/tp elements per step against EP's 4·k·T_local·h·(ep−1)/ep, ratio k/tp.
 """

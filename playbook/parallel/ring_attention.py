@@ -22,8 +22,8 @@ Every rank holds s/n tokens of each sequence (their global positions come from
   all-to-all turns the output back.
 
 The collectives are ``torch.distributed`` calls inside our own ``autograd.Function``s, on
-contiguous buffers (FEASIBILITY.md: ``torch.distributed.nn.functional.all_gather`` gave silently
-wrong gradients for non-contiguous inputs on gloo), so the tracer sees every byte.
+contiguous buffers (``torch.distributed.nn.functional.all_gather`` gives silently wrong gradients
+for a non-contiguous incoming gradient on gloo: the appendix's case 4), so the tracer sees every byte.
 """
 
 from __future__ import annotations

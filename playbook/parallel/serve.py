@@ -5,7 +5,7 @@ The ranks form a ``ParallelDims(dp=D, tp=T)`` mesh. Each of the D replicas serve
 (``playbook.serve.batching``); inside a replica the T ranks hold ``TPGPT`` shards of the reference
 GPT (Megatron TP: heads and ffn channels split, two all-reduces per layer per step). Data-parallel
 replicas never talk to each other while serving: DP buys requests served, TP buys latency and room
-(Pope et al. 2022, arXiv:2211.05102, §3; article 2's TP×DP trade).
+(Pope et al. 2022, arXiv:2211.05102, §3: the TP×DP trade of serving).
 
 Checked against the single process: every request's tokens equal greedy decoding of the reference
 ``GPT`` without a cache, logits within 1e-5; the tracer's all-reduce bytes per decoded token per

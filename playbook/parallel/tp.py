@@ -30,8 +30,8 @@ block is entered and left), the parallel layers, the model sliced from the refer
 real ranks and ``playbook run tp``, and a matmul-throughput probe for "when TP stops paying".
 
 Every collective is a traced ``torch.distributed`` call inside our own ``autograd.Function``
-(FEASIBILITY.md: ``torch.distributed.nn.functional.all_gather`` returned wrong gradients on gloo
-for non-contiguous inputs), and sends ``.contiguous()`` buffers. Each runs inside a labelled span
+(``torch.distributed.nn.functional.all_gather`` returns wrong gradients on gloo for a
+non-contiguous incoming gradient: the appendix's case 4), and sends ``.contiguous()`` buffers. Each runs inside a labelled span
 (``tp:<region>:<phase>``) so the chapter can attribute the traced collectives to layers.
 PyTorch's own DTensor version is in ``playbook/parallel/tp_dtensor.py``.
 """

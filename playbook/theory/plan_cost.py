@@ -14,7 +14,7 @@ pp: ``playbook.dims``), the network card otherwise. What overlaps:
 - **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
   micro-batch an all-gather and a reduce-scatter of the [s/cp, b, h] activation before and after
   attention and the MLP: 4 forward, 4 backward (+4 with full recomputation). Exposed: each one
-  sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.3).
+  sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.2).
 - **cp** (ring attention, Liu et al. 2023, arXiv:2310.01889): per layer and micro-batch, cp − 1
   passes of the local K and V forward and twice that backward (K, V and their gradients); hidden
   behind attention's own compute except the first pass of each ring.

@@ -8,8 +8,8 @@ fused FlashAttention kernel, Dao et al. 2022, arXiv:2205.14135, as production ru
 scores kept, only an fp32 log-sum-exp; ``attention="eager"`` counts our teaching model's softmax),
 step time from ``playbook.theory.plan_cost`` (compute + exposed communication per axis + bubble),
 MFU (model FLOPs / (step time · GPUs · peak), Chowdhery et al. 2022, arXiv:2204.02311, Appendix B)
-and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473, §3: tp inside a node, pp
-across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.1).
+and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473, §3.2: tp inside a node, pp
+across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
 
 Pruned (and said so): degrees tp, pp, cp (and ep) are powers of two; tp ≤ GPUs per node is a
 rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (the cost model gives a larger

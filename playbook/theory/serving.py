@@ -230,6 +230,16 @@ def decode(
     )
 
 
+def flat_allreduce_latency(tp: int, seconds: float = 10e-6) -> float:
+    """The per-ring-step ``latency`` that makes a small all-reduce over ``tp`` ranks cost ``seconds``
+    in all, for ``prefill``/``decode``/``serving_layout``. Their default (5 µs per step of a ring,
+    2(tp − 1) steps) is far above what small all-reduces measure inside an NVLink/NVSwitch node
+    (about 10 µs whatever tp from 2 to 8 on H100s, NCCL's tree and NVLS algorithms not being rings):
+    this reads a measured flat cost into the same formula."""
+    require_positive(tp=tp)
+    return seconds / (2 * (tp - 1)) if tp > 1 else 0.0
+
+
 def critical_batch(cfg: ModelConfig, hw: Hardware, *, dtype: str = "bf16", mfu: float = 0.5, mbu: float = 0.8) -> float:
     """The decode batch at which compute time equals weight-reading time (KV ignored): Pope et al.'s
     point where decode stops being memory-bound, ``(peak·mfu / (bw·mbu)) · bytes / 2`` tokens."""
@@ -253,7 +263,7 @@ def serving_layout(
     mbu: float = 0.8,
     latency: float = 5e-6,
 ) -> dict:
-    """One row of article 2's comparison: ``dp`` replicas of ``tp·pp`` GPUs each. KV capacity,
+    """One row of the TP-against-DP-replicas comparison: ``dp`` replicas of ``tp·pp`` GPUs each. KV capacity,
     TTFT of a ``context``-token prompt, TPOT with ``batch`` sequences per replica (default as many
     as fit) at ``context`` tokens each, and tokens/s in all and per GPU."""
     cap = kv_capacity(cfg, hw, context=context, tp=tp, pp=pp, mem_util=mem_util, block_size=block_size, dtype=dtype)

@@ -6,8 +6,8 @@ The inputs are a :class:`playbook.dims.ParallelDims` and the per-rank rows of a 
 per step by axis and bytes by category). The calculators at the end (``axis_seconds``,
 ``serving_rows``) turn the theory of ``playbook.theory`` into the rows of the chapter's tables.
 
-Topology first (Narayanan et al. 2021, arXiv:2104.04473, §3.3; Llama 3, Dubey et al. 2024,
-arXiv:2407.21783, §3.3.1): the axis that talks most (tp) gets the consecutive ranks of one node,
+Topology first (Narayanan et al. 2021, arXiv:2104.04473, §3.2; Llama 3, Dubey et al. 2024,
+arXiv:2407.21783, §3.3.2): the axis that talks most (tp) gets the consecutive ranks of one node,
 the pipeline and the data-parallel replicas the links between nodes.
 """
 
@@ -434,7 +434,7 @@ def axis_seconds(
 def serving_rows(
     cfg: ModelConfig, hw: Hardware, layouts: Sequence[tuple[int, int]], *, dtype: str = "bf16", latency: float = 5e-6
 ) -> list[dict]:
-    """Article 2's question, ``(tp, dp)`` replicas of ``cfg`` on ``tp·dp`` devices of ``hw``: weights per
+    """TP against DP replicas for serving, ``(tp, dp)`` replicas of ``cfg`` on ``tp·dp`` devices of ``hw``: weights per
     device (``inference_memory``: bf16, even split), memory left for the KV cache (capacity minus weights:
     no workspace or headroom), how many tokens of cache fit per replica and in all, and the tensor-parallel
     all-reduces of one decoded token (2 per layer of ``hidden`` values; Shoeybi et al. 2019) as bytes and

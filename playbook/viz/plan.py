@@ -60,8 +60,12 @@ def rejected_rows(plan: Plan) -> list[dict]:
     def why(kind: str) -> str:
         if kind == "seq_len vs the model":
             return "the sequence does not split into equal chunks over the cp ranks"
-        if kind.endswith(" vs the model"):
-            return f"{kind.split()[0]} does not divide the model (its heads, layers or experts)"
+        if kind == "pp vs the model":  # stages may be uneven: pp need not divide the layers
+            return "more pipeline stages than the model has layers"
+        if kind == "tp vs the model":
+            return "tp does not divide the heads, KV heads, ffn width or vocabulary"
+        if kind == "ep vs the model":
+            return "ep does not divide the experts (or the model has none)"
         return REASONS.get(kind, kind)
 
     rows = [

@@ -133,7 +133,7 @@ def roofline(measured: Sequence[Mapping], predicted: Sequence[Mapping], *, title
 
 def layouts(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
     """Per layout (``row["layout"]``): time per output token at batch 1 and at full batch (left,
-    ms) and tokens/s served in all (right): article 2's latency-against-throughput trade."""
+    ms) and tokens/s served in all (right): the latency-against-throughput trade of TP against DP replicas."""
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("time per output token (ms)", "tokens/s, all replicas"), horizontal_spacing=0.12
     )

@@ -1,0 +1,202 @@
+"""The numbers chapters 7-9 state in prose, recomputed from the package's functions: when a formula or
+a preset changes, the test that holds the sentence fails, instead of the sentence going stale."""
+
+from __future__ import annotations
+
+import pytest
+
+from playbook import Hardware, ModelConfig
+from playbook.theory import serving
+from playbook.theory.memory import training_memory
+
+H100 = Hardware.preset("h100-sxm")
+LLAMA8, LLAMA70 = ModelConfig.preset("llama-3.1-8b"), ModelConfig.preset("llama-3.1-70b")
+DSV3 = ModelConfig.preset("deepseek-v3")
+
+
+def _layouts(cfg, hw, latency=None):
+    """{layout: row} of the 8-GPU TP × DP comparison; ``latency`` None: the default ring model,
+    "flat": a measured ~10 µs per small all-reduce whatever tp."""
+    rows = {}
+    for tp in (1, 2, 4, 8):
+        lat = {} if latency is None else {"latency": serving.flat_allreduce_latency(tp)}
+        try:
+            r = serving.serving_layout(cfg, hw, tp=tp, dp=8 // tp, context=8192, **lat)
+        except ValueError:
+            continue
+        rows[r["layout"]] = r
+    return rows
+
+
+# ---- chapter 7 ------------------------------------------------------------------------------------
+def test_ch07_a_million_tokens_of_cache():
+    assert 1_000_000 // 8192 == 122
+    gb = {m.name: round(1e6 * serving.kv_bytes_per_token(m) / 1e9) for m in (LLAMA8, LLAMA70, DSV3)}
+    assert list(gb.values()) == [131, 328, 70]
+
+
+def test_ch07_mla_saving_by_both_definitions():
+    by = serving.kv_per_token_by_attention(DSV3)
+    assert round(by["MHA"] / by["MLA"]) == 71  # every head's 192-wide key and 128-wide value
+    # DeepSeek-V2 Table 1: MHA caches 2·n_h·d_h per layer, d_h = 128; MLA (d_c + d_h^R)
+    table1 = 2 * DSV3.n_heads * DSV3.v_head_dim / (DSV3.kv_lora_rank + DSV3.qk_rope_head_dim)
+    assert round(table1) == 57
+    assert (by["MLA"], serving.kv_bytes_per_token(LLAMA70)) == (70_272, 327_680)
+    assert round(327_680 / 70_272, 1) == 4.7
+    assert round(serving.weights_per_gpu(DSV3) / 1e12, 2) == 1.34
+
+
+def test_ch07_capacity_per_tp():
+    cap = {tp: serving.kv_capacity(LLAMA70, H100, context=8192, tp=tp) for tp in (2, 4, 8)}
+    assert round(cap[2]["weights"] / 1e9, 1) == 70.6 and round(cap[2]["kv_budget"] / 1e9, 1) == 1.4
+    assert round(0.9 * H100.memory_bytes / 1e9) == 72
+    assert [cap[t]["max_seqs"] for t in (2, 4, 8)] == [1, 54, 162]
+
+
+def test_ch07_decode_table_and_the_kv_intensity():
+    steps = {b: serving.decode(LLAMA70, H100, context=2048, batch=b, tp=4) for b in (1, 8, 32, 256)}
+    assert 18 <= steps[1].seconds * 1e3 < steps[32].seconds * 1e3 <= 20.5
+    assert all(s.bound == "memory" for s in steps.values())
+    assert round(steps[1].comm * 1e3, 1) == 4.8 and 0.25 <= steps[1].comm / steps[1].seconds < 0.3
+    assert round(serving.critical_batch(LLAMA70, H100)) == 185
+    assert LLAMA70.n_heads // LLAMA70.kv_heads == 8
+    cap = serving.kv_capacity(LLAMA70, H100, context=2048, tp=4)["max_seqs"]
+    assert cap == 218 and 256 > cap  # the batch-256 row does not fit
+    flat = serving.decode(LLAMA70, H100, context=2048, batch=1, tp=4, latency=serving.flat_allreduce_latency(4))
+    assert round(flat.comm * 1e3, 1) == 1.6
+
+
+def test_ch07_the_layouts_on_8_h100s():
+    rows = _layouts(LLAMA70, H100)
+    best, why = serving.recommend(list(rows.values()))
+    assert best["layout"] == "tp8×dp1" and "lowest latency" in why
+    assert round(best["tokens_per_s"]) == 4079 and best["seqs"] == 162
+    assert [round(rows[k]["tpot_batch1"] * 1e3, 1) for k in ("tp8×dp1", "tp4×dp2", "tp2×dp4")] == [17.9, 18.2, 28.4]
+    assert rows["tp2×dp4"]["seqs"] == 4 and rows["tp4×dp2"]["seqs"] == 108
+    assert round(rows["tp4×dp2"]["tokens_per_s"] / rows["tp2×dp4"]["tokens_per_s"]) == 24
+    comm = [round(rows[k]["tp_comm_per_token"] * 1e3, 1) for k in ("tp2×dp4", "tp4×dp2", "tp8×dp1")]
+    assert comm == [1.6, 5.3, 12.9]
+
+
+def test_ch07_question_3_flips_with_a_flat_all_reduce():
+    b200 = Hardware.preset("b200")
+    assert b200.memory_bytes == 180e9
+    ring, flat = _layouts(LLAMA8, b200), _layouts(LLAMA8, b200, latency="flat")
+    assert round(ring["tp2×dp4"]["tokens_per_s"], -2) == 43_900 and round(ring["tp4×dp2"]["tokens_per_s"], -2) == 42_400
+    assert [round(ring[k]["tpot_batch1"] * 1e3, 1) for k in ("tp2×dp4", "tp4×dp2")] == [2.0, 2.6]
+    assert round(flat["tp4×dp2"]["tokens_per_s"], -2) == 44_500 and round(flat["tp2×dp4"]["tokens_per_s"], -2) == 43_900
+    assert [round(flat[k]["tpot_batch1"] * 1e3, 1) for k in ("tp4×dp2", "tp2×dp4")] == [1.3, 2.0]
+    assert round(serving.weights_per_gpu(LLAMA8) / 1e9) == 16
+
+
+@pytest.mark.parametrize("tp,want", [(2, 10e-6), (4, 10e-6), (8, 10e-6)])
+def test_flat_allreduce_latency_costs_the_same_whatever_tp(tp, want):
+    from playbook.theory.comm import collective_seconds
+
+    t = collective_seconds("all_reduce", 0, tp, H100.intra_node_bandwidth, serving.flat_allreduce_latency(tp))
+    assert t == pytest.approx(want)
+
+
+# ---- chapter 9 ------------------------------------------------------------------------------------
+def test_ch09_the_oom_lab_counts_eager_attention_and_flash_fits_with_zero_1():
+    gb = lambda **kw: training_memory(LLAMA8, seq_len=4096, micro_batch=1, dp=8, **kw).total / 1e9  # noqa: E731
+    assert gb() > 2 * 80  # "more than twice the 80 GB"
+    assert 75 < gb(zero=3) <= 80  # "fits on paper, within a few GB"
+    assert gb(zero=3, recompute="selective") < 45
+    assert gb(zero=1) > 80 and gb(zero=1, attention="flash") < 80
+
+
+# ---- chapter 8 ------------------------------------------------------------------------------------
+def test_ch08_tp_innermost_bytes_and_seconds():
+    from playbook.dims import ParallelDims
+    from playbook.theory.hybrid import comm_per_axis
+    from playbook.viz.mesh import axis_seconds
+
+    big = ParallelDims(dp=4, tp=8, pp=4)
+    sent = comm_per_axis(LLAMA70, big, rank=0, global_batch=32, seq_len=4096, microbatches=8)
+    inner = {a["axis"]: a for a in axis_seconds(sent, big, H100)}
+    outer = {a["axis"]: a for a in axis_seconds(sent, big, H100, order=("pp", "dp", "cp", "tp"))}
+    assert round(inner["tp"]["bytes"] / inner["dp"]["bytes"]) == 11  # "eleven times"
+    assert round(inner["tp"]["seconds"], 2) == 0.34 and round(outer["tp"]["seconds"]) == 3
+    assert round(outer["tp"]["seconds"] / inner["tp"]["seconds"]) == 9
+    assert round(inner["pp"]["bytes"] / 1e9, 1) == 1.1
+
+
+def test_ch08_published_layouts():
+    def gb(model, seq_len, zero, recompute, **degrees):
+        m = training_memory(
+            ModelConfig.preset(model),
+            seq_len=seq_len,
+            micro_batch=1,
+            zero=zero,
+            recompute=recompute,
+            sequence_parallel=degrees.get("tp", 1) > 1,
+            attention="eager",
+            **degrees,
+        )
+        return m
+
+    l8k = dict(tp=8, pp=16, dp=128)
+    l128k = dict(tp=8, cp=16, pp=16, dp=8)
+    assert 8 * 16 * 16 * 8 == 16_384  # Table 4's 128K row: DP 8, not the DP 4 it prints
+    assert gb("llama-3.1-405b", 8192, 2, "full", **l8k).total / 1e9 < 12
+    for r in ("selective", "full"):  # with recomputation the 128K run's activations equal the 8K run's
+        a8, a128 = (gb("llama-3.1-405b", s, 2, r, **d).activations for s, d in ((8192, l8k), (131072, l128k)))
+        assert a8 == pytest.approx(a128)
+    assert round(gb("llama-3.1-405b", 8192, 2, "selective", **l8k).activations / 1e9) == 151
+    ds = dict(pp=16, ep=64, dp=128)
+    none, full = gb("deepseek-v3", 4096, 1, "none", **ds), gb("deepseek-v3", 4096, 1, "full", **ds)
+    assert (round(none.params / 1e9, 1), round(full.params / 1e9, 1)) == (3.3, 6.2)  # another stage is fullest
+    assert round(gb("mixtral-8x7b", 4096, 1, "none", ep=8, dp=8).optimizer / 1e9) == 70
+
+
+def test_ch08_training_70b_on_8_gpus_does_not_fit():
+    from playbook.viz.mesh import training_rows
+
+    rows = training_rows(LLAMA70, [(4, 2), (2, 4)], seq_len=4096, zero=1)
+    assert all(r["total"] > 80e9 for r in rows)
+
+
+# ---- chapter 8b -----------------------------------------------------------------------------------
+def _plan70():
+    from playbook.viz.plan_dashboard import cached_plan
+
+    return cached_plan("llama-3.1-70b", "h100-sxm", 64, 8192, 512)
+
+
+def test_ch08b_the_70b_winner_and_its_memory():
+    import dataclasses
+
+    from playbook.theory.planner import memory_bytes
+
+    p = _plan70()
+    best = p.candidates[0]
+    assert str(best.layout) == "dp1×pp8×cp8 z2 b1 m512 none"
+    assert str(p.candidates[1].layout).startswith("dp1×tp2×pp8×cp4 z1")  # the ZeRO-1 one to measure beside it
+    gb = [round(memory_bytes(LLAMA70, dataclasses.replace(best.layout, zero=z), 8192) / 1e9, 1) for z in (0, 1, 2)]
+    assert gb == [183.6, 82.7, 65.9] and round(0.9 * H100.memory_bytes / 1e9) == 72
+    dp, cp = best.cost.axes["dp"], best.cost.axes["cp"]
+    assert round(dp[0]) == 18 and round(dp[1], 2) == 0.04 and round(cp[0], 1) == 1.3
+    assert round(best.cost.compute) == 58
+    tp = {str(c.layout): c.cost.axes.get("tp", (0, 0))[1] for c in p.candidates[:8]}
+    assert all(4.9 < v < 5.4 for k, v in tp.items() if "tp4" in k)
+    assert all(1.6 < v < 1.8 for k, v in tp.items() if "tp2" in k)
+
+
+def test_ch08b_405b_at_llama_3_scale():
+    from playbook.viz.plan_dashboard import cached_plan
+
+    p = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048)
+    two, five = p.candidates[1], p.candidates[4]
+    assert (two.layout.tp, two.layout.pp, two.layout.microbatches) == (8, 16, 128)
+    assert (five.layout.tp, five.layout.pp, five.layout.microbatches) == (4, 32, 128)
+    assert round(two.cost.axes["tp"][1], 1) == 0.7 and round(five.cost.axes["tp"][1], 2) == 0.27
+    assert all(0.6 <= round(c.cost.bubble, 1) <= 0.7 for c in p.candidates[:4])
+    published = next(c for c in p.candidates if c.layout.degrees == dict(dp=128, tp=8, pp=16, cp=1, ep=1))
+    assert published.layout.recompute == "full" and published.layout.microbatches == 16
+
+
+def test_ch08_question_3_a_decode_all_reduce_is_latency_bound():
+    message = LLAMA70.hidden * 2  # one token's hidden state in bf16
+    assert message == 16_384 and H100.intra_node_bandwidth == 450e9
+    assert round(message / H100.intra_node_bandwidth * 1e9) == 36  # ns, against microseconds of latency
