@@ -208,7 +208,9 @@ def run_tp(
         strategy=("tp+sp" + ("+regather" if regather else "")) if sequence_parallel else "tp",
         world_size=world_size,
         backend=backend,
-        parity=gated(compare(ours, reference), setup),
+        parity=compare(ours, reference, "single process in mixed precision, same global batch")
+        if precision == "mixed"  # bf16 against bf16: the float32 bounds do not apply (tests/test_mixed.py)
+        else gated(compare(ours, reference), setup),
         native=compare(answers[0][1], reference, "DTensor parallelize_module, same global batch") if native else None,
         memory={
             "predicted": tp_training_memory(
