@@ -72,24 +72,37 @@ def test_a_rank_that_exits_is_named_with_its_exit_code(ranks2):
     assert wait_gone(old) == []
 
 
-def wait_then_all_reduce(ctx):
+def wait_then_all_reduce(ctx, killed: str):
     import torch.distributed as dist
 
-    if ctx.rank == 0:
-        time.sleep(1.5)  # rank 1 is already waiting in the all-reduce when it is killed
+    if ctx.rank == 0:  # rank 1 is waiting in the all-reduce when it is killed; rank 0 joins only after
+        deadline = time.monotonic() + 60
+        while not os.path.exists(killed) and time.monotonic() < deadline:
+            time.sleep(0.01)
     dist.all_reduce(torch.ones(2), group=ctx.group)
 
 
-def test_a_killed_rank_is_blamed_not_the_survivor_that_lost_it(ranks2):
+def kill_once_waiting(ranks, rank: int, what: str, killed: str, when: dict) -> None:
+    """SIGKILL ``rank`` as soon as its status says it waits in ``what``, then tell the others (a fixed
+    delay raced a busy machine's start-up: the rank was killed before it reached the collective)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and f"waiting in {what}" not in ranks._status_of(rank):
+        time.sleep(0.01)
+    os.kill(ranks.pids()[rank], signal.SIGKILL)
+    when["killed"] = time.perf_counter()
+    open(killed, "w").close()
+
+
+def test_a_killed_rank_is_blamed_not_the_survivor_that_lost_it(ranks2, tmp_path):
     """Rank 0 sees "Connection closed by peer": that is the symptom, rank 1's death the cause."""
-    old = ranks2.pids()
-    threading.Timer(0.7, os.kill, (old[1], signal.SIGKILL)).start()
-    err, seconds = timed(ranks2.run, wait_then_all_reduce)
+    old, killed, when = ranks2.pids(), str(tmp_path / "killed"), {}
+    threading.Thread(target=kill_once_waiting, args=(ranks2, 1, "all_reduce", killed, when), daemon=True).start()
+    err, _ = timed(ranks2.run, wait_then_all_reduce, killed)
     assert isinstance(err, RankError) and err.rank == 1 and err.exitcode == -signal.SIGKILL, str(err)
     assert str(err).startswith("rank 1 was killed by SIGKILL (exit -9) during all_reduce; rank 0 lost its peer"), str(
         err
     )
-    assert seconds < 1.5 + ranks2.error_grace + LOOSE
+    assert time.perf_counter() - when["killed"] < ranks2.error_grace + LOOSE  # named soon after the death
     assert wait_gone(old) == []
 
 
