@@ -122,6 +122,12 @@ def _plan_inputs(args) -> tuple[ModelConfig, Hardware]:
     ):
         if value is not None and value < 1:  # --seq-len and --global-batch: cli.check_numbers
             raise BadInput(f"{flag} must be a positive integer, got {value}; try {flag} {example}")
+    if args.gpus_per_node is not None and args.gpus_per_node > args.gpus:
+        # the same rule as a count that is not whole nodes: the flags must describe one real cluster
+        raise BadInput(
+            f"--gpus-per-node {args.gpus_per_node} is more than --gpus {args.gpus}: a node cannot hold more GPUs "
+            f"than the job has; try --gpus-per-node {min(8, args.gpus)} (or omit it: the hardware profile's)"
+        )
     hw = Hardware.preset(args.hardware)
     return ModelConfig.from_hf_config(args.hf_config) if args.hf_config else ModelConfig.preset(args.model), hw
 

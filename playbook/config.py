@@ -7,6 +7,7 @@ and values that would work, so a learner never meets a shape error deep inside t
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,8 +27,10 @@ HARDWARE_DIR = DATA_DIR / "hardware"
 
 
 def divisors(n: int) -> list[int]:
-    """All positive divisors of ``n``, ascending: the valid choices for a degree that must divide n."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """All positive divisors of ``n``, ascending: the valid choices for a degree that must divide n.
+    Pairs (d, n // d) up to the square root: a 19-digit n takes as long as a 10-digit one."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def require_positive(**sizes: int) -> None:
