@@ -18,7 +18,9 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import sys
+import threading
 
 from playbook.config import Hardware, ModelConfig
 
@@ -258,9 +260,27 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``kill``, Slurm) arrived: unwound like Ctrl-C, so every rank is stopped."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(strategies=argv[:1] == ["run"]).parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    try:
+        return _main(args)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _main(args) -> int:
     from playbook.cluster import RankError, RankTimeout
 
     try:
@@ -272,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RankError, RankTimeout) as e:  # a fault on the ranks: its message says which rank and where
         print(f"playbook: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("playbook: terminated (SIGTERM); every rank was stopped", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("playbook: interrupted; every rank was stopped", file=sys.stderr)
         return 130

@@ -338,7 +338,33 @@ def _rank_main(rank, world_size, backend, store_port, threads, conn, status, sin
 # ----------------------------------------------------------------------------------------------
 
 
+_TEMP_PREFIX = "pymp-playbook-"
+
+
+def _claim_temp_dir() -> None:
+    """multiprocessing keeps the forkserver's socket in a ``pymp-XXXX`` folder that only a clean exit
+    removes, so a parent killed by SIGKILL leaves it behind. Ours is named ``pymp-playbook-<pid>-…``,
+    and every start first removes those whose process is gone. (multiprocessing reads the folder
+    from the current process's ``_config["tempdir"]``; its own exit handler still removes it.)"""
+    import glob
+    import shutil
+    import tempfile
+
+    import multiprocessing.util as util
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), _TEMP_PREFIX + "*")):
+        pid = os.path.basename(path)[len(_TEMP_PREFIX) :].split("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and _process_state(int(pid)) is None:
+            shutil.rmtree(path, ignore_errors=True)
+    config = mp.current_process()._config
+    if config.get("tempdir") is None:
+        folder = tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-")
+        util.Finalize(None, util._remove_temp_dir, args=(shutil.rmtree, folder), exitpriority=-100)
+        config["tempdir"] = folder
+
+
 def _forkserver_context():
+    _claim_temp_dir()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
