@@ -122,7 +122,7 @@ def cmd_memory(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from playbook.cluster import no_progress, under_torchrun
+    from playbook.cluster import launch_timeout, no_progress, under_torchrun
     from playbook.parallel import TrainSetup, get
 
     strategy = get(args.strategy)
@@ -145,6 +145,7 @@ def cmd_run(args) -> int:
         "command",
         "world_size",
         "backend",
+        "timeout",
     }
     options = {k: v for k, v in vars(args).items() if k not in common}
     # With --json, stdout carries the JSON object alone: anything else (rank prints) goes to stderr.
@@ -152,6 +153,7 @@ def cmd_run(args) -> int:
     with (
         contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(),
         no_progress() if args.json else contextlib.nullcontext(),
+        launch_timeout(args.timeout),
     ):
         report = strategy.run(setup, world_size=args.world_size, backend=args.backend, **options)
     import torch.distributed as dist
@@ -253,6 +255,13 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
         p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=300.0,
+            help="seconds to wait for every rank's result before the ranks are stopped and named "
+            "(a rank the OS has stopped is reported at once)",
+        )
         if s.arguments:
             s.arguments(p)
         _show_defaults(p)

@@ -50,6 +50,7 @@ LIMITS: dict[str, tuple[float, float, str]] = {
     "requests": (1, 1000, "6"),
     "max_batch": (1, 1024, "4"),
     "top": (1, 10**4, "5"),
+    "timeout": (0.1, 86_400, "60"),
 }
 
 

@@ -398,6 +398,15 @@ _PEER_LOST = re.compile(
 )
 
 
+def _loads(payload: bytes, rank: int):
+    """A rank's message, or an ``error`` message naming that rank if the parent cannot unpickle it
+    (a result holding a class the parent cannot import, or whose reconstruction raises)."""
+    try:
+        return cloudpickle.loads(payload)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is this rank's to report
+        return ("error", rank, f"rank {rank}'s message could not be unpickled in the parent: {type(e).__name__}: {e}\n")
+
+
 def _how_it_ended(code: int | None) -> str:
     """``was killed by SIGKILL (exit -9)``, ``exited with code 3``: a process's end, in words."""
     if code is None:
@@ -489,6 +498,7 @@ class Ranks:
         check_world_size(world_size, self.backend)
         self.world_size, self.timeout, self.error_grace = world_size, timeout, error_grace
         self.threads_per_rank, self.start_method = threads_per_rank, start_method
+        self.stall_after = 60.0  # seconds without a status change before a rank is said to make no progress
         self.processes: list = []
         self.last_trace: list[dict] = []  # spans of every rank from the last call, as dicts
         self.start_seconds: float | None = None
@@ -627,6 +637,7 @@ class Ranks:
         bar = _ProgressBar(self.world_size) if progress else None
         deadline = time.monotonic() + timeout
         failed_at = None
+        next_look, stalled = time.monotonic() + 1.0, set()  # ranks already reported as making no progress
         conn_rank = {conn: r for r, conn in enumerate(self._conns)}
         sentinel_rank = {p.sentinel: r for r, p in enumerate(self.processes)}
         try:
@@ -637,6 +648,9 @@ class Ranks:
                 if now > deadline:
                     waiting = {r: self._status_of(r) for r in range(self.world_size) if r not in results}
                     raise RankTimeout(timeout, waiting, self._restart)
+                if now >= next_look:
+                    next_look = now + 1.0
+                    self._say_if_stalled(results, failures, stalled, timeout)
                 ready = mp.connection.wait(list(conn_rank) + list(sentinel_rank), timeout=0.1)
                 for obj in sorted(ready, key=lambda o: o not in sentinel_rank):  # deaths first: they explain the rest
                     if obj in sentinel_rank:
@@ -655,7 +669,7 @@ class Ranks:
                     if obj not in conn_rank:
                         continue
                     try:
-                        self._handle(cloudpickle.loads(obj.recv_bytes()), kind, results, traces, failures, bar)
+                        self._handle(_loads(obj.recv_bytes(), conn_rank[obj]), kind, results, traces, failures, bar)
                     except (EOFError, OSError):  # closed or reset: the rank is gone; its sentinel says how
                         conn_rank.pop(obj)
                     if failures and failed_at is None:
@@ -668,6 +682,29 @@ class Ranks:
         if kind == "result":
             self.last_trace = [span for r in range(self.world_size) for span in traces.get(r, [])]
         return [results[r] for r in range(self.world_size)]
+
+    def _say_if_stalled(self, results, failures, stalled: set, timeout: float) -> None:
+        """One line per rank that stopped making progress: a process the OS has stopped (SIGSTOP,
+        state T), or one whose status has not changed for ``stall_after`` seconds; the call still
+        ends at ``timeout`` (``playbook run --timeout``) with the usual report."""
+        for r, p in enumerate(self.processes):
+            if r in results or r in failures or r in stalled:
+                continue
+            state = _process_state(p.pid) if p.pid else None
+            quiet = time.time() - self._since[r] if self._since[r] else 0.0
+            if state is not None and state[0] == "T":
+                why = "is stopped (SIGSTOP or a debugger: process state T)"
+            elif quiet > self.stall_after:
+                why = f"has made no progress for {quiet:.0f} s"
+            else:
+                continue
+            stalled.add(r)
+            print(
+                f"playbook: rank {r} {why}, {_where(self._status_of(r))}; the call gives up after {timeout:g} s "
+                "(playbook run --timeout, Ranks(timeout=))",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _blame(self, failures: dict[int, str], deaths: dict, results: dict) -> RankError:
         """One error that names the cause: a rank that died comes before the ranks that then lost
@@ -710,7 +747,7 @@ class Ranks:
         conn = self._conns[r]
         try:
             while conn.poll():
-                self._handle(cloudpickle.loads(conn.recv_bytes()), kind, results, traces, failures, bar)
+                self._handle(_loads(conn.recv_bytes(), r), kind, results, traces, failures, bar)
         except (EOFError, OSError):
             pass
         conn_rank.pop(conn, None)
@@ -822,8 +859,23 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
+_launch_timeout = [300.0]  # seconds a fresh launch() waits for every result, unless told otherwise
+
+
+@contextlib.contextmanager
+def launch_timeout(seconds: float):
+    """Every ``launch()`` inside the block waits at most ``seconds`` for its ranks (``playbook run
+    --timeout``: the strategies call ``launch`` themselves)."""
+    _check_options(seconds, 0.0, 1, "fork")
+    saved, _launch_timeout[0] = _launch_timeout[0], seconds
+    try:
+        yield
+    finally:
+        _launch_timeout[0] = saved
+
+
 def launch(
-    fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float = 300.0, **kwargs
+    fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float | None = None, **kwargs
 ) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on fresh ranks and stop them; return every rank's result.
 
@@ -834,7 +886,7 @@ def launch(
         return _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs)
     if world_size is None:
         raise ValueError("world_size is required outside torchrun")
-    r = Ranks(world_size, backend=backend, timeout=timeout)
+    r = Ranks(world_size, backend=backend, timeout=_launch_timeout[0] if timeout is None else timeout)
     r._restart = ""  # one run: nothing restarts afterwards
     with r:
         return r.run(fn, *args, **kwargs)

@@ -101,3 +101,61 @@ def test_the_folder_a_sigkilled_parent_left_is_swept_by_the_next_start(tmp_path)
         assert not glob.glob(str(tmp_path / "pymp-*")), os.listdir(tmp_path)
     finally:
         _cleanup(marker, proc)
+
+
+# ---- a result the parent cannot unpickle; a frozen rank; --timeout ----------------------------
+def unpicklable_on_1(ctx):
+    class Bad:
+        def __reduce__(self):  # rebuilt in the parent as int("not a number"): raises there
+            return (int, ("not a number",))
+
+    return Bad() if ctx.rank == 1 else ctx.rank
+
+
+def test_a_result_that_cannot_be_unpickled_names_its_rank():
+    from playbook.cluster import RankError, launch
+
+    with pytest.raises(RankError) as err:
+        launch(unpicklable_on_1, 2, backend="gloo", timeout=60)
+    assert err.value.rank == 1
+    assert "rank 1's message could not be unpickled in the parent: ValueError" in str(err.value).splitlines()[0]
+
+
+def freeze_1(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.all_reduce(torch.ones(2), group=ctx.group)
+
+
+def test_a_frozen_rank_is_named_at_once_and_the_call_ends_at_its_timeout(capfd):
+    from playbook.cluster import Ranks, RankTimeout
+
+    with Ranks(2, backend="gloo", timeout=6) as ranks:
+        t0 = time.monotonic()
+        with pytest.raises(RankTimeout, match="within 6 s"):
+            ranks.run(freeze_1)
+        assert time.monotonic() - t0 < 6 + 15
+    err = capfd.readouterr().err
+    assert "playbook: rank 1 is stopped (SIGSTOP or a debugger: process state T)" in err, err
+
+
+def test_launch_timeout_bounds_the_strategies_launches():
+    from playbook.cluster import RankTimeout, launch, launch_timeout
+
+    def hang(ctx):
+        time.sleep(60)
+
+    t0 = time.monotonic()
+    with launch_timeout(1.5), pytest.raises(RankTimeout, match="within 1.5 s"):
+        launch(hang, 1, backend="gloo")
+    assert time.monotonic() - t0 < 1.5 + 15
+
+
+def test_run_timeout_is_checked_like_every_number(capsys):
+    from playbook.cli import main
+
+    assert main(["run", "dp", "--timeout", "0"]) == 2
+    assert "--timeout must be between 0.1 and 86400, got 0; e.g. --timeout 60" in capsys.readouterr().err
