@@ -113,3 +113,42 @@ def test_model_config_bounds_every_field():
         ModelConfig(**{**base, "n_layers": 10**9})
     with pytest.raises(ValueError, match="rope_theta must be a number greater than 0"):
         ModelConfig(**base, rope_theta=float("nan"))
+
+
+# ---- calibrate --out: checked before measuring, the measurement kept if writing still fails ------
+def _fake_calibrate(monkeypatch, calls):
+    import playbook.measure.calibrate as calibrate
+
+    def fake(ranks, quick=False):
+        calls.append(ranks)
+        return {"name": "fake", "measured": True}
+
+    monkeypatch.setattr(calibrate, "calibrate", fake)
+
+
+def test_calibrate_refuses_a_folder_before_measuring(tmp_path, capsys, monkeypatch):
+    calls = []
+    _fake_calibrate(monkeypatch, calls)
+    folder = tmp_path / "out.json"
+    folder.mkdir()
+    assert "is a folder; name a file in it" in one_line(capsys, ["calibrate", "--out", str(folder)])
+    assert calls == []
+
+
+def test_calibrate_keeps_the_measurement_when_writing_fails(tmp_path, capsys, monkeypatch):
+    calls = []
+    _fake_calibrate(monkeypatch, calls)
+    out = tmp_path / "cal.json"
+    write = Path.write_text
+
+    def full_disk(self, *a, **k):
+        if self == out:
+            raise OSError(28, "No space left on device")
+        return write(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    err = one_line(capsys, ["calibrate", "--out", str(out)])
+    assert calls == [2] and "No space left on device" in err
+    kept = Path(err.split("the measurement is kept in ")[1])
+    assert json.loads(kept.read_text())["measured"] is True
+    kept.unlink()
