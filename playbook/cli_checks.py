@@ -43,7 +43,6 @@ LIMITS: dict[str, tuple[float, float, str]] = {
     "pp": (1, 10**6, "4"),
     "gpus": (1, 10**6, "64"),
     "gpus_per_node": (1, 1024, "8"),
-    "context": (1, 10**8, "8192"),
     "mem_util": (1e-6, 1.0, "0.9"),
     "block_size": (1, 4096, "16"),
     "blocks": (1, 10**6, "16"),
