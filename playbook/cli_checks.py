@@ -53,6 +53,14 @@ LIMITS: dict[str, tuple[float, float, str]] = {
 }
 
 
+# Counts whose highest value only guards against huge input (no loop or allocation goes unbounded):
+# below the range they are "a positive integer", above it "a positive integer at most N".
+GUARDS = {
+    "global_batch", "seq_len", "micro_batch", "ep", "dp", "tp", "cp", "pp", "gpus", "gpus_per_node",
+    "block_size", "blocks", "requests", "max_batch", "top",
+}  # fmt: skip
+
+
 class BadInput(ValueError):
     """Input refused before anything starts: printed as one line, exit status 2."""
 
@@ -73,12 +81,12 @@ def check_numbers(args: argparse.Namespace) -> None:
                 + (f"; e.g. {_flag(dest)} {example}" if example else "")
             )
         if not low <= value <= high:
-            if low == 1 and high == math.inf:
+            if dest in GUARDS:
+                what = "a positive integer" if value < low else f"a positive integer at most {high:,}"
+            elif low == 1 and high == math.inf:
                 what = "a positive integer"
             elif high == math.inf:
                 what = f"at least {low:g}"
-            elif low == 1 and isinstance(value, int):
-                what = f"a positive integer at most {high:,}"
             elif low > 0 and low < 1e-3:
                 what = f"greater than 0 and at most {high:g}"
             else:
