@@ -103,6 +103,10 @@ def check_before_run(args: argparse.Namespace, strategy) -> None:
 
     if strategy.check is not None:
         strategy.check(args)
+    else:  # the rule every strategy without its own check has had: the batch splits over the ranks
+        from playbook.data import rows_per_rank
+
+        rows_per_rank(args.global_batch, min(args.world_size, args.global_batch))
     backend = default_backend(args.world_size) if args.backend == "auto" else args.backend
     check_world_size(args.world_size, backend)
     check_fits(args)
