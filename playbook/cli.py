@@ -16,132 +16,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import platform
+import signal
 import sys
+import threading
 
 from playbook.cli_trace import check_trace_path, write_trace
 from playbook.config import Hardware, ModelConfig
 
-# Every numeric option of ``playbook run`` (and its strategies): dest -> (lowest, highest, example).
-# Floats must also be finite. An option not listed here is checked for finiteness only.
-LIMITS: dict[str, tuple[float, float, str]] = {
-    "world_size": (1, math.inf, "2"),
-    "steps": (1, 10_000, "3"),
-    "global_batch": (1, math.inf, "8"),
-    "seq_len": (1, math.inf, "32"),
-    "micro_batch": (1, math.inf, "1"),
-    "lr": (1e-12, 1.0, "3e-3"),  # AdamW: beyond ~1 every step overshoots, and the losses go NaN
-    "bucket_mb": (1e-6, 4096, "25"),
-    "accumulate": (1, 1024, "2"),
-    "experts": (1, 1024, "4"),
-    "top_k": (1, 1024, "2"),
-    "capacity_factor": (1e-6, 1024, "1.25"),
-    "ep": (1, math.inf, "2"),
-    "aux_alpha": (0, 10, "0.01"),
-    "microbatches": (1, 4096, "4"),
-    "chunks": (1, 64, "2"),
-    "layers": (0, 1024, "4"),
-    "stage": (0, 3, "3"),
-    "dp": (1, math.inf, "8"),
-    "tp": (1, math.inf, "8"),
-    "cp": (1, math.inf, "2"),
-    "pp": (1, math.inf, "4"),
-}
-
-
-class BadInput(ValueError):
-    """Input refused before anything starts: printed as one line, exit status 2."""
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def check_numbers(args: argparse.Namespace) -> None:
-    """Refuse every numeric option that is not finite or not in its range, naming a value that works."""
-    for dest, value in vars(args).items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        low, high, example = LIMITS.get(dest, (-math.inf, math.inf, ""))
-        if isinstance(value, float) and not math.isfinite(value):
-            raise BadInput(
-                f"{_flag(dest)} must be a finite number, got {value}"
-                + (f"; e.g. {_flag(dest)} {example}" if example else "")
-            )
-        if not low <= value <= high:
-            if low == 1 and high == math.inf:
-                what = "a positive integer"
-            elif high == math.inf:
-                what = f"at least {low:g}"
-            elif low > 0 and low < 1e-3:
-                what = f"greater than 0 and at most {high:g}"
-            else:
-                what = f"between {low:g} and {high:g}"
-            raise BadInput(f"{_flag(dest)} must be {what}, got {value:g}; e.g. {_flag(dest)} {example}")
-
-
-def available_memory() -> int | None:
-    """Bytes this machine can still give (MemAvailable), None where it cannot tell."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e3:.0f} kB"
-
-
-def check_fits(args: argparse.Namespace, available: int | None = None) -> None:
-    """Refuse a run whose predicted memory cannot fit in this machine: the single-process reference
-    (in this process) plus ``world_size`` ranks, each predicted as a full replica (an upper bound for
-    the sharding strategies), with our own exact prediction (``TrainSetup.predicted_memory``)."""
-    from playbook.parallel.training import TrainSetup
-
-    available = available_memory() if available is None else available
-    if not available:
-        return
-
-    def need(model: str, global_batch: int) -> tuple[float, float]:
-        setup = TrainSetup(model=model, steps=1, global_batch=global_batch, seq_len=args.seq_len)
-        per_rank = setup.predicted_memory(min(args.world_size, global_batch)).total
-        return per_rank, setup.predicted_memory(1).total + args.world_size * per_rank
-
-    per_rank, total = need(args.model, args.global_batch)
-    budget = 0.8 * available
-    if total <= budget:
-        return
-    fixes = []
-    lo, hi = 0, args.global_batch  # the largest global batch that fits, by bisection
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if need(args.model, mid)[1] <= budget else (lo, mid - 1)
-    if lo >= 1:
-        fixes.append(f"--global-batch {lo} or less")
-    smaller = [
-        m
-        for m in ModelConfig.presets()
-        if args.seq_len <= ModelConfig.preset(m).max_seq_len and need(m, args.global_batch)[1] <= budget
-    ]
-    if smaller:
-        fixes.append(f"--model {' / '.join(smaller[:4])}")
-    raise BadInput(
-        f"{args.model} with --global-batch {args.global_batch} --seq-len {args.seq_len} needs {_size(per_rank)} per rank "
-        f"(fp32 AdamW) on {args.world_size} rank(s) plus the single-process reference, {_size(total)} in all; "
-        f"this machine has {_size(available)} available" + (f"; try {', or '.join(fixes)}" if fixes else "")
-    )
+from playbook.cli_checks import BadInput, check_before_run, check_numbers  # noqa: F401  (BadInput: cli_plan)
 
 
 def cmd_info(args) -> int:
@@ -239,7 +123,7 @@ def cmd_memory(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from playbook.cluster import LAUNCHED_TRACES, no_progress, under_torchrun
+    from playbook.cluster import LAUNCHED_TRACES, launch_timeout, no_progress, under_torchrun
     from playbook.parallel import TrainSetup, get
 
     strategy = get(args.strategy)
@@ -249,7 +133,7 @@ def cmd_run(args) -> int:
     if args.world_size is None:  # implied by the strategy's own options (hybrid: the product of the degrees)
         args.world_size = strategy.world_size(vars(args))
     if not under_torchrun():
-        check_fits(args)
+        check_before_run(args, strategy)
     if args.trace is not None:
         check_trace_path(args.trace)
     common = {
@@ -265,6 +149,7 @@ def cmd_run(args) -> int:
         "world_size",
         "backend",
         "trace",
+        "timeout",
     }
     options = {k: v for k, v in vars(args).items() if k not in common}
     # With --json, stdout carries the JSON object alone: anything else (rank prints) goes to stderr.
@@ -272,6 +157,7 @@ def cmd_run(args) -> int:
     with (
         contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(),
         no_progress() if args.json else contextlib.nullcontext(),
+        launch_timeout(args.timeout),
     ):
         LAUNCHED_TRACES.clear()
         report = strategy.run(setup, world_size=args.world_size, backend=args.backend, **options)
@@ -385,6 +271,13 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
             metavar="FILE.json",
             help="write the measured timeline (Chrome trace format: Perfetto, chrome://tracing)",
         )
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=300.0,
+            help="seconds to wait for every rank's result before the ranks are stopped and named "
+            "(a rank the OS has stopped is reported at once)",
+        )
         if s.arguments:
             s.arguments(p)
         _show_defaults(p)
@@ -392,9 +285,27 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``kill``, Slurm) arrived: unwound like Ctrl-C, so every rank is stopped."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(strategies=argv[:1] == ["run"]).parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    try:
+        return _main(args)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _main(args) -> int:
     from playbook.cluster import RankError, RankTimeout
 
     try:
@@ -406,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RankError, RankTimeout) as e:  # a fault on the ranks: its message says which rank and where
         print(f"playbook: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("playbook: terminated (SIGTERM); every rank was stopped", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("playbook: interrupted; every rank was stopped", file=sys.stderr)
         return 130

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 
 from playbook.cli import BadInput
@@ -29,10 +31,14 @@ def cmd_calibrate(args) -> int:
         raise BadInput(f"--out must name a .json file (Hardware.preset reads it by path), got {args.out!r}")
     if not out.parent.exists():
         raise BadInput(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist; create it or pick another")
+    if out.is_dir():
+        raise BadInput(f"--out {args.out!r} is a folder; name a file in it, e.g. --out {out / 'calibrated.json'}")
+    if not os.access(out if out.exists() else out.parent, os.W_OK):
+        raise BadInput(f"--out {args.out!r} cannot be written (permission); pick a path you can write")
     if args.step_time:
         _max_seq(args.model)  # an unknown preset is refused before anything is measured
     profile = calibrate(args.ranks, quick=args.quick)
-    out.write_text(json.dumps(profile, indent=2) + "\n")
+    _write_or_keep(out, json.dumps(profile, indent=2) + "\n")
     if args.json:
         print(json.dumps(profile, indent=2))
         return 0
@@ -58,6 +64,20 @@ def cmd_calibrate(args) -> int:
         table.write_text(json.dumps(rows, indent=2) + "\n")
         print(f"wrote {table}")
     return 0
+
+
+def _write_or_keep(out: Path, text: str) -> None:
+    """Write the profile; if that still fails (the disk filled, the folder went away), keep the
+    measurement in a temporary file and say where, rather than lose seconds of measuring."""
+    try:
+        out.write_text(text)
+    except OSError as e:
+        fd, kept = tempfile.mkstemp(prefix="calibrated-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        raise BadInput(
+            f"could not write --out {str(out)!r} ({e.strerror or e}); the measurement is kept in {kept}"
+        ) from None
 
 
 def step_time(profile_path: Path, model: str) -> list[dict]:

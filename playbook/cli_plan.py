@@ -23,15 +23,12 @@ def cmd_serve_plan(args) -> int:
     from playbook.theory.serving import compare_layouts, recommend
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
-    checks = [
-        (args.gpus >= 1, f"--gpus must be a positive integer, got {args.gpus}; try --gpus 8"),
+    checks = [  # --gpus, --mem-util, --block-size: their ranges are cli_checks.LIMITS
         (
             1 <= args.context <= cfg.max_seq_len,
             f"--context {args.context} must be in 1..{cfg.max_seq_len} "
             f"({args.model}'s max_seq_len); try --context {min(8192, cfg.max_seq_len)}",
         ),
-        (0 < args.mem_util <= 1, f"--mem-util must be in (0, 1], got {args.mem_util}; try --mem-util 0.9"),
-        (args.block_size >= 1, f"--block-size must be a positive integer, got {args.block_size}; try 16"),
     ]
     for ok, message in checks:
         if not ok:
@@ -115,13 +112,13 @@ def _plan_inputs(args) -> tuple[ModelConfig, Hardware]:
             f"name the model: --model NAME (one of {', '.join(ModelConfig.presets())}) or --hf-config "
             "path/to/config.json (examples in data/hf/)"
         )
-    for flag, value, example in (
-        ("--top", args.top, 5),
-        ("--gpus", args.gpus, 64),
-        ("--gpus-per-node", args.gpus_per_node, 8),
-    ):
-        if value is not None and value < 1:  # --seq-len and --global-batch: cli.check_numbers
-            raise BadInput(f"{flag} must be a positive integer, got {value}; try {flag} {example}")
+    # --top, --gpus, --gpus-per-node, --seq-len, --global-batch: their ranges are cli_checks.LIMITS
+    if args.gpus_per_node is not None and args.gpus_per_node > args.gpus:
+        # the same rule as a count that is not whole nodes: the flags must describe one real cluster
+        raise BadInput(
+            f"--gpus-per-node {args.gpus_per_node} is more than --gpus {args.gpus}: a node cannot hold more GPUs "
+            f"than the job has; try --gpus-per-node {min(8, args.gpus)} (or omit it: the hardware profile's)"
+        )
     hw = Hardware.preset(args.hardware)
     return ModelConfig.from_hf_config(args.hf_config) if args.hf_config else ModelConfig.preset(args.model), hw
 

@@ -18,7 +18,8 @@ Failure is part of the lesson, so it is made visible and cheap:
   the parent's state in /proc; ``PR_SET_PDEATHSIG`` on Linux as a third line). An interrupt that
   reaches idle ranks (Jupyter signals the whole process group) is ignored by them.
 
-The rendezvous store listens on 127.0.0.1 only.
+The rendezvous store listens on 127.0.0.1 only, and so do local gloo ranks (``GLOO_SOCKET_IFNAME``
+is the loopback interface; under torchrun it is left to the user).
 
 Processes come from a ``forkserver`` that has torch and playbook imported once (measured:
 ~0.15 s per fresh start instead of 6-7 s with spawn), with one compute thread per rank so that
@@ -259,12 +260,26 @@ def _die_with_parent(lifeline, parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="playbook-watchdog").start()
 
 
+def _loopback_interface() -> str:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS and the BSDs)."""
+    import socket
+
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    return next((n for n in ("lo", "lo0") if n in names), "lo")
+
+
 def _init_rank(rank: int, world_size: int, backend: str, store_port: int, threads: int):
     import torch
     import torch.distributed as dist
 
     from playbook.measure import trace
 
+    # Local ranks talk over loopback only. Left alone, gloo binds each rank's device to whatever the
+    # hostname resolves to: on a host whose name maps to a routable address, every rank (and the
+    # pipeline's pickled send_object_list) would listen there. torchrun ranks keep GLOO_SOCKET_IFNAME
+    # as the user sets it (_run_as_torchrun_rank does not come here).
+    if backend == "gloo":
+        os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     store = dist.TCPStore("127.0.0.1", store_port, world_size + 1, is_master=False, timeout=timedelta(seconds=60))
@@ -338,7 +353,33 @@ def _rank_main(rank, world_size, backend, store_port, threads, conn, status, sin
 # ----------------------------------------------------------------------------------------------
 
 
+_TEMP_PREFIX = "pymp-playbook-"
+
+
+def _claim_temp_dir() -> None:
+    """multiprocessing keeps the forkserver's socket in a ``pymp-XXXX`` folder that only a clean exit
+    removes, so a parent killed by SIGKILL leaves it behind. Ours is named ``pymp-playbook-<pid>-…``,
+    and every start first removes those whose process is gone. (multiprocessing reads the folder
+    from the current process's ``_config["tempdir"]``; its own exit handler still removes it.)"""
+    import glob
+    import shutil
+    import tempfile
+
+    import multiprocessing.util as util
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), _TEMP_PREFIX + "*")):
+        pid = os.path.basename(path)[len(_TEMP_PREFIX) :].split("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and _process_state(int(pid)) is None:
+            shutil.rmtree(path, ignore_errors=True)
+    config = mp.current_process()._config
+    if config.get("tempdir") is None:
+        folder = tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-")
+        util.Finalize(None, util._remove_temp_dir, args=(shutil.rmtree, folder), exitpriority=-100)
+        config["tempdir"] = folder
+
+
 def _forkserver_context():
+    _claim_temp_dir()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
@@ -370,6 +411,15 @@ _PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|"
     r"NCCL communicator was aborted|Socket Timeout|ECONNRESET|EPIPE"
 )
+
+
+def _loads(payload: bytes, rank: int):
+    """A rank's message, or an ``error`` message naming that rank if the parent cannot unpickle it
+    (a result holding a class the parent cannot import, or whose reconstruction raises)."""
+    try:
+        return cloudpickle.loads(payload)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is this rank's to report
+        return ("error", rank, f"rank {rank}'s message could not be unpickled in the parent: {type(e).__name__}: {e}\n")
 
 
 def _how_it_ended(code: int | None) -> str:
@@ -463,6 +513,7 @@ class Ranks:
         check_world_size(world_size, self.backend)
         self.world_size, self.timeout, self.error_grace = world_size, timeout, error_grace
         self.threads_per_rank, self.start_method = threads_per_rank, start_method
+        self.stall_after = 60.0  # seconds without a status change before a rank is said to make no progress
         self.processes: list = []
         self.last_trace: list[dict] = []  # spans of every rank from the last call, as dicts
         self.start_seconds: float | None = None
@@ -601,6 +652,7 @@ class Ranks:
         bar = _ProgressBar(self.world_size) if progress else None
         deadline = time.monotonic() + timeout
         failed_at = None
+        next_look, stalled = time.monotonic() + 1.0, set()  # ranks already reported as making no progress
         conn_rank = {conn: r for r, conn in enumerate(self._conns)}
         sentinel_rank = {p.sentinel: r for r, p in enumerate(self.processes)}
         try:
@@ -611,6 +663,9 @@ class Ranks:
                 if now > deadline:
                     waiting = {r: self._status_of(r) for r in range(self.world_size) if r not in results}
                     raise RankTimeout(timeout, waiting, self._restart)
+                if now >= next_look:
+                    next_look = now + 1.0
+                    self._say_if_stalled(results, failures, stalled, timeout)
                 ready = mp.connection.wait(list(conn_rank) + list(sentinel_rank), timeout=0.1)
                 for obj in sorted(ready, key=lambda o: o not in sentinel_rank):  # deaths first: they explain the rest
                     if obj in sentinel_rank:
@@ -629,7 +684,7 @@ class Ranks:
                     if obj not in conn_rank:
                         continue
                     try:
-                        self._handle(cloudpickle.loads(obj.recv_bytes()), kind, results, traces, failures, bar)
+                        self._handle(_loads(obj.recv_bytes(), conn_rank[obj]), kind, results, traces, failures, bar)
                     except (EOFError, OSError):  # closed or reset: the rank is gone; its sentinel says how
                         conn_rank.pop(obj)
                     if failures and failed_at is None:
@@ -650,6 +705,29 @@ class Ranks:
         from playbook.measure.chrome_trace import write_chrome_trace
 
         return write_chrome_trace(path, self.last_trace, title=title)
+
+    def _say_if_stalled(self, results, failures, stalled: set, timeout: float) -> None:
+        """One line per rank that stopped making progress: a process the OS has stopped (SIGSTOP,
+        state T), or one whose status has not changed for ``stall_after`` seconds; the call still
+        ends at ``timeout`` (``playbook run --timeout``) with the usual report."""
+        for r, p in enumerate(self.processes):
+            if r in results or r in failures or r in stalled:
+                continue
+            state = _process_state(p.pid) if p.pid else None
+            quiet = time.time() - self._since[r] if self._since[r] else 0.0
+            if state is not None and state[0] == "T":
+                why = "is stopped (SIGSTOP or a debugger: process state T)"
+            elif quiet > self.stall_after:
+                why = f"has made no progress for {quiet:.0f} s"
+            else:
+                continue
+            stalled.add(r)
+            print(
+                f"playbook: rank {r} {why}, {_where(self._status_of(r))}; the call gives up after {timeout:g} s "
+                "(playbook run --timeout, Ranks(timeout=))",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _blame(self, failures: dict[int, str], deaths: dict, results: dict) -> RankError:
         """One error that names the cause: a rank that died comes before the ranks that then lost
@@ -692,7 +770,7 @@ class Ranks:
         conn = self._conns[r]
         try:
             while conn.poll():
-                self._handle(cloudpickle.loads(conn.recv_bytes()), kind, results, traces, failures, bar)
+                self._handle(_loads(conn.recv_bytes(), r), kind, results, traces, failures, bar)
         except (EOFError, OSError):
             pass
         conn_rank.pop(conn, None)
@@ -804,8 +882,23 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
+_launch_timeout = [300.0]  # seconds a fresh launch() waits for every result, unless told otherwise
+
+
+@contextlib.contextmanager
+def launch_timeout(seconds: float):
+    """Every ``launch()`` inside the block waits at most ``seconds`` for its ranks (``playbook run
+    --timeout``: the strategies call ``launch`` themselves)."""
+    _check_options(seconds, 0.0, 1, "fork")
+    saved, _launch_timeout[0] = _launch_timeout[0], seconds
+    try:
+        yield
+    finally:
+        _launch_timeout[0] = saved
+
+
 def launch(
-    fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float = 300.0, **kwargs
+    fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float | None = None, **kwargs
 ) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on fresh ranks and stop them; return every rank's result.
 
@@ -816,7 +909,7 @@ def launch(
         return _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs)
     if world_size is None:
         raise ValueError("world_size is required outside torchrun")
-    r = Ranks(world_size, backend=backend, timeout=timeout)
+    r = Ranks(world_size, backend=backend, timeout=_launch_timeout[0] if timeout is None else timeout)
     r._restart = ""  # one run: nothing restarts afterwards
     with r:
         results = r.run(fn, *args, **kwargs)

@@ -7,9 +7,19 @@ and values that would work, so a learner never meets a shape error deep inside t
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from playbook.validate import (
+    HARDWARE_LIMITS,
+    HARDWARE_REQUIRED,
+    MODEL_LIMITS,
+    check_fields,
+    check_types,
+    read_json_object,
+    require_keys,
+)
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 MODELS_DIR = DATA_DIR / "models"
@@ -17,8 +27,10 @@ HARDWARE_DIR = DATA_DIR / "hardware"
 
 
 def divisors(n: int) -> list[int]:
-    """All positive divisors of ``n``, ascending: the valid choices for a degree that must divide n."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """All positive divisors of ``n``, ascending: the valid choices for a degree that must divide n.
+    Pairs (d, n // d) up to the square root: a 19-digit n takes as long as a 10-digit one."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def require_positive(**sizes: int) -> None:
@@ -37,12 +49,14 @@ def require_divides(part_name: str, part: int, whole_name: str, whole: int) -> N
         )
 
 
-def _choose(kind: str, name: str, folder: Path) -> Path:
-    path = folder / f"{name}.json"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in folder.glob("*.json")))
-        raise ValueError(f"unknown {kind} {name!r}; known {kind}s: {known}")
-    return path
+def _choose(kind: str, name: str, folder: Path, files: str = "") -> Path:
+    """The file of a preset *name*: only the names listed in ``folder`` count, so a path such as
+    ``../hardware/h100-sxm`` is never read as a model (a name is a name, a path is a path)."""
+    known = sorted(p.stem for p in folder.glob("*.json"))
+    if name not in known:
+        tried = " (tried as a preset name, not as a path)" if any(c in name for c in "/\\") else ""
+        raise ValueError(f"unknown {kind} {name!r}{tried}; known {kind}s: {', '.join(known)}{files}")
+    return folder / f"{name}.json"
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,7 @@ class ModelConfig:
             max_seq_len=self.max_seq_len,
             n_kv_heads=self.kv_heads,
         )
+        check_fields(f"model {self.name!r}", dataclasses.asdict(self), MODEL_LIMITS)
         if self.head_dim is None:
             require_divides("n_heads", self.n_heads, "hidden", self.hidden)
         else:
@@ -206,7 +221,7 @@ class ModelConfig:
     @classmethod
     def preset(cls, name: str) -> ModelConfig:
         """Load ``data/models/<name>.json``; unknown names list the known ones."""
-        raw = json.loads(_choose("model preset", name, MODELS_DIR).read_text())
+        raw = read_json_object(_choose("model preset", name, MODELS_DIR), "model preset")
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in fields}, name=name)
 
@@ -258,15 +273,16 @@ class Hardware:
         such as the one ``playbook calibrate --out`` wrote."""
         if name.endswith(".json"):
             path = Path(name).expanduser()
-            if not path.is_file():
+            if not path.exists():
                 raise ValueError(f"no hardware profile file {name!r}; write one with `playbook calibrate --out {name}`")
             name = path.stem
         else:
-            path = _choose("hardware profile", name, HARDWARE_DIR)
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"hardware profile {str(path)!r} is not valid JSON ({e.msg}, line {e.lineno})") from None
+            path = _choose("hardware profile", name, HARDWARE_DIR, "; or a profile file by its path, ending in .json")
+        raw = read_json_object(path, "hardware profile")
+        where = f"hardware profile {str(path)!r}"
+        require_keys(where, raw, HARDWARE_REQUIRED, "hardware profile")
+        check_fields(where, raw, HARDWARE_LIMITS, sep=": ")
+        check_types(where, raw, {"collectives": dict, "load_average": dict, "date": str, "source": str})
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in fields and k != "name"}, name=name)
 

@@ -26,8 +26,9 @@ Refused with one line: what changes a count but is not modelled (``attention_bia
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from playbook.validate import Range, check_fields, check_types, read_json_object
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "deepseek_v2", "deepseek_v3")
 _COMMON = (
@@ -72,12 +73,7 @@ def read(path_or_dict) -> tuple[dict, str, str]:
     if not path.is_file():
         examples = Path(__file__).resolve().parent.parent / "data" / "hf"
         raise ValueError(f"no config file {str(path)!r}; examples of config.json files are under {examples}")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not JSON ({e}); a Hugging Face config.json is one JSON object") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} holds a JSON {type(raw).__name__}; a Hugging Face config.json is one JSON object")
+    raw = read_json_object(path, "Hugging Face config.json")
     name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
     return raw, name, str(path)
 
@@ -89,9 +85,33 @@ def _int(raw: dict, key: str, where: str) -> int:
     return value
 
 
+# The optional fields, by their Hugging Face names: null means "absent" only where transformers
+# reads it so (q_lora_rank null: a full q projection; rope_scaling null: none).
+OPTIONAL = {
+    "rope_theta": Range("number", 0, 1e15, "500000.0", open_low=True),
+    "rms_norm_eps": Range("number", 0, 1, "1e-05", open_low=True),
+    "num_key_value_heads": Range("int", 1, 10**5, "8", nullable=True),
+    "head_dim": Range("int", 1, 10**5, "128", nullable=True),
+    "q_lora_rank": Range("int", 1, 10**6, "1536", nullable=True),
+    "n_shared_experts": Range("int", 0, 10**4, "1", nullable=True),
+    "first_k_dense_replace": Range("int", 0, 10_000, "1", nullable=True),
+    "num_nextn_predict_layers": Range("int", 0, 10_000, "1", nullable=True),
+    "moe_layer_freq": Range("int", 1, 10_000, "1"),
+}
+# sizes a planner loops over: bounded (see validate.MODEL_LIMITS)
+_HIGH = {
+    "num_hidden_layers": Range("int", 1, 10_000, "32"),
+    "vocab_size": Range("int", 1, 10**7, "128256"),
+    "hidden_size": Range("int", 1, 10**6, "4096"),
+    "max_position_embeddings": Range("int", 1, 10**8, "131072"),
+}
+
+
 def _check(raw: dict, where: str) -> str:
     """The config's model_type, once every field it needs is present; else one line saying what is not."""
     kind = raw.get("model_type")
+    check_fields(where, raw, OPTIONAL, sep=": ")
+    check_types(where, raw, {"rope_scaling": (dict, type(None)), "tie_word_embeddings": bool})
     if kind not in SUPPORTED:
         what = "has no model_type" if kind is None else f"has model_type {kind!r}, which is not supported"
         raise ValueError(f"{where} {what}; supported model_type values: {', '.join(SUPPORTED)}")
@@ -140,6 +160,7 @@ def model_fields(path_or_dict, name: str | None = None) -> dict:
     raw, default_name, where = read(path_or_dict)
     kind = _check(raw, where)
     get = {k: _int(raw, k, where) for k in REQUIRED[kind]}
+    check_fields(where, get, _HIGH, sep=": ")
     heads = get["num_attention_heads"]
     kv_heads = raw.get("num_key_value_heads") or heads
     fields = dict(

@@ -66,9 +66,12 @@ def dashboard_call(source: str) -> tuple[str, dict] | None:
 def figure_html(spec: dict, ident: str) -> str:
     """A figure as a ``<div>`` and its JSON; ``</`` is escaped so the JSON cannot close its script."""
     text = pio.to_json(spec, validate=False).replace("</", "<\\/")
-    height = (spec.get("layout") or {}).get("height") or 450
+    height = (spec.get("layout") or {}).get("height")
+    # a figure's height comes from the notebook: only a positive finite number reaches the style
+    ok = isinstance(height, (int, float)) and not isinstance(height, bool) and 0 < height < 1e5
+    ident = html.escape(ident, quote=True)
     return (
-        f'<div class="playbook-plot" id="{ident}" style="height:{height}px"></div>\n'
+        f'<div class="playbook-plot" id="{ident}" style="height:{float(height) if ok else 450:g}px"></div>\n'
         f'<script type="application/json" id="{ident}-json">{text}</script>'
     )
 
@@ -137,7 +140,7 @@ def nav(prev: tuple[str, str] | None, nxt: tuple[str, str] | None, bottom: bool 
             return "<span></span>"
         href, title = item
         text = f"← {html.escape(title)}" if arrow_left else f"{html.escape(title)} →"
-        return f'<a href="{href}" rel="{"prev" if arrow_left else "next"}">{text}</a>'
+        return f'<a href="{html.escape(href, quote=True)}" rel="{"prev" if arrow_left else "next"}">{text}</a>'
 
     cls = "book bottom" if bottom else "book"
     return f'<nav class="{cls}">{link(prev, True)}<a href="index.html">Contents</a>{link(nxt, False)}</nav>'

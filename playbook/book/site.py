@@ -53,7 +53,9 @@ def build(executed: list[Path], out: Path) -> list[Page]:
 def index_html(pages: list[Page]) -> str:
     import html
 
-    rows = "\n".join(f'  <li><a href="{p.href}">{html.escape(p.title)}</a></li>' for p in pages)
+    rows = "\n".join(
+        f'  <li><a href="{html.escape(p.href, quote=True)}">{html.escape(p.title)}</a></li>' for p in pages
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Parallelism Playbook</title>
 <style>body {{ font-family: system-ui, sans-serif; max-width: 48em; margin: 3em auto; line-height: 1.6; }}</style>

@@ -173,6 +173,43 @@ def implied_world_size(options: dict) -> int:
     return options["dp"] * options["tp"] * options["pp"] * options["cp"]
 
 
+# A flag that does nothing in this layout is refused, as --sequence-parallel without tp always was:
+# (refused, the line). One rule for every variant flag, so a silent no-op never passes for a run of it.
+def _idle_flags(dims: ParallelDims, options: dict) -> list[tuple[bool, str]]:
+    zero, variant = options.get("zero", 0), options.get("cp_variant", "ring")
+    return [
+        (zero and dims.dp == 1, f"--zero {zero} shards over dp, and dp=1 here; add --dp 2 (or more) or drop --zero"),
+        (options.get("zigzag") and dims.cp == 1, "--zigzag balances causal work over cp, and cp=1 here; add --cp 2"),
+        (
+            variant != "ring" and dims.cp == 1,
+            f"--cp-variant {variant} is context parallelism, and cp=1 here; add --cp 2",
+        ),
+        (
+            options.get("microbatches") is not None and dims.pp == 1,
+            "--microbatches feeds a pipeline, and pp=1 here; add --pp 2 or drop --microbatches",
+        ),
+    ]
+
+
+def check_options(args) -> None:
+    """``playbook run hybrid``'s own constraints, before the memory check and any rank: the world size
+    the degrees imply, every flag doing something, then the layout against the model."""
+    o = vars(args)
+    dims = ParallelDims(dp=o["dp"], tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"])
+    if o.get("world_size") and o["world_size"] != dims.world:
+        raise ValueError(
+            f"--world-size {o['world_size']} but the degrees {dims} need {dims.world} ranks; omit --world-size"
+        )
+    for refused, why in _idle_flags(dims, o):
+        if refused:
+            raise ValueError(why)
+    setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
+    keys = ("zero", "sequence_parallel", "cp_variant", "zigzag", "schedule", "microbatches")
+    Plan(dims, **{k: o[k] for k in keys}).check(setup)
+    if o.get("native"):
+        check_native(setup, dims, sequence_parallel=o["sequence_parallel"])
+
+
 @register(
     "hybrid",
     help="every strategy at once on one mesh: --dp --tp --pp --cp --ep [--zero K]",
@@ -180,6 +217,7 @@ def implied_world_size(options: dict) -> int:
     world_size=implied_world_size,
     on_rank=train_hybrid,
     predict=comm_per_axis,
+    check=check_options,
 )
 def run_hybrid(
     setup: TrainSetup,

@@ -51,6 +51,7 @@ class Strategy:
     world_size: Callable[[dict], int] | None = None  # the ranks implied by the options, if --world-size is
     on_rank: Callable | None = None
     predict: Callable | None = None
+    check: Callable | None = None  # check(args): refuse its own bad options before the memory check and any rank
 
     def problems(self) -> list[str]:
         """Where this strategy departs from the shape (empty when it conforms)."""
@@ -90,9 +91,10 @@ def register(
     world_size: Callable | None = None,
     on_rank: Callable | None = None,
     predict: Callable | None = None,
+    check: Callable | None = None,
 ):
     def add(run: Callable) -> Callable:
-        _registry[name] = Strategy(name, run, help, arguments, world_size, on_rank, predict)
+        _registry[name] = Strategy(name, run, help, arguments, world_size, on_rank, predict, check)
         return run
 
     return add

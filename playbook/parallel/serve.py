@@ -25,7 +25,8 @@ from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.model import GPT
 from playbook.parallel.registry import register
-from playbook.serve.batching import ContinuousBatcher, Request, make_requests
+from playbook.parallel.serve_checks import _check_alone, check_options, check_serve
+from playbook.serve.batching import ContinuousBatcher, Request
 from playbook.serve.generate import greedy, greedy_without_cache
 from playbook.theory.serving import tp_allreduce_bytes
 
@@ -216,6 +217,7 @@ def implied_world_size(options: dict) -> int:
     world_size=implied_world_size,
     on_rank=serve_on_rank,
     predict=tp_allreduce_bytes,
+    check=check_options,
 )
 def run_serve(
     setup,
@@ -236,29 +238,7 @@ def run_serve(
     pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``)."""
     if pp > 1 or ep > 1:
         return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep)
-    dims = ParallelDims(dp=dp, tp=tp)
-    if world_size and world_size != dims.world:
-        raise ValueError(
-            f"--world-size {world_size} but --tp {tp} --dp {dp} need {dims.world} ranks; omit --world-size"
-        )
-    for name, value in (
-        ("requests", requests),
-        ("blocks", blocks),
-        ("block-size", block_size),
-        ("max-batch", max_batch),
-    ):
-        if value < 1:
-            raise ValueError(f"--{name} must be a positive integer, got {value}; try --{name} 4")
-    cfg = setup.config()
-    dims.check(cfg)
-    new = (2, min(10, cfg.max_seq_len // 4))
-    reqs = make_requests(requests, cfg.vocab_size, seed=setup.seed, new=new)
-    longest = max(len(r.prompt) + r.max_new - 1 for r in reqs)
-    if -(-longest // block_size) > blocks:
-        raise ValueError(
-            f"--blocks {blocks} of {block_size} tokens cannot hold a request of {longest} tokens; "
-            f"use --blocks {-(-longest // block_size)} or more"
-        )
+    dims, cfg, reqs = check_serve(setup, world_size, tp, dp, requests, blocks, block_size, max_batch)
     backend = default_backend(dims.world) if backend == "auto" else backend
     answers = launch(
         serve_on_rank,
@@ -301,13 +281,7 @@ def run_serve(
 def _pipeline_or_experts(setup, world_size, *, tp: int, dp: int, pp: int, ep: int):
     from playbook.serve.report import ParallelDecodeReport
 
-    if (pp > 1) + (ep > 1) + (tp > 1) + (dp > 1) > 1:
-        raise ValueError(
-            f"--pp and --ep run alone here (got tp={tp}, dp={dp}, pp={pp}, ep={ep}); e.g. --pp 2 or --ep 2"
-        )
-    degree = max(pp, ep)
-    if world_size and world_size != degree:
-        raise ValueError(f"--world-size {world_size} but --{'pp' if pp > 1 else 'ep'} {degree} needs {degree} ranks")
+    _check_alone(world_size, tp=tp, dp=dp, pp=pp, ep=ep)
     if pp > 1:
         from playbook.serve.pipeline import serve_pp
 

@@ -1,0 +1,154 @@
+"""Issue 31, input: every bad file or value gets one ``playbook: error:`` line (exit 2) naming
+the file, the field and what would work; never a traceback, a hang or nonsense."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from playbook.cli import main
+from playbook.config import DATA_DIR
+
+H100 = json.loads((DATA_DIR / "hardware" / "h100-sxm.json").read_text())
+LLAMA = json.loads((DATA_DIR / "hf" / "Llama-3.1-8B.json").read_text())
+DEEPSEEK = json.loads((DATA_DIR / "hf" / "DeepSeek-V3.json").read_text())
+
+
+def one_line(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("playbook: error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _file(tmp_path: Path, name: str, content) -> str:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ([1, 2], "holds a JSON list; a hardware profile is one JSON object"),
+        ({"name": "x"}, "lacks memory_bytes, peak_bf16_flops"),
+        ({**H100, "memory_bandwidth": "fast"}, "memory_bandwidth must be a number greater than 0"),
+        ({**H100, "memory_bytes": -1}, "memory_bytes must be a number greater than 0 and at most 1e+15, got -1"),
+        ({**H100, "devices_per_node": 0}, "devices_per_node must be a positive integer at most 1,024, got 0"),
+        ({**H100, "memory_bytes": 10**400}, "memory_bytes must be a number"),
+        ({**H100, "collectives": [1]}, "collectives must be a JSON object"),
+        ("[" * 100_000 + "]" * 100_000, "nests too deep to read"),
+    ],
+)
+def test_hardware_profile_files_are_checked(tmp_path, capsys, content, expected):
+    path = _file(tmp_path, "hw.json", content)
+    err = one_line(capsys, ["serve-plan", "--hardware", path])
+    assert expected in err and "hw.json" in err
+
+
+def test_unreadable_and_folder_profiles(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "dir.json"
+    folder.mkdir()
+    assert "is a folder" in one_line(capsys, ["serve-plan", "--hardware", str(folder)])
+    path = _file(tmp_path, "locked.json", H100)
+
+    read = Path.read_text
+
+    def refuse(self, *a, **k):  # chmod 000 does not stop root, so the refusal is simulated
+        if self.name == "locked.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return read(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    assert "cannot read hardware profile" in one_line(capsys, ["serve-plan", "--hardware", path])
+    assert "Permission denied" in one_line(capsys, ["plan", "--hf-config", path, "--gpus", "8"])
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["serve-plan", "--model", "../hardware/h100-sxm"], "unknown model preset '../hardware/h100-sxm' (tried as"),
+        (["serve-plan", "--hardware", "../models/gpt-tiny"], "(tried as a preset name, not as a path)"),
+        (["memory", "--model", "../models/gpt-tiny"], "known model presets: "),
+    ],
+)
+def test_a_preset_name_is_not_a_path(capsys, argv, expected):
+    assert expected in one_line(capsys, argv)
+
+
+@pytest.mark.parametrize(
+    "base, change, expected",
+    [
+        (LLAMA, {"rope_theta": None}, "rope_theta must be a number greater than 0"),
+        (LLAMA, {"rope_theta": [1]}, "rope_theta must be a number"),
+        (LLAMA, {"rope_theta": "fast"}, "rope_theta must be a number greater than 0 and at most 1e+15, got 'fast'"),
+        (LLAMA, {"rms_norm_eps": None}, "rms_norm_eps must be a number greater than 0 and at most 1, got null"),
+        (LLAMA, {"rope_scaling": "linear"}, "rope_scaling must be a JSON object or null, got 'linear'"),
+        (LLAMA, {"num_hidden_layers": 10**400}, "num_hidden_layers must be a positive integer at most 10,000"),
+        (LLAMA, {"num_hidden_layers": 10**9}, "num_hidden_layers must be a positive integer at most 10,000"),
+        (DEEPSEEK, {"n_shared_experts": "two"}, "n_shared_experts must be an integer at least 0"),
+        (DEEPSEEK, {"q_lora_rank": -5}, "q_lora_rank must be a positive integer at most 1,000,000, got -5"),
+    ],
+)
+def test_hf_config_fields_are_checked(tmp_path, capsys, base, change, expected):
+    path = _file(tmp_path, "cfg.json", {**base, **change})
+    err = one_line(capsys, ["plan", "--hf-config", path, "--gpus", "8"])
+    assert expected in err and "cfg.json" in err
+
+
+def test_hf_config_nested_too_deep(tmp_path, capsys):
+    path = _file(tmp_path, "deep.json", "[" * 100_000 + "]" * 100_000)
+    assert "nests too deep to read" in one_line(capsys, ["plan", "--hf-config", path])
+
+
+def test_model_config_bounds_every_field():
+    from playbook.config import ModelConfig
+
+    base = dict(vocab_size=256, hidden=64, n_layers=2, n_heads=4, ffn_hidden=128, max_seq_len=32)
+    with pytest.raises(ValueError, match="q_lora_rank must be an integer at least 0"):
+        ModelConfig(**base, q_lora_rank=-5)
+    with pytest.raises(ValueError, match="n_layers must be a positive integer at most 10,000"):
+        ModelConfig(**{**base, "n_layers": 10**9})
+    with pytest.raises(ValueError, match="rope_theta must be a number greater than 0"):
+        ModelConfig(**base, rope_theta=float("nan"))
+
+
+# ---- calibrate --out: checked before measuring, the measurement kept if writing still fails ------
+def _fake_calibrate(monkeypatch, calls):
+    import playbook.measure.calibrate as calibrate
+
+    def fake(ranks, quick=False):
+        calls.append(ranks)
+        return {"name": "fake", "measured": True}
+
+    monkeypatch.setattr(calibrate, "calibrate", fake)
+
+
+def test_calibrate_refuses_a_folder_before_measuring(tmp_path, capsys, monkeypatch):
+    calls = []
+    _fake_calibrate(monkeypatch, calls)
+    folder = tmp_path / "out.json"
+    folder.mkdir()
+    assert "is a folder; name a file in it" in one_line(capsys, ["calibrate", "--out", str(folder)])
+    assert calls == []
+
+
+def test_calibrate_keeps_the_measurement_when_writing_fails(tmp_path, capsys, monkeypatch):
+    calls = []
+    _fake_calibrate(monkeypatch, calls)
+    out = tmp_path / "cal.json"
+    write = Path.write_text
+
+    def full_disk(self, *a, **k):
+        if self == out:
+            raise OSError(28, "No space left on device")
+        return write(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    err = one_line(capsys, ["calibrate", "--out", str(out)])
+    assert calls == [2] and "No space left on device" in err
+    kept = Path(err.split("the measurement is kept in ")[1])
+    assert json.loads(kept.read_text())["measured"] is True
+    kept.unlink()
