@@ -92,6 +92,7 @@ def serve_on_rank(
     max_batch: int,
     prefix_cache: bool = False,
     assign: list[int] | None = None,
+    token_budget: int | None = None,
 ):
     """Each replica serves its requests (``assign[i]``, a router's choice; default i mod dp) by
     continuous batching, with a prefix cache of its own if asked; returns tokens, logits, prompt
@@ -100,7 +101,12 @@ def serve_on_rank(
     where = assign if assign is not None else [r.id % dims.dp for r in requests]
     mine = [r for r in requests if where[r.id] == mesh.coords["dp"]]
     batcher = ContinuousBatcher(
-        model, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch, prefix_cache=prefix_cache
+        model,
+        n_blocks=n_blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        prefix_cache=prefix_cache,
+        token_budget=token_budget,
     )
     run = batcher.run(mine)
     decoded = sum(len(s["decoded"]) for s in run.steps)
