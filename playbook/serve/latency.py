@@ -46,38 +46,49 @@ def token_times(steps: list[dict], requests) -> tuple[dict[int, float], dict[int
     return arrival, times
 
 
+def request_latencies(steps: list[dict], requests) -> dict:
+    """Per request: TTFT, TPOT (requests of one token have none), e2e; every inter-token gap; the
+    run's duration and tokens."""
+    arrival, times = token_times(steps, requests)
+    return {
+        "ttft": [ts[0] - arrival[i] for i, ts in times.items()],
+        "tpot": [(ts[-1] - ts[0]) / (len(ts) - 1) for ts in times.values() if len(ts) > 1],
+        "tpot_by_id": {i: (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else 0.0 for i, ts in times.items()},
+        "ttft_by_id": {i: ts[0] - arrival[i] for i, ts in times.items()},
+        "itl": [b - a for ts in times.values() for a, b in zip(ts, ts[1:])],
+        "e2e": [ts[-1] - arrival[i] for i, ts in times.items()],
+        "duration": sum(s["seconds"] for s in steps),
+        "tokens": sum(len(ts) for ts in times.values()),
+    }
+
+
+def summarize(parts: list[dict], *, slo_ttft: float | None = None, slo_tpot: float | None = None) -> dict:
+    """Pool ``request_latencies`` of replicas running side by side (the run lasts as long as the
+    slowest): p50/p90/p99 of each, throughput (tokens/s) and goodput (requests/s meeting every SLO)."""
+    pooled = {k: [x for p in parts for x in p[k]] for k in ("ttft", "tpot", "itl", "e2e")}
+    duration = max(p["duration"] for p in parts)
+    met = sum(
+        (slo_ttft is None or p["ttft_by_id"][i] <= slo_ttft) and (slo_tpot is None or p["tpot_by_id"][i] <= slo_tpot)
+        for p in parts
+        for i in p["ttft_by_id"]
+    )
+    out = {k: {f"p{q}": percentile(v, q) for q in (50, 90, 99)} for k, v in pooled.items()}
+    return {
+        "requests": len(pooled["ttft"]),
+        **out,
+        "duration": duration,
+        "throughput_tokens_per_s": sum(p["tokens"] for p in parts) / duration,
+        "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
+        "slo_met": met,
+        "goodput_requests_per_s": met / duration,
+    }
+
+
 def latency_report(
     steps: list[dict], requests, *, slo_ttft: float | None = None, slo_tpot: float | None = None
 ) -> dict:
-    """TTFT, TPOT, inter-token and e2e p50/p90/p99 (seconds), throughput (tokens/s over the run)
-    and goodput (requests/s meeting ``slo_ttft`` and ``slo_tpot``, each None: no target)."""
-    arrival, times = token_times(steps, requests)
-    ttft = {i: ts[0] - arrival[i] for i, ts in times.items()}
-    tpot = {i: (ts[-1] - ts[0]) / (len(ts) - 1) for i, ts in times.items() if len(ts) > 1}
-    gaps = [b - a for ts in times.values() for a, b in zip(ts, ts[1:])]
-    e2e = {i: ts[-1] - arrival[i] for i, ts in times.items()}
-    duration = sum(s["seconds"] for s in steps)
-    met = [
-        i
-        for i in times
-        if (slo_ttft is None or ttft[i] <= slo_ttft) and (slo_tpot is None or tpot.get(i, 0.0) <= slo_tpot)
-    ]
-
-    def dist(xs):
-        return {f"p{q}": percentile(xs, q) for q in (50, 90, 99)}
-
-    return {
-        "requests": len(times),
-        "ttft": dist(ttft.values()),
-        "tpot": dist(tpot.values()),
-        "itl": dist(gaps),
-        "e2e": dist(e2e.values()),
-        "duration": duration,
-        "throughput_tokens_per_s": sum(len(ts) for ts in times.values()) / duration,
-        "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
-        "slo_met": len(met),
-        "goodput_requests_per_s": len(met) / duration,
-    }
+    """``summarize`` of one replica's run."""
+    return summarize([request_latencies(steps, requests)], slo_ttft=slo_ttft, slo_tpot=slo_tpot)
 
 
 def predicted_steps(steps: list[dict], cfg, hw, *, tp: int = 1, dtype: str = "fp32", **rates) -> list[dict]:

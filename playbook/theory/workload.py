@@ -57,3 +57,36 @@ def conversations(
             out.append(TraceRequest(prompt, rng.randint(*new), len(out) * every, c, t))
             history[c] = prompt + ids(rng.randint(*answer))
     return out
+
+
+def poisson_trace(
+    *,
+    n: int,
+    rate: float,
+    groups: int,
+    prefix: int,
+    suffix: tuple[int, int],
+    new: tuple[int, int],
+    vocab: int,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """``n`` requests arriving as a Poisson process of ``rate`` requests per scheduler step (request
+    k at step ⌊t_k⌋, exponential gaps of mean 1/rate); each prompt is one of ``groups`` shared
+    prefixes of ``prefix`` tokens and its own suffix, uniform in ``suffix`` tokens; tokens to
+    generate uniform in ``new``. Drawn from ``seed`` alone (``conversation`` holds the group)."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests per step, got {rate}; try rate=0.5")
+    for name, value in (("n", n), ("groups", groups), ("vocab", vocab)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if suffix[0] < 1 or new[0] < 1 or suffix[0] > suffix[1] or new[0] > new[1] or prefix < 0:
+        raise ValueError(f"need 1 <= low <= high for suffix {suffix} and new {new}, and prefix >= 0 (got {prefix})")
+    rng = random.Random(seed)
+    shared = [tuple(rng.randrange(vocab) for _ in range(prefix)) for _ in range(groups)]
+    t, out = 0.0, []
+    for _ in range(n):
+        g = rng.randrange(groups)
+        prompt = shared[g] + tuple(rng.randrange(vocab) for _ in range(rng.randint(*suffix)))
+        out.append(TraceRequest(prompt, rng.randint(*new), int(t), g, 0))
+        t += rng.expovariate(rate)
+    return out
