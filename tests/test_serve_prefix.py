@@ -126,3 +126,20 @@ def test_simulate_counts_what_a_replica_would_find():
     assert sim["cached_tokens"] == 4 and sim["prompt_tokens"] == 15 and sim["prefill_tokens"] == 11
     tight = simulate([((1, 2, 3, 4, 5), 2), ((7, 7, 7, 7, 7), 2), ((1, 2, 3, 4, 6), 2)], n_blocks=3, block_size=2)
     assert tight["cached_tokens"] == 0 and tight["evictions"] > 0  # the second prompt pushed the first out
+
+
+def test_shrunk_layouts_measured_on_ranks_keep_the_budgets_and_the_tokens(ranks2):
+    from playbook.serve.prefix_bench import measure, shrunk_blocks
+
+    rows = [{"layout": "a", "blocks_per_replica": 100}, {"layout": "b", "blocks_per_replica": 10_000}]
+    budgets = shrunk_blocks(rows, scale_block=16, block_size=4, kv_scale=1 / 32, cap=60)
+    assert budgets == {"a": 12, "b": 60}  # 100 · 16 / 32 / 4 = 12.5 -> 12; the second capped
+    trace = conversations(n=4, groups=2, turns=2, system=8, user=(1, 4), answer=(1, 3), new=(2, 3), vocab=64)
+    got = measure(
+        ranks2, TINY, trace, layouts=[("a", 1, 2), ("b", 2, 1)], blocks=budgets, block_size=4, router="prefix"
+    )
+    model = GPT(TINY, seed=0).eval()
+    want = {
+        i: greedy_without_cache(model, torch.tensor([t.prompt]), t.max_new)[0][0].tolist() for i, t in enumerate(trace)
+    }
+    assert all(g["tokens"] == want for g in got) and all(0 < g["hit_rate"] < 1 for g in got)

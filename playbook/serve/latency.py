@@ -91,21 +91,54 @@ def latency_report(
     return summarize([request_latencies(steps, requests)], slo_ttft=slo_ttft, slo_tpot=slo_tpot)
 
 
-def predicted_steps(steps: list[dict], cfg, hw, *, tp: int = 1, dtype: str = "fp32", **rates) -> list[dict]:
-    """The same schedule timed by the roofline: each step's seconds = a prefill phase per prompt
-    chunk it computed (``prefilled``) + one decode phase over its decoding rows at their mean
-    context (``theory.serving.prefill`` / ``decode``; ``rates``: mfu, mbu, latency)."""
+def fused_step_seconds(cfg, hw, *, chunks, decode_rows: int, context: int, tp: int = 1, dtype="bf16", **rates) -> float:
+    """One step that computes prompt ``chunks`` (token counts) and ``decode_rows`` decode tokens in one
+    batch, by the roofline: the FLOPs of all of them at the achievable rate, against the weights read
+    once (plus the decode rows' KV), plus every TP all-reduce (``theory.serving.prefill``/``decode``)."""
     from playbook.theory import serving
 
+    phases = [serving.prefill(cfg, hw, prompt=n, tp=tp, dtype=dtype, **rates) for n in chunks if n]
+    if decode_rows:
+        phases.append(serving.decode(cfg, hw, context=max(context, 1), batch=decode_rows, tp=tp, dtype=dtype, **rates))
+    if not phases:
+        return 0.0
+    return max(sum(p.compute for p in phases), max(p.memory for p in phases)) + sum(p.comm for p in phases)
+
+
+def predicted_steps(steps: list[dict], cfg, hw, *, tp: int = 1, dtype: str = "fp32", **rates) -> list[dict]:
+    """The same schedule timed by the roofline, each step fused (``fused_step_seconds``) from its
+    prompt chunks (``prefilled``) and its decoding rows at their mean context."""
     out = []
     for s in steps:
-        t = sum(
-            serving.prefill(cfg, hw, prompt=n, tp=tp, dtype=dtype, **rates).seconds for n in s["prefilled"].values()
+        rows = s["decoded"]
+        context = sum(s["lengths"].get(i, 1) for i in rows) // len(rows) if rows else 1
+        t = fused_step_seconds(
+            cfg,
+            hw,
+            chunks=list(s["prefilled"].values()),
+            decode_rows=len(rows),
+            context=context,
+            tp=tp,
+            dtype=dtype,
+            **rates,
         )
-        if s["decoded"]:
-            context = sum(s["lengths"].get(i, 1) for i in s["decoded"]) // len(s["decoded"])
-            t += serving.decode(
-                cfg, hw, context=max(context, 1), batch=len(s["decoded"]), tp=tp, dtype=dtype, **rates
-            ).seconds
         out.append({**s, "seconds": t})
     return out
+
+
+def stall_at_scale(cfg, hw, *, prompt: int, budget: int, batch: int, context: int, tp: int = 1, **rates) -> dict:
+    """A ``prompt``-token request joining ``batch`` decoding ones: the step that prefills it whole
+    (what every running request waits between two tokens) against the steps of a ``budget``-token
+    chunked schedule (``batch`` decode tokens + a chunk of budget − batch), by the roofline."""
+    chunk = budget - batch
+    if chunk < 1:
+        raise ValueError(f"budget {budget} must exceed the batch {batch}; try budget={batch + 512}")
+    base = fused_step_seconds(cfg, hw, chunks=[], decode_rows=batch, context=context, tp=tp, **rates)
+    return {
+        "decode_only": base,
+        "stalled_step": fused_step_seconds(
+            cfg, hw, chunks=[prompt], decode_rows=batch, context=context, tp=tp, **rates
+        ),
+        "chunked_step": fused_step_seconds(cfg, hw, chunks=[chunk], decode_rows=batch, context=context, tp=tp, **rates),
+        "chunked_steps": -(-prompt // chunk),
+    }
