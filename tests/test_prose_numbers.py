@@ -207,9 +207,16 @@ def test_ch07_prefix_caching_by_layout():
     from playbook.theory.workload import conversations
 
     trace = conversations(
-        n=16, groups=4, turns=3, system=1024, user=(128, 384), answer=(128, 384), new=(64, 128),
-        vocab=LLAMA70.vocab_size, seed=0,
-    )  # fmt: skip
+        n=16,
+        groups=4,
+        turns=3,
+        system=1024,
+        user=(128, 384),
+        answer=(128, 384),
+        new=(64, 128),
+        vocab=LLAMA70.vocab_size,
+        seed=0,
+    )
     rows = {
         router: prefix_layouts(LLAMA70, H100, trace, gpus=8, tps=(2, 4, 8), context=8192, router=router)
         for router in ("round-robin", "prefix")
