@@ -234,8 +234,10 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
 
     from playbook.cli_calibrate import add_calibrate
     from playbook.cli_plan import add_plan, add_serve_plan
+    from playbook.cli_serve_bench import add_serve_bench
 
     add_serve_plan(sub)
+    add_serve_bench(sub)
     add_plan(sub)
     add_calibrate(sub)
 

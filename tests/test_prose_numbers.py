@@ -200,3 +200,29 @@ def test_ch08_question_3_a_decode_all_reduce_is_latency_bound():
     message = LLAMA70.hidden * 2  # one token's hidden state in bf16
     assert message == 16_384 and H100.intra_node_bandwidth == 450e9
     assert round(message / H100.intra_node_bandwidth * 1e9) == 36  # ns, against microseconds of latency
+
+
+def test_ch07_prefix_caching_by_layout():
+    from playbook.theory.prefix_cache import prefix_layouts
+    from playbook.theory.workload import conversations
+
+    trace = conversations(
+        n=16,
+        groups=4,
+        turns=3,
+        system=1024,
+        user=(128, 384),
+        answer=(128, 384),
+        new=(64, 128),
+        vocab=LLAMA70.vocab_size,
+        seed=0,
+    )
+    rows = {
+        router: prefix_layouts(LLAMA70, H100, trace, gpus=8, tps=(2, 4, 8), context=8192, router=router)
+        for router in ("round-robin", "prefix")
+    }
+    rr, pa = rows["round-robin"], rows["prefix"]
+    assert rr[0]["blocks_per_replica"] == 551 and 551 * 16 == 8_816  # "551 blocks of 16 tokens (8,816 tokens)"
+    assert [round(r["hit_rate"], 2) for r in rr] == [0.60, 0.67, 0.72]  # round robin: fewest at tp2
+    assert rr[0]["evictions"] > 0 == rr[1]["evictions"] == rr[2]["evictions"]  # tp4, tp8 keep every block
+    assert round(pa[0]["hit_rate"], 2) == 0.72 > rr[0]["hit_rate"]  # the prefix router wins tp2 back

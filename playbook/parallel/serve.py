@@ -91,18 +91,33 @@ def serve_on_rank(
     n_blocks: int,
     block_size: int,
     max_batch: int,
+    prefix_cache: bool = False,
+    assign: list[int] | None = None,
+    token_budget: int | None = None,
 ):
-    """Each replica serves its requests (i mod dp) by continuous batching; returns tokens, logits and
-    the step records of this rank, and its layer all-reduce bytes while decoding."""
+    """Each replica serves its requests (``assign[i]``, a router's choice; default i mod dp) by
+    continuous batching, with a prefix cache of its own if asked; returns tokens, logits, prompt
+    tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding."""
     model, mesh = build(ctx, cfg, seed, dims)
-    mine = [r for r in requests if r.id % dims.dp == mesh.coords["dp"]]
-    run = ContinuousBatcher(model, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch).run(mine)
+    where = assign if assign is not None else [r.id % dims.dp for r in requests]
+    mine = [r for r in requests if where[r.id] == mesh.coords["dp"]]
+    batcher = ContinuousBatcher(
+        model,
+        n_blocks=n_blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        prefix_cache=prefix_cache,
+        token_budget=token_budget,
+    )
+    run = batcher.run(mine)
     decoded = sum(len(s["decoded"]) for s in run.steps)
     return {
         "rank": ctx.rank,
         "coords": mesh.coords,
         "tokens": run.tokens,
         "logits": run.logits,
+        "cached": run.cached,
+        "evictions": getattr(batcher.cache, "evictions", 0),
         "steps": run.steps,
         "decoded": decoded,
         "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans),
@@ -135,7 +150,7 @@ def merge(answers: list[dict], cfg: ModelConfig, dims: ParallelDims, want: dict)
                 mismatched.append(rid)
             worst = max(worst, float((a["logits"][rid] - want[rid][1]).abs().max()))
         for s in a["steps"]:
-            kv.append(s["kv_bytes"] == s["kv_predicted"])
+            kv.append(s["kv_predicted"] is None or s["kv_bytes"] == s["kv_predicted"])
     measured = [a["layer_bytes"] / max(a["decoded"], 1) / cfg.n_layers for a in answers]
     return {
         "requests": len(want),

@@ -12,6 +12,18 @@ could still need, plus its own worst case (prompt + max new tokens), fit in the 
 request ever has to be preempted (vLLM instead admits optimistically and preempts, §4.5). The
 per-row work of a decode step (RoPE at each row's position, attention over its own blocks) is a
 loop over rows; the projections, the MLP and TP's all-reduces are batched over all rows.
+
+With ``prefix_cache=True`` the pool is a ``serve.prefix.PrefixKVCache``: an admitted request starts
+with the blocks of its longest cached prefix and prefills only the rest; admission then counts the
+blocks still to take against the free and evictable ones.
+
+Without a budget a step prefills every admitted prompt whole, so the decodes of that step wait for
+it: a long prompt stalls every running request's next token. Sarathi-Serve (Agrawal et al. 2024,
+"Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve", OSDI, §4) bounds the
+tokens of a step: each running request's decode token first, then prompt chunks up to the budget,
+a prompt taking several steps; its KV is written chunk by chunk and only its last chunk's logits
+give its first token. Here a step's decode rows and prefill chunks are separate forwards (Sarathi
+fuses them into one batch); what the budget bounds, the work of a step, is the same.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import torch.distributed as dist
 from playbook.measure import trace
 from playbook.serve.generate import forward_step
 from playbook.serve.kv import PagedKVCache
+from playbook.serve.prefix import PrefixKVCache
 from playbook.theory.serving import kv_bytes_per_token, paged_kv_bytes
 
 
@@ -66,16 +79,38 @@ class BatchRun:
     tokens: dict[int, list[int]] = field(default_factory=dict)
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
     steps: list[dict] = field(default_factory=list)
+    cached: dict[int, int] = field(default_factory=dict)  # prompt tokens found in a prefix cache
+
+    def hit_rate(self, requests: list[Request]) -> float:
+        """Prompt tokens found in the cache over all prompt tokens."""
+        return sum(self.cached.values()) / max(sum(len(r.prompt) for r in requests), 1)
 
 
 class ContinuousBatcher:
     """Serves requests with ``model`` (a ``GPT`` or a ``TPGPT`` shard) over a ``PagedKVCache`` of
-    ``n_blocks`` blocks of ``block_size`` tokens, at most ``max_batch`` requests at a time."""
+    ``n_blocks`` blocks of ``block_size`` tokens, at most ``max_batch`` requests at a time; with
+    ``prefix_cache``, blocks of equal prefixes are shared (``serve.prefix``); with ``token_budget``,
+    a step computes at most that many tokens, decodes first, prompts in chunks (chunked prefill)."""
 
-    def __init__(self, model, *, n_blocks: int, block_size: int = 4, max_batch: int = 8):
+    def __init__(
+        self,
+        model,
+        *,
+        n_blocks: int,
+        block_size: int = 4,
+        max_batch: int = 8,
+        prefix_cache: bool = False,
+        token_budget: int | None = None,
+    ):
+        if token_budget is not None and token_budget <= max_batch:
+            raise ValueError(
+                f"token_budget={token_budget} must exceed max_batch={max_batch} (every running request decodes "
+                f"one token per step, the rest of the budget goes to prefill); try token_budget={max_batch + 8}"
+            )
+        self.token_budget = token_budget
         attn = model.blocks[0].attn
-        self.model, self.max_batch = model, max_batch
-        self.cache = PagedKVCache(
+        self.model, self.max_batch, self.prefix = model, max_batch, prefix_cache
+        self.cache = (PrefixKVCache if prefix_cache else PagedKVCache)(
             n_layers=len(model.blocks),
             kv_heads=attn.kv_heads,
             head_dim=attn.head_dim,
@@ -101,9 +136,18 @@ class ContinuousBatcher:
         for i in ids:
             self.cache.reserve(i, tokens.shape[1])
         logits = forward_step(self.model, tokens, starts, self._store(ids, starts, tokens.shape[1]))[:, -1]  # [n, V]
-        for i in ids:
-            self.cache.advance(i, tokens.shape[1])
+        for i, row in zip(ids, tokens.tolist()):
+            self.cache.advance(i, tokens.shape[1], row)
         return logits
+
+    def _fits(self, r: Request, running: dict, need: dict) -> bool:
+        """Admitting ``r`` leaves room for every running request's worst case and its own."""
+        if not self.prefix:
+            return sum(need[i] for i in running) + need[r.id] <= self.cache.n_blocks
+        c = self.cache
+        future = sum(need[i] - len(c.tables[i]) for i in running)  # blocks the running ones may still take
+        hits = c.match(r.prompt)
+        return future + need[r.id] - len(hits) <= c.available() - sum(b in c.lru for b in hits)
 
     def _emit(self, run: BatchRun, ids: list[int], logits: torch.Tensor) -> None:
         for i, row in zip(ids, logits):
@@ -122,27 +166,46 @@ class ContinuousBatcher:
             )
         waiting = sorted(requests, key=lambda r: (r.arrival, r.id))
         running: dict[int, Request] = {}
+        pending: dict[int, list[int]] = {}  # admitted requests' prompt tokens not yet computed
         run, step, tracer = BatchRun(), 0, trace.current()
         while waiting or running:
             t0 = time.perf_counter()
-            decoding = list(running)  # admitted at an earlier step: one token each this step
-            admitted = []
+            decoding = [i for i in running if i not in pending]  # prompt done at an earlier step: one token each
+            admitted, prefilled, emitted = [], {}, []
             while (
                 waiting
                 and waiting[0].arrival <= step
                 and len(running) < self.max_batch
-                and sum(need[i] for i in running) + need[waiting[0].id] <= self.cache.n_blocks
+                and self._fits(waiting[0], running, need)
             ):
                 r = waiting.pop(0)
                 running[r.id], run.tokens[r.id] = r, []
-                self.cache.add(r.id)
-                with tracer.span(f"prefill {r.id}") if tracer else nullcontext():
-                    self._emit(run, [r.id], self._forward([r.id], torch.tensor([r.prompt])))
+                if self.prefix:
+                    hit = self.cache.add(r.id, r.prompt)  # tokens of its prompt already cached
+                else:
+                    hit = 0
+                    self.cache.add(r.id)
+                run.cached[r.id], pending[r.id] = hit, list(r.prompt[hit:])
                 admitted.append(r.id)
+            budget = self.token_budget - len(decoding) if self.token_budget else None
+            for i in list(pending):  # prefills, oldest first: whole, or chunks within the step's budget
+                if budget is not None and budget <= 0:
+                    break
+                chunk = pending[i] if budget is None else pending[i][:budget]
+                pending[i] = pending[i][len(chunk) :]
+                budget = None if budget is None else budget - len(chunk)
+                prefilled[i] = len(chunk)
+                with tracer.span(f"prefill {i}") if tracer else nullcontext():
+                    logits = self._forward([i], torch.tensor([chunk]))  # [1, V]
+                if not pending[i]:  # the whole prompt is in: its last logits give the first token
+                    del pending[i]
+                    self._emit(run, [i], logits)
+                    emitted.append(i)
             if decoding:
                 with tracer.span(f"decode {step}") if tracer else nullcontext():
                     last = torch.tensor([[run.tokens[i][-1]] for i in decoding])  # [n, 1]
                     self._emit(run, decoding, self._forward(decoding, last))
+                    emitted += decoding
             finished = [i for i, r in running.items() if len(run.tokens[i]) == r.max_new]
             tables = {i: list(self.cache.tables[i]) for i in running}
             lengths = {i: self.cache.lengths[i] for i in running}
@@ -160,7 +223,12 @@ class ContinuousBatcher:
                     "lengths": lengths,
                     "free_blocks_after": len(self.cache.free),
                     "kv_bytes": held,
-                    "kv_predicted": paged_kv_bytes(lengths.values(), self.kv_per_token, self.cache.block_size),
+                    "kv_predicted": None  # shared blocks: counted by theory.prefix_cache instead
+                    if self.prefix
+                    else paged_kv_bytes(lengths.values(), self.kv_per_token, self.cache.block_size),
+                    "prefilled": prefilled,  # request -> prompt tokens computed this step
+                    "prefill_tokens": sum(prefilled.values()),
+                    "emitted": emitted,  # requests that got a token this step
                     "seconds": time.perf_counter() - t0,
                 }
             )

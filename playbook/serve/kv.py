@@ -91,8 +91,9 @@ class PagedKVCache:
         v = self.v[layer, blocks].transpose(0, 1).flatten(1, 2)[:, :tokens]
         return k, v
 
-    def advance(self, seq: int, tokens: int) -> None:
-        """Count ``tokens`` more as written (after every layer has written them)."""
+    def advance(self, seq: int, tokens: int, ids=None) -> None:
+        """Count ``tokens`` more as written (after every layer has written them); their ids ``ids``
+        matter only to a prefix cache (``serve.prefix``)."""
         self.lengths[seq] += tokens
 
     def release(self, seq: int) -> None:

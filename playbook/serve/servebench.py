@@ -1,0 +1,167 @@
+"""``playbook serve-bench``: a seeded request trace served on real ranks, reported as serving benchmarks do.
+
+vLLM's and SGLang's serving benchmarks replay a trace of requests at a given arrival rate and
+report latency distributions: time to first token, time per output token, end-to-end, at p50, p90
+and p99, with throughput and the goodput under a latency target. This one does the same on a
+``ParallelDims(dp, tp)`` layout of real ranks: the trace is ``theory.workload.poisson_trace``
+(Poisson arrivals in scheduler steps, shared-prefix groups), a router spreads it over the replicas
+(``serve.router``), each replica serves its share by continuous batching with, as asked, a prefix
+cache and a token budget per step (``serve.batching``), and ``serve.latency`` turns each replica's
+step records into the report. Every generated token is checked against the single process.
+
+The JSON (``BENCH_KEYS`` at the top level):
+
+- ``setup``: model, layout, seed, the trace's options, router, prefix cache, token budget, SLO (ms);
+- ``measured``: ``ttft``, ``tpot``, ``itl`` (inter-token), ``e2e``, each ``{"p50", "p90", "p99"}``
+  in seconds; ``duration`` (s), ``throughput_tokens_per_s``, ``slo_met`` (requests),
+  ``goodput_requests_per_s``, ``requests``;
+- ``predicted``: the same keys for the same schedules timed by the roofline on ``--predict-model``
+  and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8);
+- ``cache``: prompt tokens, tokens found cached, hit rate, evictions (over all replicas);
+- ``tokens_identical``: every request's tokens equal greedy decoding without a cache;
+- ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it).
+"""
+
+from __future__ import annotations
+
+import os
+
+from playbook.config import Hardware, ModelConfig
+from playbook.dims import ParallelDims
+
+BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "load")
+
+
+def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, token_budget, slo_ttft_ms, slo_tpot_ms):
+    """Every option, before a rank starts: one ValueError naming the constraint and a value that works."""
+    for name, value in (
+        ("requests", requests),
+        ("blocks", blocks),
+        ("block-size", block_size),
+        ("max-batch", max_batch),
+    ):
+        if value < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {value}; try --{name} 4")
+    if token_budget is not None and token_budget <= max_batch:
+        raise ValueError(f"--token-budget {token_budget} must exceed --max-batch {max_batch}; try {max_batch + 8}")
+    for name, value in (("slo-ttft-ms", slo_ttft_ms), ("slo-tpot-ms", slo_tpot_ms)):
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be > 0 milliseconds, got {value}")
+    ParallelDims(dp=dp, tp=tp).check(cfg)
+
+
+def serve_bench(
+    cfg: ModelConfig,
+    *,
+    tp: int = 1,
+    dp: int = 1,
+    seed: int = 0,
+    requests: int = 16,
+    rate: float = 0.5,
+    groups: int = 2,
+    prefix: int = 16,
+    suffix: tuple[int, int] = (2, 12),
+    new: tuple[int, int] = (4, 12),
+    router: str = "prefix",
+    prefix_cache: bool = True,
+    token_budget: int | None = None,
+    blocks: int = 64,
+    block_size: int = 4,
+    max_batch: int = 4,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    predict_model: str = "llama-3.1-8b",
+    predict_hardware: str = "h100-sxm",
+    ranks=None,
+) -> dict:
+    """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
+    from playbook.cluster import launch
+    from playbook.parallel.serve import reference, serve_on_rank
+    from playbook.serve.batching import Request
+    from playbook.serve.latency import predicted_steps, request_latencies, summarize
+    from playbook.serve.router import route
+    from playbook.theory.workload import poisson_trace
+
+    check(
+        cfg,
+        tp=tp,
+        dp=dp,
+        requests=requests,
+        blocks=blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        token_budget=token_budget,
+        slo_ttft_ms=slo_ttft_ms,
+        slo_tpot_ms=slo_tpot_ms,
+    )
+    trace = poisson_trace(
+        n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
+    )
+    reqs = [Request(i, t.prompt, t.max_new, t.arrival) for i, t in enumerate(trace)]
+    longest = max(-(-(len(r.prompt) + r.max_new - 1) // block_size) for r in reqs)
+    if longest > blocks:
+        raise ValueError(f"--blocks {blocks} cannot hold a request of {longest} blocks; use --blocks {longest}")
+    if max(len(r.prompt) + r.max_new for r in reqs) > cfg.max_seq_len:
+        raise ValueError(f"prompts plus new tokens exceed {cfg.name}'s max_seq_len {cfg.max_seq_len}; shorten them")
+    where = route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router)
+    options = dict(
+        cfg=cfg,
+        seed=seed,
+        dims=ParallelDims(dp=dp, tp=tp),
+        requests=reqs,
+        n_blocks=blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        prefix_cache=prefix_cache,
+        assign=where,
+        token_budget=token_budget,
+    )
+    before = os.getloadavg()[0]
+    answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
+    after = os.getloadavg()[0]
+    want = reference(cfg, seed, reqs)
+    leads = [a for a in answers if a["coords"]["tp"] == 0]  # one per replica
+    slo = dict(
+        slo_ttft=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
+        slo_tpot=None if slo_tpot_ms is None else slo_tpot_ms / 1e3,
+    )
+    mine = [[r for r in reqs if where[r.id] == a["coords"]["dp"]] for a in leads]
+    measured = summarize([request_latencies(a["steps"], m) for a, m in zip(leads, mine)], **slo)
+    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
+    timed = [predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8) for a in leads]
+    predicted = summarize([request_latencies(s, m) for s, m in zip(timed, mine)], **slo)
+    prompt_tokens = sum(len(r.prompt) for r in reqs)
+    cached = sum(sum(a["cached"].values()) for a in leads)
+    return {
+        "setup": {
+            "model": cfg.name,
+            "layout": f"tp{tp}×dp{dp}",
+            "seed": seed,
+            "trace": {
+                "requests": requests,
+                "rate_per_step": rate,
+                "groups": groups,
+                "prefix": prefix,
+                "suffix": list(suffix),
+                "new": list(new),
+            },
+            "router": router,
+            "prefix_cache": prefix_cache,
+            "token_budget": token_budget,
+            "blocks": blocks,
+            "block_size": block_size,
+            "max_batch": max_batch,
+            "slo_ms": {"ttft": slo_ttft_ms, "tpot": slo_tpot_ms},
+            "predicted_on": f"{predict_model} on {predict_hardware}",
+        },
+        "measured": measured,
+        "predicted": predicted,
+        "cache": {
+            "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached,
+            "hit_rate": cached / prompt_tokens,
+            "evictions": sum(a["evictions"] for a in leads),
+        },
+        "tokens_identical": all(t == want[i][0] for a in answers for i, t in a["tokens"].items()),
+        "load": {"before": before, "after": after},
+    }

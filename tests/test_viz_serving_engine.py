@@ -1,0 +1,14 @@
+"""The engine sections' figures: one bar per layout and series, one line per schedule, p50/p90/p99."""
+
+from playbook.viz.serving_engine import latency_percentiles, prefix_hits, step_times
+
+
+def test_figures_carry_the_numbers_they_are_given():
+    rows = [{"layout": "tp2×dp4", "hit_rate": 0.6}, {"layout": "tp8×dp1", "hit_rate": 0.72}]
+    fig = prefix_hits({"predicted": rows, "measured": rows[:1]})
+    assert [list(b.y) for b in fig.data] == [[60.0, 72.0], [60.0]] and fig.data[0].text[1] == "72%"
+    fig = step_times({"whole": [0.01, 0.05], "chunked": [0.01, 0.02]})
+    assert list(fig.data[0].y) == [10.0, 50.0] and fig.data[1].name == "chunked"
+    rep = {"measured": {m: {"p50": 0.001, "p90": 0.002, "p99": 0.003} for m in ("ttft", "tpot", "itl", "e2e")}}
+    fig = latency_percentiles(rep)
+    assert [b.name for b in fig.data] == ["p50", "p90", "p99"] and list(fig.data[2].y) == [3.0] * 4
