@@ -3,7 +3,7 @@
 import pytest
 
 from playbook.parallel.pp_native import native_orders
-from playbook.theory.schedules import Costs, check_pipeline, in_flight, make_schedule, simulate, validate
+from playbook.theory.schedules import Costs, check_pipeline, closed_form, in_flight, make_schedule, simulate, validate
 from playbook.theory.schedules_v import v_orders
 
 V_GRID = [
@@ -94,3 +94,5 @@ def test_v_bad_input_is_refused_clearly(args, message):
     assert message in str(err.value)
     with pytest.raises(ValueError, match="use p·v <= 4"):
         check_pipeline(4, 8, 2, name="zb-v", n_layers=2)
+    with pytest.raises(ValueError, match="no closed form"):
+        closed_form("zb-v", 4, 8, 2)

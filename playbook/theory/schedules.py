@@ -28,6 +28,9 @@ Closed forms, for uniform costs T_F, T_B, T_W per stage (the tests check the sim
   (p−1)(T_F+T_B−T_W) instead of 1F1B's (p−1)(T_F+T_B+T_W), and no rank holds more than p
   micro-batches (1F1B's peak, p·M_B): rank r delays its W passes by r micro-batches.
 
+- ZB-V and DualPipe-V (two chunks per rank in a V): ``playbook.theory.schedules_v``; no closed
+  form here, the simulator is their prediction.
+
 Two definitions of "bubble fraction" are in use; we always say which:
 ``idle_over_total`` = Σ_r idle_r / (p · makespan) (GPipe paper) and
 ``bubble_over_ideal`` = Σ_r idle_r / Σ_r busy_r (Narayanan et al.). For uniform costs the first is
@@ -488,6 +491,10 @@ def closed_form(name: str, p: int, m: int, v: int = 1, *, f: float = 1.0, b: flo
     """Bubble (both definitions) and peak in-flight micro-batches on rank 0, from the papers'
     formulas (module docstring), for per-stage costs f, b, w of a whole stage (a chunk costs 1/v)."""
     check_pipeline(p, m, v, name=name)
+    if name in V_SCHEDULES:
+        raise ValueError(
+            f"{name!r} has no closed form here; simulate(make_schedule({name!r}, p, m, 2)) gives its bubble"
+        )
     step = f + b + w
     if name.startswith("zb-h1"):
         idle = (p - 1) * (f + b - w)
