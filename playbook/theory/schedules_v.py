@@ -41,7 +41,9 @@ V_NAMES = ("zb-v", "dualpipe-v")
 def check_v(name: str, p: int, m: int, v: int) -> None:
     """Raise ``ValueError`` naming the constraint of a V schedule and what would work."""
     if v != 2:
-        raise ValueError(f"{name!r} places exactly two chunks per rank (a V over 2p stages); use v=2, got v={v}")
+        raise ValueError(
+            f"{name!r} places exactly two chunks per rank (a V over 2p stages); use v=2 (--chunks 2 on the command line), got v={v}"
+        )
     if name == "dualpipe-v" and m < 2 * p:
         raise ValueError(
             f"dualpipe-v needs at least as many micro-batches as stages, m >= 2p = {2 * p}; got m={m}; "
