@@ -21,9 +21,23 @@ from playbook.theory.schedules import held_bytes, make_schedule
 
 TINY = PipelineSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=16)  # 2 layers: 4 pieces
 DEEP = PipelineSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=16, n_layers=6)  # 8 pieces: 4 ranks × 2 chunks
-CASES = {  # (schedule, v, micro-batch counts): m a multiple of p for interleaved
-    2: [("gpipe", 1, (2, 8)), ("1f1b", 1, (1, 4, 8)), ("interleaved", 2, (2, 4)), ("zb-h1", 1, (2, 8))],
-    4: [("gpipe", 1, (4, 8)), ("1f1b", 1, (2, 8)), ("interleaved", 2, (4, 8)), ("zb-h1", 1, (4, 8))],
+CASES = {  # (schedule, v, micro-batch counts): m a multiple of p for interleaved, m >= 2p for dualpipe-v
+    2: [
+        ("gpipe", 1, (2, 8)),
+        ("1f1b", 1, (1, 4, 8)),
+        ("interleaved", 2, (2, 4)),
+        ("zb-h1", 1, (2, 8)),
+        ("zb-v", 2, (2, 8)),
+        ("dualpipe-v", 2, (4, 8)),
+    ],
+    4: [
+        ("gpipe", 1, (4, 8)),
+        ("1f1b", 1, (2, 8)),
+        ("interleaved", 2, (4, 8)),
+        ("zb-h1", 1, (4, 8)),
+        ("zb-v", 2, (2, 8)),
+        ("dualpipe-v", 2, (8,)),
+    ],
 }
 _refs: dict = {}
 

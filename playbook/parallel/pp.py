@@ -6,7 +6,8 @@ slices, interleaved), split the global batch into m micro-batches, and let rank 
 activation of each micro-batch to rank r+1 after its forward, and the gradient to rank r−1 after
 its backward. While micro-batch i is on rank 1, micro-batch i+1 can be on rank 0: the ranks work
 at the same time except at the start and the end (the *bubble*, (p−1)/m of the ideal time for
-GPipe and 1F1B, ``playbook.theory.schedules``).
+GPipe and 1F1B, ``playbook.theory.schedules``). The V-shaped schedules (ZB-V, DualPipe-V,
+``playbook.theory.schedules_v``) give rank r stages r and 2p − 1 − r; the same executor plays them.
 
 Read in this order:
 
@@ -40,7 +41,7 @@ from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.parallel.parity import gated
 from playbook.theory.pipeline import predicted_memory, stage_ranges
-from playbook.theory.schedules import DEFINITIONS, Schedule, check_pipeline, make_schedule
+from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, DEFINITIONS, Schedule, check_pipeline, make_schedule
 
 __all__ = [
     "Chunk",
@@ -175,11 +176,13 @@ class PipelineReport(RunReport):
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"])
+    parser.add_argument("--schedule", default="1f1b", choices=[*SCHEDULES, *V_SCHEDULES])
     parser.add_argument(
         "--microbatches", type=int, default=4, help="m: micro-batches per step (divides --global-batch)"
     )
-    parser.add_argument("--chunks", type=int, default=1, help="v: model chunks per rank (interleaved only)")
+    parser.add_argument(
+        "--chunks", type=int, default=1, help="v: model chunks per rank (interleaved; 2 for zb-v and dualpipe-v)"
+    )
     parser.add_argument("--layers", type=int, default=0, help="override the preset's number of layers (0: keep)")
     parser.add_argument("--no-native", action="store_true", help="skip torch.distributed.pipelining")
 
@@ -200,7 +203,7 @@ def predicted_p2p_bytes(plan: Schedule, setup: TrainSetup, rank: int = 0) -> flo
 
 @register(
     "pp",
-    help="pipeline parallel: GPipe, 1F1B, interleaved 1F1B, ZB-H1 on real stages",
+    help="pipeline parallel: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V, DualPipe-V on real stages",
     arguments=add_arguments,
     on_rank=on_rank,
     predict=predicted_memory,

@@ -3,8 +3,11 @@
 ``PipelineStage`` wraps each of this rank's ``Chunk``s (the GPT's own modules, cut where ours are
 cut, ``playbook.theory.pipeline.stage_ranges``), and one of torch's schedules plays them:
 ScheduleGPipe (Huang et al. 2019), Schedule1F1B and ScheduleInterleaved1F1B (Narayanan et al.
-2021 §2.2), ScheduleInterleavedZeroBubble (Qi et al. 2023). Its ``step`` is one pipeline step: the
-``forward_backward`` hook of the one training loop, as ``run_step`` is for ours.
+2021 §2.2), ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble (Qi et al. 2023),
+ScheduleDualPipeV (DeepSeek-AI 2024, arXiv:2412.19437 §3.2.1). Its ``step`` is one pipeline step:
+the ``forward_backward`` hook of the one training loop, as ``run_step`` is for ours.
+``native_orders``: the compute order torch's V schedules build for each rank, read without ranks,
+to put beside ours (``playbook.theory.schedules_v``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,38 @@ NATIVE = {
     "1f1b": "Schedule1F1B",
     "interleaved": "ScheduleInterleaved1F1B",
     "zb-h1": "ScheduleInterleavedZeroBubble",
+    "zb-v": "ScheduleZBVZeroBubble",
+    "dualpipe-v": "ScheduleDualPipeV",
 }
+V_PLACED = ("zb-v", "dualpipe-v")  # torch places their stages in a V too: rank r holds r and 2p − 1 − r
+
+
+def native_orders(name: str, p: int, m: int) -> list[list[tuple[str, int, int]]]:
+    """Per-rank compute orders ``[(kind, mb, chunk), ...]`` that torch's ``NATIVE[name]`` (a V
+    schedule) builds, in our notation: its I (input gradient) is our B, its full backward B is our
+    B then W, an overlapped F&B pair is its two parts in order; chunk 0 is stage r, chunk 1 stage
+    2p − 1 − r. Read from the class's own per-rank planner on an instance that has only the
+    numbers it needs (p, m, 2p stages): no process group, no ranks."""
+    import torch.distributed.pipelining.schedules as sched
+
+    if name not in V_PLACED:
+        raise ValueError(f"native_orders reads the V schedules {V_PLACED}; got {name!r}")
+    cls = getattr(sched, NATIVE[name])
+    plan = object.__new__(cls)
+    plan.pp_group_size, plan.num_stages, plan._num_stages, plan._n_microbatches = p, 2 * p, 2 * p, m
+
+    def ours(a, rank) -> list[tuple[str, int, int]]:
+        if a.sub_actions:
+            return [x for sub in a.sub_actions for x in ours(sub, rank)]
+        chunk = 0 if a.stage_index == rank else 1
+        kind = a.computation_type.value
+        if kind == "B":  # a full backward: input and weight gradients at once
+            return [("B", a.microbatch_index, chunk), ("W", a.microbatch_index, chunk)]
+        return [({"F": "F", "I": "B", "W": "W"}[kind], a.microbatch_index, chunk)]
+
+    return [
+        [x for a in plan._calculate_single_rank_operations(r) if a is not None for x in ours(a, r)] for r in range(p)
+    ]
 
 
 def native_limits(name: str, p: int, m: int) -> str | None:
@@ -34,6 +68,8 @@ def native_limits(name: str, p: int, m: int) -> str | None:
     need at least as many micro-batches as stages."""
     if name != "gpipe" and m < p:
         return f"torch.distributed.pipelining.{NATIVE[name]} needs m >= p micro-batches (m={m}, p={p})"
+    if name == "dualpipe-v" and m < 2 * p:
+        return f"torch.distributed.pipelining.{NATIVE[name]} needs m >= 2p micro-batches (m={m}, p={p})"
     return None
 
 
@@ -45,15 +81,16 @@ def native_on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1,
 
     group = group if group is not None else ctx.mesh_for(ParallelDims(pp=ctx.world_size)).group("pp")
     p, rank, cfg = dist.get_world_size(group), dist.get_rank(group), setup.config()
-    check_pipeline(p, m, v if schedule == "interleaved" else 1, name=schedule, n_layers=cfg.n_layers)
+    check_pipeline(p, m, v if schedule in ("interleaved", *V_PLACED) else 1, name=schedule, n_layers=cfg.n_layers)
     if native_limits(schedule, p, m):
         raise ValueError(native_limits(schedule, p, m))
     n = p * v
     ranges = stage_ranges(cfg, n)
     model = GPT(cfg, seed=setup.seed).to(ctx.device)
-    chunks = [Chunk(model, *ranges[c * p + rank]) for c in range(v)]
-    stages = [pipelining.PipelineStage(ch, c * p + rank, n, ctx.device, group=group) for c, ch in enumerate(chunks)]
-    multi = schedule in ("interleaved", "zb-h1")
+    where = (lambda c: rank if c == 0 else n - 1 - rank) if schedule in V_PLACED else (lambda c: c * p + rank)
+    chunks = [Chunk(model, *ranges[where(c)]) for c in range(v)]
+    stages = [pipelining.PipelineStage(ch, where(c), n, ctx.device, group=group) for c, ch in enumerate(chunks)]
+    multi = schedule in ("interleaved", "zb-h1", *V_PLACED)
     runner = getattr(pipelining, NATIVE[schedule])(stages if multi else stages[0], m, loss_fn=lm_loss)
     times: list[float] = []
 

@@ -28,6 +28,9 @@ Closed forms, for uniform costs T_F, T_B, T_W per stage (the tests check the sim
   (p−1)(T_F+T_B−T_W) instead of 1F1B's (p−1)(T_F+T_B+T_W), and no rank holds more than p
   micro-batches (1F1B's peak, p·M_B): rank r delays its W passes by r micro-batches.
 
+- ZB-V and DualPipe-V (two chunks per rank in a V): ``playbook.theory.schedules_v``; no closed
+  form here, the simulator is their prediction.
+
 Two definitions of "bubble fraction" are in use; we always say which:
 ``idle_over_total`` = Σ_r idle_r / (p · makespan) (GPipe paper) and
 ``bubble_over_ideal`` = Σ_r idle_r / Σ_r busy_r (Narayanan et al.). For uniform costs the first is
@@ -43,6 +46,7 @@ from typing import Sequence
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 VARIANTS = ("zb-h1-greedy",)  # built and played like the others, left out of the chapter's tables and the CLI
+V_SCHEDULES = ("zb-v", "dualpipe-v")  # two chunks per rank in a V (playbook.theory.schedules_v)
 DEFINITIONS = {
     "idle_over_total": "idle time / (p × makespan), summed over ranks (GPipe's definition)",
     "bubble_over_ideal": "idle time / busy time, summed over ranks (Narayanan et al.'s definition)",
@@ -78,17 +82,23 @@ class Schedule:
     v: int
     split_backward: bool  # True: B is the input gradient only, W the weight gradient
     actions: tuple[tuple[Action, ...], ...]
+    placement: str = "loop"  # "loop": chunk c of rank r is stage c·p + r; "v": chunk 0 stage r, chunk 1 2p−1−r
 
     @property
     def n_stages(self) -> int:
         return self.p * self.v
 
     def stage(self, rank: int, chunk: int) -> int:
-        """Virtual stage of ``chunk`` on ``rank`` (Megatron's placement: chunk c of rank r is stage c·p + r)."""
+        """Virtual stage of ``chunk`` on ``rank`` (Megatron's placement: chunk c of rank r is stage c·p + r;
+        the V placement: chunk 0 is stage r, chunk 1 stage 2p − 1 − r)."""
+        if self.placement == "v":
+            return rank if chunk == 0 else 2 * self.p - 1 - rank
         return chunk * self.p + rank
 
     def place(self, stage: int) -> tuple[int, int]:
         """(rank, chunk) that holds virtual stage ``stage``."""
+        if self.placement == "v":
+            return (stage, 0) if stage < self.p else (2 * self.p - 1 - stage, 1)
         return stage % self.p, stage // self.p
 
     def compute(self, rank: int) -> list[Action]:
@@ -205,9 +215,14 @@ def check_pipeline(p: int, m: int, v: int = 1, *, name: str = "1f1b", n_layers: 
     for label, value in (("p (pipeline stages)", p), ("m (micro-batches)", m), ("v (chunks per rank)", v)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
-    if name not in SCHEDULES + VARIANTS:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES + VARIANTS)}")
-    if v > 1 and name != "interleaved":
+    known = SCHEDULES + VARIANTS + V_SCHEDULES
+    if name not in known:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(known)}")
+    if name in V_SCHEDULES:
+        from playbook.theory.schedules_v import check_v
+
+        check_v(name, p, m, v)
+    elif v > 1 and name != "interleaved":
         raise ValueError(f"v={v} chunks per rank needs the 'interleaved' schedule; use v=1 with {name!r}")
     if name == "interleaved" and m % p:
         good = [k * p for k in range(1, 5)]
@@ -223,9 +238,15 @@ def check_pipeline(p: int, m: int, v: int = 1, *, name: str = "1f1b", n_layers: 
         )
 
 
+def is_split(name: str) -> bool:
+    """Whether schedule ``name`` splits the backward into B (input gradient) and W (weights)."""
+    return name.startswith("zb-") or name in V_SCHEDULES
+
+
 def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
-    """The schedule ``name`` (gpipe, 1f1b, interleaved, zb-h1, or the variant zb-h1-greedy) for p ranks, m micro-batches and v
-    chunks per rank, with its sends and receives; checked by playing it (``simulate``)."""
+    """The schedule ``name`` (gpipe, 1f1b, interleaved, zb-h1, the variant zb-h1-greedy, or the V-shaped
+    zb-v and dualpipe-v with v = 2) for p ranks, m micro-batches and v chunks per rank, with its
+    sends and receives; checked by playing it (``simulate``)."""
     check_pipeline(p, m, v, name=name)
     if name == "gpipe":
         orders = [_gpipe(p, m, r) for r in range(p)]
@@ -235,34 +256,42 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
         orders = [_interleaved(p, m, v, r) for r in range(p)]
     elif name == "zb-h1":
         orders = [_zb_h1(p, m, r) for r in range(p)]
+    elif name in V_SCHEDULES:
+        from playbook.theory.schedules_v import v_orders
+
+        orders = v_orders(name, p, m)
     else:
         orders = _zb_greedy(p, m)
-    schedule = with_communication(name, p, m, v, name.startswith("zb-h1"), orders)
+    placement = "v" if name in V_SCHEDULES else "loop"
+    schedule = with_communication(name, p, m, v, is_split(name), orders, placement)
     simulate(schedule)  # raises if it does not play (deadlock, or a message never received)
     return schedule
 
 
-def with_communication(name: str, p: int, m: int, v: int, split: bool, orders: Sequence[Sequence[tuple]]) -> Schedule:
+def with_communication(
+    name: str, p: int, m: int, v: int, split: bool, orders: Sequence[Sequence[tuple]], placement: str = "loop"
+) -> Schedule:
     """Insert the point-to-point messages into per-rank compute orders ``[(kind, mb, chunk), ...]``:
     a receive right before each F (B) that needs another stage's activation (gradient), a send
-    right after each F (B) whose result another stage needs."""
+    right after each F (B) whose result another stage needs (to the same rank where the V turns)."""
     n = p * v
+    where = Schedule(name, p, m, v, split, (), placement)  # stage <-> (rank, chunk) only
     actions = []
     for r, order in enumerate(orders):
         out: list[Action] = []
         for kind, mb, chunk in order:
-            s = chunk * p + r
+            s = where.stage(r, chunk)
             if kind == "F" and s > 0:
-                out.append(Action("recv_F", mb, chunk, (s - 1) % p))
+                out.append(Action("recv_F", mb, chunk, where.place(s - 1)[0]))
             if kind == "B" and s < n - 1:
-                out.append(Action("recv_B", mb, chunk, (s + 1) % p))
+                out.append(Action("recv_B", mb, chunk, where.place(s + 1)[0]))
             out.append(Action(kind, mb, chunk))
             if kind == "F" and s < n - 1:
-                out.append(Action("send_F", mb, chunk, (s + 1) % p))
+                out.append(Action("send_F", mb, chunk, where.place(s + 1)[0]))
             if kind == "B" and s > 0:
-                out.append(Action("send_B", mb, chunk, (s - 1) % p))
+                out.append(Action("send_B", mb, chunk, where.place(s - 1)[0]))
         actions.append(tuple(out))
-    schedule = Schedule(name, p, m, v, split, tuple(actions))
+    schedule = Schedule(name, p, m, v, split, tuple(actions), placement)
     validate(schedule)
     return schedule
 
@@ -462,6 +491,10 @@ def closed_form(name: str, p: int, m: int, v: int = 1, *, f: float = 1.0, b: flo
     """Bubble (both definitions) and peak in-flight micro-batches on rank 0, from the papers'
     formulas (module docstring), for per-stage costs f, b, w of a whole stage (a chunk costs 1/v)."""
     check_pipeline(p, m, v, name=name)
+    if name in V_SCHEDULES:
+        raise ValueError(
+            f"{name!r} has no closed form here; simulate(make_schedule({name!r}, p, m, 2)) gives its bubble"
+        )
     step = f + b + w
     if name.startswith("zb-h1"):
         idle = (p - 1) * (f + b - w)

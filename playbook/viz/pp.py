@@ -14,7 +14,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.theory.schedules import SCHEDULES, Costs, Timeline, closed_form, make_schedule, simulate
+from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, Costs, Timeline, closed_form, make_schedule, simulate
 from playbook.viz.widgets import fit_controls, page_height
 
 KIND_COLORS = {"F": "#3b7dd8", "B": "#e4572e", "W": "#52a852"}
@@ -186,7 +186,7 @@ def pipeline_explorer(
     e.g. "1f1b, p=2, m=4") so it is not mistaken for the simulation above it.
     ``.controls``, ``.figure``, ``.message``."""
     c = {
-        "schedule": w.ToggleButtons(options=list(SCHEDULES), value=schedule, description="schedule"),
+        "schedule": w.ToggleButtons(options=[*SCHEDULES, *V_SCHEDULES], value=schedule, description="schedule"),
         "p": w.IntSlider(min=1, max=8, value=p, description="p (ranks)"),
         "m": w.IntSlider(min=1, max=32, value=m, description="m (micro-b.)"),
         "v": w.IntSlider(min=1, max=4, value=v, description="v (chunks)"),
@@ -197,9 +197,10 @@ def pipeline_explorer(
 
     def update(_change=None) -> None:
         s = {k: ctl.value for k, ctl in c.items()}
-        vv = s["v"] if s["schedule"] == "interleaved" else 1
-        c["v"].disabled = s["schedule"] != "interleaved"  # only the interleaved schedule has chunks
-        c["v"].tooltip = "chunks per rank: only the interleaved schedule splits a stage into v chunks"
+        is_v = s["schedule"] in V_SCHEDULES  # the V placement: always two chunks per rank
+        vv = s["v"] if s["schedule"] == "interleaved" else (2 if is_v else 1)
+        c["v"].disabled = s["schedule"] != "interleaved"  # only the interleaved schedule has a choice of chunks
+        c["v"].tooltip = "chunks per rank: the interleaved schedule takes any v; zb-v and dualpipe-v have 2"
         try:
             sched = make_schedule(s["schedule"], s["p"], s["m"], vv)
         except ValueError as e:
@@ -220,11 +221,16 @@ def pipeline_explorer(
         unit = "chunk activations" if vv > 1 else "micro-batches"
         message.value = (
             f"bubble: idle/total <b>{tl.bubble_over_total:.1%}</b>, bubble/ideal <b>{tl.bubble_over_ideal:.1%}</b> "
-            f"(closed form {closed_form(s['schedule'], s['p'], s['m'], vv)['bubble_over_ideal']:.1%})<br>"
-            f"peak activations held per rank ({unit}): until B {tl.peak_in_flight}"
+            + (
+                "(V placement: 2p stages, rank r holds r and 2p − 1 − r; no closed form, simulated)<br>"
+                if is_v
+                else f"(closed form {closed_form(s['schedule'], s['p'], s['m'], vv)['bubble_over_ideal']:.1%})<br>"
+            )
+            + f"peak activations held per rank ({unit}): until B {tl.peak_in_flight}"
             + (f", until W {tl.peak_held}" if sched.split_backward else "")
             + (
-                f"<br><i>{c['v'].description}: off, only the interleaved schedule has chunks.</i>"
+                f"<br><i>{c['v'].description}: off, "
+                + ("the V has 2 per rank.</i>" if is_v else "only the interleaved schedule has chunks.</i>")
                 if c["v"].disabled
                 else ""
             )
