@@ -87,7 +87,6 @@ class Plan:
                 cfg.is_moe and (d.tp > 1 or d.pp > 1 or d.cp > 1),
                 "a mixture-of-experts model runs here with dp and ep only (tp=pp=cp=1); use a dense preset such as gpt-tiny",
             ),
-            (d.cp > 1 and d.pp > 1, "context parallelism inside a pipeline is not composed yet; use pp=1 with cp"),
             (d.cp > 1 and self.sequence_parallel, "sequence parallelism with context parallelism is not composed yet"),
             (d.pp > 1 and self.sequence_parallel, "sequence parallelism inside a pipeline is not composed yet"),
         ]
@@ -223,8 +222,8 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     if d.pp > 1:
         from playbook.parallel.hybrid_pp import pipeline_hooks
 
-        model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs)
-        hooks.update(more, sync_grads=lambda m: sync_gradients(m, mesh, False))
+        model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions)
+        hooks.update(more, sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
     elif plan.zero:
         from playbook.parallel.hybrid_zero import zero_hooks
 

@@ -6,9 +6,9 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
   all-gather/reduce-scatter pairs, plus the vocab-parallel loss (``theory.tp.step_collectives``),
   for the layers of this rank's pipeline stage and this rank's rows;
 - ``cp``: ring attention's K/V blocks and their gradients (``theory.cp.comm_bytes_per_layer``), of
-  this rank's kv_heads/tp heads;
-- ``pp``: one activation [b/m, s, h] per forward send and one gradient per backward send, as many
-  as this rank's list of the schedule has (``theory.schedules``);
+  this rank's kv_heads/tp heads, for the layers of its stage;
+- ``pp``: one activation [b/m, s/cp, h] ([b/m, s/(cp·tp), h] under SP) per forward send and one
+  gradient per backward send, as many as this rank's list of the schedule has (``theory.schedules``);
 - the data axis (``dp``, ``cp`` or ``dp×cp``, whichever holds replicated weights): one all-reduce of
   this rank's dense gradients (ring, 2S(n−1)/n), or ZeRO's reduce-scatters and all-gathers of its
   padded flat units (Rajbhandari et al. 2019, §7), and expert parallelism's routing counts;
@@ -98,10 +98,11 @@ def comm_per_axis(
 
         local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
         per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
-        add("cp", cfg.n_layers * sum(per_layer.values()))
+        add("cp", len(stage_layers(cfg, dims.pp, stage)) * sum(per_layer.values()))  # linear in rows: any m
     if dims.pp > 1:
         plan = make_schedule(schedule, dims.pp, microbatches)
-        message = FP32 * (rows // microbatches) * (seq_len // (dims.tp if sequence_parallel else 1)) * cfg.hidden
+        tokens = seq_len // dims.cp // (dims.tp if sequence_parallel else 1)  # this rank's share of a sequence
+        message = FP32 * (rows // microbatches) * tokens * cfg.hidden  # [b/m, s/cp (/tp under SP), h]
         sends = [a for a in plan.actions[stage] if a.kind.startswith("send") and a.peer != stage]
         add("pp", len(sends) * message)
     n = dims.dp * dims.cp
@@ -130,15 +131,67 @@ def comm_per_axis(
 
 
 # ---- memory per rank ---------------------------------------------------------------------------
-def _tp_pieces(cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool) -> dict:
-    """Saved bytes of one micro-batch of a dense model on one rank, by piece: "first" (embedding),
-    "block", "last" (norm, head, loss), from ``theory.stages`` (TP's exact count when tp > 1)."""
+def activation_pieces(
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    sequence_parallel: bool = False,
+    cp_variant: str = "ring",
+) -> dict[str, int]:
+    """Bytes one micro-batch of a dense model saves on one rank, by piece: "first" (the embedding's
+    inputs), "block" (one block), "last" (final norm, head, loss), from the shapes the rank sees:
+    s/cp tokens (s/(cp·tp) outside the parallel regions under SP), a/tp query and g/tp key/value
+    heads, CP's attention core (``theory.stages._block_activations``, ``end_activations``). Every
+    layout reads these: a stage is its pieces, a pipeline holds the schedule's micro-batches of them."""
     from playbook.theory.stages import _block_activations, end_activations
 
-    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel)
-    first, last = end_activations(cfg, **sizes)
-    block = _block_activations(cfg, 0, cp=1, dtype_bytes=4, recompute="none", **sizes)
+    sizes = dict(micro_batch=micro_batch, tp=dims.tp, sequence_parallel=sequence_parallel)
+    first, last = end_activations(cfg, seq_len=seq_len // dims.cp, **sizes)
+    block = _block_activations(
+        cfg, 0, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute="none", variant=cp_variant, **sizes
+    )
     return {"first": first, "block": block, "last": last}
+
+
+def stage_activation_bytes(
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    stage: int,
+    *,
+    rows: int,
+    seq_len: int,
+    schedule: str = "1f1b",
+    microbatches: int = 1,
+    sequence_parallel: bool = False,
+    cp_variant: str = "ring",
+) -> int:
+    """Activation bytes at the step's peak on a rank of pipeline stage ``stage`` holding ``rows``
+    rows: one micro-batch's pieces (:func:`activation_pieces`) of each stage, held as the schedule
+    holds them (``theory.schedules.held_bytes``; pp = 1: the one forward of all rows). A split
+    backward (ZB-H1) without TP keeps only W's part from B to W (``chunk_w_bytes``, at s/cp tokens);
+    with TP layers, the graph."""
+    pp = dims.pp
+    b = rows // (microbatches if pp > 1 else 1)
+    piece = activation_pieces(
+        cfg, dims, seq_len=seq_len, micro_batch=b, sequence_parallel=sequence_parallel, cp_variant=cp_variant
+    )
+    per_stage = [
+        (s == 0) * piece["first"] + len(stage_layers(cfg, pp, s)) * piece["block"] + (s == pp - 1) * piece["last"]
+        for s in range(pp)
+    ]
+    if pp == 1:
+        return per_stage[0]
+    from playbook.theory.schedules import held_bytes
+
+    plan = make_schedule(schedule, pp, microbatches)
+    w = None
+    if plan.split_backward and dims.tp == 1:
+        from playbook.theory.pipeline import chunk_w_bytes, stage_ranges
+
+        w = [[chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp)] for rg in stage_ranges(cfg, pp)]
+    return held_bytes(plan, [[x] for x in per_stage], w)[stage]
 
 
 def memory_per_rank(
@@ -158,29 +211,22 @@ def memory_per_rank(
     """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (``zero``: ZeRO over dp): its parameters
     (1/tp of every split matrix of its stage, norms whole; MoE: E/ep experts), as many gradient bytes,
     AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
-    step's peak (a pipeline stage: the schedule's peak of micro-batches in flight, ``held_bytes``).
+    step's peak (:func:`stage_activation_bytes`, any of dp, tp, cp, pp and SP together).
     A mixture of experts saves bytes that depend on the routing: give ``routing`` (the first step's
     ``[layer]`` stats) and ``theory.moe.model_activation_bytes_moe`` counts them; without it its
-    activations are None. TP with CP: ``tp_cp_block_bytes``."""
+    activations are None."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
     if cfg.is_moe:
         from playbook.theory.moe import param_tensors_per_rank
 
         numel, tensors = moe_params(cfg, dims.ep)["total"], param_tensors_per_rank(cfg, dims.ep)
-    else:
-        units = local_units(cfg, dims, stage)
-        numel = sum(split + rep for _, split, rep in units)
-        tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
-    if zero:
-        return _zero_memory(cfg, dims, stage, zero, rows, seq_len, sequence_parallel)
-    out: dict[str, float | None] = {
-        "params": FP32 * numel,
-        "grads": FP32 * numel,
-        "optimizer": 2 * FP32 * numel + 4 * tensors,
-        "activations": None,
-    }
-    if cfg.is_moe:
+        out: dict[str, float | None] = {
+            "params": FP32 * numel,
+            "grads": FP32 * numel,
+            "optimizer": 2 * FP32 * numel + 4 * tensors,
+            "activations": None,
+        }
         if routing is not None and dims.tp == dims.cp == dims.pp == 1:
             from playbook.theory.moe import model_activation_bytes_moe
 
@@ -188,53 +234,42 @@ def memory_per_rank(
                 cfg, seq_len=seq_len, micro_batch=rows, layers=routing, rank=dims.data_index(rank), ep=dims.ep
             )
         return out
-    if dims.tp > 1 and dims.cp > 1:
-        piece = _tp_pieces(cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=False)
-        block = tp_cp_block_bytes(cfg, seq_len=seq_len, micro_batch=rows, tp=dims.tp, cp=dims.cp, variant=cp_variant)
-        out["activations"] = piece["first"] + cfg.n_layers * block + piece["last"]
-        return out
-    if dims.cp > 1:
-        from playbook.theory.cp import cp_activation_bytes
-
-        out["activations"] = cp_activation_bytes(cfg, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
-        return out
-    b = rows // (microbatches if dims.pp > 1 else 1)
-    piece = _tp_pieces(cfg, seq_len=seq_len, micro_batch=b, tp=dims.tp, sequence_parallel=sequence_parallel)
-    if dims.pp == 1:
-        out["activations"] = piece["first"] + cfg.n_layers * piece["block"] + piece["last"]
-        return out
-    from playbook.theory.schedules import held_bytes
-
-    per_stage = [
-        (s == 0) * piece["first"]
-        + len(stage_layers(cfg, dims.pp, s)) * piece["block"]
-        + (s == dims.pp - 1) * piece["last"]
-        for s in range(dims.pp)
-    ]
-    plan = make_schedule(schedule, dims.pp, microbatches)
-    w = None  # a split backward without TP keeps only W's part from B to W; with TP layers, the graph
-    if plan.split_backward and dims.tp == 1:
-        from playbook.theory.pipeline import chunk_w_bytes, stage_ranges
-
-        w = [[chunk_w_bytes(cfg, *rg, b, seq_len)] for rg in stage_ranges(cfg, dims.pp)]
-    out["activations"] = held_bytes(plan, [[x] for x in per_stage], w)[stage]
-    return out
+    acts = stage_activation_bytes(
+        cfg,
+        dims,
+        stage,
+        rows=rows,
+        seq_len=seq_len,
+        schedule=schedule,
+        microbatches=microbatches,
+        sequence_parallel=sequence_parallel,
+        cp_variant=cp_variant,
+    )
+    units = local_units(cfg, dims, stage)
+    if zero:
+        return _zero_memory(dims, units, zero) | {"activations": acts}
+    numel = sum(split + rep for _, split, rep in units)
+    tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
+    return {
+        "params": FP32 * numel,
+        "grads": FP32 * numel,
+        "optimizer": 2 * FP32 * numel + 4 * tensors,
+        "activations": acts,
+    }
 
 
-def _zero_memory(cfg, dims, stage, zero, rows, seq_len, sequence_parallel) -> dict[str, float]:
+def _zero_memory(dims: ParallelDims, units: list, zero: int) -> dict[str, float]:
     """ZeRO stage ``zero`` over dp (Rajbhandari et al. 2019, §5) on this rank's TP slices, as
     ``parallel.zero`` holds them: one flat unit per embedding, block and head, zero-padded to a
     multiple of dp. Weights: the whole padded units (stages 0–2) or this rank's shard (3); gradients
     after the step's backward: whole (0–1) or shards (2–3); AdamW: two moments of what it updates
-    (all, stage 0; the shard, 1–3) plus a 4-byte step per unit. Activations as without ZeRO."""
-    units = [padded(split + rep, dims.dp) for _, split, rep in local_units(cfg, dims, stage)]
-    whole, shard = sum(units), sum(units) // dims.dp
-    piece = _tp_pieces(cfg, seq_len=seq_len, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel)
+    (all, stage 0; the shard, 1–3) plus a 4-byte step per unit."""
+    sizes = [padded(split + rep, dims.dp) for _, split, rep in units]
+    whole, shard = sum(sizes), sum(sizes) // dims.dp
     return {
         "params": FP32 * (whole if zero < 3 else shard),
         "grads": FP32 * (whole if zero <= 1 else shard),
-        "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(units),
-        "activations": piece["first"] + cfg.n_layers * piece["block"] + piece["last"],
+        "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(sizes),
     }
 
 
