@@ -46,6 +46,8 @@ FOUR = [
     ("dp2×cp2 zig-zag", DENSE, Plan(ParallelDims(dp=2, cp=2), zigzag=True), {"cp", "dp×cp"}),
     ("tp2×cp2 all-gather", DENSE, Plan(ParallelDims(tp=2, cp=2), cp_variant="allgather"), {"tp", "cp"}),
     ("ep2 inside dp4 (replicas)", MOE, Plan(ParallelDims(dp=4, ep=2)), {"dp", "ep", "ep_replica"}),
+    ("tp2×pp2 with sequence parallelism", DENSE, Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), {"tp", "pp"}),
+    ("tp2×cp2 with sequence parallelism", DENSE, Plan(ParallelDims(tp=2, cp=2), sequence_parallel=True), {"tp", "cp"}),
     ("cp2×pp2", DENSE, Plan(ParallelDims(cp=2, pp=2)), {"cp", "pp"}),
     (
         "cp2×pp2 zig-zag, gpipe, m=4",
@@ -58,6 +60,7 @@ EIGHT = [
     ("dp2×tp2×pp2", DENSE, Plan(ParallelDims(dp=2, tp=2, pp=2)), {"dp", "tp", "pp"}),
     ("dp2×cp2×pp2", DENSE, Plan(ParallelDims(dp=2, cp=2, pp=2)), {"cp", "dp×cp", "pp"}),
     ("tp2×cp2×pp2", DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2)), {"tp", "cp", "pp"}),
+    ("tp2×cp2×pp2 with SP", DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2), sequence_parallel=True), {"tp", "cp", "pp"}),
 ]
 
 
@@ -119,7 +122,6 @@ def test_a_collective_on_the_wrong_axis_ends_in_a_report_naming_rank_axis_and_co
     "plan, words",
     [
         (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO here shards over dp"),
-        (Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), "sequence parallelism inside a pipeline"),
         (Plan(ParallelDims(dp=2), sequence_parallel=True), "needs tp > 1"),
         (Plan(ParallelDims(tp=4)), r"tp=4 must divide kv_heads=2"),
         (Plan(ParallelDims(dp=3)), "global_batch=8 does not split over dp=3"),

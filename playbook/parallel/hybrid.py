@@ -87,8 +87,6 @@ class Plan:
                 cfg.is_moe and (d.tp > 1 or d.pp > 1 or d.cp > 1),
                 "a mixture-of-experts model runs here with dp and ep only (tp=pp=cp=1); use a dense preset such as gpt-tiny",
             ),
-            (d.cp > 1 and self.sequence_parallel, "sequence parallelism with context parallelism is not composed yet"),
-            (d.pp > 1 and self.sequence_parallel, "sequence parallelism inside a pipeline is not composed yet"),
         ]
         for refused, why in not_yet:
             if refused:

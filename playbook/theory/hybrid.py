@@ -91,8 +91,11 @@ def comm_per_axis(
         for col in step_collectives(
             cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel
         ):
-            if col.region.split(".")[0] in keep or col.region == "grad sync":
+            if col.region.split(".")[0] in keep:
                 add("tp", col.sent_bytes)
+        if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
+            replicated = sum(rep for _, _, rep in local_units(cfg, dims, stage))
+            add("tp", sent_bytes("all_reduce", FP32 * replicated, dims.tp))
     if dims.cp > 1:
         from playbook.theory.cp import comm_bytes_per_layer
 
