@@ -46,6 +46,15 @@ FOUR = [
     ("dp2×cp2 zig-zag", DENSE, Plan(ParallelDims(dp=2, cp=2), zigzag=True), {"cp", "dp×cp"}),
     ("tp2×cp2 all-gather", DENSE, Plan(ParallelDims(tp=2, cp=2), cp_variant="allgather"), {"tp", "cp"}),
     ("ep2 inside dp4 (replicas)", MOE, Plan(ParallelDims(dp=4, ep=2)), {"dp", "ep", "ep_replica"}),
+    ("ZeRO-1 in dp2×pp2", DENSE, Plan(ParallelDims(dp=2, pp=2), zero=1), {"dp", "pp"}),
+    (
+        "ZeRO-1 in dp2×pp2 zb-h1",
+        DENSE,
+        Plan(ParallelDims(dp=2, pp=2), zero=1, schedule="zb-h1", microbatches=4),
+        {"dp", "pp"},
+    ),
+    ("ZeRO-1 over dp×cp in dp2×cp2", DENSE, Plan(ParallelDims(dp=2, cp=2), zero=1), {"cp", "dp×cp"}),
+    ("ZeRO-3 over cp in cp2×tp2", DENSE, Plan(ParallelDims(tp=2, cp=2), zero=3), {"tp", "cp"}),
     ("tp2×pp2 with sequence parallelism", DENSE, Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), {"tp", "pp"}),
     ("tp2×cp2 with sequence parallelism", DENSE, Plan(ParallelDims(tp=2, cp=2), sequence_parallel=True), {"tp", "cp"}),
     ("cp2×pp2", DENSE, Plan(ParallelDims(cp=2, pp=2)), {"cp", "pp"}),
@@ -60,6 +69,13 @@ EIGHT = [
     ("dp2×tp2×pp2", DENSE, Plan(ParallelDims(dp=2, tp=2, pp=2)), {"dp", "tp", "pp"}),
     ("dp2×cp2×pp2", DENSE, Plan(ParallelDims(dp=2, cp=2, pp=2)), {"cp", "dp×cp", "pp"}),
     ("tp2×cp2×pp2", DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2)), {"tp", "cp", "pp"}),
+    ("ZeRO-1 over dp×cp in dp2×cp2×pp2", DENSE, Plan(ParallelDims(dp=2, cp=2, pp=2), zero=1), {"cp", "dp×cp", "pp"}),
+    (
+        "ZeRO-1 in dp2×tp2×pp2 with SP",
+        DENSE,
+        Plan(ParallelDims(dp=2, tp=2, pp=2), zero=1, sequence_parallel=True),
+        {"dp", "tp", "pp"},
+    ),
     ("tp2×cp2×pp2 with SP", DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2), sequence_parallel=True), {"tp", "cp", "pp"}),
 ]
 
@@ -121,7 +137,8 @@ def test_a_collective_on_the_wrong_axis_ends_in_a_report_naming_rank_axis_and_co
 @pytest.mark.parametrize(
     "plan, words",
     [
-        (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO here shards over dp"),
+        (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO-2/3 reduce-scatter during backward"),
+        (Plan(ParallelDims(dp=2, pp=2), zero=2), "ZeRO-2/3 inside a pipeline"),
         (Plan(ParallelDims(dp=2), sequence_parallel=True), "needs tp > 1"),
         (Plan(ParallelDims(tp=4)), r"tp=4 must divide kv_heads=2"),
         (Plan(ParallelDims(dp=3)), "global_batch=8 does not split over dp=3"),

@@ -31,6 +31,12 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=No
     schedule = make_schedule(plan.schedule, p, plan.m, 1)
     start, end = stage_ranges(cfg, p)[stage]
     chunk = own = Chunk(model, start, end, positions)  # the GPT's own modules under their names in it
+    zero = None
+    if plan.zero:  # before the activation hooks: the weights become views of ZeRO's flat buffers
+        from playbook.parallel.hybrid_zero import zero_optimizer
+
+        zero, zero_hooks = zero_optimizer(model, mesh, plan, setup, None, pieces=range(start, end))
+        zero_hooks.pop("memory")
     held = HeldActivations(model)
     tokens = setup.seq_len // mesh.size("cp") // (mesh.size("tp") if plan.sequence_parallel else 1)
     shape = (rows // plan.m, tokens, cfg.hidden)  # one message: [micro_batch, s/cp (/tp under SP), hidden]
@@ -42,6 +48,10 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=No
         logs.append(log)
         return torch.tensor(log.loss, device=tokens.device)  # the last stage's loss; 0 elsewhere
 
+    hooks = {"model": own, "forward_backward": forward_backward}
+    if zero is not None:
+        finish = zero_hooks["finish"]
+        return own, hooks | zero_hooks | {"finish": lambda r: finish(_with(r, activations=logs[0].peak_bytes))}
     optimizer = torch.optim.AdamW(own.parameters(), lr=setup.lr)
 
     def finish(result):
@@ -53,4 +63,9 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=No
         }
         return result
 
-    return own, {"model": own, "optimizer": optimizer, "forward_backward": forward_backward, "finish": finish}
+    return own, hooks | {"optimizer": optimizer, "finish": finish}
+
+
+def _with(result, **memory):
+    result.memory = {**(result.memory or {}), **memory}
+    return result

@@ -244,8 +244,17 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
     elif st["lean"]:  # W from each module's input and output gradient alone
         for (mod, own), x, g in zip(st["captured"], st.pop("inputs"), st["grad_ys"]):
             for p, gp in zip(own, _weight_grads(mod, own, held.unpack(x), held.unpack(g))):
-                p.grad = gp if p.grad is None else p.grad + gp
+                _accumulate(p, gp)
     else:  # W on the kept graph: one node deep per module, its weights only
         for (_, own, _, y), g in zip(st["captured"], st["grad_ys"]):
             for p, gp in zip(own, torch.autograd.grad(y, own, g, retain_graph=True)):
-                p.grad = gp if p.grad is None else p.grad + gp
+                _accumulate(p, gp)
+
+
+def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
+    """Add ``g`` to ``p.grad`` in place, as autograd does: a grad that is a view of a flat buffer
+    (ZeRO's, ``parallel.zero``) stays one."""
+    if p.grad is None:
+        p.grad = g
+    else:
+        p.grad.add_(g)

@@ -11,7 +11,8 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
   gradient per backward send, as many as this rank's list of the schedule has (``theory.schedules``);
 - the data axis (``dp``, ``cp`` or ``dp×cp``, whichever holds replicated weights): one all-reduce of
   this rank's dense gradients (ring, 2S(n−1)/n), or ZeRO's reduce-scatters and all-gathers of its
-  padded flat units (Rajbhandari et al. 2019, §7), and expert parallelism's routing counts;
+  stage's flat units padded over dp×cp (Rajbhandari et al. 2019, §7), and expert parallelism's
+  routing counts;
 - ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
 - ``ep_replica``: the expert gradients over the ranks that hold the same experts.
 
@@ -111,9 +112,9 @@ def comm_per_axis(
     n = dims.dp * dims.cp
     units = local_units(cfg, dims, stage)
     if zero and n > 1:
-        total = sum(padded(split + rep, dims.dp) for _, split, rep in units)  # flat units, padded over dp
-        add("dp", sent_bytes("reduce_scatter", FP32 * total, dims.dp))
-        add("dp", (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, dims.dp))
+        total = sum(padded(split + rep, n) for _, split, rep in units)  # flat units, padded over dp×cp
+        add(data_axis(dims), sent_bytes("reduce_scatter", FP32 * total, n))
+        add(data_axis(dims), (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, n))
     elif n > 1:
         dense = sum(split + rep for _, split, rep in units)
         if cfg.is_moe:
@@ -211,7 +212,7 @@ def memory_per_rank(
     routing: list | None = None,
     zero: int = 0,
 ) -> dict[str, float | None]:
-    """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (``zero``: ZeRO over dp): its parameters
+    """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (``zero``: ZeRO over dp×cp): its parameters
     (1/tp of every split matrix of its stage, norms whole; MoE: E/ep experts), as many gradient bytes,
     AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
     step's peak (:func:`stage_activation_bytes`, any of dp, tp, cp, pp and SP together).
@@ -262,13 +263,14 @@ def memory_per_rank(
 
 
 def _zero_memory(dims: ParallelDims, units: list, zero: int) -> dict[str, float]:
-    """ZeRO stage ``zero`` over dp (Rajbhandari et al. 2019, §5) on this rank's TP slices, as
-    ``parallel.zero`` holds them: one flat unit per embedding, block and head, zero-padded to a
-    multiple of dp. Weights: the whole padded units (stages 0–2) or this rank's shard (3); gradients
+    """ZeRO stage ``zero`` over dp×cp (Rajbhandari et al. 2019, §5) on this rank's TP slices of its
+    stage, as ``parallel.zero`` holds them: one flat unit per embedding, block and head, zero-padded
+    to a multiple of dp·cp. Weights: the whole padded units (stages 0–2) or this rank's shard (3); gradients
     after the step's backward: whole (0–1) or shards (2–3); AdamW: two moments of what it updates
     (all, stage 0; the shard, 1–3) plus a 4-byte step per unit."""
-    sizes = [padded(split + rep, dims.dp) for _, split, rep in units]
-    whole, shard = sum(sizes), sum(sizes) // dims.dp
+    n = dims.dp * dims.cp
+    sizes = [padded(split + rep, n) for _, split, rep in units]
+    whole, shard = sum(sizes), sum(sizes) // n
     return {
         "params": FP32 * (whole if zero < 3 else shard),
         "grads": FP32 * (whole if zero <= 1 else shard),
