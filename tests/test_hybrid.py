@@ -76,6 +76,12 @@ EIGHT = [
         Plan(ParallelDims(dp=2, tp=2, pp=2), zero=1, sequence_parallel=True),
         {"dp", "tp", "pp"},
     ),
+    (
+        "ZeRO-1 over cp in tp2×cp2×pp2 with SP",
+        DENSE,
+        Plan(ParallelDims(tp=2, cp=2, pp=2), zero=1, sequence_parallel=True),
+        {"tp", "cp", "pp"},
+    ),
     ("tp2×cp2×pp2 with SP", DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2), sequence_parallel=True), {"tp", "cp", "pp"}),
 ]
 
