@@ -46,6 +46,43 @@ FOUR = [
     ("dp2×cp2 zig-zag", DENSE, Plan(ParallelDims(dp=2, cp=2), zigzag=True), {"cp", "dp×cp"}),
     ("tp2×cp2 all-gather", DENSE, Plan(ParallelDims(tp=2, cp=2), cp_variant="allgather"), {"tp", "cp"}),
     ("ep2 inside dp4 (replicas)", MOE, Plan(ParallelDims(dp=4, ep=2)), {"dp", "ep", "ep_replica"}),
+    ("ZeRO-1 in dp2×pp2", DENSE, Plan(ParallelDims(dp=2, pp=2), zero=1), {"dp", "pp"}),
+    (
+        "ZeRO-1 in dp2×pp2 zb-h1",
+        DENSE,
+        Plan(ParallelDims(dp=2, pp=2), zero=1, schedule="zb-h1", microbatches=4),
+        {"dp", "pp"},
+    ),
+    ("ZeRO-1 over dp×cp in dp2×cp2", DENSE, Plan(ParallelDims(dp=2, cp=2), zero=1), {"cp", "dp×cp"}),
+    ("ZeRO-3 over cp in cp2×tp2", DENSE, Plan(ParallelDims(tp=2, cp=2), zero=3), {"tp", "cp"}),
+    ("tp2×pp2 with sequence parallelism", DENSE, Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), {"tp", "pp"}),
+    ("tp2×cp2 with sequence parallelism", DENSE, Plan(ParallelDims(tp=2, cp=2), sequence_parallel=True), {"tp", "cp"}),
+    ("cp2×pp2", DENSE, Plan(ParallelDims(cp=2, pp=2)), {"cp", "pp"}),
+    (
+        "cp2×pp2 zig-zag, gpipe, m=4",
+        DENSE,
+        Plan(ParallelDims(cp=2, pp=2), zigzag=True, schedule="gpipe", microbatches=4),
+        {"cp", "pp"},
+    ),
+]
+EIGHT = [
+    ("dp2×tp2×pp2", DENSE, Plan(ParallelDims(dp=2, tp=2, pp=2)), {"dp", "tp", "pp"}),
+    ("dp2×cp2×pp2", DENSE, Plan(ParallelDims(dp=2, cp=2, pp=2)), {"cp", "dp×cp", "pp"}),
+    ("tp2×cp2×pp2", DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2)), {"tp", "cp", "pp"}),
+    ("ZeRO-1 over dp×cp in dp2×cp2×pp2", DENSE, Plan(ParallelDims(dp=2, cp=2, pp=2), zero=1), {"cp", "dp×cp", "pp"}),
+    (
+        "ZeRO-1 in dp2×tp2×pp2 with SP",
+        DENSE,
+        Plan(ParallelDims(dp=2, tp=2, pp=2), zero=1, sequence_parallel=True),
+        {"dp", "tp", "pp"},
+    ),
+    (
+        "ZeRO-1 over cp in tp2×cp2×pp2 with SP",
+        DENSE,
+        Plan(ParallelDims(tp=2, cp=2, pp=2), zero=1, sequence_parallel=True),
+        {"tp", "cp", "pp"},
+    ),
+    ("tp2×cp2×pp2 with SP", DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2), sequence_parallel=True), {"tp", "cp", "pp"}),
 ]
 
 
@@ -69,8 +106,10 @@ def test_moe_inside_dp_alone_routes_on_the_global_counts(ranks2):
     assert {s["name"] for a in answers for s in a["spans"] if s["axis"] == "dp"} >= {"all_gather_single"}
 
 
-def test_dp2_tp2_pp2_on_eight_ranks(ranks8):
-    answers, _ = check(ranks8, DENSE, Plan(ParallelDims(dp=2, tp=2, pp=2)))
+@pytest.mark.parametrize("name, setup, plan, axes", EIGHT, ids=[c[0] for c in EIGHT])
+def test_eight_rank_layouts_match_the_single_process_with_bytes_per_axis_as_predicted(ranks8, name, setup, plan, axes):
+    answers, _ = check(ranks8, setup, plan)
+    assert {s["axis"] for a in answers for s in a["spans"] if s["axis"] != "report"} == axes
     sends = [s for a in answers for s in a["spans"] if s["name"] == "isend"]
     assert sends and all(s["axis"] == "pp" for s in sends)
 
@@ -104,8 +143,8 @@ def test_a_collective_on_the_wrong_axis_ends_in_a_report_naming_rank_axis_and_co
 @pytest.mark.parametrize(
     "plan, words",
     [
-        (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO here shards over dp"),
-        (Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), "sequence parallelism inside a pipeline"),
+        (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO-2/3 reduce-scatter during backward"),
+        (Plan(ParallelDims(dp=2, pp=2), zero=2), "ZeRO-2/3 inside a pipeline"),
         (Plan(ParallelDims(dp=2), sequence_parallel=True), "needs tp > 1"),
         (Plan(ParallelDims(tp=4)), r"tp=4 must divide kv_heads=2"),
         (Plan(ParallelDims(dp=3)), "global_batch=8 does not split over dp=3"),
@@ -149,7 +188,7 @@ def test_playbook_run_hybrid_refuses_a_bad_layout_in_one_line(capsys):
     assert "--world-size 4 but the degrees dp2 need 2 ranks" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name, setup, plan, axes", FOUR, ids=[c[0] for c in FOUR])
+@pytest.mark.parametrize("name, setup, plan, axes", FOUR + EIGHT, ids=[c[0] for c in FOUR + EIGHT])
 def test_memory_is_predicted_for_every_layout(name, setup, plan, axes):
     from playbook.theory.hybrid import memory_per_rank
 

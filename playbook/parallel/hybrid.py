@@ -11,7 +11,7 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
     4. pipeline parallelism: this rank's chunk of the (already parallel) model, played by the
        schedule executor of ``parallel.pp`` over ``pp``;
     5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
-       replicas, or ZeRO's sharded optimizer over ``dp``.
+       replicas, or ZeRO's sharded optimizer over ``dp×cp`` (this stage's units, ``hybrid_zero``).
 
 Why this order: each step changes what the next one sees. TP changes the modules and their
 shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
@@ -75,9 +75,15 @@ class Plan:
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
+            (self.zero and d.ep > 1, "ZeRO with expert parallelism is not composed yet; use --zero 0 with ep"),
             (
-                self.zero and (d.pp > 1 or d.cp > 1 or d.ep > 1 or self.sequence_parallel),
-                "ZeRO here shards over dp with tp inside; combine it with pp, cp, ep or sequence parallelism later",
+                self.zero >= 2 and d.pp > 1,
+                "ZeRO-2/3 inside a pipeline (reduce on the last micro-batch) is not composed yet; use --zero 1 with pp",
+            ),
+            (
+                self.zero >= 2 and self.sequence_parallel,
+                "ZeRO-2/3 reduce-scatter during backward, before SP's norm gradients are summed over tp: "
+                "not composed yet; use --zero 1 with sequence parallelism",
             ),
             (
                 d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
@@ -87,9 +93,6 @@ class Plan:
                 cfg.is_moe and (d.tp > 1 or d.pp > 1 or d.cp > 1),
                 "a mixture-of-experts model runs here with dp and ep only (tp=pp=cp=1); use a dense preset such as gpt-tiny",
             ),
-            (d.cp > 1 and d.pp > 1, "context parallelism inside a pipeline is not composed yet; use pp=1 with cp"),
-            (d.cp > 1 and self.sequence_parallel, "sequence parallelism with context parallelism is not composed yet"),
-            (d.pp > 1 and self.sequence_parallel, "sequence parallelism inside a pipeline is not composed yet"),
         ]
         for refused, why in not_yet:
             if refused:
@@ -223,12 +226,13 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     if d.pp > 1:
         from playbook.parallel.hybrid_pp import pipeline_hooks
 
-        model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs)
-        hooks.update(more, sync_grads=lambda m: sync_gradients(m, mesh, False))
+        model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions)
+        hooks.update(sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
+        hooks.update(more)  # ZeRO's sync_grads, if any, replaces the all-reduce
     elif plan.zero:
         from playbook.parallel.hybrid_zero import zero_hooks
 
-        hooks.update(zero_hooks(model, mesh, plan, setup, ctx.tracer))
+        hooks.update(zero_hooks(model, mesh, plan, setup, ctx.tracer, positions))
     else:
         if positions is not None:  # RoPE at this rank's global positions
             forward = model.forward

@@ -5,7 +5,13 @@ The loop's ``forward_backward`` hook is replaced by the schedule executor of ``p
 and the ``pp`` process group; peers are group-local indices, translated to global ranks where the
 messages are sent. The stage (``pp_executor.Chunk``) holds the GPT's own modules under their own
 names, so parameters and gradients compare with the single process name for name, whatever tensor
-parallelism did to them.
+parallelism did to them; under context parallelism it gives its blocks this rank's RoPE positions,
+and a message holds this rank's tokens: [b/m, s/cp, h], [b/m, s/(cp·tp), h] under sequence
+parallelism (the residual stream is sharded over tp there, Korthikanti et al. 2022, §4.2.2).
+
+The loss: each micro-batch's mean over this rank's tokens, divided by m (``pp_executor``), so a
+step's m backward passes give the gradient of this rank's mean; every rank holds as many tokens,
+so averaging over dp×cp afterwards (``hybrid.sync_gradients``) gives the global batch's mean.
 """
 
 from __future__ import annotations
@@ -18,14 +24,22 @@ from playbook.parallel.pp import Chunk, HeldActivations, run_step, stage_ranges
 from playbook.theory.schedules import make_schedule
 
 
-def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list) -> tuple[nn.Module, dict]:
-    """(the stage module to train, the loop hooks that run one pipeline step on it)."""
+def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=None) -> tuple[nn.Module, dict]:
+    """(the stage module to train, the loop hooks that run one pipeline step on it). ``positions``:
+    this rank's RoPE positions under context parallelism ([s/cp] int64)."""
     p, stage, cfg = mesh.size("pp"), mesh.index("pp"), setup.config()
     schedule = make_schedule(plan.schedule, p, plan.m, 1)
     start, end = stage_ranges(cfg, p)[stage]
-    chunk = own = Chunk(model, start, end)  # the GPT's own modules under their names in it
+    chunk = own = Chunk(model, start, end, positions)  # the GPT's own modules under their names in it
+    zero = None
+    if plan.zero:  # before the activation hooks: the weights become views of ZeRO's flat buffers
+        from playbook.parallel.hybrid_zero import zero_optimizer
+
+        zero, zero_hooks = zero_optimizer(model, mesh, plan, setup, None, pieces=range(start, end))
+        zero_hooks.pop("memory")
     held = HeldActivations(model)
-    shape = (rows // plan.m, setup.seq_len, cfg.hidden)  # one message: [micro_batch, seq, hidden]
+    tokens = setup.seq_len // mesh.size("cp") // (mesh.size("tp") if plan.sequence_parallel else 1)
+    shape = (rows // plan.m, tokens, cfg.hidden)  # one message: [micro_batch, s/cp (/tp under SP), hidden]
 
     def forward_backward(_, tokens, targets):
         held.peak = held.now
@@ -34,6 +48,10 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list) -> tuple[nn.
         logs.append(log)
         return torch.tensor(log.loss, device=tokens.device)  # the last stage's loss; 0 elsewhere
 
+    hooks = {"model": own, "forward_backward": forward_backward}
+    if zero is not None:
+        finish = zero_hooks["finish"]
+        return own, hooks | zero_hooks | {"finish": lambda r: finish(_with(r, activations=logs[0].peak_bytes))}
     optimizer = torch.optim.AdamW(own.parameters(), lr=setup.lr)
 
     def finish(result):
@@ -45,4 +63,9 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list) -> tuple[nn.
         }
         return result
 
-    return own, {"model": own, "optimizer": optimizer, "forward_backward": forward_backward, "finish": finish}
+    return own, hooks | {"optimizer": optimizer, "finish": finish}
+
+
+def _with(result, **memory):
+    result.memory = {**(result.memory or {}), **memory}
+    return result

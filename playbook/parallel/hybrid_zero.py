@@ -1,6 +1,14 @@
-"""Step 5 of ``parallelize`` with ZeRO: the optimizer sharded over the mesh's ``dp`` axis, tensor
-parallelism inside (each tp rank shards its own slices). ``parallel.zero.Zero`` does the work; these
-are the one training loop's hooks for it."""
+"""Step 5 of ``parallelize`` with ZeRO: the optimizer sharded over the ranks that hold the same
+dense weights, ``dp×cp`` (CP is data parallelism over tokens for everything but attention, so its
+ranks hold replicas too; torchtitan shards FSDP over dp×cp alike), tensor parallelism inside (each tp
+rank shards its own slices), and inside a pipeline over this stage's units only.
+``parallel.zero.Zero`` does the work; these are the one training loop's hooks for it.
+
+Every rank's loss is the mean over its tokens, and every rank holds as many, so ``Zero`` dividing
+the reduce-scattered sum by dp·cp gives the global batch's mean gradient. Under sequence
+parallelism the norms saw s/tp tokens each: their gradients are first summed over tp
+(``parallel.tp.sync_replicated_grads``, in place in the flat buffer), then reduce-scattered.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +17,20 @@ from playbook.measure.sharding import SavedActivationsBesides
 from playbook.parallel.zero import Zero
 
 
-def zero_hooks(model, mesh, plan, setup, tracer) -> dict:
-    zero = Zero(model, stage=plan.zero, group=mesh.group("dp"), lr=setup.lr, prefetch=True, tracer=tracer)
+def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero, dict]:
+    """(ZeRO over dp×cp on ``pieces`` of ``model``, hooks: its ``sync_grads`` and a ``finish`` that
+    puts the first step's gradients and the last parameters back together for the parity check)."""
+    zero = Zero(
+        model, stage=plan.zero, group=mesh.group("dp_cp"), lr=setup.lr, prefetch=True, tracer=tracer, pieces=pieces
+    )
     first: list = []
     memory: dict = {}  # the first step's bytes by category, as chapter 2 measures them
 
-    def forward_backward(_, tokens, targets):
-        with SavedActivationsBesides(zero.unit_buffers) as saved:  # the weights' own buffers are not activations
-            loss = zero.loss(tokens, targets)
-        memory.setdefault("activations", saved.bytes)
-        loss.backward()
-        return loss
+    def sync(m):
+        if plan.sequence_parallel:
+            from playbook.parallel.tp import sync_replicated_grads
 
-    def sync(_):
+            sync_replicated_grads(m, mesh.group("tp"))
         zero.sync()
         if not first:  # the first step's gradient slices, after the reduce-scatter
             first.extend(u.opt_param.grad.clone() for u in zero.units)
@@ -33,17 +42,26 @@ def zero_hooks(model, mesh, plan, setup, tracer) -> dict:
             "params": held["params"],
             "grads": memory["grads"],
             "optimizer": held["optimizer"],
-            "activations": memory["activations"],
+            "activations": memory.get("activations", result.memory.get("activations")),
         }
         with trace.on_axis("report"):  # gathering whole tensors for the parity check is not the step's traffic
             result.grads = {k: v.cpu() for k, v in zero.gather(first).items()}
             result.params = {k: v.cpu() for k, v in zero.gather([u.opt_param for u in zero.units]).items()}
         return result
 
-    return {
-        "model": model,
-        "optimizer": zero,
-        "forward_backward": forward_backward,
-        "sync_grads": sync,
-        "finish": finish,
-    }
+    return zero, {"optimizer": zero, "sync_grads": sync, "finish": finish, "memory": memory}
+
+
+def zero_hooks(model, mesh, plan, setup, tracer, positions=None) -> dict:
+    """The loop's hooks for ZeRO without a pipeline: ``Zero``'s own forward, unit by unit."""
+    zero, hooks = zero_optimizer(model, mesh, plan, setup, tracer)
+    memory = hooks.pop("memory")
+
+    def forward_backward(_, tokens, targets):
+        with SavedActivationsBesides(zero.unit_buffers) as saved:  # the weights' own buffers are not activations
+            loss = zero.loss(tokens, targets, positions)
+        memory.setdefault("activations", saved.bytes)
+        loss.backward()
+        return loss
+
+    return {"model": model, "forward_backward": forward_backward, **hooks}

@@ -53,18 +53,20 @@ class Pieces(nn.Module):
 
 class Chunk(Pieces):
     """The contiguous pieces [start, end) as one stage: calls the model's own ``embed``, ``head``
-    and ``loss``, so a tensor-parallel GPT is chunked alike."""
+    and ``loss``, so a tensor-parallel GPT is chunked alike. ``positions`` ([s/cp] int64, None:
+    0..s-1): the RoPE positions of this rank's tokens under context parallelism, given to every block."""
 
-    def __init__(self, model: nn.Module, start: int, end: int):
+    def __init__(self, model: nn.Module, start: int, end: int, positions: torch.Tensor | None = None):
         super().__init__(model, range(start, end))
         self.start, self.end, self.first, self.last = start, end, start == 0, end == model.cfg.n_layers + 2
         self.embed, self.head, self.loss = model.embed, model.head, model.loss  # bound methods, not modules
+        self.positions = positions
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            x = self.embed(x)  # tokens [b, s] -> [b, s, hidden]
+            x = self.embed(x)  # tokens [b, s] -> [b, s, hidden] (SP: [b, s/tp, hidden])
         for block in self.blocks.values():
-            x = block(x)  # [b, s, hidden]
+            x = block(x, self.positions)  # [b, s, hidden] (s: this rank's tokens)
         if self.last:
             x = self.head(x)  # [b, s, vocab]
         return x
@@ -242,8 +244,17 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
     elif st["lean"]:  # W from each module's input and output gradient alone
         for (mod, own), x, g in zip(st["captured"], st.pop("inputs"), st["grad_ys"]):
             for p, gp in zip(own, _weight_grads(mod, own, held.unpack(x), held.unpack(g))):
-                p.grad = gp if p.grad is None else p.grad + gp
+                _accumulate(p, gp)
     else:  # W on the kept graph: one node deep per module, its weights only
         for (_, own, _, y), g in zip(st["captured"], st["grad_ys"]):
             for p, gp in zip(own, torch.autograd.grad(y, own, g, retain_graph=True)):
-                p.grad = gp if p.grad is None else p.grad + gp
+                _accumulate(p, gp)
+
+
+def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
+    """Add ``g`` to ``p.grad`` in place, as autograd does: a grad that is a view of a flat buffer
+    (ZeRO's, ``parallel.zero``) stays one."""
+    if p.grad is None:
+        p.grad = g
+    else:
+        p.grad.add_(g)

@@ -102,6 +102,17 @@ class FlatUnit:
         return {s[4]: v.view(s[2]).clone() for s, v in zip(self.specs, self.views(flat))}
 
 
+def units_of(model: nn.Module, pieces: range | None = None) -> list[tuple[str, list[nn.Module]]]:
+    """ZeRO's units among the model's pieces ``pieces`` (all by default; a pipeline stage's range
+    otherwise, ``parallel.pp_executor``): the embedding (piece 0), block i (piece i+1), the final norm
+    and head (piece L+1)."""
+    L = len(model.blocks)
+    pieces = range(L + 2) if pieces is None else pieces
+    out = [("embed", [model.tok_emb])] if 0 in pieces else []
+    out += [(f"block{i}", [model.blocks[i]]) for i in range(L) if i + 1 in pieces]
+    return out + ([("head", [model.norm, model.lm_head])] if L + 1 in pieces else [])
+
+
 class Zero:
     """Train ``model`` with ZeRO stage ``stage`` over ``group``: ``loss = zero.loss(tokens, targets)``,
     ``loss.backward()``, ``zero.sync()``, ``zero.step()``, ``zero.zero_grad()``: with ``zero_grad`` and
@@ -113,7 +124,16 @@ class Zero:
     of which the 12 are sharded from stage 1 on."""
 
     def __init__(
-        self, model: GPT, *, stage: int, group, lr: float, prefetch: bool = True, tracer=None, precision="fp32"
+        self,
+        model: GPT,
+        *,
+        stage: int,
+        group,
+        lr: float,
+        prefetch: bool = True,
+        tracer=None,
+        precision="fp32",
+        pieces: range | None = None,
     ):
         check_stage(stage)
         check_precision(precision)
@@ -121,9 +141,7 @@ class Zero:
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         names = {id(p): name for name, p in model.named_parameters()}
-        parts = [("embed", [model.tok_emb])] + [(f"block{i}", [b]) for i, b in enumerate(model.blocks)]
-        parts.append(("head", [model.norm, model.lm_head]))
-        self.units = [FlatUnit(name, mods, names, stage, self.rank, self.n) for name, mods in parts]
+        self.units = [FlatUnit(name, mods, names, stage, self.rank, self.n) for name, mods in units_of(model, pieces)]
         slices = [u.opt_param for u in self.units]
         self.optimizer = (
             MixedPrecisionAdamW(slices, lr=lr) if precision == "mixed" else torch.optim.AdamW(slices, lr=lr)
@@ -145,12 +163,13 @@ class Zero:
                 u.full.register_post_accumulate_grad_hook(lambda full, k=k: self._after_backward(k))
 
     # ---- forward: one unit at a time ----
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The model's forward, unit by unit (the same ops as ``GPT.forward``), and the mean loss."""
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, positions=None) -> torch.Tensor:
+        """The model's forward, unit by unit (the same ops as ``GPT.forward``), and the mean loss;
+        ``positions`` ([s/cp] int64): RoPE positions of this rank's tokens under context parallelism."""
         self.phase = "forward"
         x = self._run(0, self.model.embed, tokens)  # [batch, seq, hidden]
         for i, block in enumerate(self.model.blocks):
-            x = self._run(i + 1, block, x)  # [batch, seq, hidden]
+            x = self._run(i + 1, lambda x, block=block: block(x, positions), x)  # [batch, seq, hidden]
         logits = self._run(len(self.units) - 1, self.model.head, x)  # [batch, seq, vocab]
         self.phase = "backward"
         return self.model.loss(logits, targets)

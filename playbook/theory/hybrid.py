@@ -6,12 +6,13 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
   all-gather/reduce-scatter pairs, plus the vocab-parallel loss (``theory.tp.step_collectives``),
   for the layers of this rank's pipeline stage and this rank's rows;
 - ``cp``: ring attention's K/V blocks and their gradients (``theory.cp.comm_bytes_per_layer``), of
-  this rank's kv_heads/tp heads;
-- ``pp``: one activation [b/m, s, h] per forward send and one gradient per backward send, as many
-  as this rank's list of the schedule has (``theory.schedules``);
+  this rank's kv_heads/tp heads, for the layers of its stage;
+- ``pp``: one activation [b/m, s/cp, h] ([b/m, s/(cp·tp), h] under SP) per forward send and one
+  gradient per backward send, as many as this rank's list of the schedule has (``theory.schedules``);
 - the data axis (``dp``, ``cp`` or ``dp×cp``, whichever holds replicated weights): one all-reduce of
   this rank's dense gradients (ring, 2S(n−1)/n), or ZeRO's reduce-scatters and all-gathers of its
-  padded flat units (Rajbhandari et al. 2019, §7), and expert parallelism's routing counts;
+  stage's flat units padded over dp×cp (Rajbhandari et al. 2019, §7), and expert parallelism's
+  routing counts;
 - ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
 - ``ep_replica``: the expert gradients over the ranks that hold the same experts.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.moe import params_per_rank as moe_params
 from playbook.theory.schedules import make_schedule
 from playbook.theory.tp import step_collectives
@@ -91,25 +93,29 @@ def comm_per_axis(
         for col in step_collectives(
             cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel
         ):
-            if col.region.split(".")[0] in keep or col.region == "grad sync":
+            if col.region.split(".")[0] in keep:
                 add("tp", col.sent_bytes)
+        if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
+            replicated = sum(rep for _, _, rep in local_units(cfg, dims, stage))
+            add("tp", sent_bytes("all_reduce", FP32 * replicated, dims.tp))
     if dims.cp > 1:
         from playbook.theory.cp import comm_bytes_per_layer
 
         local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
         per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
-        add("cp", cfg.n_layers * sum(per_layer.values()))
+        add("cp", len(stage_layers(cfg, dims.pp, stage)) * sum(per_layer.values()))  # linear in rows: any m
     if dims.pp > 1:
         plan = make_schedule(schedule, dims.pp, microbatches)
-        message = FP32 * (rows // microbatches) * (seq_len // (dims.tp if sequence_parallel else 1)) * cfg.hidden
+        tokens = seq_len // dims.cp // (dims.tp if sequence_parallel else 1)  # this rank's share of a sequence
+        message = FP32 * (rows // microbatches) * tokens * cfg.hidden  # [b/m, s/cp (/tp under SP), h]
         sends = [a for a in plan.actions[stage] if a.kind.startswith("send") and a.peer != stage]
         add("pp", len(sends) * message)
     n = dims.dp * dims.cp
     units = local_units(cfg, dims, stage)
     if zero and n > 1:
-        total = sum(padded(split + rep, dims.dp) for _, split, rep in units)  # flat units, padded over dp
-        add("dp", sent_bytes("reduce_scatter", FP32 * total, dims.dp))
-        add("dp", (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, dims.dp))
+        total = sum(padded(split + rep, n) for _, split, rep in units)  # flat units, padded over dp×cp
+        add(data_axis(dims), sent_bytes("reduce_scatter", FP32 * total, n))
+        add(data_axis(dims), (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, n))
     elif n > 1:
         dense = sum(split + rep for _, split, rep in units)
         if cfg.is_moe:
@@ -130,17 +136,6 @@ def comm_per_axis(
 
 
 # ---- memory per rank ---------------------------------------------------------------------------
-def _tp_pieces(cfg: ModelConfig, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool) -> dict:
-    """Saved bytes of one micro-batch of a dense model on one rank, by piece: "first" (embedding),
-    "block", "last" (norm, head, loss), from ``theory.stages`` (TP's exact count when tp > 1)."""
-    from playbook.theory.stages import _block_activations, end_activations
-
-    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel)
-    first, last = end_activations(cfg, **sizes)
-    block = _block_activations(cfg, 0, cp=1, dtype_bytes=4, recompute="none", **sizes)
-    return {"first": first, "block": block, "last": last}
-
-
 def memory_per_rank(
     cfg: ModelConfig,
     dims: ParallelDims,
@@ -155,32 +150,25 @@ def memory_per_rank(
     routing: list | None = None,
     zero: int = 0,
 ) -> dict[str, float | None]:
-    """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (``zero``: ZeRO over dp): its parameters
+    """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (``zero``: ZeRO over dp×cp): its parameters
     (1/tp of every split matrix of its stage, norms whole; MoE: E/ep experts), as many gradient bytes,
     AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
-    step's peak (a pipeline stage: the schedule's peak of micro-batches in flight, ``held_bytes``).
+    step's peak (:func:`stage_activation_bytes`, any of dp, tp, cp, pp and SP together).
     A mixture of experts saves bytes that depend on the routing: give ``routing`` (the first step's
     ``[layer]`` stats) and ``theory.moe.model_activation_bytes_moe`` counts them; without it its
-    activations are None. TP with CP: ``tp_cp_block_bytes``."""
+    activations are None."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
     if cfg.is_moe:
         from playbook.theory.moe import param_tensors_per_rank
 
         numel, tensors = moe_params(cfg, dims.ep)["total"], param_tensors_per_rank(cfg, dims.ep)
-    else:
-        units = local_units(cfg, dims, stage)
-        numel = sum(split + rep for _, split, rep in units)
-        tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
-    if zero:
-        return _zero_memory(cfg, dims, stage, zero, rows, seq_len, sequence_parallel)
-    out: dict[str, float | None] = {
-        "params": FP32 * numel,
-        "grads": FP32 * numel,
-        "optimizer": 2 * FP32 * numel + 4 * tensors,
-        "activations": None,
-    }
-    if cfg.is_moe:
+        out: dict[str, float | None] = {
+            "params": FP32 * numel,
+            "grads": FP32 * numel,
+            "optimizer": 2 * FP32 * numel + 4 * tensors,
+            "activations": None,
+        }
         if routing is not None and dims.tp == dims.cp == dims.pp == 1:
             from playbook.theory.moe import model_activation_bytes_moe
 
@@ -188,99 +176,41 @@ def memory_per_rank(
                 cfg, seq_len=seq_len, micro_batch=rows, layers=routing, rank=dims.data_index(rank), ep=dims.ep
             )
         return out
-    if dims.tp > 1 and dims.cp > 1:
-        piece = _tp_pieces(cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=False)
-        block = tp_cp_block_bytes(cfg, seq_len=seq_len, micro_batch=rows, tp=dims.tp, cp=dims.cp, variant=cp_variant)
-        out["activations"] = piece["first"] + cfg.n_layers * block + piece["last"]
-        return out
-    if dims.cp > 1:
-        from playbook.theory.cp import cp_activation_bytes
-
-        out["activations"] = cp_activation_bytes(cfg, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
-        return out
-    b = rows // (microbatches if dims.pp > 1 else 1)
-    piece = _tp_pieces(cfg, seq_len=seq_len, micro_batch=b, tp=dims.tp, sequence_parallel=sequence_parallel)
-    if dims.pp == 1:
-        out["activations"] = piece["first"] + cfg.n_layers * piece["block"] + piece["last"]
-        return out
-    from playbook.theory.schedules import held_bytes
-
-    per_stage = [
-        (s == 0) * piece["first"]
-        + len(stage_layers(cfg, dims.pp, s)) * piece["block"]
-        + (s == dims.pp - 1) * piece["last"]
-        for s in range(dims.pp)
-    ]
-    plan = make_schedule(schedule, dims.pp, microbatches)
-    w = None  # a split backward without TP keeps only W's part from B to W; with TP layers, the graph
-    if plan.split_backward and dims.tp == 1:
-        from playbook.theory.pipeline import chunk_w_bytes, stage_ranges
-
-        w = [[chunk_w_bytes(cfg, *rg, b, seq_len)] for rg in stage_ranges(cfg, dims.pp)]
-    out["activations"] = held_bytes(plan, [[x] for x in per_stage], w)[stage]
-    return out
-
-
-def _zero_memory(cfg, dims, stage, zero, rows, seq_len, sequence_parallel) -> dict[str, float]:
-    """ZeRO stage ``zero`` over dp (Rajbhandari et al. 2019, §5) on this rank's TP slices, as
-    ``parallel.zero`` holds them: one flat unit per embedding, block and head, zero-padded to a
-    multiple of dp. Weights: the whole padded units (stages 0–2) or this rank's shard (3); gradients
-    after the step's backward: whole (0–1) or shards (2–3); AdamW: two moments of what it updates
-    (all, stage 0; the shard, 1–3) plus a 4-byte step per unit. Activations as without ZeRO."""
-    units = [padded(split + rep, dims.dp) for _, split, rep in local_units(cfg, dims, stage)]
-    whole, shard = sum(units), sum(units) // dims.dp
-    piece = _tp_pieces(cfg, seq_len=seq_len, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel)
+    acts = stage_activation_bytes(
+        cfg,
+        dims,
+        stage,
+        rows=rows,
+        seq_len=seq_len,
+        schedule=schedule,
+        microbatches=microbatches,
+        sequence_parallel=sequence_parallel,
+        cp_variant=cp_variant,
+    )
+    units = local_units(cfg, dims, stage)
+    if zero:
+        return _zero_memory(dims, units, zero) | {"activations": acts}
+    numel = sum(split + rep for _, split, rep in units)
+    tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
     return {
-        "params": FP32 * (whole if zero < 3 else shard),
-        "grads": FP32 * (whole if zero <= 1 else shard),
-        "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(units),
-        "activations": piece["first"] + cfg.n_layers * piece["block"] + piece["last"],
+        "params": FP32 * numel,
+        "grads": FP32 * numel,
+        "optimizer": 2 * FP32 * numel + 4 * tensors,
+        "activations": acts,
     }
 
 
-_OUTSIDE_CORE = (
-    "attn norm",
-    "attn region",
-    "attention output",
-    "mlp norm",
-    "mlp region",
-    "gate_proj",
-    "silu",
-    "up_proj",
-)
-
-
-def tp_cp_block_bytes(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    cp: int,
-    variant: str = "ring",
-    sequence_parallel: bool = False,
-    dtype_bytes: int = 4,
-) -> int:
-    """Bytes one block saves on a rank of a tp × cp layout: tensor parallelism's block at s/cp tokens
-    (``theory.tp``: norms, region inputs, the MLP's f/t channels, the o_proj input of a/t heads) with
-    its attention core (q, repeated k and v, mask, probabilities) replaced by context parallelism's
-    core (``theory.cp``: RoPE at this shard's positions, q, the own K/V shard, the ring output and
-    its fp32 log-sum-exp) for this rank's a/t query and g/t key/value heads."""
-    from playbook.theory.cp import cp_block_activation_breakdown
-    from playbook.theory.tp import tp_block_activation_breakdown
-
-    tp_parts = tp_block_activation_breakdown(
-        cfg,
-        seq_len=seq_len // cp,
-        micro_batch=micro_batch,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        dtype_bytes=dtype_bytes,
-    )
-    local = cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head)
-    cp_parts = cp_block_activation_breakdown(
-        local, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant, dtype_bytes=dtype_bytes
-    )
-    outside = sum(v for k, v in tp_parts.items() if k.startswith(_OUTSIDE_CORE))
-    core = sum(v for k, v in cp_parts.items() if not k.startswith(_OUTSIDE_CORE))
-    return outside + core
+def _zero_memory(dims: ParallelDims, units: list, zero: int) -> dict[str, float]:
+    """ZeRO stage ``zero`` over dp×cp (Rajbhandari et al. 2019, §5) on this rank's TP slices of its
+    stage, as ``parallel.zero`` holds them: one flat unit per embedding, block and head, zero-padded
+    to a multiple of dp·cp. Weights: the whole padded units (stages 0–2) or this rank's shard (3); gradients
+    after the step's backward: whole (0–1) or shards (2–3); AdamW: two moments of what it updates
+    (all, stage 0; the shard, 1–3) plus a 4-byte step per unit."""
+    n = dims.dp * dims.cp
+    sizes = [padded(split + rep, n) for _, split, rep in units]
+    whole, shard = sum(sizes), sum(sizes) // n
+    return {
+        "params": FP32 * (whole if zero < 3 else shard),
+        "grads": FP32 * (whole if zero <= 1 else shard),
+        "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(sizes),
+    }

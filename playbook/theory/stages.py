@@ -205,15 +205,16 @@ def _block_activations(
     dtype_bytes: int,
     recompute: str,
     attention: str = "eager",
+    variant: str = "ring",
 ) -> int:
     """Bytes one block saves for one micro-batch on one rank, at s/cp tokens: our TP model's exact
     count (``theory.tp``), ring CP's (``theory.cp``), or the plain block's; an MoE block at even
     routing (``theory.moe``). TP with CP: TP's block with CP's attention core
-    (``theory.hybrid.tp_cp_block_bytes``; with recomputation, TP's block at s/cp tokens, an
+    (``theory.local_activations.tp_cp_block_bytes``; with recomputation, TP's block at s/cp tokens, an
     estimate); TP with MoE is not modelled. ``attention="flash"``: the block (TP's or the plain
     one) at s/cp tokens with a fused kernel's core, whose log-sum-exp is [b, a/t, s/cp] fp32; our
     ring kernel's own count (``theory.cp``, a second copy of its output and RoPE tables at explicit
-    positions) is eager's."""
+    positions) is eager's. ``variant``: the CP attention core (ring, all-gather, Ulysses; ``theory.cp``)."""
     sizes = dict(micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention)
     ours = attention == "eager" and recompute == "none"  # our ring kernel's exact count applies
     if is_moe_layer(cfg, layer):
@@ -223,7 +224,7 @@ def _block_activations(
 
         return moe_block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
     if tp > 1 and cp > 1 and ours:
-        from playbook.theory.hybrid import tp_cp_block_bytes
+        from playbook.theory.local_activations import tp_cp_block_bytes
 
         return tp_cp_block_bytes(
             cfg,
@@ -231,6 +232,7 @@ def _block_activations(
             micro_batch=micro_batch,
             tp=tp,
             cp=cp,
+            variant=variant,
             sequence_parallel=sequence_parallel,
             dtype_bytes=dtype_bytes,
         )
@@ -245,7 +247,7 @@ def _block_activations(
         from playbook.theory.cp import cp_block_activation_breakdown
 
         parts = cp_block_activation_breakdown(
-            cfg, seq_len=seq_len, micro_batch=micro_batch, cp=cp, dtype_bytes=dtype_bytes
+            cfg, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant, dtype_bytes=dtype_bytes
         )
         return sum(parts.values())
     from playbook.theory.activations import block_activation_bytes

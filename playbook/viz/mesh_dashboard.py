@@ -87,8 +87,8 @@ def notes(setup: TrainSetup, plan: Plan, measured: bool) -> list[str]:
     cfg, out = setup.config(), []
     if plan.zero:
         out.append(
-            f"ZeRO-{plan.zero}: weights, gradients and Adam's state sharded over dp as chapter 2 shards them; "
-            "its dp bytes are one reduce-scatter and "
+            f"ZeRO-{plan.zero}: weights, gradients and Adam's state sharded over dp×cp as chapter 2 shards them; "
+            "its data-axis bytes are one reduce-scatter and "
             + ("two all-gathers (parameters forward and backward)" if plan.zero == 3 else "one all-gather per step")
             + (", the same for stages 1 and 2" if plan.zero < 3 else "")
         )
