@@ -12,3 +12,4 @@ def test_figures_carry_the_numbers_they_are_given():
     rep = {"measured": {m: {"p50": 0.001, "p90": 0.002, "p99": 0.003} for m in ("ttft", "tpot", "itl", "e2e")}}
     fig = latency_percentiles(rep)
     assert [b.name for b in fig.data] == ["p50", "p90", "p99"] and list(fig.data[2].y) == [3.0] * 4
+    assert list(fig.data[2].text) == ["3"] * 4 and fig.layout.yaxis.type != "log"  # labelled bars, readable ticks
