@@ -43,7 +43,7 @@ from playbook.theory.tp import (
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """The single-process references run here: one thread, like each rank (FEASIBILITY.md: several
+    """The single-process references run here: one thread, like each rank (measured: several
     threads on a shared 2-core machine ran 10-30x slower)."""
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -68,7 +68,7 @@ OURS = [(t, sp, False, "none") for t, sp in CASES] + [
 # ---- the conjugate operators against one process ------------------------------------------------
 def _collective_grads(ctx):
     """Each operator on this rank's piece of a tensor every rank can build, with an upstream gradient
-    that is rank-dependent and non-contiguous (through a transpose): FEASIBILITY.md's trap."""
+    that is rank-dependent and non-contiguous (through a transpose): the trap of torch's autograd all-gather on gloo (chapter 9)."""
     t, r, group = ctx.world_size, ctx.rank, ctx.group
     gen = torch.Generator().manual_seed(0)
     full = torch.randn(2, 4 * t, 3, generator=gen)  # [b, s, h], the same on every rank
