@@ -8,6 +8,14 @@ from playbook.serve.batching import make_requests
 KV_TOKENS_PER_RANK = 1 << 20  # the most tokens a rank's paged pool may hold here (a CPU process)
 
 
+def check_counts(**counts: int) -> None:
+    """``--requests``, ``--blocks``, ``--block-size``, ``--max-batch``: each a positive integer."""
+    for name, value in counts.items():
+        if value < 1:
+            flag = name.replace("_", "-")
+            raise ValueError(f"--{flag} must be a positive integer, got {value}; try --{flag} 4")
+
+
 def check_serve(setup, world_size, tp: int, dp: int, requests: int, blocks: int, block_size: int, max_batch: int):
     """(dims, cfg, requests) of a dp × tp serving run, or one ``ValueError`` before any rank starts."""
     dims = ParallelDims(dp=dp, tp=tp)
@@ -15,14 +23,7 @@ def check_serve(setup, world_size, tp: int, dp: int, requests: int, blocks: int,
         raise ValueError(
             f"--world-size {world_size} but --tp {tp} --dp {dp} need {dims.world} ranks; omit --world-size"
         )
-    for name, value in (
-        ("requests", requests),
-        ("blocks", blocks),
-        ("block-size", block_size),
-        ("max-batch", max_batch),
-    ):
-        if value < 1:
-            raise ValueError(f"--{name} must be a positive integer, got {value}; try --{name} 4")
+    check_counts(requests=requests, blocks=blocks, block_size=block_size, max_batch=max_batch)
     cfg = setup.config()
     dims.check(cfg)
     new = (2, min(10, cfg.max_seq_len // 4))

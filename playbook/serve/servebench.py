@@ -34,14 +34,9 @@ BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "lo
 
 def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, token_budget, slo_ttft_ms, slo_tpot_ms):
     """Every option, before a rank starts: one ValueError naming the constraint and a value that works."""
-    for name, value in (
-        ("requests", requests),
-        ("blocks", blocks),
-        ("block-size", block_size),
-        ("max-batch", max_batch),
-    ):
-        if value < 1:
-            raise ValueError(f"--{name} must be a positive integer, got {value}; try --{name} 4")
+    from playbook.parallel.serve_checks import check_counts
+
+    check_counts(requests=requests, blocks=blocks, block_size=block_size, max_batch=max_batch)
     if token_budget is not None and token_budget <= max_batch:
         raise ValueError(f"--token-budget {token_budget} must exceed --max-batch {max_batch}; try {max_batch + 8}")
     for name, value in (("slo-ttft-ms", slo_ttft_ms), ("slo-tpot-ms", slo_tpot_ms)):
