@@ -43,6 +43,7 @@ from playbook.parallel.report import RunReport, compare
 from playbook.parallel.ring_attention import VARIANTS, attention
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.parallel.parity import gated
+from playbook.parallel.parity import reference as single_process
 from playbook.theory import cp as theory
 from playbook.theory.memory import model_state_bytes
 
@@ -181,7 +182,7 @@ def check(setup: TrainSetup, n: int, variant: str, zigzag: bool) -> None:
 def reference(setup: TrainSetup, causal: bool = True) -> TrainResult:
     """The single-process run to compare with: the model's own forward when causal, else the
     same pieces with unmasked attention on the whole sequence."""
-    return train(setup) if causal else train_cp(setup, causal=False)
+    return single_process(setup) if causal else train_cp(setup, causal=False)
 
 
 def predicted_memory(setup: TrainSetup, n: int, variant: str, causal: bool = True) -> dict[str, float]:

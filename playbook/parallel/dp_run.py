@@ -31,6 +31,7 @@ from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.parallel.parity import gated
+from playbook.parallel.parity import reference as single_process
 from playbook.theory.buckets import bucket_cap_bytes
 from playbook.theory.dp import predicted_comm
 from playbook.theory.memory import training_memory
@@ -323,7 +324,7 @@ def run_dp(
     grad_bytes = 2 if precision == "mixed" else 4
     predicted["comm_buffers"] = grad_bytes * cfg.num_params() if variant == "bucketed" else None
     comm = functools.partial(predicted_comm, element_bytes=grad_bytes)
-    reference = train_mixed(setup) if precision == "mixed" else train(setup)
+    reference = train_mixed(setup) if precision == "mixed" else single_process(setup)
     step = lambda r: _median_after_first(r.step_seconds)  # noqa: E731
     native = None
     if variant != "ddp":

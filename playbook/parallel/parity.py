@@ -32,9 +32,12 @@ RELATIVE = 1e-5  # the tolerance where float32 is closer than this to exact
 MARGIN = 3  # two float32 runs, each about one floor from exact, with room to spare
 
 
+@functools.lru_cache(maxsize=32)
 def reference(setup: TrainSetup, dtype: torch.dtype = torch.float32) -> TrainResult:
     """The single process on the whole global batch, in ``dtype`` (the MoE model built as its chapter
-    builds it), on one thread like one rank (several threads on a busy 2-core machine run 10-30x slower)."""
+    builds it), on one thread like one rank (several threads on a busy 2-core machine run 10-30x slower).
+    Computed once per setup and process: the run it is compared with and its float floor share it
+    (callers read it, never change it)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -54,7 +57,7 @@ def floor_of(single: TrainResult, exact: TrainResult) -> dict:
 
 
 @functools.lru_cache(maxsize=64)
-def _floor(setup: TrainSetup) -> dict:
+def _floor(setup: TrainSetup) -> dict:  # the references are cached, the comparison too
     return floor_of(reference(setup), reference(setup, torch.float64))
 
 

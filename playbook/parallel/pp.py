@@ -40,6 +40,7 @@ from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.parallel.parity import gated
+from playbook.parallel.parity import reference as single_process
 from playbook.theory.pipeline import predicted_memory, stage_ranges
 from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, DEFINITIONS, Schedule, check_pipeline, make_schedule
 
@@ -225,7 +226,7 @@ def run_pp(
     backend = default_backend(world_size) if backend == "auto" else backend
     plan = make_schedule(schedule, world_size, microbatches, chunks)
     results = launch(_on_rank_counting, world_size, setup, schedule=schedule, m=microbatches, v=chunks, backend=backend)
-    reference = train(setup)
+    reference = single_process(setup)
     native = None
     if native_limits(schedule, world_size, microbatches):
         native = {"skipped": native_limits(schedule, world_size, microbatches)}

@@ -13,6 +13,7 @@ from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainSetup, train
 from playbook.parallel.parity import gated
+from playbook.parallel.parity import reference as single_process
 from playbook.theory.memory import training_memory
 
 
@@ -31,7 +32,7 @@ def run_single(setup: TrainSetup, *, world_size: int = 1, backend: str = "auto")
         raise ValueError(f"the single strategy runs on one rank; got --world-size {world_size}, use --world-size 1")
     backend = default_backend(1) if backend == "auto" else backend
     result = launch(on_rank, 1, setup, backend=backend)[0]
-    reference = train(setup)
+    reference = single_process(setup)
     measured = {k: result.memory[k] for k in ("params", "grads", "optimizer", "activations")}
     return RunReport(
         strategy="single",

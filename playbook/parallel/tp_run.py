@@ -17,6 +17,7 @@ from playbook.theory.tp import check_tp, step_collectives, summarize, tp_trainin
 from playbook.parallel.tp import TPGPT, shard_dims, sync_replicated_grads, unshard
 from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, to_mixed, train_mixed
 from playbook.parallel.parity import gated
+from playbook.parallel.parity import reference as single_process
 
 
 # ---- training on real ranks ---------------------------------------------------------------------
@@ -189,7 +190,7 @@ def run_tp(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like one rank: several threads on a busy 2-core machine run 10-30x slower
     try:
-        reference = train_mixed(setup) if precision == "mixed" else train(setup)
+        reference = train_mixed(setup) if precision == "mixed" else single_process(setup)
     finally:
         torch.set_num_threads(threads)
     ours = gather_result([a[0] for a in answers])

@@ -16,9 +16,10 @@ from playbook.parallel.mixed import PRECISIONS, check_precision, to_mixed, train
 from playbook.parallel.registry import register
 from playbook.parallel.report import compare
 from playbook.parallel.sharded import MOMENTS, ShardedReport, ShardedResult, train_sharded
-from playbook.parallel.training import TrainSetup, train
+from playbook.parallel.training import TrainSetup
 from playbook.parallel.zero import Zero
 from playbook.parallel.parity import gated
+from playbook.parallel.parity import reference as single_process
 from playbook.theory.sharded import padding_note, predicted_memory
 from playbook.theory.zero import check_stage, zero_comm_per_step, zero_memory_by_moment
 
@@ -114,7 +115,7 @@ def run_zero(
         backend=backend,
         parity=compare(r0, train_mixed(setup), MIXED_REFERENCE)
         if precision == "mixed"
-        else gated(compare(r0, train(setup)), setup),
+        else gated(compare(r0, single_process(setup)), setup),
         memory={
             "predicted": predicted,
             "measured": r0.memory,
