@@ -29,6 +29,19 @@ def pid_alive(pid: int) -> bool:
             return False
 
 
+def pids_marked(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker`` (a test's own CLI, forkserver and ranks)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read() and pid_alive(int(pid)):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 @pytest.fixture(scope="session")
 def rank_sets():
     started: dict[int, Ranks] = {}

@@ -17,21 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pid_alive
+from tests.conftest import pids_marked
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _marked(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read() and pid_alive(int(pid)):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def _wait(predicate, seconds: float) -> bool:
@@ -48,7 +36,7 @@ def _start_run(tmp_path, marker, *extra):
     env["PYTHONPATH"] = str(ROOT)
     cmd = [sys.executable, "-m", "playbook.cli", "run", "dp", "--world-size", "2", "--steps", "10000", *extra]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    started = _wait(lambda: len(_marked(marker)) >= 4, 90)  # the CLI, the forkserver, two ranks
+    started = _wait(lambda: len(pids_marked(marker)) >= 4, 90)  # the CLI, the forkserver, two ranks
     assert started, (
         f"the ranks never started: {proc.poll()} {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
     )
@@ -64,7 +52,7 @@ def tmp_path():  # a short folder: the forkserver's socket path must fit AF_UNIX
 
 
 def _cleanup(marker, proc):
-    for pid in _marked(marker):
+    for pid in pids_marked(marker):
         os.kill(pid, signal.SIGKILL)
     if proc.poll() is None:
         proc.kill()
@@ -81,7 +69,7 @@ def test_sigterm_stops_the_ranks_with_one_line_and_exit_143(tmp_path):
         assert proc.returncode == 143, err[-2000:]
         assert err.strip().splitlines()[-1] == "playbook: terminated (SIGTERM); every rank was stopped", err[-2000:]
         assert "Traceback" not in err
-        assert _wait(lambda: not _marked(marker), 10), _marked(marker)
+        assert _wait(lambda: not pids_marked(marker), 10), pids_marked(marker)
         assert not glob.glob(str(tmp_path / "pymp-*")), os.listdir(tmp_path)
     finally:
         _cleanup(marker, proc)
@@ -93,7 +81,7 @@ def test_the_folder_a_sigkilled_parent_left_is_swept_by_the_next_start(tmp_path)
     try:
         proc.kill()
         proc.wait()
-        assert _wait(lambda: not _marked(marker), 15), "ranks outlived their parent"
+        assert _wait(lambda: not pids_marked(marker), 15), "ranks outlived their parent"
         assert glob.glob(str(tmp_path / "pymp-playbook-*")), "a SIGKILL leaves the folder (nothing can run)"
         code = "from playbook.cluster import launch; print(launch(lambda ctx: ctx.rank, 1, backend='gloo'))"
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -20,7 +20,7 @@ import torch
 
 from playbook import cluster
 from playbook.cluster import RankError, Ranks, RankTimeout
-from tests.conftest import pid_alive
+from tests.conftest import pid_alive, pids_marked
 
 LOOSE = 15.0  # seconds of slack on a shared 2-core machine; the process group's own timeout is 30 minutes
 
@@ -397,15 +397,7 @@ def test_ctrl_c_during_run_exits_with_one_line_and_leaves_nothing(tmp_path):
     )
 
     def marked() -> list[int]:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if marker.encode() in f.read() and pid_alive(int(pid)):
-                        found.append(int(pid))
-            except OSError:
-                pass
-        return found
+        return pids_marked(marker)
 
     try:
         deadline = time.monotonic() + 60
