@@ -46,3 +46,12 @@ def test_dualpipe_memory_matches_the_readme_table_at_p4():
 def test_impossible_dualpipe_is_one_line(p, m, words):
     with pytest.raises(ValueError, match=words):
         make_dualpipe(p, m)
+
+
+def test_chapter4s_dualpipe_sentence_idle_per_rank_at_p4():
+    """Chapter 4 says: F = B = W = 1, the README's (PP/2 − 1)(F&B + B − 3W) with F&B = F + B gives
+    2 idle stage-forwards per rank at p = 4; the simulation finds 1."""
+    f, b_full, w, pp = 1, 2, 1, 4
+    assert (pp // 2 - 1) * ((f + b_full) + b_full - 3 * w) == 2
+    tl = simulate(make_dualpipe(4, 8))
+    assert sum(tl.idle()) / 4 == 1.0
