@@ -30,6 +30,8 @@ Closed forms, for uniform costs T_F, T_B, T_W per stage (the tests check the sim
 
 - ZB-V and DualPipe-V (two chunks per rank in a V): ``playbook.theory.schedules_v``; no closed
   form here, the simulator is their prediction.
+- DualPipe (two directions, two copies of the parameters): ``playbook.theory.schedules_dual``;
+  simulated only (our executor holds one copy).
 
 Two definitions of "bubble fraction" are in use; we always say which:
 ``idle_over_total`` = Σ_r idle_r / (p · makespan) (GPipe paper) and
