@@ -55,3 +55,13 @@ def test_chapter4s_dualpipe_sentence_idle_per_rank_at_p4():
     assert (pp // 2 - 1) * ((f + b_full) + b_full - 3 * w) == 2
     tl = simulate(make_dualpipe(4, 8))
     assert sum(tl.idle()) / 4 == 1.0
+
+
+def test_dualpipe_v_memory_matches_the_readme_row_for_the_same_stages():
+    """README: DualPipe-V puts the same PP stages on PP/2 devices, 2 stages' parameters and PP + 1
+    stages' activations per device; our DualPipe-V on 4 ranks has PP = 8 stages."""
+    want = readme_rows(8)["dualpipe-v"]
+    for m in (8, 16):
+        s = make_schedule("dualpipe-v", 4, m, 2)
+        assert max(held_bytes(s, [[1, 1]] * 4)) == want["activations"]
+        assert all(len({s.stage(r, a.chunk) for a in s.compute(r)}) == want["parameters"] for r in range(4))

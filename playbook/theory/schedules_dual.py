@@ -35,6 +35,7 @@ README_TABLE = {
     "1f1b": {"parameters": lambda pp: 1, "activations": lambda pp: pp},
     "zb-h1": {"parameters": lambda pp: 1, "activations": lambda pp: pp},  # the README's ZB1P
     "dualpipe": {"parameters": lambda pp: 2, "activations": lambda pp: pp + 1},
+    "dualpipe-v": {"parameters": lambda pp: 2, "activations": lambda pp: pp + 1},  # on pp/2 devices
 }
 
 
