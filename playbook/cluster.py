@@ -276,7 +276,7 @@ def _init_rank(rank: int, world_size: int, backend: str, store_port: int, thread
 
     # Local ranks talk over loopback only. Left alone, gloo binds each rank's device to whatever the
     # hostname resolves to: on a host whose name maps to a routable address, every rank (and the
-    # pipeline's pickled send_object_list) would listen there. torchrun ranks keep GLOO_SOCKET_IFNAME
+    # pickled rank results of all_gather_object) would listen there. torchrun ranks keep GLOO_SOCKET_IFNAME
     # as the user sets it (_run_as_torchrun_rank does not come here).
     if backend == "gloo":
         os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()

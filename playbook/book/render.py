@@ -6,6 +6,10 @@ book's single copy of plotly.js, instead of the copy of plotly.js the notebook r
 cell that shows a live dashboard gets that dashboard's static form (:mod:`playbook.book.static`),
 other widget outputs (progress bars, whose final state lives only in a kernel) are dropped, and
 prose that says a control "needs a live kernel" goes, since on this page it does not.
+
+Everything else the notebook brings (Markdown, raw cells, ``text/html`` and ``text/markdown``
+outputs) is sanitized on the page (:mod:`playbook.book.sanitize`); only the HTML made here passes
+as written.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import nbformat
 import plotly.io as pio
 from nbconvert import HTMLExporter
 
+from playbook.book.sanitize import clean
 from playbook.book.static import STATIC
 
 PLOTLY = "application/vnd.plotly.v1+json"
@@ -78,6 +83,13 @@ def figure_html(spec: dict, ident: str) -> str:
 
 def prepare(nb) -> tuple[object, int]:
     """A copy of the executed ``nb`` ready for the exporter, and how many figures its page shows."""
+    ready, count, _ = _prepare(nb)
+    return ready, count
+
+
+def _prepare(nb) -> tuple[object, int, set[str]]:
+    """:func:`prepare`, and the HTML it wrote itself (the only HTML the page shows unsanitized)."""
+    ours: set[str] = set()
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
     count = 0
@@ -97,6 +109,7 @@ def prepare(nb) -> tuple[object, int]:
                     if found is None:  # a progress bar (dropped), or a dashboard without a static form
                         if LIVE_CALL.search(cell.source.strip().splitlines()[-1] if cell.source.strip() else ""):
                             outputs.append(_note(out))
+                            ours.add(outputs[-1]["data"]["text/html"])
                         continue
                     name, kwargs = found
                     spec = STATIC[name](**kwargs).to_plotly_json()
@@ -112,12 +125,13 @@ def prepare(nb) -> tuple[object, int]:
                 out = copy.deepcopy(out)
                 out["output_type"] = "display_data" if out["output_type"] != "execute_result" else out["output_type"]
                 out["data"] = {"text/html": figure_html(spec, f"fig-{count}")}
+                ours.add(out["data"]["text/html"])
                 out.setdefault("metadata", {})
                 outputs.append(out)
             cell.outputs = outputs
         cells.append(cell)
     nb.cells = cells
-    return nb, count
+    return nb, count, ours
 
 
 def _note(out) -> dict:
@@ -148,8 +162,15 @@ def nav(prev: tuple[str, str] | None, nxt: tuple[str, str] | None, bottom: bool 
 
 def render_page(nb, *, prev=None, nxt=None, plotly_src="plotly.min.js", book_js="book.js") -> tuple[str, int]:
     """HTML for one executed chapter and the number of figures on it."""
-    ready, count = prepare(nb)
-    exporter = HTMLExporter(template_name="book", extra_template_basedirs=[str(TEMPLATES)])
+    ready, count, ours = _prepare(nb)
+    # nbconvert's sanitizing template paths, with its clean_html filter replaced by ours: the book's
+    # own figures and notes pass as written, everything else from the notebook is cleaned
+    exporter = HTMLExporter(
+        template_name="book",
+        extra_template_basedirs=[str(TEMPLATES)],
+        sanitize_html=True,
+        filters={"clean_html": lambda text: text if text in ours else clean(text)},
+    )
     resources = {
         "book": {
             "plotly_src": plotly_src,

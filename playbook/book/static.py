@@ -149,23 +149,24 @@ def static_pipeline(
     *, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f1b", last_run=None, last_run_label: str = ""
 ) -> go.Figure:
     """Chapter 4's explorer (:func:`~playbook.viz.pp.pipeline_explorer`): the simulated schedule's
-    Gantt chart over schedule × p × m (v chunks per rank for the interleaved one)."""
-    from playbook.theory.schedules import SCHEDULES, make_schedule, simulate
+    Gantt chart over schedule × p × m (v chunks per rank for the interleaved one, two for the V
+    schedules; a setting a schedule refuses, DualPipe-V's m < 2p, says why in its title)."""
+    from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, make_schedule, simulate
     from playbook.viz.pp import gantt
 
     ps, ms = sorted({2, 4, 8, p}), sorted({1, 2, 4, 8, 16, m})
 
     def build(schedule, p, m):
-        vv = v if schedule == "interleaved" else 1
+        vv = v if schedule == "interleaved" else (2 if schedule in V_SCHEDULES else 1)
         tl = simulate(make_schedule(schedule, p, m, vv))
         return gantt(tl, title=f"{schedule}: p={p}, m={m}" + (f", v={vv}" if vv > 1 else "") + " (F = 1, B = 1, W = 1)")
 
     return grid_figure(
         build,
-        {"schedule": list(SCHEDULES), "p": ps, "m": ms},
+        {"schedule": [*SCHEDULES, *V_SCHEDULES], "p": ps, "m": ms},
         {"schedule": schedule, "p": p, "m": m},
         kinds={"p": "buttons", "m": "slider"},
-        note=f"interleaved: v = {v} chunks per rank",
+        note=f"interleaved: v = {v} chunks per rank; zb-v and dualpipe-v: 2, in a V",
     )
 
 

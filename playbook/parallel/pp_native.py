@@ -8,6 +8,10 @@ ScheduleDualPipeV (DeepSeek-AI 2024, arXiv:2412.19437 §3.2.1). Its ``step`` is 
 the ``forward_backward`` hook of the one training loop, as ``run_step`` is for ours.
 ``native_orders``: the compute order torch's V schedules build for each rank, read without ranks,
 to put beside ours (``playbook.theory.schedules_v``).
+
+Every stage is built in torch's static mode: the shapes it receives and sends are known from the
+config (``stage_shapes``), so no stage asks its neighbours for them. Left to infer them, torch
+sends each stage's metadata with ``send_object_list``, i.e. pickle over the ranks' sockets.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch.distributed as dist
 
 from playbook.dims import ParallelDims
 from playbook.model import GPT, lm_loss
-from playbook.parallel.pp_executor import Chunk, Pieces
+from playbook.parallel.pp_executor import Chunk, Pieces, check_microbatches
 from playbook.parallel.training import TrainSetup, train
 from playbook.theory.pipeline import stage_ranges
 from playbook.theory.schedules import check_pipeline
@@ -73,6 +77,18 @@ def native_limits(name: str, p: int, m: int) -> str | None:
     return None
 
 
+def stage_shapes(setup: TrainSetup, m: int, first: bool, last: bool, dtype: torch.dtype) -> tuple:
+    """(example input, example output) of one stage for one micro-batch, on the meta device: token
+    ids [b, s] into the first, hidden states [b, s, hidden] between stages, logits [b, s, vocab] out
+    of the last (b = global_batch / m, the rows torch cuts each micro-batch to). Those that carry a
+    gradient back say so (``requires_grad``): torch sizes the gradients it receives from them."""
+    cfg, b, s = setup.config(), setup.global_batch // m, setup.seq_len
+    hidden = torch.empty(b, s, cfg.hidden, dtype=dtype, device="meta", requires_grad=True)
+    x = torch.empty(b, s, dtype=torch.int64, device="meta") if first else hidden
+    y = torch.empty(b, s, cfg.vocab_size, dtype=dtype, device="meta", requires_grad=True) if last else hidden
+    return x, y
+
+
 def native_on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1, group=None) -> dict:
     """Rank function: the same chunks driven by ``torch.distributed.pipelining`` over ``group``
     (default: every rank in one pipeline). Its zero-bubble schedule (ScheduleInterleavedZeroBubble)
@@ -84,12 +100,17 @@ def native_on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1,
     check_pipeline(p, m, v if schedule in ("interleaved", *V_PLACED) else 1, name=schedule, n_layers=cfg.n_layers)
     if native_limits(schedule, p, m):
         raise ValueError(native_limits(schedule, p, m))
+    check_microbatches(setup, m)  # static stage shapes: each micro-batch is global_batch / m rows
     n = p * v
     ranges = stage_ranges(cfg, n)
     model = GPT(cfg, seed=setup.seed).to(ctx.device)
     where = (lambda c: rank if c == 0 else n - 1 - rank) if schedule in V_PLACED else (lambda c: c * p + rank)
     chunks = [Chunk(model, *ranges[where(c)]) for c in range(v)]
-    stages = [pipelining.PipelineStage(ch, where(c), n, ctx.device, group=group) for c, ch in enumerate(chunks)]
+    dtype = next(model.parameters()).dtype
+    stages = []
+    for c, ch in enumerate(chunks):
+        x, y = stage_shapes(setup, m, ch.first, ch.last, dtype)  # static: no shapes pickled between ranks
+        stages.append(pipelining.PipelineStage(ch, where(c), n, ctx.device, input_args=x, output_args=y, group=group))
     multi = schedule in ("interleaved", "zb-h1", *V_PLACED)
     runner = getattr(pipelining, NATIVE[schedule])(stages if multi else stages[0], m, loss_fn=lm_loss)
     times: list[float] = []

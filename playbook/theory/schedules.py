@@ -30,6 +30,8 @@ Closed forms, for uniform costs T_F, T_B, T_W per stage (the tests check the sim
 
 - ZB-V and DualPipe-V (two chunks per rank in a V): ``playbook.theory.schedules_v``; no closed
   form here, the simulator is their prediction.
+- DualPipe (two directions, two copies of the parameters): ``playbook.theory.schedules_dual``;
+  simulated only (our executor holds one copy).
 
 Two definitions of "bubble fraction" are in use; we always say which:
 ``idle_over_total`` = Σ_r idle_r / (p · makespan) (GPipe paper) and
@@ -83,6 +85,7 @@ class Schedule:
     split_backward: bool  # True: B is the input gradient only, W the weight gradient
     actions: tuple[tuple[Action, ...], ...]
     placement: str = "loop"  # "loop": chunk c of rank r is stage c·p + r; "v": chunk 0 stage r, chunk 1 2p−1−r
+    # "dual" (DualPipe, playbook.theory.schedules_dual): numbered as "v", but two chains of p stages
 
     @property
     def n_stages(self) -> int:
@@ -91,13 +94,26 @@ class Schedule:
     def stage(self, rank: int, chunk: int) -> int:
         """Virtual stage of ``chunk`` on ``rank`` (Megatron's placement: chunk c of rank r is stage c·p + r;
         the V placement: chunk 0 is stage r, chunk 1 stage 2p − 1 − r)."""
-        if self.placement == "v":
+        if self.placement in ("v", "dual"):
             return rank if chunk == 0 else 2 * self.p - 1 - rank
         return chunk * self.p + rank
 
+    def feeds(self, stage: int) -> bool:
+        """Whether virtual stage ``stage`` sends its activations to ``stage + 1`` (DualPipe: not
+        from the end of direction 0, stage p − 1, to the entry of direction 1, stage p)."""
+        return 0 <= stage < self.n_stages - 1 and not (self.placement == "dual" and stage == self.p - 1)
+
+    def pairs(self) -> set[tuple[int, int]]:
+        """Every (micro-batch, chunk) a rank runs: each micro-batch on each chunk (DualPipe: the
+        first half of the micro-batches on chunk 0, going down, the second half on chunk 1)."""
+        if self.placement == "dual":
+            half = self.m // 2
+            return {(i, int(i >= half)) for i in range(self.m)}
+        return {(i, c) for i in range(self.m) for c in range(self.v)}
+
     def place(self, stage: int) -> tuple[int, int]:
         """(rank, chunk) that holds virtual stage ``stage``."""
-        if self.placement == "v":
+        if self.placement in ("v", "dual"):
             return (stage, 0) if stage < self.p else (2 * self.p - 1 - stage, 1)
         return stage % self.p, stage // self.p
 
@@ -274,21 +290,20 @@ def with_communication(
     """Insert the point-to-point messages into per-rank compute orders ``[(kind, mb, chunk), ...]``:
     a receive right before each F (B) that needs another stage's activation (gradient), a send
     right after each F (B) whose result another stage needs (to the same rank where the V turns)."""
-    n = p * v
     where = Schedule(name, p, m, v, split, (), placement)  # stage <-> (rank, chunk) only
     actions = []
     for r, order in enumerate(orders):
         out: list[Action] = []
         for kind, mb, chunk in order:
             s = where.stage(r, chunk)
-            if kind == "F" and s > 0:
+            if kind == "F" and where.feeds(s - 1):
                 out.append(Action("recv_F", mb, chunk, where.place(s - 1)[0]))
-            if kind == "B" and s < n - 1:
+            if kind == "B" and where.feeds(s):
                 out.append(Action("recv_B", mb, chunk, where.place(s + 1)[0]))
             out.append(Action(kind, mb, chunk))
-            if kind == "F" and s < n - 1:
+            if kind == "F" and where.feeds(s):
                 out.append(Action("send_F", mb, chunk, where.place(s + 1)[0]))
-            if kind == "B" and s > 0:
+            if kind == "B" and where.feeds(s - 1):
                 out.append(Action("send_B", mb, chunk, where.place(s - 1)[0]))
         actions.append(tuple(out))
     schedule = Schedule(name, p, m, v, split, tuple(actions), placement)
@@ -305,7 +320,7 @@ def validate(schedule: Schedule) -> None:
             if a.kind not in need:
                 raise ValueError(f"rank {r}: {a} is not allowed in a schedule with kinds {need}")
             seen.setdefault((a.mb, a.chunk), []).append(a.kind)
-        want = {(i, c) for i in range(schedule.m) for c in range(schedule.v)}
+        want = schedule.pairs()
         if set(seen) != want:
             raise ValueError(f"rank {r}: missing (micro-batch, chunk) pairs {sorted(want - set(seen))}")
         for key, kinds in seen.items():

@@ -107,13 +107,15 @@ def bubble_vs_m(
     p: int, ms: list[int], *, v: int = 2, definition: str = "bubble_over_ideal", costs: Costs | None = None
 ) -> go.Figure:
     """Simulated bubble (markers) and the closed form (lines) against m for each schedule at p ranks
-    (interleaved with v chunks, only at m a multiple of p; ZB-H1's formula only for m >= p)."""
+    (interleaved with v chunks, only at m a multiple of p; ZB-H1's formula only for m >= p). The V
+    schedules (two chunks per rank) have no closed form, only markers; DualPipe-V only at m >= 2p."""
     costs = costs or Costs()
     fig = go.Figure()
     colors = {"gpipe": "#7f7f7f", "1f1b": "#3b7dd8", "interleaved": "#8a63b8", "zb-h1": "#52a852"}
-    for name in SCHEDULES:
-        vv = v if name == "interleaved" else 1
-        xs = [m for m in ms if not (name == "interleaved" and m % p)]
+    colors |= {"zb-v": "#d9822b", "dualpipe-v": "#c0392b"}
+    for name in (*SCHEDULES, *V_SCHEDULES):
+        vv = v if name == "interleaved" else (2 if name in V_SCHEDULES else 1)
+        xs = [m for m in ms if not (name == "interleaved" and m % p) and not (name == "dualpipe-v" and m < 2 * p)]
         sim = [simulate(make_schedule(name, p, m, vv), costs).bubble()[definition] for m in xs]
         fig.add_trace(
             go.Scatter(
@@ -125,7 +127,7 @@ def bubble_vs_m(
                 marker=dict(color=colors[name], size=9, symbol="circle-open"),
             )
         )
-        if costs == Costs():
+        if costs == Costs() and name not in V_SCHEDULES:
             form = [closed_form(name, p, m, vv)[definition] if (m >= p or name != "zb-h1") else None for m in xs]
             fig.add_trace(
                 go.Scatter(
@@ -141,7 +143,7 @@ def bubble_vs_m(
     fig.update_layout(
         template=TEMPLATE,
         height=380,
-        title=dict(text=f"bubble vs micro-batches, p={p} (v={v} for interleaved)", x=0.01),
+        title=dict(text=f"bubble vs micro-batches, p={p} (v={v} for interleaved, 2 for the V)", x=0.01),
         xaxis=dict(title="m (micro-batches per step)", type="log", tickvals=ms),
         yaxis=dict(title=label, tickformat=".0%"),
         margin=dict(l=60, r=20, t=50, b=45),
