@@ -72,6 +72,11 @@ class Plan:
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.sequence_parallel and d.tp == 1:
             raise ValueError("sequence parallelism splits the sequence over the tp ranks: it needs tp > 1")
+        if self.zero and d.dp * d.cp == 1:  # ZeRO's collectives would run on one rank, on no axis
+            raise ValueError(
+                f"ZeRO-{self.zero} shards over the dp×cp ranks that hold the same weights, and dp·cp=1 in {d}: "
+                "add --dp 2 (or --cp 2) or drop --zero"
+            )
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
