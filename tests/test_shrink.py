@@ -40,8 +40,9 @@ def test_zero_is_kept_where_the_hybrid_composes_it_and_sequence_parallelism_othe
     zero3 = shrink(lay(dp=8, tp=8, zero=3))  # ZeRO-3 kept; SP left out (ZeRO-2/3 with SP is not composed yet)
     assert (zero3.zero, zero3.sequence_parallel) == (3, False)
     assert any("sequence parallelism left out: with ZeRO-3" in n for n in zero3.notes)
-    in_pp = shrink(lay(dp=8, tp=8, pp=8, zero=3))  # ZeRO-2/3 inside a pipeline: replayed as ZeRO-1, SP kept
-    assert (in_pp.zero, in_pp.sequence_parallel) == (1, True) and any("ZeRO-3 → 1" in n for n in in_pp.notes)
+    in_pp = shrink(lay(dp=8, tp=8, pp=8, zero=3))  # ZeRO-3 inside a pipeline: replayed as ZeRO-2, SP kept
+    assert (in_pp.zero, in_pp.sequence_parallel) == (2, True) and any("ZeRO-3 → 2" in n for n in in_pp.notes)
+    assert shrink(lay(dp=8, tp=8, pp=8, zero=2)).zero == 2  # ZeRO-2 reduces on the last micro-batch there
     no_replicas = shrink(lay(tp=8, pp=8, zero=1))  # dp·cp = 1: nothing to shard over
     assert no_replicas.zero == 0 and any("dp·cp = 1" in n for n in no_replicas.notes)
     assert with_zero.microbatches is None and with_zero.global_batch == 4
@@ -148,16 +149,15 @@ def test_playbook_plan_prints_a_runnable_replay_and_runs_it_with_replay(capsys):
     argv = ["plan", "--model", "llama-3.1-70b", "--gpus", "64", "--replay-ranks", "4"]
     assert main([*argv, "--json"]) == 0
     launch = json.loads(capsys.readouterr().out)["launch"]
-    # the fastest candidate itself, dp1×pp8×cp8 ZeRO-2: cp inside the pipeline, ZeRO over cp (ZeRO-1:
-    # ZeRO-2/3 inside a pipeline is not composed yet, and said so)
+    # the fastest candidate itself, dp1×pp8×cp8 ZeRO-2: cp inside the pipeline, ZeRO-2 over cp there
     assert launch["replay_candidate"] == 1
-    assert launch["replay_notes"][:3] == [
+    assert launch["replay_notes"][:2] == [
         "pp 8 → 2: gpt-tiny has 2 layers: 2 stages of one layer",
         "cp 8 → 2: 2 ranks keep the ring's K/V passes",
-        "ZeRO-2 → 1: ZeRO-2/3 inside a pipeline is not composed by playbook run hybrid yet",
     ]
+    assert not any("ZeRO" in n for n in launch["replay_notes"])
     assert launch["replay"] == (
-        "playbook run hybrid --model gpt-tiny --dp 1 --pp 2 --cp 2 --zero 1 --microbatches 4 "
+        "playbook run hybrid --model gpt-tiny --dp 1 --pp 2 --cp 2 --zero 2 --microbatches 4 "
         "--global-batch 8 --seq-len 32"
     )
     assert main([*argv, "--replay"]) == 0

@@ -82,11 +82,12 @@ class Plan:
         not_yet = [
             (self.zero and d.ep > 1, "ZeRO with expert parallelism is not composed yet; use --zero 0 with ep"),
             (
-                self.zero >= 2 and d.pp > 1,
-                "ZeRO-2/3 inside a pipeline (reduce on the last micro-batch) is not composed yet; use --zero 1 with pp",
+                self.zero == 3 and d.pp > 1,
+                "ZeRO-3 inside a pipeline (weights kept gathered across micro-batches) is not composed yet; "
+                "use --zero 1 or 2 with pp",
             ),
             (
-                self.zero >= 2 and self.sequence_parallel,
+                self.zero >= 2 and self.sequence_parallel and not (self.zero == 2 and d.pp > 1),
                 "ZeRO-2/3 reduce-scatter during backward, before SP's norm gradients are summed over tp: "
                 "not composed yet; use --zero 1 with sequence parallelism",
             ),

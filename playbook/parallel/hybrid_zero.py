@@ -21,7 +21,14 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
     """(ZeRO over dp×cp on ``pieces`` of ``model``, hooks: its ``sync_grads`` and a ``finish`` that
     puts the first step's gradients and the last parameters back together for the parity check)."""
     zero = Zero(
-        model, stage=plan.zero, group=mesh.group("dp_cp"), lr=setup.lr, prefetch=True, tracer=tracer, pieces=pieces
+        model,
+        stage=plan.zero,
+        group=mesh.group("dp_cp"),
+        lr=setup.lr,
+        prefetch=True,
+        tracer=tracer,
+        pieces=pieces,
+        accumulate=plan.zero == 2 and plan.dims.pp > 1,  # reduce on the last micro-batch
     )
     first: list = []
     memory: dict = {}  # the first step's bytes by category, as chapter 2 measures them
