@@ -51,7 +51,7 @@ def merge(answers: list[dict], tp: int) -> TrainResult:
 
 def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]:
     """Per rank: bytes sent per step on each axis, and memory by category, predicted and measured
-    (the loss report excluded; ZeRO's memory is not predicted here yet)."""
+    (the loss report excluded)."""
     routing = next((a["routing"] for a in answers if "routing" in a), None)
     rows = []
     for a in sorted(answers, key=lambda a: a["rank"]):
