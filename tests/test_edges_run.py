@@ -100,7 +100,7 @@ def test_the_memory_advice_names_only_values_the_user_could_type(capsys):
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["run", "hybrid", "--zero", "3"], "--zero 3 shards over dp, and dp=1 here"),
+        (["run", "hybrid", "--zero", "3"], "--zero 3 shards over dp×cp, and dp·cp=1 here"),
         (["run", "hybrid", "--zigzag"], "--zigzag balances causal work over cp, and cp=1 here"),
         (["run", "hybrid", "--cp-variant", "ulysses"], "--cp-variant ulysses is context parallelism, and cp=1 here"),
         (["run", "hybrid", "--microbatches", "2"], "--microbatches feeds a pipeline, and pp=1 here"),

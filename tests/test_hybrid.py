@@ -53,6 +53,7 @@ FOUR = [
         Plan(ParallelDims(dp=2, pp=2), zero=1, schedule="zb-h1", microbatches=4),
         {"dp", "pp"},
     ),
+    ("ZeRO-2 in dp2×pp2 (reduce on the last micro-batch)", DENSE, Plan(ParallelDims(dp=2, pp=2), zero=2), {"dp", "pp"}),
     ("ZeRO-1 over dp×cp in dp2×cp2", DENSE, Plan(ParallelDims(dp=2, cp=2), zero=1), {"cp", "dp×cp"}),
     ("ZeRO-3 over cp in cp2×tp2", DENSE, Plan(ParallelDims(tp=2, cp=2), zero=3), {"tp", "cp"}),
     ("tp2×pp2 with sequence parallelism", DENSE, Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True), {"tp", "pp"}),
@@ -81,6 +82,12 @@ EIGHT = [
         DENSE,
         Plan(ParallelDims(tp=2, cp=2, pp=2), zero=1, sequence_parallel=True),
         {"tp", "cp", "pp"},
+    ),
+    (
+        "ZeRO-2 in dp2×tp2×pp2 with SP",
+        DENSE,
+        Plan(ParallelDims(dp=2, tp=2, pp=2), zero=2, sequence_parallel=True),
+        {"dp", "tp", "pp"},
     ),
     ("tp2×cp2×pp2 with SP", DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2), sequence_parallel=True), {"tp", "cp", "pp"}),
 ]
@@ -144,8 +151,9 @@ def test_a_collective_on_the_wrong_axis_ends_in_a_report_naming_rank_axis_and_co
     "plan, words",
     [
         (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO-2/3 reduce-scatter during backward"),
-        (Plan(ParallelDims(dp=2, pp=2), zero=2), "ZeRO-2/3 inside a pipeline"),
+        (Plan(ParallelDims(dp=2, pp=2), zero=3), "ZeRO-3 inside a pipeline"),
         (Plan(ParallelDims(dp=2), sequence_parallel=True), "needs tp > 1"),
+        (Plan(ParallelDims(tp=2, pp=2), zero=1), r"ZeRO-1 shards over the dp×cp ranks .* dp·cp=1 in tp2×pp2"),
         (Plan(ParallelDims(tp=4)), r"tp=4 must divide kv_heads=2"),
         (Plan(ParallelDims(dp=3)), "global_batch=8 does not split over dp=3"),
     ],

@@ -21,19 +21,30 @@ def lay(**kw) -> Layout:
 def test_dp8_tp8_pp32_keeps_its_three_axes_at_two_each():
     s = shrink(lay(dp=8, tp=8, pp=32), model=ModelConfig.preset("llama-3.1-405b"))
     assert s.dims == ParallelDims(dp=2, tp=2, pp=2) and s.model == "gpt-tiny"
-    # ZeRO and sequence parallelism are not composed with a pipeline by the hybrid: both left out, and said so
-    assert s.zero == 0 and not s.sequence_parallel
+    # ZeRO-1 over dp and sequence parallelism compose with a pipeline: both kept, nothing said about them
+    assert s.zero == 1 and s.sequence_parallel
     assert s.microbatches == 4 and s.global_batch == 2 * 4 * 2  # m = 2·pp; dp · m · 2 rows
     notes = " | ".join(s.notes)
-    for said in ("dp 8 → 2", "tp 8 → 2", "pp 32 → 2", "ZeRO-1 → 0", "sequence parallelism left out", "→ 4"):
+    for said in ("dp 8 → 2", "tp 8 → 2", "pp 32 → 2", "→ 4"):
         assert said in notes
+    assert "ZeRO" not in notes and "sequence parallelism" not in notes
     assert "llama-3.1-405b → gpt-tiny" in notes
-    assert s.command().startswith("playbook run hybrid --model gpt-tiny --dp 2 --tp 2 --pp 2 --microbatches 4")
+    assert s.command().startswith(
+        "playbook run hybrid --model gpt-tiny --dp 2 --tp 2 --pp 2 --zero 1 --sequence-parallel --microbatches 4"
+    )
 
 
 def test_zero_is_kept_where_the_hybrid_composes_it_and_sequence_parallelism_otherwise():
     with_zero = shrink(lay(dp=8, tp=8, zero=1))
-    assert (with_zero.dims, with_zero.zero, with_zero.sequence_parallel) == (ParallelDims(dp=2, tp=2), 1, False)
+    assert (with_zero.dims, with_zero.zero, with_zero.sequence_parallel) == (ParallelDims(dp=2, tp=2), 1, True)
+    zero3 = shrink(lay(dp=8, tp=8, zero=3))  # ZeRO-3 kept; SP left out (ZeRO-2/3 with SP is not composed yet)
+    assert (zero3.zero, zero3.sequence_parallel) == (3, False)
+    assert any("sequence parallelism left out: with ZeRO-3" in n for n in zero3.notes)
+    in_pp = shrink(lay(dp=8, tp=8, pp=8, zero=3))  # ZeRO-3 inside a pipeline: replayed as ZeRO-2, SP kept
+    assert (in_pp.zero, in_pp.sequence_parallel) == (2, True) and any("ZeRO-3 → 2" in n for n in in_pp.notes)
+    assert shrink(lay(dp=8, tp=8, pp=8, zero=2)).zero == 2  # ZeRO-2 reduces on the last micro-batch there
+    no_replicas = shrink(lay(tp=8, pp=8, zero=1))  # dp·cp = 1: nothing to shard over
+    assert no_replicas.zero == 0 and any("dp·cp = 1" in n for n in no_replicas.notes)
     assert with_zero.microbatches is None and with_zero.global_batch == 4
     assert any("gradient accumulation over 256" in n for n in with_zero.notes)
     no_zero = shrink(lay(dp=8, tp=8, zero=0, microbatches=1))
@@ -42,16 +53,16 @@ def test_zero_is_kept_where_the_hybrid_composes_it_and_sequence_parallelism_othe
     assert single.dims.world == 2 and single.zero == 0
 
 
-def test_cp_inside_a_pipeline_is_refused_unless_one_axis_is_dropped():
-    big = lay(dp=8, tp=8, pp=32, cp=8)
-    with pytest.raises(ValueError) as e:
+def test_cp_inside_a_pipeline_keeps_all_four_axes_and_drop_still_leaves_one_out():
+    big = lay(dp=8, tp=8, pp=32, cp=8)  # the Llama 3 405B shape: every axis kept at 2, on 16 ranks
+    with pytest.raises(ValueError, match="4 axes > 1 need 2\\^4 = 16 ranks"):
         shrink(big)
-    msg = str(e.value)
-    assert "\n" not in msg and "context parallelism inside a pipeline" in msg and "drop=('cp',)" in msg
-    s = shrink(big, drop=("cp",))
-    assert s.dims == ParallelDims(dp=2, tp=2, pp=2) and s.notes[0] == "cp8 left out, as asked (drop)"
-    without_pp = shrink(big, drop=("pp",))
-    assert without_pp.dims == ParallelDims(dp=2, tp=2, cp=2) and without_pp.zero == 0
+    s = shrink(big, max_ranks=16)
+    assert (s.dims, s.zero, s.sequence_parallel) == (ParallelDims(dp=2, tp=2, pp=2, cp=2), 1, True)
+    three = shrink(lay(tp=8, pp=32, cp=8, zero=1))
+    assert (three.dims, three.zero) == (ParallelDims(tp=2, pp=2, cp=2), 1)  # ZeRO-1 over cp
+    dropped = shrink(big, drop=("cp",))
+    assert dropped.dims == ParallelDims(dp=2, tp=2, pp=2) and dropped.notes[0] == "cp8 left out, as asked (drop)"
 
 
 def test_expert_parallelism_borrows_ranks_and_moe_keeps_to_dp_and_ep():
@@ -138,12 +149,16 @@ def test_playbook_plan_prints_a_runnable_replay_and_runs_it_with_replay(capsys):
     argv = ["plan", "--model", "llama-3.1-70b", "--gpus", "64", "--replay-ranks", "4"]
     assert main([*argv, "--json"]) == 0
     launch = json.loads(capsys.readouterr().out)["launch"]
-    assert (
-        launch["replay_candidate"] >= 1
-        and launch["replay_notes"][0] == "dp 8 → 2: 2 replicas keep the gradient all-reduce"
-    )
+    # the fastest candidate itself, dp1×pp8×cp8 ZeRO-2: cp inside the pipeline, ZeRO-2 over cp there
+    assert launch["replay_candidate"] == 1
+    assert launch["replay_notes"][:2] == [
+        "pp 8 → 2: gpt-tiny has 2 layers: 2 stages of one layer",
+        "cp 8 → 2: 2 ranks keep the ring's K/V passes",
+    ]
+    assert not any("ZeRO" in n for n in launch["replay_notes"])
     assert launch["replay"] == (
-        "playbook run hybrid --model gpt-tiny --dp 2 --tp 2 --zero 3 --global-batch 4 --seq-len 32"
+        "playbook run hybrid --model gpt-tiny --dp 1 --pp 2 --cp 2 --zero 2 --microbatches 4 "
+        "--global-batch 8 --seq-len 32"
     )
     assert main([*argv, "--replay"]) == 0
     out = capsys.readouterr().out
@@ -165,3 +180,34 @@ def test_a_shrunk_moe_candidate_replays_with_its_routing_dependent_numbers_marke
     assert result.exact
     late = {(r["what"], r["key"]) for r in result.rows if not r["before_run"]}
     assert late == {("bytes sent", "ep"), ("memory", "activations")}
+
+
+PLANNED = [  # the planner's cases of issue 26: (model, GPUs, seq_len, global batch)
+    ("llama-3.1-405b", 16384, 8192, 2048),
+    ("llama-3.1-70b", 64, 8192, 512),
+]
+
+
+@pytest.mark.parametrize("name, gpus, seq_len, global_batch", PLANNED, ids=[p[0] for p in PLANNED])
+def test_every_top_20_dense_candidate_shrinks_with_every_axis_and_run_hybrid_accepts_its_line(
+    name, gpus, seq_len, global_batch
+):
+    """No axis dropped (only sizes shrink), and the printed replay line goes through ``playbook run
+    hybrid``'s own parser and check, as a user would type it. cp inside a pipeline and ZeRO over
+    dp×cp there used to be refused or dropped here."""
+    from playbook.cli import build_parser
+    from playbook.cli_checks import check_numbers
+    from playbook.parallel import get
+    from playbook.viz.plan_dashboard import cached_plan
+
+    cfg = ModelConfig.preset(name)
+    planned = cached_plan(name, "h100-sxm", gpus, seq_len, global_batch)
+    for c in planned.candidates[:20]:
+        s = shrink(c, model=cfg, max_ranks=16)
+        assert {a for a in ("dp", "tp", "pp", "cp", "ep") if getattr(s.dims, a) > 1} == {
+            a for a, v in c.layout.degrees.items() if v > 1
+        }
+        assert bool(s.zero) == bool(c.layout.zero and s.dims.dp * s.dims.cp > 1), (c.layout, s)
+        args = build_parser(strategies=True).parse_args(s.command().split()[1:])
+        check_numbers(args)
+        get("hybrid").check(args)  # raises the one-line refusal if run hybrid would not run it

@@ -101,8 +101,8 @@ def test_a_refused_layout_shows_the_constraint(box):
     pick(box, pp=1, tp=4)  # dp2·tp4: gpt-tiny has 2 kv heads
     assert "tp=4 must divide kv_heads=2" in box.message.value
     assert all(STALE in t for t in titles(box))
-    pick(box, tp=2, pp=2, zero=2)
-    assert "ZeRO-2/3 inside a pipeline" in box.message.value
+    pick(box, tp=2, pp=2, zero=3)
+    assert "ZeRO-3 inside a pipeline" in box.message.value
     pick(box, zero=0)
     assert box.message.value == "" and not any(STALE in t for t in titles(box))
 

@@ -72,16 +72,22 @@ class Plan:
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.sequence_parallel and d.tp == 1:
             raise ValueError("sequence parallelism splits the sequence over the tp ranks: it needs tp > 1")
+        if self.zero and d.dp * d.cp == 1:  # ZeRO's collectives would run on one rank, on no axis
+            raise ValueError(
+                f"ZeRO-{self.zero} shards over the dp×cp ranks that hold the same weights, and dp·cp=1 in {d}: "
+                "add --dp 2 (or --cp 2) or drop --zero"
+            )
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
             (self.zero and d.ep > 1, "ZeRO with expert parallelism is not composed yet; use --zero 0 with ep"),
             (
-                self.zero >= 2 and d.pp > 1,
-                "ZeRO-2/3 inside a pipeline (reduce on the last micro-batch) is not composed yet; use --zero 1 with pp",
+                self.zero == 3 and d.pp > 1,
+                "ZeRO-3 inside a pipeline (weights kept gathered across micro-batches) is not composed yet; "
+                "use --zero 1 or 2 with pp",
             ),
             (
-                self.zero >= 2 and self.sequence_parallel,
+                self.zero >= 2 and self.sequence_parallel and not (self.zero == 2 and d.pp > 1),
                 "ZeRO-2/3 reduce-scatter during backward, before SP's norm gradients are summed over tp: "
                 "not composed yet; use --zero 1 with sequence parallelism",
             ),

@@ -51,7 +51,7 @@ def merge(answers: list[dict], tp: int) -> TrainResult:
 
 def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]:
     """Per rank: bytes sent per step on each axis, and memory by category, predicted and measured
-    (the loss report excluded; ZeRO's memory is not predicted here yet)."""
+    (the loss report excluded)."""
     routing = next((a["routing"] for a in answers if "routing" in a), None)
     rows = []
     for a in sorted(answers, key=lambda a: a["rank"]):
@@ -157,7 +157,7 @@ def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto", native: boo
 def add_arguments(parser) -> None:
     for axis, what in (("dp", "data"), ("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"), ("ep", "expert")):
         parser.add_argument(f"--{axis}", type=int, default=1, help=f"{what}-parallel degree")
-    parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp")
+    parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp×cp")
     parser.add_argument("--native", action="store_true", help="with --dp/--tp: also PyTorch's FSDP2 + DTensor TP")
     parser.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism")
     parser.add_argument("--cp-variant", default="ring", choices=list(CP_VARIANTS))
@@ -178,7 +178,10 @@ def implied_world_size(options: dict) -> int:
 def _idle_flags(dims: ParallelDims, options: dict) -> list[tuple[bool, str]]:
     zero, variant = options.get("zero", 0), options.get("cp_variant", "ring")
     return [
-        (zero and dims.dp == 1, f"--zero {zero} shards over dp, and dp=1 here; add --dp 2 (or more) or drop --zero"),
+        (
+            zero and dims.dp * dims.cp == 1,
+            f"--zero {zero} shards over dp×cp, and dp·cp=1 here; add --dp 2 (or --cp 2) or drop --zero",
+        ),
         (options.get("zigzag") and dims.cp == 1, "--zigzag balances causal work over cp, and cp=1 here; add --cp 2"),
         (
             variant != "ring" and dims.cp == 1,

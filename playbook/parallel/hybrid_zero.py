@@ -1,7 +1,10 @@
 """Step 5 of ``parallelize`` with ZeRO: the optimizer sharded over the ranks that hold the same
 dense weights, ``dp×cp`` (CP is data parallelism over tokens for everything but attention, so its
 ranks hold replicas too; torchtitan shards FSDP over dp×cp alike), tensor parallelism inside (each tp
-rank shards its own slices), and inside a pipeline over this stage's units only.
+rank shards its own slices), and inside a pipeline over this stage's units only. There ZeRO-2
+reduces on the last micro-batch, as torchtitan's FSDP does under PP: the m micro-batches sum into a
+whole flat gradient (ZeRO-1's), reduce-scattered once per step, after which only this rank's slice
+is kept, so it holds ZeRO-1's gradient bytes at the step's peak and saves them only between steps.
 ``parallel.zero.Zero`` does the work; these are the one training loop's hooks for it.
 
 Every rank's loss is the mean over its tokens, and every rank holds as many, so ``Zero`` dividing
@@ -21,7 +24,14 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
     """(ZeRO over dp×cp on ``pieces`` of ``model``, hooks: its ``sync_grads`` and a ``finish`` that
     puts the first step's gradients and the last parameters back together for the parity check)."""
     zero = Zero(
-        model, stage=plan.zero, group=mesh.group("dp_cp"), lr=setup.lr, prefetch=True, tracer=tracer, pieces=pieces
+        model,
+        stage=plan.zero,
+        group=mesh.group("dp_cp"),
+        lr=setup.lr,
+        prefetch=True,
+        tracer=tracer,
+        pieces=pieces,
+        accumulate=plan.zero == 2 and plan.dims.pp > 1,  # reduce on the last micro-batch
     )
     first: list = []
     memory: dict = {}  # the first step's bytes by category, as chapter 2 measures them

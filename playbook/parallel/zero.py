@@ -134,11 +134,17 @@ class Zero:
         tracer=None,
         precision="fp32",
         pieces: range | None = None,
+        accumulate: bool = False,
     ):
         check_stage(stage)
+        if accumulate and stage != 2:
+            raise ValueError(
+                f"accumulate (reduce on the last micro-batch) is ZeRO-2's pipeline mode, not stage {stage}"
+            )
         check_precision(precision)
         zero_units(model.cfg)  # refuses configs our units cannot hold (a tied head)
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
+        self.accumulate = accumulate  # ZeRO-2 in a pipeline: stage 1's buffer during the step, then 1/N kept
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         names = {id(p): name for name, p in model.named_parameters()}
         self.units = [FlatUnit(name, mods, names, stage, self.rank, self.n) for name, mods in units_of(model, pieces)]
@@ -151,16 +157,20 @@ class Zero:
         self.gathered_log: list[tuple[float, str, int]] = []  # (time, phase, live bytes of whole units)
         self.phase, self.bwd_spans, self.ready = "forward", {}, [0] * len(self.units)
         for k, u in enumerate(self.units):
-            if stage <= 1:  # a persistent flat gradient buffer; autograd accumulates into its views
-                u.flat_grad = torch.zeros_like(u.flat)  # [padded]
-                for p, view in zip(u.parameters(), u.views(u.flat_grad)):
-                    p.grad = view.view(p.shape)
-                u.opt_param.grad = u.flat_grad if stage == 0 else u.flat_grad[u.lo : u.hi]
+            if stage <= 1 or accumulate:  # a flat gradient buffer; autograd accumulates into its views
+                self._flat_grad(u)
             elif stage == 2:
                 for p in u.parameters():
                     p.register_post_accumulate_grad_hook(lambda p, k=k: self._grad_ready(k))
             else:
                 u.full.register_post_accumulate_grad_hook(lambda full, k=k: self._after_backward(k))
+
+    def _flat_grad(self, u: FlatUnit) -> None:
+        """A zeroed flat gradient [padded] for unit ``u``, its parameters' grads views of it."""
+        u.flat_grad = torch.zeros_like(u.flat)  # [padded]
+        for p, view in zip(u.parameters(), u.views(u.flat_grad)):
+            p.grad = view.view(p.shape)
+        u.opt_param.grad = u.flat_grad if self.stage == 0 else u.flat_grad[u.lo : u.hi]
 
     # ---- forward: one unit at a time ----
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor, positions=None) -> torch.Tensor:
@@ -251,14 +261,21 @@ class Zero:
             p.grad = None
 
     def sync(self) -> None:
-        """After backward. Stage 0: all-reduce; stage 1: reduce-scatter each unit; 2 and 3: done during backward."""
+        """After backward. Stage 0: all-reduce; stage 1: reduce-scatter each unit; 2 and 3: done during
+        backward, except ZeRO-2 in a pipeline (``accumulate``): the m micro-batches summed into the flat
+        buffer, reduce-scattered once here, and all but this rank's slice dropped."""
         for u in self.units:
             if self.stage == 0:
                 dist.all_reduce(u.flat_grad, group=self.group)
                 u.flat_grad.div_(self.n)
-            elif self.stage == 1:
+            elif self.stage == 1 or self.accumulate:
                 dist.reduce_scatter_single(u.flat_grad[u.lo : u.hi], u.flat_grad, group=self.group)
                 u.flat_grad[u.lo : u.hi].div_(self.n)
+            if self.accumulate:
+                u.opt_param.grad = u.flat_grad[u.lo : u.hi].clone()  # [shard], its own storage
+                for p in u.parameters():
+                    p.grad = None
+                del u.flat_grad  # the whole gradient goes: 1/N of it is held until the next step
 
     def step(self) -> None:
         """AdamW on this rank's slices; stages 1-2 then all-gather the updated weights (in place)."""
@@ -273,6 +290,8 @@ class Zero:
         for u in self.units:
             if self.stage <= 1:
                 u.flat_grad.zero_()
+            elif self.accumulate:
+                self._flat_grad(u)  # the next step's micro-batches accumulate into a fresh buffer
             else:
                 u.opt_param.grad = None
 

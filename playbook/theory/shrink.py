@@ -14,11 +14,11 @@ The rules (each change is written into ``Shrunk.notes`` with its reason):
   of two, a pipeline of two stages); ``gpt-tiny`` has 2 KV heads and 2 layers, so tp ≤ 2, pp ≤ 2;
   ep (which borrows ranks from dp·cp) is kept at 2 of ``gpt-tiny-moe``'s 4 experts;
 - k kept axes need 2**k ranks (ep adds none): more than ``max_ranks`` is refused;
-- axes the hybrid does not compose together (cp inside a pipeline; a mixture of experts with tp,
-  pp or cp) are refused, unless the caller names one to leave out (``drop``);
-- the ZeRO stage is kept when the hybrid composes it (dp > 1, no pp, cp, ep or sequence
-  parallelism), otherwise replayed as stage 0; sequence parallelism (the planner assumes it with
-  every tp > 1) is kept with tp unless ZeRO, pp or cp exclude it;
+- axes the hybrid does not compose together (a mixture of experts, or ep, with tp, pp or cp) are
+  refused, unless the caller names one to leave out (``drop``);
+- the ZeRO stage is kept over dp×cp, except: none where dp·cp = 1 (nothing to shard over) or with
+  ep, and ZeRO-2 for ZeRO-3 inside a pipeline (not composed yet); sequence parallelism (the planner
+  assumes it with every tp > 1) is kept with tp, unless ZeRO-2/3 without a pipeline (not composed yet);
 - a pipeline runs m = 2·pp micro-batches (m ≥ pp fills 1F1B, as the candidate's m does); without a
   pipeline one micro-batch per step; two rows of 32 tokens per micro-batch;
 - our runs are fp32 with no recomputation: the planner's bf16 bytes and recomputation are not replayed.
@@ -131,11 +131,8 @@ def shrink(
     if "ep" in kept and "dp" not in kept and "cp" not in kept:
         raise _refuse(lay, "ep borrows ranks from dp·cp, and none is left", "keep dp or cp, or drop ep too")
     conflicts = [
-        (("cp", "pp"), "context parallelism inside a pipeline is not composed by playbook run hybrid yet"),
-        *[
-            (("ep", a), f"expert parallelism with {a} is not composed by playbook run hybrid yet")
-            for a in "tp pp cp".split()
-        ],
+        (("ep", a), f"expert parallelism with {a} is not composed by playbook run hybrid yet")
+        for a in "tp pp cp".split()
     ]
     if moe:
         conflicts += [
@@ -157,17 +154,7 @@ def shrink(
         if v > 2:
             notes.append(f"{a} {v} → 2: {WHY_TWO[a].format(model=small)}")
     dims = ParallelDims(**degrees)
-    zero = lay.zero
-    excluded = [a for a in ("pp", "cp", "ep") if degrees[a] > 1]
-    if zero and (dims.dp == 1 or excluded):
-        why = f"ZeRO over dp with {excluded[0]}" if excluded else "ZeRO without dp"
-        notes.append(f"ZeRO-{zero} → 0: {why} is not composed by playbook run hybrid yet")
-        zero = 0
-    sp = dims.tp > 1
-    if sp and (zero or dims.pp > 1 or dims.cp > 1):
-        why = f"ZeRO-{zero}" if zero else ("a pipeline" if dims.pp > 1 else "context parallelism")
-        notes.append(f"sequence parallelism left out: with {why} it is not composed by playbook run hybrid yet")
-        sp = False
+    zero, sp = _zero_and_sp(lay.zero, dims, notes)
     m = 2 * dims.pp if dims.pp > 1 else None
     if m:
         notes.append(f"micro-batches {lay.microbatches} → {m}: m ≥ pp fills the 1F1B pipeline")
@@ -177,6 +164,25 @@ def shrink(
     if lay.recompute != "none":
         notes.append(f"recompute={lay.recompute} is not replayed: our hybrid keeps every activation")
     return Shrunk(lay, small, dims, zero, sp, m, dims.dp * (m or 1) * ROWS, SEQ_LEN, tuple(notes))
+
+
+def _zero_and_sp(zero: int, dims: ParallelDims, notes: list) -> tuple[int, bool]:
+    """The ZeRO stage and sequence parallelism of the replay (``playbook run hybrid``'s rules, the
+    module docstring): SP with every tp > 1, ZeRO over dp×cp where it has ranks to shard over."""
+    sp = dims.tp > 1
+    if zero and dims.dp * dims.cp == 1:
+        notes.append(f"ZeRO-{zero} → 0: dp·cp = 1 here, no replicas to shard over")
+        return 0, sp
+    if zero and dims.ep > 1:
+        notes.append(f"ZeRO-{zero} → 0: ZeRO with expert parallelism is not composed by playbook run hybrid yet")
+        return 0, sp
+    if zero == 3 and dims.pp > 1:
+        notes.append("ZeRO-3 → 2: ZeRO-3 inside a pipeline is not composed by playbook run hybrid yet")
+        return 2, sp
+    if zero >= 2 and sp and dims.pp == 1:
+        notes.append(f"sequence parallelism left out: with ZeRO-{zero} it is not composed by playbook run hybrid yet")
+        return zero, False
+    return zero, sp
 
 
 def first_shrinkable(plan: Plan, *, max_ranks: int = 8) -> tuple[int, Shrunk]:
