@@ -170,3 +170,15 @@ def test_memory_command_takes_every_degree_together_and_lists_the_stages(capsys)
     assert len(stages) == 16 and stages[0]["embedding"] and stages[-1]["head"]
     assert [s["in_flight"] for s in stages] == list(range(16, 0, -1))  # 1F1B: p - i micro-batches on stage i
     assert report["training"]["total"] == max(s["memory"]["total"] for s in stages)  # the most loaded stage
+
+
+def test_python_dash_m_playbook_is_the_same_cli():
+    """`python -m playbook` works where the venv's scripts are not on PATH, and exits with the CLI's code."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "playbook", "--help"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "usage: playbook" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "playbook", "run", "hybrid", "--tp", "3"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and bad.stderr.strip()
