@@ -15,6 +15,7 @@ prediction (whole blocks of each sequence's tokens).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -33,10 +34,18 @@ from playbook.theory.serving import tp_allreduce_bytes
 LOGIT_TOLERANCE = 1e-5
 
 
+@functools.lru_cache(maxsize=2)
+def _reference_model(cfg: ModelConfig, seed: int) -> GPT:
+    """The seeded reference GPT, built once per rank process: a ``Ranks`` pool serving several
+    layouts in turn slices every TP shard from the same weights instead of initialising them again.
+    Serving never writes to it (inference only, ``torch.no_grad``)."""
+    return GPT(cfg, seed=seed).eval()
+
+
 def build(ctx, cfg: ModelConfig, seed: int, dims: ParallelDims):
     """This rank's model: the reference GPT, or its TPGPT shard over the mesh's tp group."""
     mesh = ctx.mesh_for(dims)
-    ref = GPT(cfg, seed=seed).eval()
+    ref = _reference_model(cfg, seed)
     if dims.tp == 1:
         return ref, mesh
     from playbook.parallel.tp import TPGPT
