@@ -23,3 +23,20 @@ def test_large_messages_take_a_bandwidth_optimal_algorithm():
     assert name in ("two-shot", "ring") and t == pytest.approx(2 * 10e-6 + 2 * 7 / 8 * m / NVLINK)
     assert algorithms(m, 8, NVLINK)["one-shot"] > 2 * t  # reading 7 whole buffers does not pay
     assert allreduce_seconds(m, 1, NVLINK) == (0.0, "one-shot")
+
+
+def test_serving_prices_its_tp_all_reduces_by_size_when_asked():
+    """theory.serving with latency=BY_SIZE: 2 all-reduces per layer, each the least algorithm for the
+    step's message (batch × hidden × 2 bytes); a bad latency is one clear line."""
+    from playbook import Hardware, ModelConfig
+    from playbook.theory import serving
+
+    cfg, hw = ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm")
+    for batch in (1, 256):
+        d = serving.decode(cfg, hw, context=2048, batch=batch, tp=4, latency=serving.BY_SIZE)
+        each, _ = allreduce_seconds(batch * cfg.hidden * 2, 4, hw.intra_node_bandwidth)
+        assert d.comm == pytest.approx(2 * cfg.n_layers * each)
+    ring = serving.decode(cfg, hw, context=2048, batch=1, tp=4)
+    assert ring.comm == pytest.approx(2 * cfg.n_layers * (30e-6 + 2 * 3 / 4 * cfg.hidden * 2 / hw.intra_node_bandwidth))
+    with pytest.raises(ValueError, match="seconds per ring step"):
+        serving.decode(cfg, hw, context=2048, tp=4, latency="fast")

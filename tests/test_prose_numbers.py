@@ -226,3 +226,15 @@ def test_ch07_prefix_caching_by_layout():
     assert [round(r["hit_rate"], 2) for r in rr] == [0.60, 0.67, 0.72]  # round robin: fewest at tp2
     assert rr[0]["evictions"] > 0 == rr[1]["evictions"] == rr[2]["evictions"]  # tp4, tp8 keep every block
     assert round(pa[0]["hit_rate"], 2) == 0.72 > rr[0]["hit_rate"]  # the prefix router wins tp2 back
+
+
+def test_ch07_question_3_by_size_flips_latency_not_throughput():
+    """Chapter 7 §3 and question 3: with the all-reduce priced by size (theory.allreduce_algo)."""
+    b200 = Hardware.preset("b200")
+    by = {r["layout"]: r for r in serving.compare_layouts(LLAMA8, b200, gpus=8, context=8192, latency=serving.BY_SIZE)}
+    assert round(by["tp4×dp2"]["tokens_per_s"], -2) == 43_600 < round(by["tp2×dp4"]["tokens_per_s"], -2) == 43_900
+    assert [round(by[k]["tpot_batch1"] * 1e3, 1) for k in ("tp4×dp2", "tp2×dp4")] == [1.3, 2.0]
+    big = {r["layout"]: r for r in serving.compare_layouts(LLAMA70, H100, gpus=8, context=8192, latency=serving.BY_SIZE)}
+    assert [round(big[k]["tp_comm_per_token"] * 1e3, 1) for k in ("tp4×dp2", "tp8×dp1")] == [2.5, 4.9]
+    assert serving.recommend(list(big.values()))[0]["layout"] == "tp8×dp1"  # "the ranking above stays"
+    assert big["tp4×dp2"]["tokens_per_s"] > big["tp2×dp4"]["tokens_per_s"]

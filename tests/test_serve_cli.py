@@ -60,3 +60,27 @@ def test_run_serve_json_implies_the_world_size(capsys):
     assert out["world_size"] == 2 and out["parity"]["tokens_identical"]
     assert main(["run", "serve", "--tp", "1", "--blocks", "1", "--requests", "2"]) == 2
     assert "--blocks 1 of 4 tokens" in capsys.readouterr().err
+
+
+def test_run_serve_with_a_prefix_cache_a_router_and_a_token_budget(capsys):
+    argv = ["run", "serve", "--tp", "1", "--dp", "2", "--requests", "4", "--blocks", "24", "--json"]
+    assert main([*argv, "--prefix-cache", "--router", "prefix", "--token-budget", "6", "--shared-prefix", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["parity"]["tokens_identical"] and out["setup"]["router"] == "prefix"
+    assert out["setup"]["prefix_cache"] and out["setup"]["token_budget"] == 6
+    assert out["parity"]["kv_bytes_match_every_step"]
+    assert sum(r["cached"] for r in out["replicas"]) >= 8  # the system prompt's two blocks, found at least once
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--router", "random"], "--router random is not one of round-robin, prefix; try --router prefix"),
+        (["--token-budget", "0"], "--token-budget must be a positive integer, got 0"),
+        (["--shared-prefix", "60"], "--shared-prefix 60 must be in 0..42"),
+    ],
+)
+def test_run_serve_refuses_a_bad_router_or_budget_in_one_line(capsys, flags, message):
+    assert main(["run", "serve", "--tp", "1", "--dp", "2", "--requests", "2", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

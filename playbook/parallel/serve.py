@@ -15,6 +15,7 @@ prediction (whole blocks of each sequence's tokens).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -33,10 +34,18 @@ from playbook.theory.serving import tp_allreduce_bytes
 LOGIT_TOLERANCE = 1e-5
 
 
+@functools.lru_cache(maxsize=2)
+def _reference_model(cfg: ModelConfig, seed: int) -> GPT:
+    """The seeded reference GPT, built once per rank process: a ``Ranks`` pool serving several
+    layouts in turn slices every TP shard from the same weights instead of initialising them again.
+    Serving never writes to it (inference only, ``torch.no_grad``)."""
+    return GPT(cfg, seed=seed).eval()
+
+
 def build(ctx, cfg: ModelConfig, seed: int, dims: ParallelDims):
     """This rank's model: the reference GPT, or its TPGPT shard over the mesh's tp group."""
     mesh = ctx.mesh_for(dims)
-    ref = GPT(cfg, seed=seed).eval()
+    ref = _reference_model(cfg, seed)
     if dims.tp == 1:
         return ref, mesh
     from playbook.parallel.tp import TPGPT
@@ -203,7 +212,10 @@ class ServeReport:
             f"  KV bytes held == paged prediction at every step: {p['kv_bytes_match_every_step']}",
         ]
         for r in self.replicas:
-            lines.append(f"  replica {r['dp']}: requests {r['requests']}, {r['decoded']} tokens decoded")
+            lines.append(
+                f"  replica {r['dp']}: requests {r['requests']}, {r['decoded']} tokens decoded, "
+                f"{r['cached']} prompt tokens found cached"
+            )
         if self.problem():
             lines.insert(1, f"  PARITY FAILED: {self.problem()}")
         return "\n".join(lines)
@@ -218,6 +230,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--blocks", type=int, default=16, help="KV blocks per rank (paged cache)")
     parser.add_argument("--block-size", type=int, default=4, help="tokens per KV block")
     parser.add_argument("--max-batch", type=int, default=4, help="requests decoded together per replica")
+    parser.add_argument("--prefix-cache", action="store_true", help="reuse KV blocks of prompt prefixes (vLLM APC)")
+    parser.add_argument("--router", default="round-robin", help="which replica serves a request: round-robin, prefix")
+    parser.add_argument("--shared-prefix", type=int, default=0, help="tokens of one system prompt before every request")
+    parser.add_argument("--token-budget", type=int, default=None, help="tokens per step, chunking long prefills")
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
@@ -247,13 +263,31 @@ def run_serve(
     blocks: int = 16,
     block_size: int = 4,
     max_batch: int = 4,
+    prefix_cache: bool = False,
+    router: str = "round-robin",
+    token_budget: int | None = None,
+    shared_prefix: int = 0,
 ) -> ServeReport:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
     reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
     pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``)."""
     if pp > 1 or ep > 1:
         return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep)
-    dims, cfg, reqs = check_serve(setup, world_size, tp, dp, requests, blocks, block_size, max_batch)
+    dims, cfg, reqs = check_serve(
+        setup,
+        world_size,
+        tp,
+        dp,
+        requests,
+        blocks,
+        block_size,
+        max_batch,
+        router=router,
+        token_budget=token_budget,
+        shared_prefix=shared_prefix,
+    )
+    from playbook.serve.router import route
+
     backend = default_backend(dims.world) if backend == "auto" else backend
     answers = launch(
         serve_on_rank,
@@ -265,11 +299,19 @@ def run_serve(
         n_blocks=blocks,
         block_size=block_size,
         max_batch=max_batch,
+        prefix_cache=prefix_cache,
+        assign=route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router),
+        token_budget=token_budget,
         backend=backend,
     )
     parity = merge(answers, cfg, dims, reference(cfg, setup.seed, reqs))
     replicas = [
-        {"dp": a["coords"]["dp"], "requests": sorted(a["tokens"]), "decoded": a["decoded"]}
+        {
+            "dp": a["coords"]["dp"],
+            "requests": sorted(a["tokens"]),
+            "decoded": a["decoded"],
+            "cached": sum(a["cached"].values()),
+        }
         for a in answers
         if a["coords"]["tp"] == 0
     ]
@@ -288,6 +330,10 @@ def run_serve(
             "blocks": blocks,
             "block_size": block_size,
             "max_batch": max_batch,
+            "prefix_cache": prefix_cache,
+            "router": router,
+            "token_budget": token_budget,
+            "shared_prefix": shared_prefix,
         },
         replicas,
     )

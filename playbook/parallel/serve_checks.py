@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from playbook.dims import ParallelDims
 from playbook.serve.batching import make_requests
 
@@ -16,8 +18,27 @@ def check_counts(**counts: int) -> None:
             raise ValueError(f"--{flag} must be a positive integer, got {value}; try --{flag} 4")
 
 
-def check_serve(setup, world_size, tp: int, dp: int, requests: int, blocks: int, block_size: int, max_batch: int):
+def check_serve(
+    setup,
+    world_size,
+    tp: int,
+    dp: int,
+    requests: int,
+    blocks: int,
+    block_size: int,
+    max_batch: int,
+    *,
+    router: str = "round-robin",
+    token_budget: int | None = None,
+    shared_prefix: int = 0,
+):
     """(dims, cfg, requests) of a dp × tp serving run, or one ``ValueError`` before any rank starts."""
+    from playbook.serve.router import POLICIES
+
+    if router not in POLICIES:
+        raise ValueError(f"--router {router} is not one of {', '.join(POLICIES)}; try --router prefix")
+    if token_budget is not None:
+        check_counts(token_budget=token_budget)
     dims = ParallelDims(dp=dp, tp=tp)
     if world_size and world_size != dims.world:
         raise ValueError(
@@ -28,6 +49,15 @@ def check_serve(setup, world_size, tp: int, dp: int, requests: int, blocks: int,
     dims.check(cfg)
     new = (2, min(10, cfg.max_seq_len // 4))
     reqs = make_requests(requests, cfg.vocab_size, seed=setup.seed, new=new)
+    if shared_prefix:  # one system prompt before every request's own tokens: what a prefix cache finds
+        if shared_prefix < 0 or shared_prefix + 12 + new[1] > cfg.max_seq_len:
+            most = cfg.max_seq_len - 12 - new[1]
+            raise ValueError(
+                f"--shared-prefix {shared_prefix} must be in 0..{most} ({cfg.name} holds {cfg.max_seq_len} tokens "
+                f"per sequence, a request up to 12 of its own + {new[1]} new); try --shared-prefix {min(8, most)}"
+            )
+        system = tuple(make_requests(1, cfg.vocab_size, seed=setup.seed + 1, prompt=(shared_prefix,) * 2)[0].prompt)
+        reqs = [replace(r, prompt=system + r.prompt) for r in reqs]
     longest = max(len(r.prompt) + r.max_new - 1 for r in reqs)
     need = -(-longest // block_size)
     if need > blocks:
@@ -54,7 +84,17 @@ def check_options(args) -> None:
         _check_alone(o.get("world_size"), tp=o["tp"], dp=o["dp"], pp=o["pp"], ep=o["ep"])
         return
     check_serve(
-        setup, o.get("world_size"), o["tp"], o["dp"], o["requests"], o["blocks"], o["block_size"], o["max_batch"]
+        setup,
+        o.get("world_size"),
+        o["tp"],
+        o["dp"],
+        o["requests"],
+        o["blocks"],
+        o["block_size"],
+        o["max_batch"],
+        router=o.get("router", "round-robin"),
+        token_budget=o.get("token_budget"),
+        shared_prefix=o.get("shared_prefix", 0),
     )
 
 

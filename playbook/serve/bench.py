@@ -56,7 +56,7 @@ def _median_seconds(fn, repeats: int) -> float:
 
 @torch.no_grad()
 def calibrate_on_rank(
-    ctx, *, hidden: int = 768, ffn: int = 2048, weight_bytes: float = 100e6, tokens: int = 128, repeats: int = 7
+    ctx, *, hidden: int = 768, ffn: int = 2048, weight_bytes: float = 100e6, tokens: int = 128, repeats: int = 3
 ) -> dict:
     """This rank's achievable FLOP/s ([tokens, h] @ [h, 4f] matmul), bandwidth ([1, h] @ [h, n] with
     a ``weight_bytes`` matrix, as large as the weights a decode step reads, so that it does not sit
@@ -107,8 +107,8 @@ def phases_on_rank(
     cfg: ModelConfig,
     seed: int = 0,
     tp: int | None = None,
-    prompts=(16, 32, 64, 128),
-    batches=(1, 2, 4, 8, 16),
+    prompts=(16, 32, 64),
+    batches=(1, 4, 16),
     context: int = 64,
     repeats: int = 3,
 ) -> dict:
@@ -129,16 +129,14 @@ def phases_on_rank(
             forward_step(model, tokens, [0], lambda i: contiguous_store(cache, i))
 
         prefill.append({"prompt": p, "seconds": _median_seconds(run, repeats), "load": os.getloadavg()[0]})
+    one = KVCache(len(model.blocks), 1)  # one `context`-token prefill, copied into every row below:
+    forward_step(  # a decode step's time does not depend on what its cache holds, only on its size
+        model, torch.randint(0, cfg.vocab_size, (1, context), generator=gen), [0], lambda i: contiguous_store(one, i)
+    )
     decode = []
     for b in batches:
         cache = KVCache(len(model.blocks), b)
-        forward_step(
-            model,
-            torch.randint(0, cfg.vocab_size, (b, context), generator=gen),
-            [0] * b,
-            lambda i: contiguous_store(cache, i),
-        )
-        saved = [[list(cache.k[i]), list(cache.v[i])] for i in layers]
+        saved = [[[one.k[i][0].clone() for _ in range(b)], [one.v[i][0].clone() for _ in range(b)]] for i in layers]
         last = torch.randint(0, cfg.vocab_size, (b, 1), generator=gen)  # [b, 1]
 
         def step():
@@ -153,14 +151,23 @@ def phases_on_rank(
 
 
 def layout_on_rank(
-    ctx, *, cfg: ModelConfig, dims: ParallelDims, prompts: torch.Tensor, new_tokens: int, seed: int = 0
+    ctx,
+    *,
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    prompts: torch.Tensor,
+    new_tokens: int,
+    seed: int = 0,
+    calibrate: bool = True,
 ) -> dict:
-    """One serving layout on these ranks: calibrate (every rank at once, the gemv as large as this
-    rank's weights), then each replica greedy-decodes its rows of ``prompts``
-    (``parallel.serve.greedy_on_rank``)."""
+    """One serving layout on these ranks: calibrate if asked (every rank at once, the gemv as large
+    as this rank's weights; the rates are the machine's, so one calibration can serve several
+    layouts), then each replica greedy-decodes its rows of ``prompts`` (``parallel.serve.greedy_on_rank``)."""
     from playbook.parallel.serve import greedy_on_rank
 
-    cal = calibrate_on_rank(ctx, hidden=cfg.hidden, ffn=cfg.ffn_hidden, weight_bytes=cfg.num_params() * 4 / dims.tp)
+    cal = None
+    if calibrate:
+        cal = calibrate_on_rank(ctx, hidden=cfg.hidden, ffn=cfg.ffn_hidden, weight_bytes=cfg.num_params() * 4 / dims.tp)
     out = greedy_on_rank(ctx, cfg=cfg, seed=seed, dims=dims, prompts=prompts, new_tokens=new_tokens)
     return {**out, "calibration": cal, "load": os.getloadavg()[0]}
 

@@ -37,6 +37,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from playbook.config import Hardware, ModelConfig, divisors, require_positive
+from playbook.theory import allreduce_algo
 from playbook.theory.comm import collective_seconds, sent_bytes
 from playbook.theory.flops import flops_per_token
 from playbook.theory.memory import _dtype_bytes, _kv_heads_per_rank, inference_memory, kv_cache_bytes_per_token
@@ -155,6 +156,21 @@ def tp_allreduce_bytes(cfg: ModelConfig, *, tokens: int, tp: int, act_bytes: flo
     return 2 * sent_bytes("all_reduce", tokens * cfg.hidden * act_bytes, tp)
 
 
+RING_STEP = 5e-6  # seconds per ring step, the default ``latency``
+BY_SIZE = "by-size"  # ``latency=BY_SIZE``: one-shot, two-shot or ring, whichever is least for the message
+
+
+def allreduce_seconds(message: float, tp: int, hw: Hardware, latency: float | str = RING_STEP) -> float:
+    """One TP all-reduce of ``message`` bytes per rank: a ring with ``latency`` seconds per step
+    (2(tp − 1) steps), or with ``latency="by-size"`` the algorithm a library picks by size
+    (``theory.allreduce_algo``: one-shot below a few hundred KB, ~10 µs whatever tp)."""
+    if latency == BY_SIZE:
+        return allreduce_algo.allreduce_seconds(message, tp, hw.intra_node_bandwidth)[0]
+    if isinstance(latency, str):
+        raise ValueError(f"latency must be seconds per ring step (e.g. 5e-6) or {BY_SIZE!r}, got {latency!r}")
+    return collective_seconds("all_reduce", message, tp, hw.intra_node_bandwidth, latency)
+
+
 def _phase(cfg, hw, *, tokens, seq_len, kv_tokens, tp, pp, dtype, mfu, mbu, latency) -> Phase:
     require_positive(tokens=tokens, tp=tp, pp=pp)
     if not (0 < mfu <= 1 and 0 < mbu <= 1):
@@ -165,9 +181,9 @@ def _phase(cfg, hw, *, tokens, seq_len, kv_tokens, tp, pp, dtype, mfu, mbu, late
         cfg, tp=tp, pp=pp, dtype=dtype
     )
     message = tokens * cfg.hidden * b
-    comm = 2 * cfg.n_layers * collective_seconds("all_reduce", message, tp, hw.intra_node_bandwidth, latency)
+    comm = 2 * cfg.n_layers * allreduce_seconds(message, tp, hw, latency)
     if pp > 1:
-        comm += (pp - 1) * (message / hw.intra_node_bandwidth + latency)
+        comm += (pp - 1) * (message / hw.intra_node_bandwidth + (RING_STEP if latency == BY_SIZE else latency))
     return Phase(flops, read, flops / (hw.peak_bf16_flops * mfu), read / (hw.memory_bandwidth * mbu), comm, pp)
 
 
@@ -182,7 +198,7 @@ def prefill(
     dtype: str = "bf16",
     mfu: float = 0.5,
     mbu: float = 0.8,
-    latency: float = 5e-6,
+    latency: float | str = RING_STEP,
 ) -> Phase:
     """Prefill of ``batch`` prompts of ``prompt`` tokens: its ``seconds`` is the time to first token."""
     return _phase(
@@ -211,7 +227,7 @@ def decode(
     dtype: str = "bf16",
     mfu: float = 0.5,
     mbu: float = 0.8,
-    latency: float = 5e-6,
+    latency: float | str = RING_STEP,
 ) -> Phase:
     """One decode step of ``batch`` sequences with ``context`` tokens cached each: its ``seconds``
     is the time per output token; it reads this GPU's weights and ``batch·context`` tokens of KV."""
@@ -261,7 +277,7 @@ def serving_layout(
     dtype: str = "bf16",
     mfu: float = 0.5,
     mbu: float = 0.8,
-    latency: float = 5e-6,
+    latency: float | str = RING_STEP,
 ) -> dict:
     """One row of the TP-against-DP-replicas comparison: ``dp`` replicas of ``tp·pp`` GPUs each. KV capacity,
     TTFT of a ``context``-token prompt, TPOT with ``batch`` sequences per replica (default as many
