@@ -142,6 +142,7 @@ def cmd_plan(args) -> int:
         global_batch=args.global_batch,
         mem_util=args.mem_util,
         attention=args.attention,
+        activations=args.activations,
     )
     best = result.candidates[0].layout
     where = dict(
@@ -163,7 +164,7 @@ def cmd_plan(args) -> int:
         print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")
     print(
         f"{cfg.name} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
-        f"global batch {args.global_batch}, {args.attention} attention; {len(result.candidates)} layouts fit, "
+        f"global batch {args.global_batch}, {args.attention} attention, {args.activations} activations; {len(result.candidates)} layouts fit, "
         f"{result.dominated} slower variants of them skipped"
     )
     print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
@@ -230,6 +231,13 @@ def add_plan(sub) -> None:
         help="attention kernel whose activations are counted: flash (a fused FlashAttention kernel, what real "
         "clusters run: no [s, s] scores kept, an fp32 log-sum-exp instead) or eager (our teaching model's "
         "softmax, [b, heads, s, s] kept per layer)",
+    )
+    p.add_argument(
+        "--activations",
+        choices=("production", "ours"),
+        default="production",
+        help="whose kernels' saved tensors are counted: production (fused norm and SwiGLU, flash attention, "
+        "SP-sharded inputs as Megatron-LM saves them; the default) or ours (the teaching GPT's, exact on real ranks)",
     )
     p.add_argument("--top", type=int, default=5, help="layouts to show")
     p.add_argument(

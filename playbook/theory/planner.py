@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.dims import ParallelDims
-from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES, training_memory
+from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_cost import StepCost, step_costs
+from playbook.theory.plan_memory import memory_breakdown, memory_bytes  # noqa: F401 (re-exported)
+from playbook.theory.prod_activations import check_activations
 
 MAX_MICRO_BATCH = 8
 MEM_UTIL = 0.9  # share of device memory a plan may fill: CUDA context, NCCL buffers, fragmentation are not counted
@@ -47,6 +49,10 @@ class Layout:
     @property
     def degrees(self) -> dict[str, int]:
         return dict(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep)
+
+    @property
+    def degrees_no_dp(self) -> dict[str, int]:
+        return dict(tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep)
 
     def __str__(self) -> str:
         axes = "×".join(f"{a}{v}" for a, v in self.degrees.items() if v > 1 or a == "dp")
@@ -84,6 +90,7 @@ class Plan:
     global_batch: int
     device_bytes: float
     attention: str = "flash"  # the attention kernel whose activations are counted (training_memory)
+    activations: str = "production"  # whose kernels' saved tensors are counted (plan_memory)
     candidates: list[Candidate] = field(default_factory=list)  # fastest first
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
@@ -94,7 +101,8 @@ class Plan:
         entry[0] += 1
 
     def as_dict(self, top: int | None = None) -> dict:
-        keys = "model hardware gpus gpus_per_node seq_len global_batch attention device_bytes dominated".split()
+        keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations device_bytes dominated"
+        keys = keys.split()
         return {
             **{k: getattr(self, k) for k in keys},
             "candidates": [c.as_dict() for c in self.candidates[:top]],
@@ -163,28 +171,13 @@ def _variants(dims: ParallelDims, plan: Plan):
                 )
 
 
-def memory_bytes(cfg: ModelConfig, lay: Layout, seq_len: int, attention: str = "flash") -> float:
-    """Bytes on the most loaded GPU of ``lay`` (``training_memory``, mixed precision, SP with tp)."""
-    return training_memory(
-        cfg,
-        seq_len=seq_len,
-        micro_batch=lay.micro_batch,
-        **lay.degrees,
-        zero=lay.zero,
-        sequence_parallel=lay.tp > 1,
-        recompute=lay.recompute,
-        precision="mixed",
-        attention=attention,
-    ).total
-
-
 def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_len: int, out: Plan):
     """(variants training_memory accepts, the least memory among them, that variant). A refusal (e.g.
     full recomputation with cp) depends on the recomputation choice, not on ZeRO or b: drop its kind."""
     while variants:
         least = min(variants, key=lambda v: (v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute)))
         try:
-            return variants, memory_bytes(cfg, least, seq_len, out.attention), least
+            return variants, memory_bytes(cfg, least, seq_len, out.attention, out.activations), least
         except (ValueError, NotImplementedError) as e:
             out.reject("not modelled", f"{dims} recompute={least.recompute}: {e}")
             variants = [v for v in variants if v.recompute != least.recompute]
@@ -210,10 +203,12 @@ def plan(
     gpus_per_node: int | None = None,
     mem_util: float = MEM_UTIL,
     attention: str = "flash",
+    activations: str = "production",
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
-    softmax, [b, a, s, s] kept per layer); see ``theory.activations``. Raises ``ValueError`` (one
+    softmax, [b, a, s, s] kept per layer); see ``theory.activations``. ``activations``: "production"
+    (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's). Raises ``ValueError`` (one
     line) on bad input, when no layout divides, the global batch splits over none, or nothing fits
     (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
@@ -230,7 +225,8 @@ def plan(
         raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; try 0.9")
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}; try flash")
-    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes, attention)
+    check_activations(activations)
+    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes, attention, activations)
     budget = hw.memory_bytes * mem_util
     common = dict(seq_len=seq_len, gpus_per_node=g)
     structures = list(_structures(cfg, out))
@@ -278,7 +274,7 @@ def plan(
             if any(_needs_more(v, f) for f in too_big):  # memory grows with b, falls with ZeRO and recomputation
                 out.reject("memory", f"{v} needs more than {too_big[0]}, which does not fit")
                 continue
-            mem = memory_bytes(cfg, v, seq_len, attention)
+            mem = memory_bytes(cfg, v, seq_len, attention, activations)
             if mem <= budget:
                 mfu = cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops)
                 out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
@@ -291,7 +287,7 @@ def plan(
 
         if out.smallest is None:
             raise ValueError(nothing_plans(cfg, out))
-        advice = dict(smallest=out.smallest, attention=attention)
+        advice = dict(smallest=out.smallest, attention=attention, activations=activations)
 
         raise ValueError(
             nothing_fits(cfg, hw, **common, gpus=gpus, global_batch=global_batch, mem_util=mem_util, **advice)

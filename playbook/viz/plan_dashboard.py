@@ -35,11 +35,13 @@ def models() -> list[str]:
 
 
 @lru_cache(maxsize=64)
-def cached_plan(model: str, hardware: str, gpus: int, seq_len: int, global_batch: int) -> Plan:
+def cached_plan(
+    model: str, hardware: str, gpus: int, seq_len: int, global_batch: int, activations: str = "production"
+) -> Plan:
     """``theory.planner.plan`` for preset names, remembered (the notebook and the dashboard share it)."""
-    return plan(
-        ModelConfig.preset(model), Hardware.preset(hardware), gpus=gpus, seq_len=seq_len, global_batch=global_batch
-    )
+    hw = Hardware.preset(hardware)
+    sizes = dict(gpus=gpus, seq_len=seq_len, global_batch=global_batch, activations=activations)
+    return plan(ModelConfig.preset(model), hw, **sizes)
 
 
 def summary(p: Plan) -> str:
@@ -48,7 +50,7 @@ def summary(p: Plan) -> str:
     turned = ", ".join(f"{kind} {n:,}" for kind, (n, _) in sorted(p.rejected.items(), key=lambda kv: -kv[1][0]))
     return (
         f"<b>{len(p.candidates)}</b> layouts of {p.gpus:,} × {p.hardware} fit {p.model} "
-        f"(seq {p.seq_len:,}, global batch {p.global_batch:,}); fastest <b>{html.escape(str(best.layout))}</b>: "
+        f"(seq {p.seq_len:,}, global batch {p.global_batch:,}, {p.activations} activations); fastest <b>{html.escape(str(best.layout))}</b>: "
         f"{best.cost.total:.3g} s per step, MFU {best.mfu:.0%}, {best.memory / 1e9:.1f} GB per GPU."
         f"<br><span style='color:{GREY}'>rejected: {html.escape(turned) or 'none'}; "
         f"{p.dominated:,} slower variants of kept layouts not shown</span>"
