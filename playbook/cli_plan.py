@@ -13,6 +13,7 @@ import json
 
 from playbook.cli import BadInput
 from playbook.config import Hardware, ModelConfig
+from playbook.theory.plan_schedule import PLAN_SCHEDULES
 
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
@@ -143,6 +144,7 @@ def cmd_plan(args) -> int:
         mem_util=args.mem_util,
         attention=args.attention,
         activations=args.activations,
+        schedules=tuple(x for x in args.schedules.split(",") if x),
     )
     best = result.candidates[0].layout
     where = dict(
@@ -238,6 +240,11 @@ def add_plan(sub) -> None:
         default="production",
         help="whose kernels' saved tensors are counted: production (fused norm and SwiGLU, flash attention, "
         "SP-sharded inputs as Megatron-LM saves them; the default) or ours (the teaching GPT's, exact on real ranks)",
+    )
+    p.add_argument(
+        "--schedules",
+        default=",".join(PLAN_SCHEDULES),
+        help=f"pipeline schedules searched, comma-separated (default: all of {', '.join(PLAN_SCHEDULES)})",
     )
     p.add_argument("--top", type=int, default=5, help="layouts to show")
     p.add_argument(

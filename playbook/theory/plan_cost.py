@@ -20,9 +20,11 @@ pp: ``playbook.dims``), the network card otherwise. What overlaps:
   behind attention's own compute except the first pass of each ring.
 - **ep** (DeepSpeed-MoE, arXiv:2201.05596): an all-to-all to dispatch and one to combine per MoE
   layer forward, as many backward (+2 with full recomputation); exposed.
-- **pp** (1F1B, Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
-  micro-batch between neighbouring stages, point to point and small; exposed. Bubble: (p − 1)/m
-  of the pipelined time (compute and the exposed tp/cp/ep/pp time of the m micro-batches).
+- **pp** (Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
+  micro-batch between neighbouring stages (v times as many interleaved, twice on a V), point to
+  point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
+  (compute and the exposed tp/cp/ep/pp time of the m micro-batches): (p − 1)/m for 1F1B,
+  (p − 1)/(v·m) interleaved, (p − 1)/(3m) ZB-H1, simulated for ZB-V and DualPipe-V.
 - **dp** over the dp·cp ranks that share weights (expert weights over their dp·cp/ep replicas),
   bf16 gradients: ZeRO 0 one all-reduce, overlapped with the last micro-batch's backward except
   the last bucket (PyTorch DDP, Li et al. 2020, arXiv:2006.15704, buckets of 25 MiB); ZeRO 1 a
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import BACKWARD_SHARE, attention_flops_per_token, flops_per_token
+from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
 
 BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
 GRAD_BYTES = 2  # bf16 gradients and weights on the wire (precision="mixed")
@@ -127,6 +130,8 @@ def step_cost(
     recompute: str,
     seq_len: int,
     gpus_per_node: int,
+    schedule: str = "1f1b",
+    v: int = 1,
 ) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring)."""
     world, s, b, m, h = dp * tp * pp * cp, seq_len, micro_batch, microbatches, cfg.hidden
@@ -161,10 +166,10 @@ def step_cost(
         axes["ep"] = (comm, comm)
     if pp > 1:
         bw, lat, _ = link(hw, "pp", gpus_per_node, **degrees)
-        comm = 2 * m * collective_seconds("send", act / tp, 2, bw, lat)
+        comm = 2 * m * boundary_crossings(schedule, v) * collective_seconds("send", act / tp, 2, bw, lat)
         axes["pp"] = (comm, comm)
     pipelined = compute + sum(e for _, e in axes.values())
-    bubble = pipelined * (pp - 1) / m
+    bubble = pipelined * bubble_fraction(schedule, pp, m, v)
     if dp * cp > 1:
         axes["dp"] = _dp_seconds(
             cfg, hw, zero=zero, compute=compute, gpus_per_node=gpus_per_node, **degrees, microbatches=m
@@ -192,6 +197,20 @@ def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layo
         )
         out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
     return out
+
+
+def with_schedule(base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int) -> StepCost:
+    """``base`` (a 1F1B step) under another schedule: pp's point-to-point time times the boundaries
+    crossed, and the bubble from the new pipelined time (the rest does not depend on the schedule)."""
+    if schedule == "1f1b" or pp == 1:
+        return base
+    axes = dict(base.axes)
+    if "pp" in axes:
+        c = axes["pp"][0] * boundary_crossings(schedule, v)
+        axes["pp"] = (c, c)
+    pipelined = base.compute + sum(e for a, (_, e) in axes.items() if a != "dp")
+    bubble = pipelined * bubble_fraction(schedule, pp, microbatches, v)
+    return StepCost(base.compute, bubble, axes, base.model_flops)
 
 
 def grad_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) -> list[tuple[float, int]]:

@@ -6,9 +6,29 @@ gradients, Adam's state under ZeRO) is ``theory.memory.training_memory``'s eithe
 
 from __future__ import annotations
 
+import functools
+
 from playbook.config import ModelConfig
 from playbook.theory.memory import training_memory
 from playbook.theory.prod_activations import production_stage_activations
+
+
+@functools.lru_cache(maxsize=65536)
+def _ours(cfg, seq_len, micro_batch, degrees, zero, recompute, attention) -> tuple[float, float, float, float]:
+    """training_memory's (params, grads, optimizer, activations), remembered: a search asks for the
+    same degrees, ZeRO stage and recomputation once per schedule and micro-batch count."""
+    mem = training_memory(
+        cfg,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        **dict(degrees),
+        zero=zero,
+        sequence_parallel=dict(degrees)["tp"] > 1,
+        recompute=recompute,
+        precision="mixed",
+        attention=attention,
+    )
+    return mem.params, mem.grads, mem.optimizer, mem.activations
 
 
 def memory_breakdown(
@@ -18,18 +38,9 @@ def memory_breakdown(
     mixed precision, SP with tp) and activations, counted by ``activations``: "ours" (our teaching
     GPT's kernels, ``training_memory``'s own count) or "production" (``theory.prod_activations``:
     fused kernels, SP-sharded saved inputs, the schedule's micro-batches in flight)."""
-    mem = training_memory(
-        cfg,
-        seq_len=seq_len,
-        micro_batch=lay.micro_batch,
-        **lay.degrees,
-        zero=lay.zero,
-        sequence_parallel=lay.tp > 1,
-        recompute=lay.recompute,
-        precision="mixed",
-        attention=attention,
-    )
-    out = {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer, "activations": mem.activations}
+    b = lay.micro_batch if activations == "ours" else 1  # production: only the state is read, the same at any b
+    state = _ours(cfg, seq_len, b, tuple(lay.degrees.items()), lay.zero, lay.recompute, attention)
+    out = dict(zip(("params", "grads", "optimizer", "activations"), state))
     if activations == "production":
         out["activations"] = production_stage_activations(
             cfg,
@@ -39,6 +50,8 @@ def memory_breakdown(
             **lay.degrees_no_dp,
             recompute=lay.recompute,
             attention=attention,
+            schedule=getattr(lay, "schedule", "1f1b"),
+            v=getattr(lay, "v", 1),
         )
     return out
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.dims import ParallelDims
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
-from playbook.theory.plan_cost import StepCost, step_costs
+from playbook.theory.plan_cost import StepCost, step_costs, with_schedule
 from playbook.theory.plan_memory import memory_breakdown, memory_bytes  # noqa: F401 (re-exported)
-from playbook.theory.prod_activations import check_activations
+from playbook.theory.plan_schedule import PLAN_SCHEDULES, check_schedules, schedule_options
+from playbook.theory.prod_activations import check_activations, in_flight
 
 MAX_MICRO_BATCH = 8
 MEM_UTIL = 0.9  # share of device memory a plan may fill: CUDA context, NCCL buffers, fragmentation are not counted
@@ -45,6 +46,8 @@ class Layout:
     micro_batch: int
     microbatches: int
     recompute: str
+    schedule: str = "1f1b"  # pipeline schedule (plan_schedule.PLAN_SCHEDULES)
+    v: int = 1  # model chunks per stage: interleaved's v, 2 for the V shapes
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -56,7 +59,8 @@ class Layout:
 
     def __str__(self) -> str:
         axes = "×".join(f"{a}{v}" for a, v in self.degrees.items() if v > 1 or a == "dp")
-        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}"
+        sched = "" if self.schedule == "1f1b" else f" {self.schedule}" + (f" v{self.v}" if self.v > 1 else "")
+        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}{sched}"
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ class Plan:
     device_bytes: float
     attention: str = "flash"  # the attention kernel whose activations are counted (training_memory)
     activations: str = "production"  # whose kernels' saved tensors are counted (plan_memory)
+    schedules: tuple[str, ...] = PLAN_SCHEDULES  # pipeline schedules searched (plan_schedule)
+    n_layers: int = 0  # the model's, for the schedules' p·v <= layers
     candidates: list[Candidate] = field(default_factory=list)  # fastest first
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
@@ -160,15 +166,13 @@ def _variants(dims: ParallelDims, plan: Plan):
         if m < dims.pp:
             plan.reject("pipeline not filled", f"{dims}: m={m} micro-batches of {b} < pp={dims.pp} stages")
             continue
-        for zero in zeros:
-            for rc in RECOMPUTE:
-                yield Layout(
-                    **{a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")},
-                    zero=zero,
-                    micro_batch=b,
-                    microbatches=m,
-                    recompute=rc,
-                )
+        degrees = {a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")}
+        for schedule, v in schedule_options(dims.pp, m, plan.n_layers, plan.schedules):
+            for zero in zeros:
+                for rc in RECOMPUTE:
+                    yield Layout(
+                        **degrees, zero=zero, micro_batch=b, microbatches=m, recompute=rc, schedule=schedule, v=v
+                    )
 
 
 def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_len: int, out: Plan):
@@ -184,13 +188,16 @@ def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_
     return [], 0.0, None
 
 
-def _needs_more(v: Layout, w: Layout) -> bool:
-    """``v`` holds at least ``w``'s bytes: same degrees, b no smaller, ZeRO and recomputation no stronger."""
-    return (
-        v.micro_batch >= w.micro_batch
-        and v.zero <= w.zero
-        and RECOMPUTE.index(v.recompute) <= RECOMPUTE.index(w.recompute)
-    )
+def _memory_key(v: Layout) -> tuple[float, int, int, int]:
+    """What orders a layout's bytes among its variants (same degrees): micro-batches in flight per
+    micro-batch (the schedule's factor), b, ZeRO (reversed) and recomputation (reversed)."""
+    held = in_flight(v.schedule, v.pp, v.microbatches, v.v) / v.microbatches
+    return (held, v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute))
+
+
+def _needs_more(v: tuple, w: tuple) -> bool:
+    """``v`` holds at least ``w``'s bytes (keys of :func:`_memory_key`): no component smaller."""
+    return all(x >= y - 1e-12 for x, y in zip(v, w))
 
 
 def plan(
@@ -204,6 +211,7 @@ def plan(
     mem_util: float = MEM_UTIL,
     attention: str = "flash",
     activations: str = "production",
+    schedules: tuple[str, ...] = PLAN_SCHEDULES,
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
@@ -227,6 +235,7 @@ def plan(
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}; try flash")
     check_activations(activations)
     out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes, attention, activations)
+    out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
     budget = hw.memory_bytes * mem_util
     common = dict(seq_len=seq_len, gpus_per_node=g)
     structures = list(_structures(cfg, out))
@@ -252,7 +261,7 @@ def plan(
                 out.smallest = (need, str(least))
             continue
         zeros = tuple(sorted({v.zero for v in variants}))
-        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute) -> cost per ZeRO stage
+        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute) -> 1F1B cost per ZeRO stage
         for v in variants:
             if (v.micro_batch, v.recompute) not in by_zero:
                 by_zero[v.micro_batch, v.recompute] = step_costs(
@@ -265,14 +274,29 @@ def plan(
                     recompute=v.recompute,
                     **common,
                 )
+        sched = dict(pp=dims.pp)
         costs = sorted(
-            ((by_zero[v.micro_batch, v.recompute][v.zero], v) for v in variants),
+            (
+                (
+                    with_schedule(
+                        by_zero[v.micro_batch, v.recompute][v.zero],
+                        **sched,
+                        microbatches=v.microbatches,
+                        schedule=v.schedule,
+                        v=v.v,
+                    ),
+                    v,
+                )
+                for v in variants
+            ),
             key=lambda cv: (cv[0].total, -cv[1].zero),
         )
-        too_big: list[Layout] = []
+        too_big: list[tuple] = []  # (memory key, layout) of variants that did not fit
         for i, (cost, v) in enumerate(costs):
-            if any(_needs_more(v, f) for f in too_big):  # memory grows with b, falls with ZeRO and recomputation
-                out.reject("memory", f"{v} needs more than {too_big[0]}, which does not fit")
+            key = _memory_key(v)
+            if any(_needs_more(key, f) for f, _ in too_big):  # grows with b, falls with ZeRO and recomputation
+                seen = "memory" in out.rejected  # the first message is kept: format no other
+                out.reject("memory", "" if seen else f"{v} needs more than {too_big[0][1]}, which does not fit")
                 continue
             mem = memory_bytes(cfg, v, seq_len, attention, activations)
             if mem <= budget:
@@ -281,7 +305,7 @@ def plan(
                 out.dominated += len(costs) - i - 1
                 break
             out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.memory_bytes / 1e9:.0f} GB device")
-            too_big.append(v)
+            too_big.append((key, v))
     if not out.candidates:
         from playbook.theory.plan_advice import nothing_fits, nothing_plans
 

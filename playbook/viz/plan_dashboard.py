@@ -18,6 +18,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from playbook.config import Hardware, ModelConfig
+from playbook.theory.plan_schedule import PLAN_SCHEDULES
 from playbook.theory.planner import Plan, plan
 from playbook.viz.mesh import table
 from playbook.viz.plan import candidate_rows, rejected_rows, step_breakdown
@@ -36,11 +37,17 @@ def models() -> list[str]:
 
 @lru_cache(maxsize=64)
 def cached_plan(
-    model: str, hardware: str, gpus: int, seq_len: int, global_batch: int, activations: str = "production"
+    model: str,
+    hardware: str,
+    gpus: int,
+    seq_len: int,
+    global_batch: int,
+    activations: str = "production",
+    schedules: tuple[str, ...] = PLAN_SCHEDULES,
 ) -> Plan:
     """``theory.planner.plan`` for preset names, remembered (the notebook and the dashboard share it)."""
     hw = Hardware.preset(hardware)
-    sizes = dict(gpus=gpus, seq_len=seq_len, global_batch=global_batch, activations=activations)
+    sizes = dict(gpus=gpus, seq_len=seq_len, global_batch=global_batch, activations=activations, schedules=schedules)
     return plan(ModelConfig.preset(model), hw, **sizes)
 
 
