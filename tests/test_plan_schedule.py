@@ -41,3 +41,14 @@ def test_with_schedule_equals_a_direct_count():
         direct = step_cost(cfg, hw, **kw, schedule=name, v=v)
         derived = with_schedule(base, pp=4, microbatches=16, schedule=name, v=v)
         assert derived.total == pytest.approx(direct.total) and derived.bubble < base.bubble
+
+
+def test_a_cluster_of_384_gpus_plans_with_non_power_of_two_degrees():
+    from playbook.theory.planner import divisors, plan
+
+    assert divisors(384, 16) == [1, 2, 3, 4, 6, 8, 12, 16]
+    cfg, hw = ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
+    p = plan(cfg, hw, gpus=384, seq_len=4096, global_batch=768, schedules=("1f1b",))
+    assert p.candidates
+    odd = [c for c in p.candidates if c.layout.pp % 3 == 0 or c.layout.cp % 3 == 0]  # 12 stages, cp 3
+    assert odd and all(c.layout.dp * c.layout.tp * c.layout.pp * c.layout.cp == 384 for c in p.candidates)

@@ -11,9 +11,9 @@ MFU (model FLOPs / (step time · GPUs · peak), Chowdhery et al. 2022, arXiv:220
 and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473, §3.2: tp inside a node, pp
 across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
 
-Pruned (and said so): degrees tp, pp, cp (and ep) are powers of two; tp ≤ GPUs per node is a
-rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (the cost model gives a larger
-micro-batch no speed, only memory). Within one (dp, tp, pp, cp, ep), the variant with the least
+Degrees: every divisor of the GPUs (384 GPUs plan: dp 3·2^k, pp 12, ...). Pruned (and said so):
+tp ≤ GPUs per node is a rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (the
+cost model gives a larger micro-batch no speed, only memory). Within one (dp, tp, pp, cp, ep), the variant with the least
 memory (largest ZeRO stage, full recomputation, smallest b) is tried first: if even it does not fit,
 the layout is rejected for memory at once; otherwise variants are tried fastest first and the first
 that fits is the layout's candidate, the slower ones counted as dominated. Pure: no torch.
@@ -125,23 +125,27 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    """Every divisor of ``n`` (up to ``limit``), ascending: 384 GPUs allow pp = 3, 6, 12, 24, ..."""
+    top = n if limit is None else min(n, limit)
+    return [k for k in range(1, top + 1) if n % k == 0]
+
+
 def _structures(cfg: ModelConfig, plan: Plan):
     """Every (dp, tp, pp, cp, ep) over the GPUs that passes ``ParallelDims.check``; rejections recorded."""
     n, g = plan.gpus, plan.gpus_per_node
-    for tp in powers_of_two(n):
+    for tp in divisors(n):
         if tp > g:
             plan.reject(
                 "tp crosses nodes", f"tp={tp} > {g} GPUs per node: TP's per-layer collectives would cross nodes"
             )
             continue
-        for cp in powers_of_two(n // tp):
-            for pp in powers_of_two(n // (tp * cp)):
-                if n % (tp * cp * pp):
-                    continue
+        for cp in divisors(n // tp):
+            for pp in divisors(n // (tp * cp)):
                 dp = n // (tp * cp * pp)
                 if not cfg.is_moe and dp * cp > 1:  # one line per structure, not one per ep
                     plan.reject("ep without experts", f"ep > 1: {plan.model} has no experts (n_experts = 0)")
-                for ep in [e for e in powers_of_two(dp * cp) if (dp * cp) % e == 0] if cfg.is_moe else [1]:
+                for ep in divisors(dp * cp) if cfg.is_moe else [1]:
                     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
                     try:
                         dims.check(cfg, seq_len=plan.seq_len)
