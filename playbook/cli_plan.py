@@ -13,6 +13,7 @@ import json
 
 from playbook.cli import BadInput
 from playbook.config import Hardware, ModelConfig
+from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
 from playbook.theory.plan_schedule import PLAN_SCHEDULES
 
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
@@ -145,6 +146,7 @@ def cmd_plan(args) -> int:
         attention=args.attention,
         activations=args.activations,
         schedules=tuple(x for x in args.schedules.split(",") if x),
+        overlap=args.overlap,
     )
     best = result.candidates[0].layout
     where = dict(
@@ -166,7 +168,7 @@ def cmd_plan(args) -> int:
         print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")
     print(
         f"{cfg.name} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
-        f"global batch {args.global_batch}, {args.attention} attention, {args.activations} activations; {len(result.candidates)} layouts fit, "
+        f"global batch {args.global_batch}, {args.attention} attention, {args.activations} activations, overlap {args.overlap}; {len(result.candidates)} layouts fit, "
         f"{result.dominated} slower variants of them skipped"
     )
     print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
@@ -245,6 +247,13 @@ def add_plan(sub) -> None:
         "--schedules",
         default=",".join(PLAN_SCHEDULES),
         help=f"pipeline schedules searched, comma-separated (default: all of {', '.join(PLAN_SCHEDULES)})",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=tuple(OVERLAP_PRESETS),
+        default=DEFAULT_OVERLAP,
+        help=f"communication hidden behind compute: none, megatron-tp (tp's collective matmuls: all but 1/t "
+        f"hidden) or deepseek-ep (also ep's all-to-all and pp's sends); default {DEFAULT_OVERLAP}",
     )
     p.add_argument("--top", type=int, default=5, help="layouts to show")
     p.add_argument(

@@ -52,3 +52,19 @@ def test_a_cluster_of_384_gpus_plans_with_non_power_of_two_degrees():
     assert p.candidates
     odd = [c for c in p.candidates if c.layout.pp % 3 == 0 or c.layout.cp % 3 == 0]  # 12 stages, cp 3
     assert odd and all(c.layout.dp * c.layout.tp * c.layout.pp * c.layout.cp == 384 for c in p.candidates)
+
+
+def test_overlap_presets_hide_what_they_name():
+    from playbook.theory.plan_cost import OVERLAP_PRESETS
+
+    cfg, hw = ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
+    kw = dict(dp=2, tp=4, pp=2, cp=1, ep=1, zero=1, micro_batch=1, microbatches=8, recompute="none")
+    kw |= dict(seq_len=4096, gpus_per_node=8)
+    none, tp = step_cost(cfg, hw, **kw, overlap="none"), step_cost(cfg, hw, **kw, overlap="megatron-tp")
+    assert none.axes["tp"][1] == none.axes["tp"][0]  # all exposed
+    assert tp.axes["tp"][1] == pytest.approx(tp.axes["tp"][0] / 4)  # the collective matmul's first of t chunks
+    assert tp.axes["pp"] == none.axes["pp"] and set(OVERLAP_PRESETS) == {"none", "megatron-tp", "deepseek-ep"}
+    ds = step_cost(cfg, hw, **kw, overlap="deepseek-ep")
+    assert ds.axes["pp"][1] == 0.0 < ds.axes["pp"][0]
+    with pytest.raises(ValueError, match="none, megatron-tp, deepseek-ep"):
+        step_cost(cfg, hw, **kw, overlap="all")

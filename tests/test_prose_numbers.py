@@ -161,7 +161,7 @@ def test_ch08_training_70b_on_8_gpus_does_not_fit():
 def _plan70():
     from playbook.viz.plan_dashboard import cached_plan
 
-    return cached_plan("llama-3.1-70b", "h100-sxm", 64, 8192, 512, "ours", ("1f1b",))
+    return cached_plan("llama-3.1-70b", "h100-sxm", 64, 8192, 512, "ours", ("1f1b",), "none")
 
 
 def test_ch08b_the_70b_winner_and_its_memory():
@@ -189,7 +189,7 @@ def test_ch08b_the_70b_winner_and_its_memory():
 def test_ch08b_405b_at_llama_3_scale():
     from playbook.viz.plan_dashboard import cached_plan
 
-    p = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048, "ours", ("1f1b",))
+    p = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048, "ours", ("1f1b",), "none")
     two, five = p.candidates[1], p.candidates[4]
     assert (two.layout.tp, two.layout.pp, two.layout.microbatches) == (8, 16, 128)
     assert (five.layout.tp, five.layout.pp, five.layout.microbatches) == (4, 32, 128)

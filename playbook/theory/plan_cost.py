@@ -14,12 +14,14 @@ pp: ``playbook.dims``), the network card otherwise. What overlaps:
 - **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
   micro-batch an all-gather and a reduce-scatter of the [s/cp, b, h] activation before and after
   attention and the MLP: 4 forward, 4 backward (+4 with full recomputation). Exposed: each one
-  sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.2).
+  sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.2), unless
+  ``overlap`` hides it (``OVERLAP_PRESETS``: all but 1/t with "megatron-tp").
 - **cp** (ring attention, Liu et al. 2023, arXiv:2310.01889): per layer and micro-batch, cp − 1
   passes of the local K and V forward and twice that backward (K, V and their gradients); hidden
   behind attention's own compute except the first pass of each ring.
 - **ep** (DeepSpeed-MoE, arXiv:2201.05596): an all-to-all to dispatch and one to combine per MoE
-  layer forward, as many backward (+2 with full recomputation); exposed.
+  layer forward, as many backward (+2 with full recomputation); exposed, but for what exceeds the
+  compute with "deepseek-ep" (which hides pp's sends the same way).
 - **pp** (Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
   micro-batch between neighbouring stages (v times as many interleaved, twice on a V), point to
   point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
@@ -35,7 +37,7 @@ pp: ``playbook.dims``), the network card otherwise. What overlaps:
   behind the micro-batch's compute (Rajbhandari et al. 2019, arXiv:1910.02054, §5, §7).
 
 Not modelled: kernels' efficiency as a function of shapes (a larger micro-batch is not faster
-here), imbalance between stages, stragglers, optimizer step time, overlap of tp with compute.
+here), imbalance between stages, stragglers, optimizer step time.
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import BACKWARD_SHARE, attention_flops_per_token, flops_per_token
 from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
 
+# Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
+# "megatron-tp". tp: a collective matmul, the all-gather / reduce-scatter cut into t chunks each
+# overlapped with the GEMM on the previous one, so only the first chunk is exposed (Wang et al. 2023,
+# "Overlap communication with dependent computation via decomposition", ASPLOS, arXiv:2305.06942;
+# Megatron-LM's --tp-comm-overlap). ep and pp: DeepSeek-V3's DualPipe runs one micro-batch's
+# all-to-all and pipeline sends under another's compute (DeepSeek-AI 2024, arXiv:2412.19437,
+# §3.2.1), so only what exceeds the compute is exposed.
+OVERLAP_PRESETS = {"none": (), "megatron-tp": ("tp",), "deepseek-ep": ("tp", "ep", "pp")}
+DEFAULT_OVERLAP = "megatron-tp"
 BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
 GRAD_BYTES = 2  # bf16 gradients and weights on the wire (precision="mixed")
 
@@ -132,8 +143,12 @@ def step_cost(
     gpus_per_node: int,
     schedule: str = "1f1b",
     v: int = 1,
+    overlap: str = "none",
 ) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring)."""
+    if overlap not in OVERLAP_PRESETS:
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
+    hidden = OVERLAP_PRESETS[overlap]
     world, s, b, m, h = dp * tp * pp * cp, seq_len, micro_batch, microbatches, cfg.hidden
     tokens = dp * b * m * s
     train, forward, attention_train, attention_forward = _per_token(cfg, s)
@@ -151,7 +166,7 @@ def step_cost(
         per_layer = 12 if recompute == "full" else 8
         one = collective_seconds("all_gather", act, tp, bw, lat)
         comm = m * layers * per_layer * one
-        axes["tp"] = (comm, comm)
+        axes["tp"] = (comm, _overlapped(comm, compute, comm / tp) if "tp" in hidden else comm)
     if cp > 1:
         bw, lat, _ = link(hw, "cp", gpus_per_node, **degrees)
         kv = 2 * (s // cp) * b * max(cfg.kv_heads / tp, 1) * cfg.dim_head * GRAD_BYTES
@@ -163,11 +178,11 @@ def step_cost(
         bw, lat, _ = link(hw, "ep", gpus_per_node, **degrees)
         per_layer = 6 if recompute == "full" else 4
         comm = m * moe_layers * per_layer * collective_seconds("all_to_all", act * cfg.top_k, ep, bw, lat)
-        axes["ep"] = (comm, comm)
+        axes["ep"] = (comm, _overlapped(comm, compute, 0.0) if "ep" in hidden else comm)
     if pp > 1:
         bw, lat, _ = link(hw, "pp", gpus_per_node, **degrees)
         comm = 2 * m * boundary_crossings(schedule, v) * collective_seconds("send", act / tp, 2, bw, lat)
-        axes["pp"] = (comm, comm)
+        axes["pp"] = (comm, _overlapped(comm, compute, 0.0) if "pp" in hidden else comm)
     pipelined = compute + sum(e for _, e in axes.values())
     bubble = pipelined * bubble_fraction(schedule, pp, m, v)
     if dp * cp > 1:
@@ -206,8 +221,8 @@ def with_schedule(base: StepCost, *, pp: int, microbatches: int, schedule: str, 
         return base
     axes = dict(base.axes)
     if "pp" in axes:
-        c = axes["pp"][0] * boundary_crossings(schedule, v)
-        axes["pp"] = (c, c)
+        k = boundary_crossings(schedule, v)
+        axes["pp"] = (axes["pp"][0] * k, axes["pp"][1] * k)
     pipelined = base.compute + sum(e for a, (_, e) in axes.items() if a != "dp")
     bubble = pipelined * bubble_fraction(schedule, pp, microbatches, v)
     return StepCost(base.compute, bubble, axes, base.model_flops)

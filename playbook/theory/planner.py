@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.dims import ParallelDims
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
-from playbook.theory.plan_cost import StepCost, step_costs, with_schedule
+from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
 from playbook.theory.plan_memory import memory_breakdown, memory_bytes  # noqa: F401 (re-exported)
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, check_schedules, schedule_options
 from playbook.theory.prod_activations import check_activations, in_flight
@@ -97,6 +97,7 @@ class Plan:
     activations: str = "production"  # whose kernels' saved tensors are counted (plan_memory)
     schedules: tuple[str, ...] = PLAN_SCHEDULES  # pipeline schedules searched (plan_schedule)
     n_layers: int = 0  # the model's, for the schedules' p·v <= layers
+    overlap: str = DEFAULT_OVERLAP  # which axes' communication hides behind compute (plan_cost.OVERLAP_PRESETS)
     candidates: list[Candidate] = field(default_factory=list)  # fastest first
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
@@ -107,8 +108,8 @@ class Plan:
         entry[0] += 1
 
     def as_dict(self, top: int | None = None) -> dict:
-        keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations device_bytes dominated"
-        keys = keys.split()
+        keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations overlap device_bytes"
+        keys = keys.split() + ["dominated"]
         return {
             **{k: getattr(self, k) for k in keys},
             "candidates": [c.as_dict() for c in self.candidates[:top]],
@@ -216,6 +217,7 @@ def plan(
     attention: str = "flash",
     activations: str = "production",
     schedules: tuple[str, ...] = PLAN_SCHEDULES,
+    overlap: str = DEFAULT_OVERLAP,
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
@@ -240,6 +242,9 @@ def plan(
     check_activations(activations)
     out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes, attention, activations)
     out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
+    if overlap not in OVERLAP_PRESETS:
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
+    out.overlap = overlap
     budget = hw.memory_bytes * mem_util
     common = dict(seq_len=seq_len, gpus_per_node=g)
     structures = list(_structures(cfg, out))
@@ -276,6 +281,7 @@ def plan(
                     micro_batch=v.micro_batch,
                     microbatches=v.microbatches,
                     recompute=v.recompute,
+                    overlap=overlap,
                     **common,
                 )
         sched = dict(pp=dims.pp)
