@@ -135,6 +135,8 @@ def cmd_plan(args) -> int:
     if not 2 <= args.replay_ranks <= 8:
         raise BadInput(f"--replay-ranks must be in 2..8 (local ranks), got {args.replay_ranks}; try --replay-ranks 4")
     cfg, hw = _plan_inputs(args)
+    if args.layout:
+        return _one_layout(cfg, hw, args)
     result = plan(
         cfg,
         hw,
@@ -197,6 +199,49 @@ def cmd_plan(args) -> int:
     return 0 if measured["exact"] else 1
 
 
+def _one_layout(cfg, hw, args) -> int:
+    """``--layout``: cost one given layout (``theory.plan_layout``) and print it, or its JSON."""
+    from playbook.theory.plan_layout import cost_layout, parse_layout
+
+    lay = parse_layout(args.layout, global_batch=args.global_batch)
+    if lay.dp * lay.tp * lay.pp * lay.cp != args.gpus:
+        raise BadInput(
+            f"--layout uses dp·tp·pp·cp = {lay.dp * lay.tp * lay.pp * lay.cp} GPUs but --gpus is {args.gpus}; "
+            f"try --gpus {lay.dp * lay.tp * lay.pp * lay.cp}"
+        )
+    r = cost_layout(
+        cfg,
+        hw,
+        lay,
+        seq_len=args.seq_len,
+        gpus_per_node=args.gpus_per_node,
+        activations=args.activations,
+        overlap=args.overlap,
+        mem_util=args.mem_util,
+    )
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"{cfg.name}, {r['layout']} on {r['gpus']} × {args.hardware}, seq {args.seq_len}, "
+        f"{args.activations} activations, overlap {args.overlap}"
+    )
+    mem = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in r["memory_bytes"].items())
+    verdict = "fits" if r["fits"] else "does NOT fit"
+    print(
+        f"  memory/GPU: {r['memory_total'] / 1e9:.1f} GB ({mem}); {verdict}, margin "
+        f"{r['margin_bytes'] / 1e9:+.1f} GB of {args.mem_util:g} × {hw.memory_bytes / 1e9:.0f} GB"
+    )
+    step = r["step"]
+    axes = ", ".join(f"{a} {d['exposed']:.2f}" for a, d in step["axes"].items())
+    print(
+        f"  step: {step['total']:.2f} s = compute {step['compute']:.2f} + bubble {step['bubble']:.2f} "
+        f"+ exposed {step['exposed_comm']:.2f} ({axes or 'none'})"
+    )
+    print(f"  MFU {r['mfu']:.1%}; rank {r['rank']} of the {r['of']} layouts that fit")
+    return 0
+
+
 def _num(x) -> str:
     return "—" if x is None else f"{x:,}"
 
@@ -254,6 +299,11 @@ def add_plan(sub) -> None:
         default=DEFAULT_OVERLAP,
         help=f"communication hidden behind compute: none, megatron-tp (tp's collective matmuls: all but 1/t "
         f"hidden) or deepseek-ep (also ep's all-to-all and pp's sends); default {DEFAULT_OVERLAP}",
+    )
+    p.add_argument(
+        "--layout",
+        default=None,
+        help='cost one layout instead of searching, e.g. "dp=64 tp=8 pp=16 zero=1 b=1 m=32 schedule=interleaved v=2"',
     )
     p.add_argument("--top", type=int, default=5, help="layouts to show")
     p.add_argument(
