@@ -202,7 +202,7 @@ def _memory_key(v: Layout) -> tuple[float, int, int, int]:
 
 def _needs_more(v: tuple, w: tuple) -> bool:
     """``v`` holds at least ``w``'s bytes (keys of :func:`_memory_key`): no component smaller."""
-    return all(x >= y - 1e-12 for x, y in zip(v, w))
+    return v[0] >= w[0] - 1e-12 and v[1] >= w[1] and v[2] >= w[2] and v[3] >= w[3]
 
 
 def plan(
@@ -315,7 +315,7 @@ def plan(
                 out.dominated += len(costs) - i - 1
                 break
             out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.memory_bytes / 1e9:.0f} GB device")
-            too_big.append((key, v))
+            too_big = [(f, w) for f, w in too_big if not _needs_more(f, key)] + [(key, v)]  # keep the minimal
     if not out.candidates:
         from playbook.theory.plan_advice import nothing_fits, nothing_plans
 
