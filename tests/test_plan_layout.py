@@ -38,3 +38,18 @@ def test_cli_layout_says_whether_it_fits(capsys):
     assert "fits, margin" in out and "rank" in out and "production activations" in out
     assert main([*argv, "--layout", "dp=2 tp=2 pp=2"]) == 2  # 8 GPUs, not 16
     assert "try --gpus 8" in capsys.readouterr().err
+
+
+def test_llama3_published_layouts_step_time_within_15_percent():
+    """Dubey et al. 2024 (arXiv:2407.21783) Table 4: BF16 MFU 43 % (8,192 GPUs, DP64) and 41 %
+    (16,384 GPUs, DP128) for TP8·PP16 at 8K, 38 % for TP8·CP16·PP16 at 128K (DP8: 16,384 GPUs over
+    TP8·CP16·PP16; the table prints DP4). Interleaved v=2 and zero=2 are our assumptions (§3.3.2 names
+    an interleaved schedule and FSDP sharding gradients and optimizer state, not v). The published
+    layouts do NOT yet fit our production count with no recomputation (the issue's open part)."""
+    cfg = ModelConfig.preset("llama-3.1-405b")
+    runs = [("dp=64 tp=8 pp=16", 8192, 64 * 32, 0.43), ("dp=128 tp=8 pp=16", 8192, 128 * 16, 0.41)]
+    runs.append(("dp=8 tp=8 pp=16 cp=16", 131072, 8 * 16, 0.38))
+    for text, seq, batch, published in runs:
+        lay = parse_layout(f"{text} zero=2 schedule=interleaved v=2", global_batch=batch)
+        r = cost_layout(cfg, HW, lay, seq_len=seq, rank=False)
+        assert abs(r["mfu"] / published - 1) <= 0.15, (text, r["mfu"])
