@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 
 from playbook.config import ModelConfig
-from playbook.theory.memory import training_memory
-from playbook.theory.prod_activations import production_stage_activations
+from playbook.theory.memory import RECOMPUTE, training_memory
+from playbook.theory.prod_activations import in_flight, production_stage_activations
 
 
 @functools.lru_cache(maxsize=65536)
@@ -61,3 +61,15 @@ def memory_bytes(
 ) -> float:
     """Total of :func:`memory_breakdown`."""
     return sum(memory_breakdown(cfg, lay, seq_len, attention, activations).values())
+
+
+def _memory_key(v) -> tuple[float, int, int, int]:
+    """What orders a layout's bytes among its variants (same degrees): micro-batches in flight per
+    micro-batch (the schedule's factor), b, ZeRO (reversed) and recomputation (reversed)."""
+    held = in_flight(v.schedule, v.pp, v.microbatches, v.v) / v.microbatches
+    return (held, v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute))
+
+
+def _needs_more(v: tuple, w: tuple) -> bool:
+    """``v`` holds at least ``w``'s bytes (keys of :func:`_memory_key`): no component smaller."""
+    return v[0] >= w[0] - 1e-12 and v[1] >= w[1] and v[2] >= w[2] and v[3] >= w[3]

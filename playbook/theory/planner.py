@@ -6,7 +6,9 @@ candidate: memory per GPU from ``playbook.theory.memory.training_memory`` (every
 mixed precision, sequence parallelism whenever tp > 1, the most loaded 1F1B stage; by default a
 fused FlashAttention kernel, Dao et al. 2022, arXiv:2205.14135, as production runs use: no [s, s]
 scores kept, only an fp32 log-sum-exp; ``attention="eager"`` counts our teaching model's softmax),
-step time from ``playbook.theory.plan_cost`` (compute + exposed communication per axis + bubble),
+activations counted by ``activations=``: "production" (the default, ``theory.prod_activations``) or
+"ours"; step time from ``playbook.theory.plan_cost`` (compute + exposed communication per axis, less
+what the ``overlap`` preset hides, + the bubble of each schedule of ``theory.plan_schedule``),
 MFU (model FLOPs / (step time · GPUs · peak), Chowdhery et al. 2022, arXiv:2204.02311, Appendix B)
 and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473, §3.2: tp inside a node, pp
 across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
@@ -27,9 +29,9 @@ from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.dims import ParallelDims
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
-from playbook.theory.plan_memory import memory_breakdown, memory_bytes  # noqa: F401 (re-exported)
+from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, check_schedules, schedule_options
-from playbook.theory.prod_activations import check_activations, in_flight
+from playbook.theory.prod_activations import check_activations
 
 MAX_MICRO_BATCH = 8
 MEM_UTIL = 0.9  # share of device memory a plan may fill: CUDA context, NCCL buffers, fragmentation are not counted
@@ -191,18 +193,6 @@ def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_
             out.reject("not modelled", f"{dims} recompute={least.recompute}: {e}")
             variants = [v for v in variants if v.recompute != least.recompute]
     return [], 0.0, None
-
-
-def _memory_key(v: Layout) -> tuple[float, int, int, int]:
-    """What orders a layout's bytes among its variants (same degrees): micro-batches in flight per
-    micro-batch (the schedule's factor), b, ZeRO (reversed) and recomputation (reversed)."""
-    held = in_flight(v.schedule, v.pp, v.microbatches, v.v) / v.microbatches
-    return (held, v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute))
-
-
-def _needs_more(v: tuple, w: tuple) -> bool:
-    """``v`` holds at least ``w``'s bytes (keys of :func:`_memory_key`): no component smaller."""
-    return v[0] >= w[0] - 1e-12 and v[1] >= w[1] and v[2] >= w[2] and v[3] >= w[3]
 
 
 def plan(
