@@ -2,8 +2,9 @@
 
     python benchmarks/bench_plan.py [--repeats 3] [--json]
 
-Runs ``playbook.theory.planner.plan`` ``--repeats`` times in this process (the first run fills no
-cache the later ones use: every run does the same work) and reports the median and the spread of
+Runs ``playbook.theory.planner.plan`` ``--repeats`` times in this process, every schedule (v
+searched) and the chosen overlap preset, with the planner's caches cleared before each run (every
+run does the same work) and reports the median and the spread of
 wall time, the median CPU time of this process (what the search costs whatever else the machine
 runs), and the 1-minute load average it was measured under. The goal lives here, never in a timed test.
 """
@@ -28,19 +29,25 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--global-batch", type=int, default=2048)
     ap.add_argument("--attention", default="flash", choices=["flash", "eager"], help="as playbook plan's")
+    ap.add_argument("--activations", default="production", choices=["production", "ours"])
+    ap.add_argument("--overlap", default="megatron-tp", choices=["none", "megatron-tp", "deepseek-ep"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     from playbook.config import Hardware, ModelConfig
+    from playbook.theory import plan_cost, plan_memory, plan_schedule
     from playbook.theory.planner import plan
+
+    caches = (plan_cost._per_token, plan_cost._num_params, plan_memory._ours, plan_schedule.bubble_fraction)
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     times, cpu, result = [], [], None
     for _ in range(args.repeats):
+        for cache in caches:
+            cache.cache_clear()
         start, start_cpu = time.perf_counter(), time.process_time()
-        result = plan(
-            cfg, hw, gpus=args.gpus, seq_len=args.seq_len, global_batch=args.global_batch, attention=args.attention
-        )
+        sizes = dict(gpus=args.gpus, seq_len=args.seq_len, global_batch=args.global_batch, attention=args.attention)
+        result = plan(cfg, hw, **sizes, activations=args.activations, overlap=args.overlap)
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     out = {
@@ -48,6 +55,8 @@ def main() -> None:
         "gpus": args.gpus,
         "hardware": args.hardware,
         "attention": args.attention,
+        "activations": args.activations,
+        "overlap": args.overlap,
         "median_s": statistics.median(times),
         "min_s": min(times),
         "max_s": max(times),
@@ -63,7 +72,7 @@ def main() -> None:
         return
     verdict = "meets" if out["median_s"] < GOAL_S else "misses"
     print(
-        f"plan {args.model} on {args.gpus} × {args.hardware}, {args.attention} attention: median {out['median_s']:.2f} s "
+        f"plan {args.model} on {args.gpus} × {args.hardware}, {args.attention} attention, {args.activations} activations, overlap {args.overlap}, all schedules: median {out['median_s']:.2f} s "
         f"(min {out['min_s']:.2f}, max {out['max_s']:.2f}; CPU {out['cpu_median_s']:.2f} s) over {args.repeats} runs, "
         f"{verdict} the {GOAL_S:g} s goal; "
         f"load average {out['load_average_1min']:.2f} on {out['cpus']} CPUs; {out['candidates']} layouts fit, "

@@ -13,6 +13,8 @@ import json
 
 from playbook.cli import BadInput
 from playbook.config import Hardware, ModelConfig
+from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
+from playbook.theory.plan_schedule import PLAN_SCHEDULES
 
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
@@ -133,6 +135,10 @@ def cmd_plan(args) -> int:
     if not 2 <= args.replay_ranks <= 8:
         raise BadInput(f"--replay-ranks must be in 2..8 (local ranks), got {args.replay_ranks}; try --replay-ranks 4")
     cfg, hw = _plan_inputs(args)
+    if args.layout:
+        from playbook.cli_plan_layout import one_layout
+
+        return one_layout(cfg, hw, args)
     result = plan(
         cfg,
         hw,
@@ -142,6 +148,9 @@ def cmd_plan(args) -> int:
         global_batch=args.global_batch,
         mem_util=args.mem_util,
         attention=args.attention,
+        activations=args.activations,
+        schedules=tuple(x for x in args.schedules.split(",") if x),
+        overlap=args.overlap,
     )
     best = result.candidates[0].layout
     where = dict(
@@ -163,7 +172,7 @@ def cmd_plan(args) -> int:
         print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")
     print(
         f"{cfg.name} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
-        f"global batch {args.global_batch}, {args.attention} attention; {len(result.candidates)} layouts fit, "
+        f"global batch {args.global_batch}, {args.attention} attention, {args.activations} activations, overlap {args.overlap}; {len(result.candidates)} layouts fit, "
         f"{result.dominated} slower variants of them skipped"
     )
     print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
@@ -230,6 +239,30 @@ def add_plan(sub) -> None:
         help="attention kernel whose activations are counted: flash (a fused FlashAttention kernel, what real "
         "clusters run: no [s, s] scores kept, an fp32 log-sum-exp instead) or eager (our teaching model's "
         "softmax, [b, heads, s, s] kept per layer)",
+    )
+    p.add_argument(
+        "--activations",
+        choices=("production", "ours"),
+        default="production",
+        help="whose kernels' saved tensors are counted: production (fused norm and SwiGLU, flash attention, "
+        "SP-sharded inputs as Megatron-LM saves them; the default) or ours (the teaching GPT's, exact on real ranks)",
+    )
+    p.add_argument(
+        "--schedules",
+        default=",".join(PLAN_SCHEDULES),
+        help=f"pipeline schedules searched, comma-separated (default: all of {', '.join(PLAN_SCHEDULES)})",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=tuple(OVERLAP_PRESETS),
+        default=DEFAULT_OVERLAP,
+        help=f"communication hidden behind compute: none, megatron-tp (tp's collective matmuls: all but 1/t "
+        f"hidden) or deepseek-ep (also ep's all-to-all and pp's sends); default {DEFAULT_OVERLAP}",
+    )
+    p.add_argument(
+        "--layout",
+        default=None,
+        help='cost one layout instead of searching, e.g. "dp=64 tp=8 pp=16 zero=1 b=1 m=32 schedule=interleaved v=2"',
     )
     p.add_argument("--top", type=int, default=5, help="layouts to show")
     p.add_argument(

@@ -149,13 +149,13 @@ def test_planner_fits_a_layout_eager_attention_rejects():
     cfg, h100 = ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm")
     lay = Layout(dp=8, tp=8, pp=1, cp=1, ep=1, zero=3, micro_batch=1, microbatches=64, recompute="none")
     budget = MEM_UTIL * h100.memory_bytes
-    eager, flash = memory_bytes(cfg, lay, 8192, "eager"), memory_bytes(cfg, lay, 8192, "flash")
+    eager, flash = memory_bytes(cfg, lay, 8192, "eager", "ours"), memory_bytes(cfg, lay, 8192, "flash", "ours")
     assert flash <= budget < eager
     s, t = 8192, 8
     assert eager - flash == cfg.n_layers * eager_minus_flash(
         b=1, s=s, a=cfg.n_heads // t, g=cfg.kv_heads // t, d=cfg.dim_head, B=2, mask=s * s
     )
-    run = dict(gpus=64, seq_len=s, global_batch=512)
+    run = dict(gpus=64, seq_len=s, global_batch=512, activations="ours")  # our model's two kernels
     with_flash, with_eager = plan(cfg, h100, **run), plan(cfg, h100, **run, attention="eager")
     assert (with_flash.attention, with_eager.attention) == ("flash", "eager")
     assert str(lay) in {str(c.layout) for c in with_flash.candidates}

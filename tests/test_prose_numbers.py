@@ -161,7 +161,7 @@ def test_ch08_training_70b_on_8_gpus_does_not_fit():
 def _plan70():
     from playbook.viz.plan_dashboard import cached_plan
 
-    return cached_plan("llama-3.1-70b", "h100-sxm", 64, 8192, 512)
+    return cached_plan("llama-3.1-70b", "h100-sxm", 64, 8192, 512, "ours", ("1f1b",), "none")
 
 
 def test_ch08b_the_70b_winner_and_its_memory():
@@ -173,7 +173,10 @@ def test_ch08b_the_70b_winner_and_its_memory():
     best = p.candidates[0]
     assert str(best.layout) == "dp1×pp8×cp8 z2 b1 m512 none"
     assert str(p.candidates[1].layout).startswith("dp1×tp2×pp8×cp4 z1")  # the ZeRO-1 one to measure beside it
-    gb = [round(memory_bytes(LLAMA70, dataclasses.replace(best.layout, zero=z), 8192) / 1e9, 1) for z in (0, 1, 2)]
+    gb = [
+        round(memory_bytes(LLAMA70, dataclasses.replace(best.layout, zero=z), 8192, activations="ours") / 1e9, 1)
+        for z in (0, 1, 2)
+    ]
     assert gb == [183.6, 82.7, 65.9] and round(0.9 * H100.memory_bytes / 1e9) == 72
     dp, cp = best.cost.axes["dp"], best.cost.axes["cp"]
     assert round(dp[0]) == 18 and round(dp[1], 2) == 0.04 and round(cp[0], 1) == 1.3
@@ -186,7 +189,7 @@ def test_ch08b_the_70b_winner_and_its_memory():
 def test_ch08b_405b_at_llama_3_scale():
     from playbook.viz.plan_dashboard import cached_plan
 
-    p = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048)
+    p = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048, "ours", ("1f1b",), "none")
     two, five = p.candidates[1], p.candidates[4]
     assert (two.layout.tp, two.layout.pp, two.layout.microbatches) == (8, 16, 128)
     assert (five.layout.tp, five.layout.pp, five.layout.microbatches) == (4, 32, 128)

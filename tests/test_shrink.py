@@ -147,6 +147,14 @@ def test_playbook_plan_prints_a_runnable_replay_and_runs_it_with_replay(capsys):
     from playbook.cli import main
 
     argv = ["plan", "--model", "llama-3.1-70b", "--gpus", "64", "--replay-ranks", "4"]
+    argv += [
+        "--activations",
+        "ours",
+        "--schedules",
+        "1f1b",
+        "--overlap",
+        "none",
+    ]  # the ranking these pinned lines come from
     assert main([*argv, "--json"]) == 0
     launch = json.loads(capsys.readouterr().out)["launch"]
     # the fastest candidate itself, dp1×pp8×cp8 ZeRO-2: cp inside the pipeline, ZeRO-2 over cp there

@@ -55,7 +55,14 @@ def nothing_plans(cfg: ModelConfig, plan) -> str:
 
 
 def least_memory(
-    cfg: ModelConfig, *, gpus: int, gpus_per_node: int, seq_len: int, global_batch: int, attention: str = "flash"
+    cfg: ModelConfig,
+    *,
+    gpus: int,
+    gpus_per_node: int,
+    seq_len: int,
+    global_batch: int,
+    attention: str = "flash",
+    activations: str = "production",
 ) -> tuple[float, str] | None:
     """(bytes per GPU, layout) of the layout of ``gpus`` GPUs that needs the least memory, or None
     when no layout of that many GPUs can be planned (the batch splits over none, ...)."""
@@ -63,7 +70,7 @@ def least_memory(
 
     if gpus > gpus_per_node and gpus % gpus_per_node:
         return None
-    scratch = Plan(cfg.name, "", gpus, gpus_per_node, seq_len, global_batch, 0.0, attention)
+    scratch = Plan(cfg.name, "", gpus, gpus_per_node, seq_len, global_batch, 0.0, attention, activations)
     best = None
     for dims in _structures(cfg, scratch):
         variants, need, least = _modelled(cfg, dims, list(_variants(dims, scratch)), seq_len, scratch)
@@ -83,11 +90,12 @@ def nothing_fits(
     mem_util: float,
     smallest: tuple[float, str],
     attention: str = "flash",
+    activations: str = "production",
 ) -> str:
     """One line: the least memory found, what it already uses, and what would make a layout fit."""
     need, where = smallest
     budget = hw.memory_bytes * mem_util
-    common = dict(gpus_per_node=gpus_per_node, global_batch=global_batch, attention=attention)
+    common = dict(gpus_per_node=gpus_per_node, global_batch=global_batch, attention=attention, activations=activations)
     hints = []
     for k in GPU_FACTORS:
         found = least_memory(cfg, gpus=gpus * k, seq_len=seq_len, **common)

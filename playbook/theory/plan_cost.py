@@ -14,15 +14,19 @@ pp: ``playbook.dims``), the network card otherwise. What overlaps:
 - **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
   micro-batch an all-gather and a reduce-scatter of the [s/cp, b, h] activation before and after
   attention and the MLP: 4 forward, 4 backward (+4 with full recomputation). Exposed: each one
-  sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.2).
+  sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.2), unless
+  ``overlap`` hides it (``OVERLAP_PRESETS``: all but 1/t with "megatron-tp").
 - **cp** (ring attention, Liu et al. 2023, arXiv:2310.01889): per layer and micro-batch, cp − 1
   passes of the local K and V forward and twice that backward (K, V and their gradients); hidden
   behind attention's own compute except the first pass of each ring.
 - **ep** (DeepSpeed-MoE, arXiv:2201.05596): an all-to-all to dispatch and one to combine per MoE
-  layer forward, as many backward (+2 with full recomputation); exposed.
-- **pp** (1F1B, Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
-  micro-batch between neighbouring stages, point to point and small; exposed. Bubble: (p − 1)/m
-  of the pipelined time (compute and the exposed tp/cp/ep/pp time of the m micro-batches).
+  layer forward, as many backward (+2 with full recomputation); exposed, but for what exceeds the
+  compute with "deepseek-ep" (which hides pp's sends the same way).
+- **pp** (Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
+  micro-batch between neighbouring stages (v times as many interleaved, twice on a V), point to
+  point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
+  (compute and the exposed tp/cp/ep/pp time of the m micro-batches): (p − 1)/m for 1F1B,
+  (p − 1)/(v·m) interleaved, (p − 1)/(3m) ZB-H1, simulated for ZB-V and DualPipe-V.
 - **dp** over the dp·cp ranks that share weights (expert weights over their dp·cp/ep replicas),
   bf16 gradients: ZeRO 0 one all-reduce, overlapped with the last micro-batch's backward except
   the last bucket (PyTorch DDP, Li et al. 2020, arXiv:2006.15704, buckets of 25 MiB); ZeRO 1 a
@@ -33,7 +37,7 @@ pp: ``playbook.dims``), the network card otherwise. What overlaps:
   behind the micro-batch's compute (Rajbhandari et al. 2019, arXiv:1910.02054, §5, §7).
 
 Not modelled: kernels' efficiency as a function of shapes (a larger micro-batch is not faster
-here), imbalance between stages, stragglers, optimizer step time, overlap of tp with compute.
+here), imbalance between stages, stragglers, optimizer step time.
 """
 
 from __future__ import annotations
@@ -45,7 +49,17 @@ from dataclasses import dataclass, field
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import BACKWARD_SHARE, attention_flops_per_token, flops_per_token
+from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
 
+# Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
+# "megatron-tp". tp: a collective matmul, the all-gather / reduce-scatter cut into t chunks each
+# overlapped with the GEMM on the previous one, so only the first chunk is exposed (Wang et al. 2023,
+# "Overlap communication with dependent computation via decomposition", ASPLOS, arXiv:2305.06942;
+# Megatron-LM's --tp-comm-overlap). ep and pp: DeepSeek-V3's DualPipe runs one micro-batch's
+# all-to-all and pipeline sends under another's compute (DeepSeek-AI 2024, arXiv:2412.19437,
+# §3.2.1), so only what exceeds the compute is exposed.
+OVERLAP_PRESETS = {"none": (), "megatron-tp": ("tp",), "deepseek-ep": ("tp", "ep", "pp")}
+DEFAULT_OVERLAP = "megatron-tp"
 BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
 GRAD_BYTES = 2  # bf16 gradients and weights on the wire (precision="mixed")
 
@@ -127,8 +141,14 @@ def step_cost(
     recompute: str,
     seq_len: int,
     gpus_per_node: int,
+    schedule: str = "1f1b",
+    v: int = 1,
+    overlap: str = "none",
 ) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring)."""
+    if overlap not in OVERLAP_PRESETS:
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
+    hidden = OVERLAP_PRESETS[overlap]
     world, s, b, m, h = dp * tp * pp * cp, seq_len, micro_batch, microbatches, cfg.hidden
     tokens = dp * b * m * s
     train, forward, attention_train, attention_forward = _per_token(cfg, s)
@@ -146,7 +166,7 @@ def step_cost(
         per_layer = 12 if recompute == "full" else 8
         one = collective_seconds("all_gather", act, tp, bw, lat)
         comm = m * layers * per_layer * one
-        axes["tp"] = (comm, comm)
+        axes["tp"] = (comm, _overlapped(comm, compute, comm / tp) if "tp" in hidden else comm)
     if cp > 1:
         bw, lat, _ = link(hw, "cp", gpus_per_node, **degrees)
         kv = 2 * (s // cp) * b * max(cfg.kv_heads / tp, 1) * cfg.dim_head * GRAD_BYTES
@@ -158,13 +178,13 @@ def step_cost(
         bw, lat, _ = link(hw, "ep", gpus_per_node, **degrees)
         per_layer = 6 if recompute == "full" else 4
         comm = m * moe_layers * per_layer * collective_seconds("all_to_all", act * cfg.top_k, ep, bw, lat)
-        axes["ep"] = (comm, comm)
+        axes["ep"] = (comm, _overlapped(comm, compute, 0.0) if "ep" in hidden else comm)
     if pp > 1:
         bw, lat, _ = link(hw, "pp", gpus_per_node, **degrees)
-        comm = 2 * m * collective_seconds("send", act / tp, 2, bw, lat)
-        axes["pp"] = (comm, comm)
+        comm = 2 * m * boundary_crossings(schedule, v) * collective_seconds("send", act / tp, 2, bw, lat)
+        axes["pp"] = (comm, _overlapped(comm, compute, 0.0) if "pp" in hidden else comm)
     pipelined = compute + sum(e for _, e in axes.values())
-    bubble = pipelined * (pp - 1) / m
+    bubble = pipelined * bubble_fraction(schedule, pp, m, v)
     if dp * cp > 1:
         axes["dp"] = _dp_seconds(
             cfg, hw, zero=zero, compute=compute, gpus_per_node=gpus_per_node, **degrees, microbatches=m
@@ -192,6 +212,20 @@ def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layo
         )
         out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
     return out
+
+
+def with_schedule(base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int) -> StepCost:
+    """``base`` (a 1F1B step) under another schedule: pp's point-to-point time times the boundaries
+    crossed, and the bubble from the new pipelined time (the rest does not depend on the schedule)."""
+    if schedule == "1f1b" or pp == 1:
+        return base
+    axes = dict(base.axes)
+    if "pp" in axes:
+        k = boundary_crossings(schedule, v)
+        axes["pp"] = (axes["pp"][0] * k, axes["pp"][1] * k)
+    pipelined = base.compute + sum(e for a, (_, e) in axes.items() if a != "dp")
+    bubble = pipelined * bubble_fraction(schedule, pp, microbatches, v)
+    return StepCost(base.compute, bubble, axes, base.model_flops)
 
 
 def grad_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) -> list[tuple[float, int]]:

@@ -30,9 +30,16 @@ def torchrun_command(lay: Layout, *, model: str, seq_len: int, global_batch: int
     return (
         f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d "
         f"--rdzv-endpoint $MASTER_ADDR:29500 -m playbook.cli run hybrid --model {model} "
-        f"{hybrid_flags(lay)} --global-batch {global_batch} --seq-len {seq_len} --steps 3"
-        + (f"  # recompute={lay.recompute}: not a flag of our hybrid" if lay.recompute != "none" else "")
+        f"{hybrid_flags(lay)} --global-batch {global_batch} --seq-len {seq_len} --steps 3" + _not_flags(lay)
     )
+
+
+def _not_flags(lay: Layout) -> str:
+    """A comment naming what the plan chose that ``run hybrid`` has no flag for (it runs 1F1B)."""
+    missing = [f"recompute={lay.recompute}"] if lay.recompute != "none" else []
+    if lay.schedule != "1f1b":
+        missing.append(f"schedule={lay.schedule}" + (f" v={lay.v}" if lay.v > 1 else ""))
+    return f"  # {', '.join(missing)}: not a flag of our hybrid" if missing else ""
 
 
 def sbatch_script(lay: Layout, *, model: str, seq_len: int, global_batch: int, gpus_per_node: int) -> str:

@@ -6,14 +6,16 @@ candidate: memory per GPU from ``playbook.theory.memory.training_memory`` (every
 mixed precision, sequence parallelism whenever tp > 1, the most loaded 1F1B stage; by default a
 fused FlashAttention kernel, Dao et al. 2022, arXiv:2205.14135, as production runs use: no [s, s]
 scores kept, only an fp32 log-sum-exp; ``attention="eager"`` counts our teaching model's softmax),
-step time from ``playbook.theory.plan_cost`` (compute + exposed communication per axis + bubble),
+activations counted by ``activations=``: "production" (the default, ``theory.prod_activations``) or
+"ours"; step time from ``playbook.theory.plan_cost`` (compute + exposed communication per axis, less
+what the ``overlap`` preset hides, + the bubble of each schedule of ``theory.plan_schedule``),
 MFU (model FLOPs / (step time · GPUs · peak), Chowdhery et al. 2022, arXiv:2204.02311, Appendix B)
 and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473, §3.2: tp inside a node, pp
 across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
 
-Pruned (and said so): degrees tp, pp, cp (and ep) are powers of two; tp ≤ GPUs per node is a
-rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (the cost model gives a larger
-micro-batch no speed, only memory). Within one (dp, tp, pp, cp, ep), the variant with the least
+Degrees: every divisor of the GPUs (384 GPUs plan: dp 3·2^k, pp 12, ...). Pruned (and said so):
+tp ≤ GPUs per node is a rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (the
+cost model gives a larger micro-batch no speed, only memory). Within one (dp, tp, pp, cp, ep), the variant with the least
 memory (largest ZeRO stage, full recomputation, smallest b) is tried first: if even it does not fit,
 the layout is rejected for memory at once; otherwise variants are tried fastest first and the first
 that fits is the layout's candidate, the slower ones counted as dominated. Pure: no torch.
@@ -25,8 +27,11 @@ from dataclasses import dataclass, field
 
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.dims import ParallelDims
-from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES, training_memory
-from playbook.theory.plan_cost import StepCost, step_costs
+from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
+from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
+from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
+from playbook.theory.plan_schedule import PLAN_SCHEDULES, check_schedules, schedule_options
+from playbook.theory.prod_activations import check_activations
 
 MAX_MICRO_BATCH = 8
 MEM_UTIL = 0.9  # share of device memory a plan may fill: CUDA context, NCCL buffers, fragmentation are not counted
@@ -43,14 +48,21 @@ class Layout:
     micro_batch: int
     microbatches: int
     recompute: str
+    schedule: str = "1f1b"  # pipeline schedule (plan_schedule.PLAN_SCHEDULES)
+    v: int = 1  # model chunks per stage: interleaved's v, 2 for the V shapes
 
     @property
     def degrees(self) -> dict[str, int]:
         return dict(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep)
 
+    @property
+    def degrees_no_dp(self) -> dict[str, int]:
+        return dict(tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep)
+
     def __str__(self) -> str:
         axes = "×".join(f"{a}{v}" for a, v in self.degrees.items() if v > 1 or a == "dp")
-        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}"
+        sched = "" if self.schedule == "1f1b" else f" {self.schedule}" + (f" v{self.v}" if self.v > 1 else "")
+        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}{sched}"
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,10 @@ class Plan:
     global_batch: int
     device_bytes: float
     attention: str = "flash"  # the attention kernel whose activations are counted (training_memory)
+    activations: str = "production"  # whose kernels' saved tensors are counted (plan_memory)
+    schedules: tuple[str, ...] = PLAN_SCHEDULES  # pipeline schedules searched (plan_schedule)
+    n_layers: int = 0  # the model's, for the schedules' p·v <= layers
+    overlap: str = DEFAULT_OVERLAP  # which axes' communication hides behind compute (plan_cost.OVERLAP_PRESETS)
     candidates: list[Candidate] = field(default_factory=list)  # fastest first
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
@@ -94,7 +110,8 @@ class Plan:
         entry[0] += 1
 
     def as_dict(self, top: int | None = None) -> dict:
-        keys = "model hardware gpus gpus_per_node seq_len global_batch attention device_bytes dominated".split()
+        keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations overlap device_bytes"
+        keys = keys.split() + ["dominated"]
         return {
             **{k: getattr(self, k) for k in keys},
             "candidates": [c.as_dict() for c in self.candidates[:top]],
@@ -111,23 +128,27 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    """Every divisor of ``n`` (up to ``limit``), ascending: 384 GPUs allow pp = 3, 6, 12, 24, ..."""
+    top = n if limit is None else min(n, limit)
+    return [k for k in range(1, top + 1) if n % k == 0]
+
+
 def _structures(cfg: ModelConfig, plan: Plan):
     """Every (dp, tp, pp, cp, ep) over the GPUs that passes ``ParallelDims.check``; rejections recorded."""
     n, g = plan.gpus, plan.gpus_per_node
-    for tp in powers_of_two(n):
+    for tp in divisors(n):
         if tp > g:
             plan.reject(
                 "tp crosses nodes", f"tp={tp} > {g} GPUs per node: TP's per-layer collectives would cross nodes"
             )
             continue
-        for cp in powers_of_two(n // tp):
-            for pp in powers_of_two(n // (tp * cp)):
-                if n % (tp * cp * pp):
-                    continue
+        for cp in divisors(n // tp):
+            for pp in divisors(n // (tp * cp)):
                 dp = n // (tp * cp * pp)
                 if not cfg.is_moe and dp * cp > 1:  # one line per structure, not one per ep
                     plan.reject("ep without experts", f"ep > 1: {plan.model} has no experts (n_experts = 0)")
-                for ep in [e for e in powers_of_two(dp * cp) if (dp * cp) % e == 0] if cfg.is_moe else [1]:
+                for ep in divisors(dp * cp) if cfg.is_moe else [1]:
                     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
                     try:
                         dims.check(cfg, seq_len=plan.seq_len)
@@ -152,30 +173,13 @@ def _variants(dims: ParallelDims, plan: Plan):
         if m < dims.pp:
             plan.reject("pipeline not filled", f"{dims}: m={m} micro-batches of {b} < pp={dims.pp} stages")
             continue
-        for zero in zeros:
-            for rc in RECOMPUTE:
-                yield Layout(
-                    **{a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")},
-                    zero=zero,
-                    micro_batch=b,
-                    microbatches=m,
-                    recompute=rc,
-                )
-
-
-def memory_bytes(cfg: ModelConfig, lay: Layout, seq_len: int, attention: str = "flash") -> float:
-    """Bytes on the most loaded GPU of ``lay`` (``training_memory``, mixed precision, SP with tp)."""
-    return training_memory(
-        cfg,
-        seq_len=seq_len,
-        micro_batch=lay.micro_batch,
-        **lay.degrees,
-        zero=lay.zero,
-        sequence_parallel=lay.tp > 1,
-        recompute=lay.recompute,
-        precision="mixed",
-        attention=attention,
-    ).total
+        degrees = {a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")}
+        for schedule, v in schedule_options(dims.pp, m, plan.n_layers, plan.schedules):
+            for zero in zeros:
+                for rc in RECOMPUTE:
+                    yield Layout(
+                        **degrees, zero=zero, micro_batch=b, microbatches=m, recompute=rc, schedule=schedule, v=v
+                    )
 
 
 def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_len: int, out: Plan):
@@ -184,20 +188,11 @@ def _modelled(cfg: ModelConfig, dims: ParallelDims, variants: list[Layout], seq_
     while variants:
         least = min(variants, key=lambda v: (v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute)))
         try:
-            return variants, memory_bytes(cfg, least, seq_len, out.attention), least
+            return variants, memory_bytes(cfg, least, seq_len, out.attention, out.activations), least
         except (ValueError, NotImplementedError) as e:
             out.reject("not modelled", f"{dims} recompute={least.recompute}: {e}")
             variants = [v for v in variants if v.recompute != least.recompute]
     return [], 0.0, None
-
-
-def _needs_more(v: Layout, w: Layout) -> bool:
-    """``v`` holds at least ``w``'s bytes: same degrees, b no smaller, ZeRO and recomputation no stronger."""
-    return (
-        v.micro_batch >= w.micro_batch
-        and v.zero <= w.zero
-        and RECOMPUTE.index(v.recompute) <= RECOMPUTE.index(w.recompute)
-    )
 
 
 def plan(
@@ -210,10 +205,14 @@ def plan(
     gpus_per_node: int | None = None,
     mem_util: float = MEM_UTIL,
     attention: str = "flash",
+    activations: str = "production",
+    schedules: tuple[str, ...] = PLAN_SCHEDULES,
+    overlap: str = DEFAULT_OVERLAP,
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
-    softmax, [b, a, s, s] kept per layer); see ``theory.activations``. Raises ``ValueError`` (one
+    softmax, [b, a, s, s] kept per layer); see ``theory.activations``. ``activations``: "production"
+    (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's). Raises ``ValueError`` (one
     line) on bad input, when no layout divides, the global batch splits over none, or nothing fits
     (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
@@ -230,7 +229,12 @@ def plan(
         raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; try 0.9")
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}; try flash")
-    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes, attention)
+    check_activations(activations)
+    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes, attention, activations)
+    out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
+    if overlap not in OVERLAP_PRESETS:
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
+    out.overlap = overlap
     budget = hw.memory_bytes * mem_util
     common = dict(seq_len=seq_len, gpus_per_node=g)
     structures = list(_structures(cfg, out))
@@ -256,7 +260,7 @@ def plan(
                 out.smallest = (need, str(least))
             continue
         zeros = tuple(sorted({v.zero for v in variants}))
-        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute) -> cost per ZeRO stage
+        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute) -> 1F1B cost per ZeRO stage
         for v in variants:
             if (v.micro_batch, v.recompute) not in by_zero:
                 by_zero[v.micro_batch, v.recompute] = step_costs(
@@ -267,31 +271,47 @@ def plan(
                     micro_batch=v.micro_batch,
                     microbatches=v.microbatches,
                     recompute=v.recompute,
+                    overlap=overlap,
                     **common,
                 )
+        sched = dict(pp=dims.pp)
         costs = sorted(
-            ((by_zero[v.micro_batch, v.recompute][v.zero], v) for v in variants),
+            (
+                (
+                    with_schedule(
+                        by_zero[v.micro_batch, v.recompute][v.zero],
+                        **sched,
+                        microbatches=v.microbatches,
+                        schedule=v.schedule,
+                        v=v.v,
+                    ),
+                    v,
+                )
+                for v in variants
+            ),
             key=lambda cv: (cv[0].total, -cv[1].zero),
         )
-        too_big: list[Layout] = []
+        too_big: list[tuple] = []  # (memory key, layout) of variants that did not fit
         for i, (cost, v) in enumerate(costs):
-            if any(_needs_more(v, f) for f in too_big):  # memory grows with b, falls with ZeRO and recomputation
-                out.reject("memory", f"{v} needs more than {too_big[0]}, which does not fit")
+            key = _memory_key(v)
+            if any(_needs_more(key, f) for f, _ in too_big):  # grows with b, falls with ZeRO and recomputation
+                seen = "memory" in out.rejected  # the first message is kept: format no other
+                out.reject("memory", "" if seen else f"{v} needs more than {too_big[0][1]}, which does not fit")
                 continue
-            mem = memory_bytes(cfg, v, seq_len, attention)
+            mem = memory_bytes(cfg, v, seq_len, attention, activations)
             if mem <= budget:
                 mfu = cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops)
                 out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
                 out.dominated += len(costs) - i - 1
                 break
             out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.memory_bytes / 1e9:.0f} GB device")
-            too_big.append(v)
+            too_big = [(f, w) for f, w in too_big if not _needs_more(f, key)] + [(key, v)]  # keep the minimal
     if not out.candidates:
         from playbook.theory.plan_advice import nothing_fits, nothing_plans
 
         if out.smallest is None:
             raise ValueError(nothing_plans(cfg, out))
-        advice = dict(smallest=out.smallest, attention=attention)
+        advice = dict(smallest=out.smallest, attention=attention, activations=activations)
 
         raise ValueError(
             nothing_fits(cfg, hw, **common, gpus=gpus, global_batch=global_batch, mem_util=mem_util, **advice)

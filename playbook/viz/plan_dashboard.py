@@ -18,6 +18,8 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from playbook.config import Hardware, ModelConfig
+from playbook.theory.plan_cost import DEFAULT_OVERLAP
+from playbook.theory.plan_schedule import PLAN_SCHEDULES
 from playbook.theory.planner import Plan, plan
 from playbook.viz.mesh import table
 from playbook.viz.plan import candidate_rows, rejected_rows, step_breakdown
@@ -35,11 +37,21 @@ def models() -> list[str]:
 
 
 @lru_cache(maxsize=64)
-def cached_plan(model: str, hardware: str, gpus: int, seq_len: int, global_batch: int) -> Plan:
+def cached_plan(
+    model: str,
+    hardware: str,
+    gpus: int,
+    seq_len: int,
+    global_batch: int,
+    activations: str = "production",
+    schedules: tuple[str, ...] = PLAN_SCHEDULES,
+    overlap: str = DEFAULT_OVERLAP,
+) -> Plan:
     """``theory.planner.plan`` for preset names, remembered (the notebook and the dashboard share it)."""
-    return plan(
-        ModelConfig.preset(model), Hardware.preset(hardware), gpus=gpus, seq_len=seq_len, global_batch=global_batch
-    )
+    hw = Hardware.preset(hardware)
+    sizes = dict(gpus=gpus, seq_len=seq_len, global_batch=global_batch, activations=activations, schedules=schedules)
+    sizes["overlap"] = overlap
+    return plan(ModelConfig.preset(model), hw, **sizes)
 
 
 def summary(p: Plan) -> str:
@@ -48,7 +60,7 @@ def summary(p: Plan) -> str:
     turned = ", ".join(f"{kind} {n:,}" for kind, (n, _) in sorted(p.rejected.items(), key=lambda kv: -kv[1][0]))
     return (
         f"<b>{len(p.candidates)}</b> layouts of {p.gpus:,} × {p.hardware} fit {p.model} "
-        f"(seq {p.seq_len:,}, global batch {p.global_batch:,}); fastest <b>{html.escape(str(best.layout))}</b>: "
+        f"(seq {p.seq_len:,}, global batch {p.global_batch:,}, {p.activations} activations, overlap {p.overlap}); fastest <b>{html.escape(str(best.layout))}</b>: "
         f"{best.cost.total:.3g} s per step, MFU {best.mfu:.0%}, {best.memory / 1e9:.1f} GB per GPU."
         f"<br><span style='color:{GREY}'>rejected: {html.escape(turned) or 'none'}; "
         f"{p.dominated:,} slower variants of kept layouts not shown</span>"

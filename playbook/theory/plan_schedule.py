@@ -1,0 +1,73 @@
+"""Pipeline schedules the planner searches, and the bubble each costs (pure arithmetic, no torch).
+
+The bubble is given over the ideal time (compute and exposed per-micro-batch communication of the
+m micro-batches), with a stage's backward twice its forward, split evenly into B (input gradient)
+and W (weights) where a schedule splits it:
+
+- **1f1b** (Narayanan et al. 2021, arXiv:2104.04473, §2.2): (p − 1)/m.
+- **interleaved** with v model chunks per stage (§2.2.2): (p − 1)/(v·m); m a multiple of p, and
+  p·v ≤ the layers. Its first stage holds 1 + (p − 1)/(p·v) times 1F1B's activations
+  (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.3; ``prod_activations.in_flight``), and every
+  micro-batch crosses v times as many stage boundaries.
+- **zb-h1** (Qi et al. 2023, arXiv:2401.10241, §3): (p − 1)(F + B − W)/(m·(F + B + W)) = (p − 1)/(3m)
+  with F = B = W, at 1F1B's memory.
+- **zb-v**, **dualpipe-v** (Qi et al. §6; DeepSeek-AI 2024, arXiv:2412.19437, §3.2.1): two chunks
+  per rank in a V, m ≥ 2p: (p − 1)/(6m), each rank idle (p − 1)/2 chunk-forwards in fill and drain,
+  what ``theory.schedules.simulate`` gives for both orders at F = B = W (the test plays them).
+  Rank 0 holds p stages' worth, 1F1B's peak (``theory.schedules_v``).
+
+``closed_form`` is chapter 4's (``theory.schedules``), not copies.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from playbook.theory.schedules import closed_form
+
+PLAN_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
+V_CHOICES = (2, 3, 4, 6, 8)  # chunks per stage tried for the interleaved schedule
+V_SHAPED = ("zb-v", "dualpipe-v")
+
+
+def check_schedules(schedules) -> tuple[str, ...]:
+    """The schedules as a tuple, or one line naming the known ones."""
+    bad = [s for s in schedules if s not in PLAN_SCHEDULES]
+    if bad or not schedules:
+        raise ValueError(f"schedules must be among {', '.join(PLAN_SCHEDULES)}; got {', '.join(bad) or 'none'}")
+    return tuple(schedules)
+
+
+def schedule_options(p: int, m: int, n_layers: int, schedules=PLAN_SCHEDULES) -> list[tuple[str, int]]:
+    """(schedule, v) pairs a pipeline of p stages and m micro-batches can run (pp = 1: none but 1f1b)."""
+    if p == 1:
+        return [("1f1b", 1)]
+    out = []
+    for name in schedules:
+        if name == "interleaved":
+            out += [(name, v) for v in V_CHOICES if m % p == 0 and p * v <= n_layers]
+        elif name in V_SHAPED:
+            if m >= 2 * p and 2 * p <= n_layers:
+                out.append((name, 2))
+        else:
+            out.append((name, 1))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def bubble_fraction(name: str, p: int, m: int, v: int = 1) -> float:
+    """Bubble over the ideal pipelined time (module docstring)."""
+    if p == 1:
+        return 0.0
+    if name in V_SHAPED:
+        return (p - 1) / (6 * m)
+    if name == "1f1b":
+        return (p - 1) / m
+    f, b, w = (1.0, 2.0, 0.0) if name != "zb-h1" else (1.0, 1.0, 1.0)
+    return closed_form(name, p, m, v, f=f, b=b, w=w)["bubble_over_ideal"]
+
+
+def boundary_crossings(name: str, v: int) -> int:
+    """Stage boundaries one micro-batch crosses per direction, in units of the p − 1 of 1F1B: v for
+    interleaved, 2 for the V shapes (down and back up; the turn stays on one rank)."""
+    return v if name == "interleaved" else 2 if name in V_SHAPED else 1

@@ -1,0 +1,55 @@
+"""``playbook plan --layout``: one given layout costed by the search's own functions."""
+
+import pytest
+
+from playbook.config import Hardware, ModelConfig
+from playbook.theory.plan_layout import cost_layout, parse_layout
+from playbook.theory.planner import plan
+
+CFG, HW = ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
+
+
+def test_a_candidate_costed_alone_matches_the_search_and_ranks_where_it_sat():
+    p = plan(CFG, HW, gpus=16, seq_len=4096, global_batch=64)
+    for i in (0, 3):
+        c = p.candidates[i]
+        r = cost_layout(CFG, HW, c.layout, seq_len=4096)
+        assert r["memory_total"] == pytest.approx(c.memory) and r["step"]["total"] == pytest.approx(c.cost.total)
+        assert r["fits"] and r["margin_bytes"] == pytest.approx(0.9 * HW.memory_bytes - c.memory)
+        assert r["rank"] == 1 + sum(x.cost.total < c.cost.total for x in p.candidates) and r["of"] == len(p.candidates)
+        assert r["rank"] <= i + 1
+
+
+def test_parse_layout_and_its_one_line_errors():
+    lay = parse_layout("dp=4 tp=2 pp=2 zero=1 schedule=interleaved v=2", global_batch=64)
+    assert (lay.dp, lay.tp, lay.pp, lay.microbatches, lay.schedule, lay.v) == (4, 2, 2, 16, "interleaved", 2)
+    with pytest.raises(ValueError, match="key=value"):
+        parse_layout("dp=4 bogus", global_batch=64)
+    with pytest.raises(ValueError, match="does not split"):
+        parse_layout("dp=3", global_batch=64)
+
+
+def test_cli_layout_says_whether_it_fits(capsys):
+    from playbook.cli import main
+
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--seq-len", "4096", "--global-batch", "64"]
+    assert main([*argv, "--layout", "dp=4 tp=2 pp=2 zero=1"]) == 0
+    out = capsys.readouterr().out
+    assert "fits, margin" in out and "rank" in out and "production activations" in out
+    assert main([*argv, "--layout", "dp=2 tp=2 pp=2"]) == 2  # 8 GPUs, not 16
+    assert "try --gpus 8" in capsys.readouterr().err
+
+
+def test_llama3_published_layouts_step_time_within_15_percent():
+    """Dubey et al. 2024 (arXiv:2407.21783) Table 4: BF16 MFU 43 % (8,192 GPUs, DP64) and 41 %
+    (16,384 GPUs, DP128) for TP8·PP16 at 8K, 38 % for TP8·CP16·PP16 at 128K (DP8: 16,384 GPUs over
+    TP8·CP16·PP16; the table prints DP4). Interleaved v=2 and zero=2 are our assumptions (§3.3.2 names
+    an interleaved schedule and FSDP sharding gradients and optimizer state, not v). The published
+    layouts do NOT yet fit our production count with no recomputation (the issue's open part)."""
+    cfg = ModelConfig.preset("llama-3.1-405b")
+    runs = [("dp=64 tp=8 pp=16", 8192, 64 * 32, 0.43), ("dp=128 tp=8 pp=16", 8192, 128 * 16, 0.41)]
+    runs.append(("dp=8 tp=8 pp=16 cp=16", 131072, 8 * 16, 0.38))
+    for text, seq, batch, published in runs:
+        lay = parse_layout(f"{text} zero=2 schedule=interleaved v=2", global_batch=batch)
+        r = cost_layout(cfg, HW, lay, seq_len=seq, rank=False)
+        assert abs(r["mfu"] / published - 1) <= 0.15, (text, r["mfu"])
