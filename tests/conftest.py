@@ -5,6 +5,7 @@ import os
 import uuid
 
 import pytest
+import torch
 
 from playbook.book.executed import SESSION
 from playbook.cluster import Ranks
@@ -12,6 +13,12 @@ from playbook.cluster import Ranks
 # A chapter executed by JupyterLab's Run All in this session (tests/browser) is reused by the book's
 # tests (tests/test_book.py), never a copy an earlier session left with other code (playbook/book/executed.py).
 os.environ[SESSION] = uuid.uuid4().hex
+
+# What the tests compute in their own process (references, single-process runs) uses one thread, like
+# each rank: on a 2-core machine that ranks, a kernel or a browser also keep busy, several threads
+# run the same small sums 3-30x slower (gpt-tiny's train() + a float64 train_cp(): 1.1-5 s with
+# 2 threads, 0.2-0.4 s with 1, at load 16). Tests that need more threads set them and restore this.
+torch.set_num_threads(1)
 
 
 def pid_alive(pid: int) -> bool:
