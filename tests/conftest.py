@@ -4,7 +4,9 @@ so that the parity suites of every chapter pay the start-up cost once."""
 import os
 import uuid
 
+import cloudpickle
 import pytest
+import torch
 
 from playbook.book.executed import SESSION
 from playbook.cluster import Ranks
@@ -12,6 +14,20 @@ from playbook.cluster import Ranks
 # A chapter executed by JupyterLab's Run All in this session (tests/browser) is reused by the book's
 # tests (tests/test_book.py), never a copy an earlier session left with other code (playbook/book/executed.py).
 os.environ[SESSION] = uuid.uuid4().hex
+
+# What the tests compute in their own process (references, single-process runs) uses one thread, like
+# each rank: on a 2-core machine that ranks, a kernel or a browser also keep busy, several threads
+# run the same small sums 3-30x slower (gpt-tiny's train() + a float64 train_cp(): 1.1-5 s with
+# 2 threads, 0.2-0.4 s with 1, at load 16). Tests that need more threads set them and restore this.
+torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    """A function a test module sends to ranks travels by value, as a notebook's does: by reference,
+    each rank of a set would import the test module, and with it the CLI and plotly, once per module
+    (about 3 s of CPU per rank on a 2-core machine, before the first call of every module)."""
+    for module in {item.module for item in items if getattr(item, "module", None) is not None}:
+        cloudpickle.register_pickle_by_value(module)
 
 
 def pid_alive(pid: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -93,9 +94,13 @@ def ran(request, lab, browser_context) -> NotebookPage:
         times["open"] = page.open()
         times["run_all"] = page.run_all()
         times["load"] = os.getloadavg()[0]
+        start = time.monotonic()
         page.settled_problems = page.widget_problems()
+        times["settle"] = time.monotonic() - start
         save_executed(NOTEBOOKS[IDS.index(request.param)], page.notebook(), times["run_all"])
+        start = time.monotonic()
         page.screenshot_outputs()
+        times["screenshots"] = time.monotonic() - start
     except Exception:
         page.screenshot("failed")
         raise

@@ -162,19 +162,32 @@ class NotebookPage:
         return found + self.js("n => playbookTest.emptyFigures(n)", self.name)
 
     def screenshot_outputs(self) -> list[Path]:
-        """One PNG per code cell whose output holds a widget or a plotly figure: ``cell-NN.png``."""
-        return [
-            self.screenshot_cell(i, f"cell-{i:02d}") for i in self.js("n => playbookTest.visualCells(n)", self.name)
-        ]
+        """One PNG per code cell whose output holds a widget or a plotly figure: ``cell-NN.png``, all
+        taken in one viewport taller than the tallest of them (each resize lays the whole notebook out
+        again: one resize per notebook, not two per cell)."""
+        cells = self.js("n => playbookTest.visualCells(n)", self.name)
+        if not cells:
+            return []
+        tallest = max(self.cell(i).bounding_box()["height"] for i in cells)
+        self.page.set_viewport_size({**VIEWPORT, "height": max(VIEWPORT["height"], int(tallest) + 400)})
+        try:
+            return [self._shoot(i, f"cell-{i:02d}") for i in cells]
+        finally:
+            self.page.set_viewport_size(VIEWPORT)
 
     def screenshot_cell(self, index: int, label: str) -> Path:
         """The whole cell, in a viewport taller than it, so the toolbar and status bar cover none of it."""
-        path, cell = self.artifacts / f"{label}.png", self.cell(index)
-        height = cell.bounding_box()["height"]
+        height = self.cell(index).bounding_box()["height"]
         self.page.set_viewport_size({**VIEWPORT, "height": max(VIEWPORT["height"], int(height) + 400)})
+        try:
+            return self._shoot(index, label)
+        finally:
+            self.page.set_viewport_size(VIEWPORT)
+
+    def _shoot(self, index: int, label: str) -> Path:
+        path, cell = self.artifacts / f"{label}.png", self.cell(index)
         cell.scroll_into_view_if_needed()
         cell.screenshot(path=str(path), animations="disabled")
-        self.page.set_viewport_size(VIEWPORT)
         return path
 
     def screenshot(self, label: str) -> Path:
