@@ -54,7 +54,7 @@ from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
 # Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
 # "megatron-tp". tp: a collective matmul, the all-gather / reduce-scatter cut into t chunks each
 # overlapped with the GEMM on the previous one, so only the first chunk is exposed (Wang et al. 2023,
-# "Overlap communication with dependent computation via decomposition", ASPLOS, arXiv:2305.06942;
+# "Overlap communication with dependent computation via decomposition", ASPLOS 2023, doi:10.1145/3567955.3567959;
 # Megatron-LM's --tp-comm-overlap). ep and pp: DeepSeek-V3's DualPipe runs one micro-batch's
 # all-to-all and pipeline sends under another's compute (DeepSeek-AI 2024, arXiv:2412.19437,
 # §3.2.1), so only what exceeds the compute is exposed.
