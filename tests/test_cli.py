@@ -179,6 +179,7 @@ def test_python_dash_m_playbook_is_the_same_cli():
 
     ok = subprocess.run([sys.executable, "-m", "playbook", "--help"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "usage: playbook" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "playbook", "run", "hybrid", "--tp", "3"], capture_output=True,
-                         text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "playbook", "run", "hybrid", "--tp", "3"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and bad.stderr.strip()

@@ -237,7 +237,9 @@ def test_ch07_question_3_by_size_flips_latency_not_throughput():
     by = {r["layout"]: r for r in serving.compare_layouts(LLAMA8, b200, gpus=8, context=8192, latency=serving.BY_SIZE)}
     assert round(by["tp4×dp2"]["tokens_per_s"], -2) == 43_600 < round(by["tp2×dp4"]["tokens_per_s"], -2) == 43_900
     assert [round(by[k]["tpot_batch1"] * 1e3, 1) for k in ("tp4×dp2", "tp2×dp4")] == [1.3, 2.0]
-    big = {r["layout"]: r for r in serving.compare_layouts(LLAMA70, H100, gpus=8, context=8192, latency=serving.BY_SIZE)}
+    big = {
+        r["layout"]: r for r in serving.compare_layouts(LLAMA70, H100, gpus=8, context=8192, latency=serving.BY_SIZE)
+    }
     assert [round(big[k]["tp_comm_per_token"] * 1e3, 1) for k in ("tp4×dp2", "tp8×dp1")] == [2.5, 4.9]
     assert serving.recommend(list(big.values()))[0]["layout"] == "tp8×dp1"  # "the ranking above stays"
     assert big["tp4×dp2"]["tokens_per_s"] > big["tp2×dp4"]["tokens_per_s"]
