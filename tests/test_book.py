@@ -235,33 +235,39 @@ PLOT_STATE = """gd => JSON.stringify([gd.data.map(t => [t.x, t.y, t.base, t.visi
 CHANGED = f"([gd, before]) => ({PLOT_STATE})(gd) !== before"
 
 
-def _move_a_control(page, plot) -> tuple[str, int]:
-    """Move the first control of a static dashboard off its active value: the first menu's other
-    button, else the first slider's far end. Returns (the control's kind, the index it now shows)."""
-    buttons = plot.locator("g.updatemenu-container").first.locator("g.updatemenu-button")
-    if buttons.count():
-        target = 1 if plot.evaluate("gd => gd.layout.updatemenus[0].active") == 0 else 0
+def _move_a_control(page, plot) -> tuple[str, int, int]:
+    """Move the first control of a static dashboard off its active value: the first button menu's
+    other button, else the first slider's far end. A dropdown is skipped: its options are drawn only
+    while it is open, and plotly draws every menu's buttons in one container, so the first button on
+    the page belongs to the first menu of type buttons, not to updatemenus[0].
+    Returns (the control's kind, its index in the layout, the value index it now shows)."""
+    menus = plot.evaluate("gd => (gd.layout.updatemenus || []).map(m => m.type || 'buttons')")
+    if "buttons" in menus:
+        k = menus.index("buttons")
+        headers = plot.locator("g.updatemenu-container g.updatemenu-header-group")
+        buttons = headers.nth(k).locator("g.updatemenu-button")
+        target = 1 if plot.evaluate(f"gd => gd.layout.updatemenus[{k}].active || 0") == 0 else 0
         buttons.nth(target).click()
-        return "menu", target
+        return "menu", k, target
     box = plot.locator("rect.slider-rail-touch-rect").first.bounding_box()
     steps = plot.evaluate("gd => gd.layout.sliders[0].steps.length")
     target = 0 if plot.evaluate("gd => gd.layout.sliders[0].active") else steps - 1
     page.mouse.click(box["x"] + box["width"] * (0.02 if target == 0 else 0.98), box["y"] + box["height"] / 2)
-    return "slider", target
+    return "slider", 0, target
 
 
-def _expected_frame(spec: dict, kind: str, target: int) -> dict:
-    """The frame the page should show once the first ``kind`` control shows ``target``, read from
+def _expected_frame(spec: dict, kind: str, index: int, target: int) -> dict:
+    """The frame the page should show once the ``kind`` control at ``index`` shows ``target``, read from
     the figure's own JSON on the page (not from the page script under test)."""
     layout = spec["layout"]
     labels = []
     moved = False
     for c in layout["meta"]["playbook_grid"]["controls"]:
         ctl = (layout["sliders"] if c["kind"] == "slider" else layout["updatemenus"])[c["index"]]
-        index = ctl.get("active", 0)
-        if c["kind"] == kind and c["index"] == 0 and not moved:
-            index, moved = target, True
-        labels.append(c["labels"][index])
+        shown = ctl.get("active", 0)
+        if c["kind"] == kind and c["index"] == index and not moved:
+            shown, moved = target, True
+        labels.append(c["labels"][shown])
     name = layout["meta"]["playbook_grid"]["sep"].join(labels)
     return next(f for f in spec["frames"] if f["name"] == name)
 
@@ -335,17 +341,17 @@ def _check_page(context, site: Path, entry: dict, shots: Path) -> list[str]:
         plot.scroll_into_view_if_needed()
         before = plot.evaluate(PLOT_STATE)
         spec = json.loads(page.locator(f"#{plot.get_attribute('id')}-json").text_content())
-        kind, target = _move_a_control(page, plot)
+        kind, index, target = _move_a_control(page, plot)
         try:
             page.wait_for_function(CHANGED, arg=[plot.element_handle(), before], timeout=10_000)
         except Exception:  # noqa: BLE001 - reported below
             problems.append(f"{href}: moving the first {kind} on dashboard {i} did not change its figure")
             continue
-        want = _expected_frame(spec, kind, target)
+        want = _expected_frame(spec, kind, index, target)
         shown = plot.evaluate("gd => gd.layout.title.text")
         if shown != want["layout"]["title"]["text"]:
             problems.append(
-                f"{href}: dashboard {i} shows {shown!r} after its first {kind} moved to {target}, "
+                f"{href}: dashboard {i} shows {shown!r} after its {kind} {index} moved to {target}, "
                 f"not its frame {want['name']!r}"
             )
         ys = plot.evaluate("gd => gd.data.map(t => t.visible === false ? null : t.y)")
