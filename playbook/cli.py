@@ -25,7 +25,7 @@ import threading
 from playbook.cli_trace import check_trace_path, write_trace
 from playbook.config import Hardware, ModelConfig
 
-from playbook.cli_checks import BadInput, check_before_run, check_numbers  # noqa: F401  (BadInput: cli_plan)
+from playbook.cli_checks import BadInput, check_before_run, check_numbers
 
 
 def cmd_info(args) -> int:

@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from playbook.cli import BadInput
+from playbook.cli_checks import BadInput
 
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
 

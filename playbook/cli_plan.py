@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from playbook.cli import BadInput
+from playbook.cli_checks import BadInput
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
 from playbook.theory.plan_schedule import PLAN_SCHEDULES

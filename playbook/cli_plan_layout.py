@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from playbook.cli import BadInput
+from playbook.cli_checks import BadInput
 
 
 def one_layout(cfg, hw, args) -> int:
