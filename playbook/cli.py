@@ -53,7 +53,7 @@ def cmd_info(args) -> int:
         print(json.dumps(info, indent=2))
     else:
         notes = {
-            "max_local_ranks": "(the most ranks `playbook run` starts on this machine: 4 per CPU core, at least 8)"
+            "max_local_ranks": "(the most ranks `playbook run` starts on this machine: 4 per CPU core, at least 16)"
         }
         for k, v in info.items():
             print(f"{k:>28}: {', '.join(map(str, v)) if isinstance(v, list) else v} {notes.get(k, '')}".rstrip())
