@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from playbook.theory.schedules import held_bytes, make_schedule, simulate
-from playbook.theory.schedules_dual import dualpipe_memory, make_dualpipe, readme_rows
+from playbook.theory.schedules import Costs, held_bytes, make_schedule, simulate
+from playbook.theory.schedules_dual import dualpipe_memory, make_dualpipe, readme_bubble, readme_rows
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (2, 6), (4, 8), (4, 12), (4, 20), (8, 16), (8, 24)])
@@ -65,3 +65,27 @@ def test_dualpipe_v_memory_matches_the_readme_row_for_the_same_stages():
         s = make_schedule("dualpipe-v", 4, m, 2)
         assert max(held_bytes(s, [[1, 1]] * 4)) == want["activations"]
         assert all(len({s.stage(r, a.chunk) for a in s.compute(r)}) == want["parameters"] for r in range(4))
+
+
+COSTS = [(1, 1, 1), (1, 2, 1), (1, 1, 0.5), (2, 1, 1), (1, 0.5, 0.25), (1, 2, 2), (3, 2, 1)]
+
+
+@pytest.mark.parametrize("f, b, w", COSTS)
+def test_the_readme_bubble_bounds_the_simulated_orders_at_every_cost_ratio(f, b, w):
+    costs = Costs(f=f, b=b, w=w)
+    for ranks, m in [(2, 8), (4, 8), (4, 16), (8, 32)]:
+        v = max(simulate(make_schedule("dualpipe-v", ranks, m, 2), costs).idle())
+        assert v <= readme_bubble(2 * ranks, f, b, w) + 1e-9, ("dualpipe-v", ranks, m)
+        dual = max(simulate(make_dualpipe(ranks, m), costs).idle())
+        assert dual <= readme_bubble(ranks, f, b, w) + 1e-9, ("dualpipe", ranks, m)
+
+
+@pytest.mark.parametrize("ranks, m", [(2, 8), (4, 8), (4, 16), (8, 32)])
+def test_at_equal_costs_the_bubble_is_the_deepest_ranks_fill_half_the_readmes(ranks, m):
+    unit = 0.5  # a chunk: half a stage
+    timeline = simulate(make_schedule("dualpipe-v", ranks, m, 2), Costs(f=unit, b=unit, w=unit))
+    fill = (ranks - 1) * unit  # the bottom of the V waits for ranks − 1 forwards
+    assert timeline.idle() == [fill] * ranks
+    first = min(s.start for s in timeline.slots if s.rank == ranks - 1)
+    assert first == fill
+    assert readme_bubble(2 * ranks, unit, unit, unit) == 2 * fill

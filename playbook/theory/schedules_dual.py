@@ -21,6 +21,12 @@ rank r is stage r, chunk 1 stage 2p − 1 − r), but the two directions are two
 directions' stages) and the activations held at the peak (in micro-batch-stages, the unit of the
 README's table, where 1F1B's rank 0 holds p); ``README_TABLE`` is that table.
 
+:func:`readme_bubble` is the README's idle time per device, (PP/2 − 1)(F&B + B − 3W), with its B the
+*full* backward (our B + W) and F&B = F + B + W (no overlap, as on a CPU). It is an upper bound on
+the simulated orders, not their idle: at F = B = W they idle (PP/2 − 1)·F per rank, half of it, which
+is the fill of the deepest rank (h = PP/2 − 1 forwards before its first micro-batch arrives), mirrored
+by rank 0's wait for its last input-gradients at the end.
+
 Pure Python; no torch.
 """
 
@@ -82,9 +88,25 @@ def dualpipe_memory(p: int, m: int) -> dict:
     return {"parameters": stages, "activations": held}
 
 
+def readme_bubble(pp: int, f: float, b: float, w: float) -> float:
+    """The README's bubble, (PP/2 − 1)(F&B + B_full − 3W), for stage costs ``f``, ``b`` (input
+    backward), ``w`` (weight backward): B_full = b + w and F&B = f + B_full, nothing overlapped.
+    ``pp``: stages of one direction (DualPipe: the ranks; DualPipe-V: twice the ranks)."""
+    full = b + w
+    return (pp / 2 - 1) * ((f + full) + full - 3 * w)
+
+
 def readme_rows(p: int) -> dict[str, dict[str, int]]:
     """The README's table at ``p`` stages: {method: {"parameters", "activations"}} per device."""
     return {name: {k: f(p) for k, f in row.items()} for name, row in README_TABLE.items()}
 
 
-__all__ = ["README_TABLE", "check_dualpipe", "dualpipe_memory", "dualpipe_orders", "make_dualpipe", "readme_rows"]
+__all__ = [
+    "README_TABLE",
+    "check_dualpipe",
+    "dualpipe_memory",
+    "dualpipe_orders",
+    "make_dualpipe",
+    "readme_bubble",
+    "readme_rows",
+]
