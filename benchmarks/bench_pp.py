@@ -2,16 +2,20 @@
 
     python benchmarks/bench_pp.py                 # p=2, gpt-tiny with 4 layers, m=8, 6 steps
     python benchmarks/bench_pp.py --p 4 --layers 8 --m 8 --global-batch 32
+    python benchmarks/bench_pp.py --p 4 --layers 8 --m 8 --global-batch 32 --schedules zb-v,dualpipe-v --no-native
 
 Both run the same chunks (``playbook.parallel.pp_executor.Chunk``) on the same data; the step time is the
 median over the steps after the first (which pays one-off costs: torch's shape inference,
-allocator warm-up), averaged over ranks. Also prints each of ours' predicted and measured bubble.
-On a shared 2-core machine expect ±30% noise: run it twice.
+allocator warm-up), averaged over ranks. Also prints each of ours' predicted and measured bubble and
+their ratio (the pipeline issue's goal: within 10% on an idle machine), with the load average before
+and after: on a shared 2-core machine expect ±30% noise, and a load above the core count means the
+comparison says nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 from playbook.cluster import Ranks
@@ -29,31 +33,42 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved,zb-h1,zb-v,dualpipe-v")
+    ap.add_argument("--no-native", action="store_true", help="ours only (torch's runs double the time)")
     args = ap.parse_args()
     setup = PipelineSetup(
         model="gpt-tiny", steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len, n_layers=args.layers
     )
     print(
-        f"p={args.p}, m={args.m}, gpt-tiny with {args.layers} layers, global batch {args.global_batch} × {args.seq_len}"
+        f"p={args.p}, m={args.m}, gpt-tiny with {args.layers} layers, global batch {args.global_batch} × {args.seq_len}; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
     )
     print(
-        f"{'schedule':<12}{'ours (ms)':>11}{'native (ms)':>13}{'ours/native':>13}{'bubble pred':>13}{'bubble meas':>13}"
+        f"{'schedule':<12}{'ours (ms)':>11}{'native (ms)':>13}{'ours/native':>13}{'bubble pred':>13}{'bubble meas':>13}{'meas/pred':>11}"
     )
     with Ranks(args.p, backend="gloo", timeout=300) as ranks:
-        for name in ("gpipe", "1f1b", "interleaved", "zb-h1"):
-            v = args.v if name == "interleaved" else 1
+        for name in args.schedules.split(","):
+            v = {"interleaved": args.v, "zb-v": 2, "dualpipe-v": 2}.get(name, 1)
             ours = ranks.run(on_rank, setup, schedule=name, m=args.m, v=v, progress=False)
-            native = ranks.run(native_on_rank, setup, schedule=name, m=args.m, v=v, progress=False)
+            native = (
+                None
+                if args.no_native
+                else ranks.run(native_on_rank, setup, schedule=name, m=args.m, v=v, progress=False)
+            )
 
             def step(results):
                 return statistics.mean(statistics.median(r["step_s"][1:]) for r in results) * 1e3
 
             bubble = compare_bubble(ours, make_schedule(name, args.p, args.m, v))
-            a, b = step(ours), step(native)
+            a = step(ours)
+            b = step(native) if native else float("nan")
+            predicted = bubble["bubble_predicted"]["idle_over_total"]
+            measured = bubble["bubble_measured"]["idle_over_total"]
             print(
                 f"{name:<12}{a:>11.1f}{b:>13.1f}{a / b:>13.2f}"
-                f"{bubble['bubble_predicted']['idle_over_total']:>13.1%}{bubble['bubble_measured']['idle_over_total']:>13.1%}"
+                f"{predicted:>13.1%}{measured:>13.1%}{measured / predicted if predicted else float('nan'):>11.2f}"
             )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     print(
         "bubble: idle / total time (GPipe's definition); predicted by simulating the schedule with this run's measured costs"
     )
