@@ -30,8 +30,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from playbook.dims import ParallelDims
 from playbook.model import GPT
-from playbook.parallel.training import TrainSetup
+from playbook.parallel.training import TrainSetup, train
 from playbook.theory.tp import check_tp
 
 
@@ -79,15 +80,19 @@ def _full(x):
 def train_dtensor(ctx, setup: TrainSetup, *, sequence_parallel: bool = False):
     """Rank function: the reference GPT parallelized by DTensor, trained by the same loop as ours,
     the whole step inside ``loss_parallel()``; returns a TrainResult of full tensors."""
-    from playbook.parallel.tp_run import tp_group, train_loop
-
     check_tp(setup.config(), ctx.world_size, seq_len=setup.seq_len, sequence_parallel=sequence_parallel)
     model = dtensor_gpt(
         GPT(setup.config(), seed=setup.seed).to(ctx.device),
-        tp_group(ctx),
+        ctx.mesh_for(ParallelDims(tp=ctx.world_size)).group("tp"),  # the chapter's layout: every rank on tp
         ctx.device.type,
         sequence_parallel=sequence_parallel,
     )
-    return train_loop(
-        model, setup, ctx.device, context=loss_parallel, measure=False, collect=_full, progress=ctx.progress
+    return train(
+        setup,
+        model=model,
+        device=ctx.device,
+        context=loss_parallel,
+        measure=False,
+        collect=_full,
+        progress=ctx.progress,
     )
