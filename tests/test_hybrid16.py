@@ -31,3 +31,20 @@ def test_dp2_tp2_pp2_cp2_with_zero1_and_sp_matches_one_process(ranks16, schedule
         assert set(row["predicted"]) == {"tp", "cp", "pp", "dp×cp"}, row["rank"]  # every axis carries bytes
         assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
         assert row["memory"]["measured"] == row["memory"]["predicted"], row["rank"]  # every category, to the byte
+
+
+def test_the_405b_plan_shrinks_to_this_layout_with_its_schedule_and_replays_exactly(ranks16):
+    """``playbook plan``'s best layouts for Llama-3.1-405B on 16,384 H100 use all four axes and ZB-V
+    (two chunks per rank, the V): shrunk, the replay keeps every axis and the schedule, and runs on
+    these 16 ranks with every byte and memory category as predicted."""
+    from playbook.config import ModelConfig
+    from playbook.parallel.plan_replay import replay
+    from playbook.theory.shrink import shrink
+    from playbook.viz.plan_dashboard import cached_plan
+
+    planned = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048)
+    best = next(c for c in planned.candidates if c.layout.schedule == "zb-v")
+    small = shrink(best, model=ModelConfig.preset("llama-3.1-405b"), max_ranks=16)
+    assert (small.dims, small.schedule, small.virtual_stages) == (FOUR_AXES, "zb-v", 2)
+    assert "--schedule zb-v" in small.command()
+    assert replay(small, cluster=ranks16).exact

@@ -117,12 +117,8 @@ class Plan:
             if refused:
                 raise ValueError(f"layout {d}: {why}")
         if d.pp > 1:
+            # stages need not be equal: executor and theory cut the same pieces (``theory.pipeline.stage_ranges``)
             check_pipeline(d.pp, self.m, self.v, name=self.schedule, n_layers=cfg.n_layers)
-            if cfg.n_layers % d.pp:
-                raise ValueError(
-                    f"pp={d.pp} must divide n_layers={cfg.n_layers} (equal stages); try pp in "
-                    f"{{{', '.join(str(k) for k in range(1, cfg.n_layers + 1) if cfg.n_layers % k == 0)}}}"
-                )
             if cfg.tie_embeddings:
                 raise ValueError("a tied embedding sits on the first and the last stage; use an untied preset")
         if d.cp > 1 and self.cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp:
