@@ -8,8 +8,9 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
     2. context parallelism: every attention core swapped for ring attention over ``cp``, RoPE at
        this rank's global positions;
     3. expert parallelism: every MoE layer's experts split over ``ep``;
-    4. pipeline parallelism: this rank's chunk of the (already parallel) model, played by the
-       schedule executor of ``parallel.pp`` over ``pp``;
+    4. pipeline parallelism: this rank's chunk of the (already parallel) model, or its v chunks
+       (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
+       and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
     5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
        replicas, or ZeRO's sharded optimizer over ``dp×cp`` (this stage's units, ``hybrid_zero``).
 

@@ -3,7 +3,10 @@
 The loop's ``forward_backward`` hook is replaced by the schedule executor of ``parallel.pp``
 (``run_step``), playing this rank's list of the schedule with its stage index ``mesh.index("pp")``
 and the ``pp`` process group; peers are group-local indices, translated to global ranks where the
-messages are sent. The stage (``pp_executor.Chunk``) holds the GPT's own modules under their own
+messages are sent. A rank holds ``plan.v`` chunks, virtual stages of pp·v equal-as-possible ones
+(``theory.pipeline.stage_ranges``) where the schedule places them: chunk c is stage c·pp + r for
+interleaved 1F1B (Narayanan et al. 2021, §2.2.2), stages r and 2·pp − 1 − r on the V (ZB-V, Qi et
+al. 2023, §6; DualPipe-V, DeepSeek-AI 2024, §3.2.1). The stage (``pp_executor.Chunk``) holds the GPT's own modules under their own
 names, so parameters and gradients compare with the single process name for name, whatever tensor
 parallelism did to them; under context parallelism it gives its blocks this rank's RoPE positions,
 and a message holds this rank's tokens: [b/m, s/cp, h], [b/m, s/(cp·tp), h] under sequence

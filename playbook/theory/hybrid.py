@@ -4,7 +4,8 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
 
 - ``tp``: Megatron's two all-reduces per layer forward and two backward, or the sequence-parallel
   all-gather/reduce-scatter pairs, plus the vocab-parallel loss (``theory.tp.step_collectives``),
-  for the layers of this rank's pipeline stage and this rank's rows;
+  for the layers of this rank's pipeline chunks (``chunk_ranges``: v virtual stages) and its rows;
+  with SP and a split backward (ZB-H1, ZB-V, DualPipe-V) W replays each row-parallel exit's all-gather;
 - ``cp``: ring attention's K/V blocks and their gradients (``theory.cp.comm_bytes_per_layer``), of
   this rank's kv_heads/tp heads, for the layers of its stage;
 - ``pp``: one activation [b/m, s/cp, h] ([b/m, s/(cp·tp), h] under SP) per forward send and one
