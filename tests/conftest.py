@@ -79,3 +79,9 @@ def ranks4(rank_sets) -> Ranks:
 @pytest.fixture
 def ranks8(rank_sets) -> Ranks:
     return rank_sets.setdefault(8, Ranks(8, backend="gloo", timeout=60)).start()
+
+
+@pytest.fixture
+def ranks16(rank_sets) -> Ranks:
+    """The four-axis layout dp2×tp2×pp2×cp2 (tests/test_hybrid16.py): 16 processes: 3.4 s to start at load 0.2, 15-22 s at load 9-15 (benchmarks/bench_hybrid16.py)."""
+    return rank_sets.setdefault(16, Ranks(16, backend="gloo", timeout=60)).start()

@@ -8,8 +8,9 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
     2. context parallelism: every attention core swapped for ring attention over ``cp``, RoPE at
        this rank's global positions;
     3. expert parallelism: every MoE layer's experts split over ``ep``;
-    4. pipeline parallelism: this rank's chunk of the (already parallel) model, played by the
-       schedule executor of ``parallel.pp`` over ``pp``;
+    4. pipeline parallelism: this rank's chunk of the (already parallel) model, or its v chunks
+       (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
+       and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
     5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
        replicas, or ZeRO's sharded optimizer over ``dp×cp`` (this stage's units, ``hybrid_zero``).
 
@@ -34,7 +35,7 @@ from playbook.measure import trace
 from playbook.model import GPT
 from playbook.parallel.comm import all_reduce_flat
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.schedules import check_pipeline
+from playbook.theory.schedules import V_SCHEDULES, check_pipeline
 
 CP_VARIANTS = ("ring", "allgather", "ulysses")
 
@@ -50,10 +51,19 @@ class Plan:
     zigzag: bool = False
     schedule: str = "1f1b"
     microbatches: int | None = None  # None: as many as pipeline stages
+    virtual_stages: int | None = None  # model chunks per pp rank; None: 2 for interleaved and the V shapes, else 1
 
     @property
     def m(self) -> int:
         return self.microbatches or (self.dims.pp if self.dims.pp > 1 else 1)
+
+    @property
+    def v(self) -> int:
+        """Chunks per pipeline rank: interleaved 1F1B's v (Narayanan et al. 2021, §2.2.2), 2 for the V
+        shapes ZB-V and DualPipe-V (rank 0 holds the first and the last stage), 1 otherwise."""
+        if self.dims.pp == 1:
+            return 1
+        return self.virtual_stages or (2 if self.schedule == "interleaved" or self.schedule in V_SCHEDULES else 1)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "dims": asdict(self.dims)}
@@ -76,6 +86,10 @@ class Plan:
             raise ValueError(
                 f"ZeRO-{self.zero} shards over the dp×cp ranks that hold the same weights, and dp·cp=1 in {d}: "
                 "add --dp 2 (or --cp 2) or drop --zero"
+            )
+        if self.virtual_stages not in (None, 1) and d.pp == 1:
+            raise ValueError(
+                f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
             )
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
@@ -104,12 +118,8 @@ class Plan:
             if refused:
                 raise ValueError(f"layout {d}: {why}")
         if d.pp > 1:
-            check_pipeline(d.pp, self.m, 1, name=self.schedule, n_layers=cfg.n_layers)
-            if cfg.n_layers % d.pp:
-                raise ValueError(
-                    f"pp={d.pp} must divide n_layers={cfg.n_layers} (equal stages); try pp in "
-                    f"{{{', '.join(str(k) for k in range(1, cfg.n_layers + 1) if cfg.n_layers % k == 0)}}}"
-                )
+            # stages need not be equal: executor and theory cut the same pieces (``theory.pipeline.stage_ranges``)
+            check_pipeline(d.pp, self.m, self.v, name=self.schedule, n_layers=cfg.n_layers)
             if cfg.tie_embeddings:
                 raise ValueError("a tied embedding sits on the first and the last stage; use an untied preset")
         if d.cp > 1 and self.cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp:

@@ -3,7 +3,10 @@
 The loop's ``forward_backward`` hook is replaced by the schedule executor of ``parallel.pp``
 (``run_step``), playing this rank's list of the schedule with its stage index ``mesh.index("pp")``
 and the ``pp`` process group; peers are group-local indices, translated to global ranks where the
-messages are sent. The stage (``pp_executor.Chunk``) holds the GPT's own modules under their own
+messages are sent. A rank holds ``plan.v`` chunks, virtual stages of pp·v equal-as-possible ones
+(``theory.pipeline.stage_ranges``) where the schedule places them: chunk c is stage c·pp + r for
+interleaved 1F1B (Narayanan et al. 2021, §2.2.2), stages r and 2·pp − 1 − r on the V (ZB-V, Qi et
+al. 2023, §6; DualPipe-V, DeepSeek-AI 2024, §3.2.1). The stage (``pp_executor.Chunk``) holds the GPT's own modules under their own
 names, so parameters and gradients compare with the single process name for name, whatever tensor
 parallelism did to them; under context parallelism it gives its blocks this rank's RoPE positions,
 and a message holds this rank's tokens: [b/m, s/cp, h], [b/m, s/(cp·tp), h] under sequence
@@ -20,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from playbook.measure.memory import gradient_bytes, optimizer_bytes, parameter_bytes
-from playbook.parallel.pp import Chunk, HeldActivations, run_step, stage_ranges
+from playbook.parallel.pp import Chunk, HeldActivations, Pieces, run_step, stage_ranges
 from playbook.theory.schedules import make_schedule
 
 
@@ -28,14 +31,16 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=No
     """(the stage module to train, the loop hooks that run one pipeline step on it). ``positions``:
     this rank's RoPE positions under context parallelism ([s/cp] int64)."""
     p, stage, cfg = mesh.size("pp"), mesh.index("pp"), setup.config()
-    schedule = make_schedule(plan.schedule, p, plan.m, 1)
-    start, end = stage_ranges(cfg, p)[stage]
-    chunk = own = Chunk(model, start, end, positions)  # the GPT's own modules under their names in it
+    schedule = make_schedule(plan.schedule, p, plan.m, plan.v)
+    ranges = [stage_ranges(cfg, p * plan.v)[schedule.stage(stage, c)] for c in range(plan.v)]
+    chunks = [Chunk(model, start, end, positions) for start, end in ranges]  # this rank's v virtual stages
+    pieces = sorted({i for start, end in ranges for i in range(start, end)})
+    own = Pieces(model, pieces)  # the GPT's own modules under their names in it: what this rank trains
     zero = None
     if plan.zero:  # before the activation hooks: the weights become views of ZeRO's flat buffers
         from playbook.parallel.hybrid_zero import zero_optimizer
 
-        zero, zero_hooks = zero_optimizer(model, mesh, plan, setup, None, pieces=range(start, end))
+        zero, zero_hooks = zero_optimizer(model, mesh, plan, setup, None, pieces=pieces)
         zero_hooks.pop("memory")
     held = HeldActivations(model)
     tokens = setup.seq_len // mesh.size("cp") // (mesh.size("tp") if plan.sequence_parallel else 1)
@@ -44,7 +49,7 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=No
     def forward_backward(_, tokens, targets):
         held.peak = held.now
         micro = [t.clone() for t in tokens.chunk(plan.m)], [t.clone() for t in targets.chunk(plan.m)]
-        log = run_step(schedule, stage, [chunk], *micro, shape, mesh.group("pp"), held)
+        log = run_step(schedule, stage, chunks, *micro, shape, mesh.group("pp"), held)
         logs.append(log)
         return torch.tensor(log.loss, device=tokens.device)  # the last stage's loss; 0 elsewhere
 

@@ -22,7 +22,7 @@ from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, bounds_lines, compare
 from playbook.parallel.training import TrainResult, TrainSetup
 from playbook.theory.hybrid import comm_per_axis, memory_per_rank
-from playbook.theory.schedules import SCHEDULES
+from playbook.theory.schedules import SCHEDULES, V_SCHEDULES
 
 
 def merge(answers: list[dict], tp: int) -> TrainResult:
@@ -64,6 +64,7 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
             sequence_parallel=plan.sequence_parallel,
             cp_variant=plan.cp_variant,
             microbatches=plan.m,
+            virtual_stages=plan.v,
         )
         predicted = comm_per_axis(setup.config(), plan.dims, zero=plan.zero, routing=routing, **layout)
         memory = memory_per_rank(
@@ -162,9 +163,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sequence-parallel", action="store_true", help="with --tp: sequence parallelism")
     parser.add_argument("--cp-variant", default="ring", choices=list(CP_VARIANTS))
     parser.add_argument("--zigzag", action="store_true", help="with --cp: zig-zag causal balance")
-    parser.add_argument("--schedule", default="1f1b", choices=list(SCHEDULES))
+    parser.add_argument("--schedule", default="1f1b", choices=[*SCHEDULES, *V_SCHEDULES])
     parser.add_argument(
         "--microbatches", type=int, default=None, help="with --pp: micro-batches per step (default: pp)"
+    )
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=None,
+        dest="virtual_stages",
+        help="with --pp: model chunks per rank (default: 2 for interleaved, zb-v and dualpipe-v, else 1)",
     )
     parser.set_defaults(world_size=None)  # implied by the degrees
 
@@ -191,6 +199,10 @@ def _idle_flags(dims: ParallelDims, options: dict) -> list[tuple[bool, str]]:
             options.get("microbatches") is not None and dims.pp == 1,
             "--microbatches feeds a pipeline, and pp=1 here; add --pp 2 or drop --microbatches",
         ),
+        (
+            options.get("virtual_stages") is not None and dims.pp == 1,
+            "--chunks cuts a pipeline's stages into virtual ones, and pp=1 here; add --pp 2 or drop --chunks",
+        ),
     ]
 
 
@@ -207,8 +219,8 @@ def check_options(args) -> None:
         if refused:
             raise ValueError(why)
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
-    keys = ("zero", "sequence_parallel", "cp_variant", "zigzag", "schedule", "microbatches")
-    Plan(dims, **{k: o[k] for k in keys}).check(setup)
+    keys = ("zero", "sequence_parallel", "cp_variant", "zigzag", "schedule", "microbatches", "virtual_stages")
+    Plan(dims, **{k: o.get(k) for k in keys if k in o}).check(setup)
     if o.get("native"):
         check_native(setup, dims, sequence_parallel=o["sequence_parallel"])
 

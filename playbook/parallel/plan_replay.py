@@ -53,7 +53,12 @@ def setup_and_plan(shrunk: Shrunk, steps: int = 3) -> tuple[TrainSetup, Plan]:
     """The ``TrainSetup`` and hybrid ``Plan`` of ``shrunk``, checked before any rank starts."""
     setup = TrainSetup(model=shrunk.model, steps=steps, global_batch=shrunk.global_batch, seq_len=shrunk.seq_len)
     plan = Plan(
-        shrunk.dims, zero=shrunk.zero, sequence_parallel=shrunk.sequence_parallel, microbatches=shrunk.microbatches
+        shrunk.dims,
+        zero=shrunk.zero,
+        sequence_parallel=shrunk.sequence_parallel,
+        microbatches=shrunk.microbatches,
+        schedule=shrunk.schedule,
+        virtual_stages=shrunk.virtual_stages,
     )
     plan.check(setup)
     return setup, plan

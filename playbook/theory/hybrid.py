@@ -4,7 +4,8 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
 
 - ``tp``: Megatron's two all-reduces per layer forward and two backward, or the sequence-parallel
   all-gather/reduce-scatter pairs, plus the vocab-parallel loss (``theory.tp.step_collectives``),
-  for the layers of this rank's pipeline stage and this rank's rows;
+  for the layers of this rank's pipeline chunks (``chunk_ranges``: v virtual stages) and its rows;
+  with SP and a split backward (ZB-H1, ZB-V, DualPipe-V) W replays each row-parallel exit's all-gather;
 - ``cp``: ring attention's K/V blocks and their gradients (``theory.cp.comm_bytes_per_layer``), of
   this rank's kv_heads/tp heads, for the layers of its stage;
 - ``pp``: one activation [b/m, s/cp, h] ([b/m, s/(cp·tp), h] under SP) per forward send and one
@@ -26,7 +27,7 @@ from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.moe import params_per_rank as moe_params
-from playbook.theory.schedules import make_schedule
+from playbook.theory.schedules import V_SCHEDULES, equal_partition, is_split, make_schedule
 from playbook.theory.tp import step_collectives
 from playbook.theory.zero import padded
 
@@ -39,25 +40,36 @@ def data_axis(dims: ParallelDims) -> str:
     return "×".join(parts) if len(parts) == 2 else (parts[0] if parts else "dp")
 
 
-def stage_layers(cfg: ModelConfig, pp: int, stage: int) -> range:
-    """The blocks of pipeline stage ``stage`` (``theory.stages.stage_layers``: equal when pp divides
-    the layers, as the hybrid requires)."""
-    from playbook.theory.stages import stage_layers as all_stage_layers
+def chunk_ranges(cfg: ModelConfig, pp: int, stage: int, schedule: str = "1f1b", v: int = 1) -> list[tuple[int, int]]:
+    """The piece ranges [start, end) of the ``v`` virtual stages pipeline rank ``stage`` holds
+    (``theory.pipeline.stage_ranges`` of pp·v stages; piece 0 the embedding, 1..L the blocks, L+1
+    the head), placed as the schedule places them: chunk c is stage c·pp + stage (Narayanan et al.
+    2021, §2.2.2), or on the V, stages ``stage`` and 2·pp − 1 − ``stage`` (Qi et al. 2023, §6)."""
+    ranges = equal_partition(cfg.n_layers, pp * v)
+    if schedule in V_SCHEDULES:
+        return [ranges[stage], ranges[2 * pp - 1 - stage]]
+    return [ranges[c * pp + stage] for c in range(v)]
 
-    return all_stage_layers(cfg.n_layers, pp)[stage]
+
+def _blocks(cfg: ModelConfig, ranges: list[tuple[int, int]]) -> list[int]:
+    """The block indices among the pieces of ``ranges`` (piece i + 1 is block i)."""
+    return sorted(i - 1 for start, end in ranges for i in range(start, end) if 1 <= i <= cfg.n_layers)
 
 
-def local_units(cfg: ModelConfig, dims: ParallelDims, stage: int = 0) -> list[tuple[str, int, int]]:
+def local_units(cfg: ModelConfig, dims: ParallelDims, stage: int = 0, ranges=None) -> list[tuple[str, int, int]]:
     """This rank's parameters by unit, as (name, split elements, replicated elements) under TP:
-    the embedding (first stage), each block of the stage, the final norm and head (last stage).
-    Split matrices hold 1/tp; norms are whole on every tensor-parallel rank."""
+    the embedding (first stage), each block of its chunks (``ranges``, default: pipeline stage
+    ``stage`` of pp equal ones), the final norm and head (last stage). Split matrices hold 1/tp;
+    norms are whole on every tensor-parallel rank."""
     t, h = dims.tp, cfg.hidden
+    ranges = ranges if ranges is not None else chunk_ranges(cfg, dims.pp, stage)
+    pieces = {i for start, end in ranges for i in range(start, end)}
     units = []
-    if stage == 0:
+    if 0 in pieces:
         units.append(("embed", cfg.vocab_size * h // t, 0))
-    for i in stage_layers(cfg, dims.pp, stage):
+    for i in _blocks(cfg, ranges):
         units.append((f"block{i}", (cfg.layer_params() - 2 * h) // t, 2 * h))
-    if stage == dims.pp - 1:
+    if cfg.n_layers + 1 in pieces:
         units.append(("head", cfg.vocab_size * h // t, h))
     return units
 
@@ -74,6 +86,7 @@ def comm_per_axis(
     cp_variant: str = "ring",
     schedule: str = "1f1b",
     microbatches: int = 1,
+    virtual_stages: int = 1,
     routing: list | None = None,
 ) -> dict[str, float]:
     """Bytes ``rank`` sends per training step on each axis of ``dims`` (see the module docstring).
@@ -81,6 +94,8 @@ def comm_per_axis(
     ``counts_by_rank`` and ``capacity``), from which the all-to-all bytes follow (mean per step)."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
+    ranges = chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages)
+    pieces, blocks = {i for start, end in ranges for i in range(start, end)}, _blocks(cfg, ranges)
     out: dict[str, float] = {}
 
     def add(axis, value):
@@ -88,30 +103,35 @@ def comm_per_axis(
             out[axis] = out.get(axis, 0.0) + float(value)
 
     if dims.tp > 1:
-        layers = {f"layer{i}" for i in stage_layers(cfg, dims.pp, stage)}
-        keep = layers | ({"embedding"} if stage == 0 else set()) | ({"head", "loss"} if stage == dims.pp - 1 else set())
+        keep = {f"layer{i}" for i in blocks} | ({"embedding"} if 0 in pieces else set())
+        keep |= {"head", "loss"} if cfg.n_layers + 1 in pieces else set()
         for col in step_collectives(
             cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel
         ):
             if col.region.split(".")[0] in keep:
                 add("tp", col.sent_bytes)
         if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
-            replicated = sum(rep for _, _, rep in local_units(cfg, dims, stage))
+            replicated = sum(rep for _, _, rep in local_units(cfg, dims, ranges=ranges))
             add("tp", sent_bytes("all_reduce", FP32 * replicated, dims.tp))
+        if sequence_parallel and dims.pp > 1 and is_split(schedule):  # W replays each row-parallel exit's
+            # backward (``pp_executor``: autograd.grad of the module's output, one node deep): under SP the
+            # reduce-scatter's all-gather again, o_proj and down_proj, per block and micro-batch
+            exit_grad = FP32 * (rows // microbatches) * (seq_len // dims.cp) * cfg.hidden  # [b/m, s/cp, h]
+            add("tp", 2 * len(blocks) * microbatches * sent_bytes("all_gather", exit_grad, dims.tp))
     if dims.cp > 1:
         from playbook.theory.cp import comm_bytes_per_layer
 
         local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
         per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
-        add("cp", len(stage_layers(cfg, dims.pp, stage)) * sum(per_layer.values()))  # linear in rows: any m
+        add("cp", len(blocks) * sum(per_layer.values()))  # linear in rows: any m
     if dims.pp > 1:
-        plan = make_schedule(schedule, dims.pp, microbatches)
+        plan = make_schedule(schedule, dims.pp, microbatches, virtual_stages)
         tokens = seq_len // dims.cp // (dims.tp if sequence_parallel else 1)  # this rank's share of a sequence
         message = FP32 * (rows // microbatches) * tokens * cfg.hidden  # [b/m, s/cp (/tp under SP), h]
         sends = [a for a in plan.actions[stage] if a.kind.startswith("send") and a.peer != stage]
         add("pp", len(sends) * message)
     n = dims.dp * dims.cp
-    units = local_units(cfg, dims, stage)
+    units = local_units(cfg, dims, ranges=ranges)
     if zero and n > 1:
         total = sum(padded(split + rep, n) for _, split, rep in units)  # flat units, padded over dp×cp
         add(data_axis(dims), sent_bytes("reduce_scatter", FP32 * total, n))
@@ -147,6 +167,7 @@ def memory_per_rank(
     cp_variant: str = "ring",
     schedule: str = "1f1b",
     microbatches: int = 1,
+    virtual_stages: int = 1,
     routing: list | None = None,
     zero: int = 0,
 ) -> dict[str, float | None]:
@@ -186,8 +207,9 @@ def memory_per_rank(
         microbatches=microbatches,
         sequence_parallel=sequence_parallel,
         cp_variant=cp_variant,
+        virtual_stages=virtual_stages,
     )
-    units = local_units(cfg, dims, stage)
+    units = local_units(cfg, dims, ranges=chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages))
     if zero:
         return _zero_memory(dims, units, zero) | {"activations": acts}
     numel = sum(split + rep for _, split, rep in units)

@@ -55,36 +55,40 @@ def stage_activation_bytes(
     microbatches: int = 1,
     sequence_parallel: bool = False,
     cp_variant: str = "ring",
+    virtual_stages: int = 1,
 ) -> int:
     """Activation bytes at the step's peak on a rank of pipeline stage ``stage`` holding ``rows``
-    rows: one micro-batch's pieces (:func:`activation_pieces`) of each stage, held as the schedule
-    holds them (``theory.schedules.held_bytes``; pp = 1: the one forward of all rows). A split
-    backward (ZB-H1) without TP keeps only W's part from B to W (``chunk_w_bytes``, at s/cp tokens);
+    rows: one micro-batch's pieces (:func:`activation_pieces`) of each of the pp·v virtual stages
+    (``theory.pipeline.stage_ranges``), held as the schedule holds them on this rank's chunks
+    (``theory.schedules.held_bytes``; pp = 1: the one forward of all rows). A split backward (ZB-H1,
+    ZB-V, DualPipe-V) without TP keeps only W's part from B to W (``chunk_w_bytes``, at s/cp tokens);
     with TP layers, the graph."""
-    from playbook.theory.stages import stage_layers
+    from playbook.theory.schedules import equal_partition, held_bytes
 
-    pp = dims.pp
+    pp, L = dims.pp, cfg.n_layers
     b = rows // (microbatches if pp > 1 else 1)
     piece = activation_pieces(
         cfg, dims, seq_len=seq_len, micro_batch=b, sequence_parallel=sequence_parallel, cp_variant=cp_variant
     )
+    v = virtual_stages if pp > 1 else 1
+    ranges = equal_partition(L, pp * v)  # pieces [start, end) of each virtual stage
     per_stage = [
-        (s == 0) * piece["first"]
-        + len(stage_layers(cfg.n_layers, pp)[s]) * piece["block"]
-        + (s == pp - 1) * piece["last"]
-        for s in range(pp)
+        (start == 0) * piece["first"]
+        + max(0, min(end, L + 1) - max(start, 1)) * piece["block"]
+        + (end == L + 2) * piece["last"]
+        for start, end in ranges
     ]
     if pp == 1:
         return per_stage[0]
-    from playbook.theory.schedules import held_bytes
-
-    plan = make_schedule(schedule, pp, microbatches)
+    plan = make_schedule(schedule, pp, microbatches, v)
     w = None
     if plan.split_backward and dims.tp == 1:
-        from playbook.theory.pipeline import chunk_w_bytes, stage_ranges
+        from playbook.theory.pipeline import chunk_w_bytes
 
-        w = [[chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp)] for rg in stage_ranges(cfg, pp)]
-    return held_bytes(plan, [[x] for x in per_stage], w)[stage]
+        w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
+        w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
+    chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
+    return held_bytes(plan, chunks, w)[stage]
 
 
 _OUTSIDE_CORE = (

@@ -20,6 +20,8 @@ def hybrid_flags(lay: Layout) -> str:
         flags.append("--sequence-parallel")
     if lay.pp > 1:
         flags.append(f"--microbatches {lay.microbatches}")
+        flags += [f"--schedule {lay.schedule}"] if lay.schedule != "1f1b" else []
+        flags += [f"--chunks {lay.v}"] if lay.schedule == "interleaved" else []  # the V shapes imply 2
     return " ".join(flags)
 
 
@@ -35,10 +37,8 @@ def torchrun_command(lay: Layout, *, model: str, seq_len: int, global_batch: int
 
 
 def _not_flags(lay: Layout) -> str:
-    """A comment naming what the plan chose that ``run hybrid`` has no flag for (it runs 1F1B)."""
+    """A comment naming what the plan chose that ``run hybrid`` has no flag for (recomputation)."""
     missing = [f"recompute={lay.recompute}"] if lay.recompute != "none" else []
-    if lay.schedule != "1f1b":
-        missing.append(f"schedule={lay.schedule}" + (f" v={lay.v}" if lay.v > 1 else ""))
     return f"  # {', '.join(missing)}: not a flag of our hybrid" if missing else ""
 
 

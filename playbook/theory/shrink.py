@@ -19,8 +19,10 @@ The rules (each change is written into ``Shrunk.notes`` with its reason):
 - the ZeRO stage is kept over dp×cp, except: none where dp·cp = 1 (nothing to shard over) or with
   ep, and ZeRO-2 for ZeRO-3 inside a pipeline (not composed yet); sequence parallelism (the planner
   assumes it with every tp > 1) is kept with tp, unless ZeRO-2/3 without a pipeline (not composed yet);
-- a pipeline runs m = 2·pp micro-batches (m ≥ pp fills 1F1B, as the candidate's m does); without a
-  pipeline one micro-batch per step; two rows of 32 tokens per micro-batch;
+- a pipeline runs m = 2·pp micro-batches (m ≥ pp fills 1F1B, as the candidate's m does; a multiple
+  of pp for interleaved, m ≥ 2·pp for DualPipe-V) under the candidate's schedule, interleaved with
+  v = 2 chunks (2 stages × 2 chunks place gpt-tiny's 4 pieces one each); without a pipeline one
+  micro-batch per step; two rows of 32 tokens per micro-batch;
 - our runs are fp32 with no recomputation: the planner's bf16 bytes and recomputation are not replayed.
 """
 
@@ -58,6 +60,8 @@ class Shrunk:
     global_batch: int = ROWS
     seq_len: int = SEQ_LEN
     notes: tuple[str, ...] = field(default_factory=tuple)
+    schedule: str = "1f1b"
+    virtual_stages: int = 1  # chunks per pipeline rank: 2 for interleaved and the V shapes
 
     @property
     def m(self) -> int:
@@ -73,6 +77,8 @@ class Shrunk:
         flags = [f"--{a} {getattr(self.dims, a)}" for a in AXES if getattr(self.dims, a) > 1 or a == "dp"]
         flags += [f"--zero {self.zero}"] * bool(self.zero) + ["--sequence-parallel"] * self.sequence_parallel
         flags += [f"--microbatches {self.microbatches}"] if self.microbatches else []
+        flags += [f"--schedule {self.schedule}"] if self.schedule != "1f1b" else []
+        flags += [f"--chunks {self.virtual_stages}"] if self.schedule == "interleaved" else []
         return (
             f"playbook run hybrid --model {self.model} {' '.join(flags)} "
             f"--global-batch {self.global_batch} --seq-len {self.seq_len}"
@@ -92,6 +98,8 @@ class Shrunk:
                 sequence_parallel=self.sequence_parallel,
                 microbatches=self.m,
                 zero=self.zero,
+                schedule=self.schedule,
+                virtual_stages=self.virtual_stages,
             )
             rows.append(
                 {
@@ -156,14 +164,17 @@ def shrink(
     dims = ParallelDims(**degrees)
     zero, sp = _zero_and_sp(lay.zero, dims, notes)
     m = 2 * dims.pp if dims.pp > 1 else None
+    schedule, v = (lay.schedule, 2 if lay.v > 1 else 1) if m else ("1f1b", 1)
     if m:
         notes.append(f"micro-batches {lay.microbatches} → {m}: m ≥ pp fills the 1F1B pipeline")
+    if m and lay.v > 2:
+        notes.append(f"{lay.schedule} v {lay.v} → 2: 2 stages × 2 chunks place {small}'s 4 pieces one each")
     elif lay.microbatches > 1:
         notes.append(f"gradient accumulation over {lay.microbatches} micro-batches → one micro-batch per step")
     notes.append(f"{big} → {small}; {ROWS} rows of {SEQ_LEN} tokens per micro-batch, fp32 (the plan counts bf16)")
     if lay.recompute != "none":
         notes.append(f"recompute={lay.recompute} is not replayed: our hybrid keeps every activation")
-    return Shrunk(lay, small, dims, zero, sp, m, dims.dp * (m or 1) * ROWS, SEQ_LEN, tuple(notes))
+    return Shrunk(lay, small, dims, zero, sp, m, dims.dp * (m or 1) * ROWS, SEQ_LEN, tuple(notes), schedule, v)
 
 
 def _zero_and_sp(zero: int, dims: ParallelDims, notes: list) -> tuple[int, bool]:
