@@ -54,6 +54,18 @@ def test_chunked_prefill_changes_no_token_and_bounds_each_step():
         ContinuousBatcher(model, n_blocks=24, max_batch=4, token_budget=4)
 
 
+def test_a_step_is_one_forward_over_its_decode_tokens_and_prompt_chunks():
+    model, reqs = GPT(TINY, seed=0).eval(), stall_requests()
+    embed, forwards = model.embed, []
+    model.embed = lambda tokens: forwards.append(tokens.shape[0]) or embed(tokens)  # tokens [T, 1]: one per row
+    for budget in (None, 8):
+        forwards.clear()
+        run = ContinuousBatcher(model, n_blocks=24, block_size=4, max_batch=4, token_budget=budget).run(reqs)
+        worked = [s["prefill_tokens"] + len(s["decoded"]) for s in run.steps if s["prefill_tokens"] or s["decoded"]]
+        assert forwards == worked  # one forward per step, over every token the step computes
+        assert any(s["prefill_tokens"] and s["decoded"] for s in run.steps)  # prompt chunks beside decodes
+
+
 def test_chunked_prefill_on_tp_ranks_and_the_stall_it_removes(ranks2):
     reqs = stall_requests()
     runs = {}
