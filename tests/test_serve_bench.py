@@ -41,6 +41,7 @@ def test_serve_bench_json_on_ranks(ranks4, tmp_path, capsys):
         (["--tp", "3"], "tp=3 must divide n_heads"),
         (["--blocks", "2"], "--blocks 2 cannot hold a request"),
         (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be > 0"),
+        (["--suffix", "5", "2"], "need 1 <= low <= high for suffix (5, 2)"),
     ],
 )
 def test_serve_bench_refuses_bad_input_in_one_line(capsys, argv, message):

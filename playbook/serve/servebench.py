@@ -16,7 +16,9 @@ The JSON (``BENCH_KEYS`` at the top level):
   in seconds; ``duration`` (s), ``throughput_tokens_per_s``, ``slo_met`` (requests),
   ``goodput_requests_per_s``, ``requests``;
 - ``predicted``: the same keys for the same schedules timed by the roofline on ``--predict-model``
-  and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8);
+  and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8, bf16; from Python,
+  ``predict_model``/``predict_hardware`` may be a config and a ``Hardware``, e.g. this machine's
+  calibrated rates, and ``predict_rates`` replaces those rates);
 - ``cache``: prompt tokens, tokens found cached, hit rate, evictions (over all replicas);
 - ``tokens_identical``: every request's tokens equal greedy decoding without a cache;
 - ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it).
@@ -65,8 +67,9 @@ def serve_bench(
     max_batch: int = 4,
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
-    predict_model: str = "llama-3.1-8b",
-    predict_hardware: str = "h100-sxm",
+    predict_model: str | ModelConfig = "llama-3.1-8b",
+    predict_hardware: str | Hardware = "h100-sxm",
+    predict_rates: dict | None = None,
     ranks=None,
 ) -> dict:
     """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
@@ -122,8 +125,10 @@ def serve_bench(
     )
     mine = [[r for r in reqs if where[r.id] == a["coords"]["dp"]] for a in leads]
     measured = summarize([request_latencies(a["steps"], m) for a, m in zip(leads, mine)], **slo)
-    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
-    timed = [predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8) for a in leads]
+    big = predict_model if isinstance(predict_model, ModelConfig) else ModelConfig.preset(predict_model)
+    hw = predict_hardware if isinstance(predict_hardware, Hardware) else Hardware.preset(predict_hardware)
+    rates = predict_rates or dict(dtype="bf16", mfu=0.5, mbu=0.8)
+    timed = [predicted_steps(a["steps"], big, hw, tp=tp, **rates) for a in leads]
     predicted = summarize([request_latencies(s, m) for s, m in zip(timed, mine)], **slo)
     prompt_tokens = sum(len(r.prompt) for r in reqs)
     cached = sum(sum(a["cached"].values()) for a in leads)
@@ -147,7 +152,8 @@ def serve_bench(
             "block_size": block_size,
             "max_batch": max_batch,
             "slo_ms": {"ttft": slo_ttft_ms, "tpot": slo_tpot_ms},
-            "predicted_on": f"{predict_model} on {predict_hardware}",
+            "predicted_on": f"{big.name} on {hw.name}",
+            "predicted_rates": rates,
         },
         "measured": measured,
         "predicted": predicted,
