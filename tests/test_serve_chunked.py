@@ -97,3 +97,13 @@ def test_the_stall_at_scale_and_what_a_budget_leaves_of_it():
     st = stall_at_scale(big, h100, prompt=8192, budget=512, batch=32, context=2048, tp=4)
     assert st["stalled_step"] > 5 * st["decode_only"]  # an 8k prompt is compute-bound: many decode steps' worth
     assert st["chunked_step"] < 3 * st["decode_only"] and st["chunked_steps"] == 18  # ceil(8192 / 480)
+
+
+def test_predicted_steps_replay_a_shrunk_schedule_at_its_real_lengths():
+    from playbook.serve.latency import fused_step_seconds, predicted_steps
+
+    big, h100 = ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
+    step = {"decoded": [0, 1], "lengths": {0: 10, 1: 30, 2: 8}, "prefilled": {2: 8}, "seconds": 1.0}
+    (at_scale,) = predicted_steps([step], big, h100, dtype="bf16", scale=64)
+    by_hand = fused_step_seconds(big, h100, chunks=[512], decode_rows=2, context=64 * 20, dtype="bf16")
+    assert at_scale["seconds"] == by_hand > predicted_steps([step], big, h100, dtype="bf16")[0]["seconds"]
