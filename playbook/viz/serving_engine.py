@@ -93,5 +93,8 @@ def disagg_costs(rows: Sequence[Mapping], links: Sequence[str], *, title: str = 
         fig.add_bar(
             name=f"KV transfer, {link}", x=x, y=[1e3 * r[link] for r in rows], marker_color=PALETTE[k % len(PALETTE)]
         )
-    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="milliseconds (log)", xaxis_title="prompt")
+    # one tick per power of ten: a log axis labels every minor digit otherwise
+    fig.update_layout(
+        barmode="group", yaxis_type="log", yaxis_dtick=1, yaxis_title="milliseconds (log)", xaxis_title="prompt"
+    )
     return _layout(fig, title=title)
