@@ -61,9 +61,9 @@ def chunked_p99(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
     fig = go.Figure()
     series = (
         ("TPOT p99 measured", "tpot_measured"),
-        ("TPOT p99 predicted", "tpot_predicted"),
+        ("TPOT p99 predicted at scale", "tpot_predicted"),
         ("inter-token p99 measured", "itl_measured"),
-        ("inter-token p99 predicted", "itl_predicted"),
+        ("inter-token p99 predicted at scale", "itl_predicted"),
     )
     for k, (name, key) in enumerate(series):
         ys = [1e3 * r[key] for r in rows]
