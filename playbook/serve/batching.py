@@ -22,7 +22,7 @@ it: a long prompt stalls every running request's next token. Sarathi-Serve (Agra
 "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve", OSDI, §4) bounds the
 tokens of a step: each running request's decode token first, then prompt chunks up to the budget,
 a prompt taking several steps; its KV is written chunk by chunk and only its last chunk's logits
-give its first token. As in Sarathi-Serve (§4.3) a step is *one* forward over its mixed tokens,
+give its first token. As in Sarathi-Serve (§4) a step is *one* forward over its mixed tokens,
 prompt chunks and decode tokens packed back to back (``serve.packed``), each sequence attending at
 its own positions over its own blocks; so is a step without a budget (whole prompts and decodes).
 """

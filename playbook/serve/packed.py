@@ -2,13 +2,12 @@
 
 A scheduler step of chunked prefill holds one new token of every decoding request and a chunk of
 some prompts. Sarathi-Serve (Agrawal et al. 2024, "Taming Throughput-Latency Tradeoff in LLM
-Inference with Sarathi-Serve", OSDI, §4.2–4.3) computes them as *one* batch: the decode tokens
-ride along with the prefill chunk, so the weights are read once for all of them and the step's
-linear layers run at the chunk's arithmetic intensity. Engines lay the batch out flat (vLLM's
-varlen attention takes the T tokens of many sequences and each one's start): every
-token-wise operation (embedding, projections, MLP, TP's all-reduces, norms) runs once over all T
-tokens, and only attention is per sequence, each segment's queries at its own positions over its
-own paged KV.
+Inference with Sarathi-Serve", OSDI, §4, stall-free batching) computes them as *one* batch: the
+decode tokens ride along with the prefill chunk, so the weights are read once for all of them and
+the step's linear layers run at the chunk's arithmetic intensity. Engines lay such a batch out
+flat, the T tokens of many sequences back to back with each sequence's start: every token-wise
+operation (embedding, projections, MLP, TP's all-reduces, norms) runs once over all T tokens, and
+only attention is per sequence, each segment's queries at its own positions over its own paged KV.
 
 Here the T tokens are rows of one batch [T, 1, h], so the model's own layers (``GPT`` or
 ``TPGPT``) run on them unchanged; ``attend_packed`` splits them into segments for RoPE and
