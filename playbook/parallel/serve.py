@@ -119,8 +119,6 @@ def serve_on_rank(
         token_budget=token_budget,
     )
     run = batcher.run(mine)
-    decoded = sum(len(s["decoded"]) for s in run.steps)
-    computed = decoded + sum(s["prefill_tokens"] for s in run.steps)  # tokens through the steps' forwards
     return {
         "rank": ctx.rank,
         "coords": mesh.coords,
@@ -129,8 +127,8 @@ def serve_on_rank(
         "cached": run.cached,
         "evictions": getattr(batcher.cache, "evictions", 0),
         "steps": run.steps,
-        "decoded": decoded,
-        "computed": computed,
+        "decoded": sum(len(s["decoded"]) for s in run.steps),
+        "computed": sum(len(s["decoded"]) + s["prefill_tokens"] for s in run.steps),  # through the steps' forwards
         "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans, window="step"),  # every token of every step
     }
 
