@@ -22,7 +22,7 @@ _Formatter = argparse.ArgumentDefaultsHelpFormatter
 def cmd_serve_plan(args) -> int:
     """Every tp × dp layout of ``--gpus`` that holds the model and one ``--context`` sequence: KV
     room, TTFT, time per token and tokens/s from ``playbook.theory.serving``, and which to pick."""
-    from playbook.theory.serving import compare_layouts, recommend
+    from playbook.theory.serving import BY_SIZE, RING_STEP, compare_layouts, recommend
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     checks = [  # --gpus, --mem-util, --block-size: their ranges are cli_checks.LIMITS
@@ -43,6 +43,7 @@ def cmd_serve_plan(args) -> int:
         mem_util=args.mem_util,
         block_size=args.block_size,
         dtype=args.dtype,
+        latency=BY_SIZE if args.allreduce == "by-size" else RING_STEP,
     )
     if not rows:
         raise BadInput(
@@ -59,6 +60,7 @@ def cmd_serve_plan(args) -> int:
                     "gpus": args.gpus,
                     "context": args.context,
                     "mem_util": args.mem_util,
+                    "allreduce": args.allreduce,
                     "layouts": rows,
                     "recommended": best["layout"],
                     "why": why,
@@ -69,7 +71,7 @@ def cmd_serve_plan(args) -> int:
         return 0
     print(
         f"{args.model} on {args.gpus} × {args.hardware}, context {args.context}, {args.mem_util:g} of memory, "
-        f"{args.dtype} (roofline: 50% of peak FLOP/s, 80% of HBM bandwidth)"
+        f"{args.dtype} (roofline: 50% of peak FLOP/s, 80% of HBM bandwidth; TP all-reduce: {args.allreduce})"
     )
     print(
         f"  {'layout':<9} {'weights/GPU':>11} {'KV/GPU':>9} {'seqs':>6} {'TTFT':>8} {'TPOT b=1':>9} {'TPOT':>8} "
@@ -100,6 +102,13 @@ def add_serve_plan(sub) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (paged cache)")
     p.add_argument(
         "--dtype", default="bf16", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="weights and KV cache"
+    )
+    p.add_argument(
+        "--allreduce",
+        default="ring",
+        choices=["ring", "by-size"],
+        help="TP all-reduce cost: a ring of 5 µs steps, or the algorithm a library picks by message size "
+        "(one-shot, two-shot or ring: theory.allreduce_algo)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_serve_plan)

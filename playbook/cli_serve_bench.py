@@ -49,6 +49,8 @@ def cmd_serve_bench(args) -> int:
         rate=args.rate,
         groups=args.groups,
         prefix=args.prefix,
+        suffix=tuple(args.suffix),
+        new=tuple(args.new),
         router=args.router,
         prefix_cache=not args.no_prefix_cache,
         token_budget=args.token_budget,
@@ -81,6 +83,8 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals per scheduler step")
     p.add_argument("--groups", type=int, default=2, help="shared prompt prefixes")
     p.add_argument("--prefix", type=int, default=16, help="tokens of each shared prefix")
+    p.add_argument("--suffix", type=int, nargs=2, default=[2, 12], metavar=("LO", "HI"), help="own prompt tokens")
+    p.add_argument("--new", type=int, nargs=2, default=[4, 12], metavar=("LO", "HI"), help="tokens to generate")
     p.add_argument("--router", default="prefix", choices=POLICIES)
     p.add_argument("--no-prefix-cache", action="store_true")
     p.add_argument("--token-budget", type=int, default=None, help="tokens per step (chunked prefill); none: whole")

@@ -243,3 +243,18 @@ def test_ch07_question_3_by_size_flips_latency_not_throughput():
     assert [round(big[k]["tp_comm_per_token"] * 1e3, 1) for k in ("tp4×dp2", "tp8×dp1")] == [2.5, 4.9]
     assert serving.recommend(list(big.values()))[0]["layout"] == "tp8×dp1"  # "the ranking above stays"
     assert big["tp4×dp2"]["tokens_per_s"] > big["tp2×dp4"]["tokens_per_s"]
+
+
+def test_ch07_disaggregation_transfer_against_the_prefill():
+    import dataclasses
+
+    from playbook.theory.disagg import transfer
+
+    ethernet = dataclasses.replace(H100, inter_node_bandwidth=25e9 / 8)
+    for prompt in (512, 2048, 8192, 32768):
+        near = transfer(LLAMA70, H100, prompt=prompt, tp=4)["transfer_over_prefill"]
+        far = transfer(LLAMA70, H100, prompt=prompt, tp=4, inter_node=True)["transfer_over_prefill"]
+        slow = transfer(LLAMA70, ethernet, prompt=prompt, tp=4, inter_node=True)["transfer_over_prefill"]
+        assert (
+            near < 0.01 and far < 0.02 and 0.2 < slow < 1 / 3
+        )  # "a fraction of a percent", "under two", "a fifth to a third"

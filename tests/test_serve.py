@@ -111,7 +111,7 @@ def test_dp_replicas_with_tp_serve_their_own_requests(ranks4):
                 == greedy_without_cache(model, torch.tensor([reqs[rid].prompt]), reqs[rid].max_new)[0][0].tolist()
             )
         assert all(s["kv_bytes"] == s["kv_predicted"] for s in a["steps"])
-        assert a["layer_bytes"] == a["decoded"] * TINY.n_layers * tp_allreduce_bytes(TINY, tokens=1, tp=2, act_bytes=4)
+        assert a["layer_bytes"] == a["computed"] * TINY.n_layers * tp_allreduce_bytes(TINY, tokens=1, tp=2, act_bytes=4)
 
 
 def test_run_serve_report_and_refusals():

@@ -30,6 +30,7 @@ def test_serve_bench_json_on_ranks(ranks4, tmp_path, capsys):
             assert list(d) == ["p50", "p90", "p99"] and 0 < d["p50"] <= d["p90"] <= d["p99"]
     m = rep["measured"]
     assert m["requests"] == 8 and m["slo_met"] == 8 and m["goodput_requests_per_s"] == 8 / m["duration"]
+    assert len(m["step_seconds"]) == 2 and max(sum(r) for r in m["step_seconds"]) == m["duration"]
     assert 0 < rep["cache"]["cached_tokens"] < rep["cache"]["prompt_tokens"]
     json.dumps(rep)  # plain JSON
 
@@ -41,6 +42,7 @@ def test_serve_bench_json_on_ranks(ranks4, tmp_path, capsys):
         (["--tp", "3"], "tp=3 must divide n_heads"),
         (["--blocks", "2"], "--blocks 2 cannot hold a request"),
         (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be > 0"),
+        (["--suffix", "5", "2"], "need 1 <= low <= high for suffix (5, 2)"),
     ],
 )
 def test_serve_bench_refuses_bad_input_in_one_line(capsys, argv, message):

@@ -54,6 +54,18 @@ def test_chunked_prefill_changes_no_token_and_bounds_each_step():
         ContinuousBatcher(model, n_blocks=24, max_batch=4, token_budget=4)
 
 
+def test_a_step_is_one_forward_over_its_decode_tokens_and_prompt_chunks():
+    model, reqs = GPT(TINY, seed=0).eval(), stall_requests()
+    embed, forwards = model.embed, []
+    model.embed = lambda tokens: forwards.append(tokens.shape[0]) or embed(tokens)  # tokens [T, 1]: one per row
+    for budget in (None, 8):
+        forwards.clear()
+        run = ContinuousBatcher(model, n_blocks=24, block_size=4, max_batch=4, token_budget=budget).run(reqs)
+        worked = [s["prefill_tokens"] + len(s["decoded"]) for s in run.steps if s["prefill_tokens"] or s["decoded"]]
+        assert forwards == worked  # one forward per step, over every token the step computes
+        assert any(s["prefill_tokens"] and s["decoded"] for s in run.steps)  # prompt chunks beside decodes
+
+
 def test_chunked_prefill_on_tp_ranks_and_the_stall_it_removes(ranks2):
     reqs = stall_requests()
     runs = {}
@@ -85,3 +97,31 @@ def test_the_stall_at_scale_and_what_a_budget_leaves_of_it():
     st = stall_at_scale(big, h100, prompt=8192, budget=512, batch=32, context=2048, tp=4)
     assert st["stalled_step"] > 5 * st["decode_only"]  # an 8k prompt is compute-bound: many decode steps' worth
     assert st["chunked_step"] < 3 * st["decode_only"] and st["chunked_steps"] == 18  # ceil(8192 / 480)
+
+
+def test_predicted_steps_replay_a_shrunk_schedule_at_its_real_lengths():
+    from playbook.serve.latency import fused_step_seconds, predicted_steps
+
+    big, h100 = ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
+    step = {"decoded": [0, 1], "lengths": {0: 10, 1: 30, 2: 8}, "prefilled": {2: 8}, "seconds": 1.0}
+    (at_scale,) = predicted_steps([step], big, h100, dtype="bf16", scale=64)
+    by_hand = fused_step_seconds(big, h100, chunks=[512], decode_rows=2, context=64 * 20, dtype="bf16")
+    assert at_scale["seconds"] == by_hand > predicted_steps([step], big, h100, dtype="bf16")[0]["seconds"]
+
+
+def test_chapter_7_long_prompt_trace_chunked_lowers_the_p99_at_scale():
+    """Chapter 7 §4c's trace (the schedule depends on arrivals and blocks, not on time): at 64x its
+    lengths on an H100, a 16-token budget cuts TPOT p99 and inter-token p99 several-fold, and costs TTFT."""
+    from playbook.serve.latency import predicted_steps
+    from playbook.theory.workload import poisson_trace
+
+    small, big, h100 = ModelConfig.preset("gpt-small"), ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
+    trace = poisson_trace(n=10, rate=0.5, groups=2, prefix=8, suffix=(2, 100), new=(6, 12), vocab=small.vocab_size)
+    reqs = [Request(i, t.prompt, t.max_new, t.arrival) for i, t in enumerate(trace)]
+    model, rep = GPT(small, seed=0).eval(), {}
+    for budget in (None, 16):
+        run = ContinuousBatcher(model, n_blocks=160, block_size=4, max_batch=4, prefix_cache=True, token_budget=budget)
+        steps = predicted_steps(run.run(reqs).steps, big, h100, tp=2, dtype="bf16", mfu=0.5, mbu=0.8, scale=64)
+        rep[budget] = latency_report(steps, reqs)
+    assert rep[None]["tpot"]["p99"] > 2 * rep[16]["tpot"]["p99"] and rep[None]["itl"]["p99"] > 5 * rep[16]["itl"]["p99"]
+    assert rep[16]["ttft"]["p99"] > rep[None]["ttft"]["p99"]

@@ -84,3 +84,18 @@ def test_run_serve_refuses_a_bad_router_or_budget_in_one_line(capsys, flags, mes
     assert main(["run", "serve", "--tp", "1", "--dp", "2", "--requests", "2", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_serve_plan_prices_the_tp_allreduce_by_size_when_asked(capsys):
+    from playbook.theory.serving import BY_SIZE
+
+    argv = ["serve-plan", "--model", "llama-3.1-8b", "--gpus", "8", "--hardware", "b200", "--json"]
+    out = {}
+    for algo in ("ring", "by-size"):
+        assert main([*argv, "--allreduce", algo]) == 0
+        out[algo] = json.loads(capsys.readouterr().out)
+    assert out["by-size"]["allreduce"] == "by-size"
+    b200, llama8 = Hardware.preset("b200"), ModelConfig.preset("llama-3.1-8b")
+    want = serving_layout(llama8, b200, tp=4, dp=2, context=8192, latency=BY_SIZE)
+    ring, by_size = (next(r for r in out[a]["layouts"] if r["layout"] == "tp4×dp2") for a in ("ring", "by-size"))
+    assert by_size == want and by_size["tpot_batch1"] < ring["tpot_batch1"]  # one-shot: ~10 µs, not 6 ring steps

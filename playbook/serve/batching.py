@@ -10,8 +10,8 @@ each grows its own block table one block at a time and frees every block when it
 Admission here is conservative: a request is admitted only if the blocks that all running requests
 could still need, plus its own worst case (prompt + max new tokens), fit in the pool, so no running
 request ever has to be preempted (vLLM instead admits optimistically and preempts, §4.5). The
-per-row work of a decode step (RoPE at each row's position, attention over its own blocks) is a
-loop over rows; the projections, the MLP and TP's all-reduces are batched over all rows.
+per-sequence work of a step (RoPE at each one's positions, attention over its own blocks) is a
+loop over sequences; the projections, the MLP and TP's all-reduces are batched over every token.
 
 With ``prefix_cache=True`` the pool is a ``serve.prefix.PrefixKVCache``: an admitted request starts
 with the blocks of its longest cached prefix and prefills only the rest; admission then counts the
@@ -22,8 +22,9 @@ it: a long prompt stalls every running request's next token. Sarathi-Serve (Agra
 "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve", OSDI, §4) bounds the
 tokens of a step: each running request's decode token first, then prompt chunks up to the budget,
 a prompt taking several steps; its KV is written chunk by chunk and only its last chunk's logits
-give its first token. Here a step's decode rows and prefill chunks are separate forwards (Sarathi
-fuses them into one batch); what the budget bounds, the work of a step, is the same.
+give its first token. As in Sarathi-Serve (§4) a step is *one* forward over its mixed tokens,
+prompt chunks and decode tokens packed back to back (``serve.packed``), each sequence attending at
+its own positions over its own blocks; so is a step without a budget (whole prompts and decodes).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ import torch
 import torch.distributed as dist
 
 from playbook.measure import trace
-from playbook.serve.generate import forward_step
 from playbook.serve.kv import PagedKVCache
+from playbook.serve.packed import forward_packed
 from playbook.serve.prefix import PrefixKVCache
 from playbook.theory.serving import kv_bytes_per_token, paged_kv_bytes
 
@@ -120,24 +121,25 @@ class ContinuousBatcher:
         tp = dist.get_world_size(model.group) if getattr(model, "group", None) is not None else 1
         self.kv_per_token = kv_bytes_per_token(model.cfg, tp=tp, dtype="fp32")  # this rank's share, predicted
 
-    def _store(self, ids: list[int], starts: list[int], s: int):
+    def _store(self, ids: list[int], starts: list[int]):
         def store_for(layer):
             def store(row, k, v):
                 self.cache.write(layer, ids[row], k, v)  # k, v: [g, s, d]
-                return self.cache.read(layer, ids[row], starts[row] + s)  # [g, n, d]
+                return self.cache.read(layer, ids[row], starts[row] + k.shape[1])  # [g, n, d]
 
             return store
 
         return store_for
 
-    def _forward(self, ids: list[int], tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [n, s] for sequences ``ids`` -> last logits [n, V]; the cache grows by s each."""
+    def _forward(self, ids: list[int], chunks: list[list[int]]) -> torch.Tensor:
+        """New tokens ``chunks[i]`` of sequences ``ids``, in one forward -> each one's last logits [n, V];
+        the cache of each grows by its chunk."""
         starts = [self.cache.lengths[i] for i in ids]
-        for i in ids:
-            self.cache.reserve(i, tokens.shape[1])
-        logits = forward_step(self.model, tokens, starts, self._store(ids, starts, tokens.shape[1]))[:, -1]  # [n, V]
-        for i, row in zip(ids, tokens.tolist()):
-            self.cache.advance(i, tokens.shape[1], row)
+        for i, chunk in zip(ids, chunks):
+            self.cache.reserve(i, len(chunk))
+        logits = forward_packed(self.model, chunks, starts, self._store(ids, starts))  # [n, V]
+        for i, chunk in zip(ids, chunks):
+            self.cache.advance(i, len(chunk), chunk)
         return logits
 
     def _fits(self, r: Request, running: dict, need: dict) -> bool:
@@ -194,18 +196,18 @@ class ContinuousBatcher:
                 chunk = pending[i] if budget is None else pending[i][:budget]
                 pending[i] = pending[i][len(chunk) :]
                 budget = None if budget is None else budget - len(chunk)
-                prefilled[i] = len(chunk)
-                with tracer.span(f"prefill {i}") if tracer else nullcontext():
-                    logits = self._forward([i], torch.tensor([chunk]))  # [1, V]
-                if not pending[i]:  # the whole prompt is in: its last logits give the first token
-                    del pending[i]
-                    self._emit(run, [i], logits)
-                    emitted.append(i)
-            if decoding:
-                with tracer.span(f"decode {step}") if tracer else nullcontext():
-                    last = torch.tensor([[run.tokens[i][-1]] for i in decoding])  # [n, 1]
-                    self._emit(run, decoding, self._forward(decoding, last))
-                    emitted += decoding
+                prefilled[i] = chunk
+            ids = [*prefilled, *decoding]
+            if ids:  # one forward: the prompt chunks, then one token of every decoding request
+                chunks = [*prefilled.values(), *([run.tokens[i][-1]] for i in decoding)]
+                with tracer.span(f"step {step}") if tracer else nullcontext():
+                    logits = self._forward(ids, chunks)  # [n, V]
+                done = [j for j, i in enumerate(ids) if not pending.get(i)]  # decoding, or its whole prompt in
+                emitted = [ids[j] for j in done]  # a prompt's last chunk gives its first token
+                self._emit(run, emitted, logits[done])
+                prefilled = {i: len(c) for i, c in prefilled.items()}
+                for i in emitted:
+                    pending.pop(i, None)
             finished = [i for i, r in running.items() if len(run.tokens[i]) == r.max_new]
             tables = {i: list(self.cache.tables[i]) for i in running}
             lengths = {i: self.cache.lengths[i] for i in running}

@@ -46,28 +46,22 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
 
 
 def attend(attn, x: torch.Tensor, starts: list[int], store: Store) -> torch.Tensor:
-    """One attention block over cached keys: x [n, s, h] (n rows, s new tokens each, row i starting
-    at position ``starts[i]``) -> [n, s, h]. ``attn``: an ``Attention`` or a ``TPAttention``."""
+    """One attention block over cached keys: x [n, s, h] (n rows, s new tokens each, every row
+    starting at position ``starts[0]``; rows at different positions go through ``serve.packed``)
+    -> [n, s, h]. ``attn``: an ``Attention`` or a ``TPAttention``."""
     q, k, v = attn.project(x)  # [n, s, a*d], [n, s, g*d] (a, g: this rank's heads)
     n, s = q.shape[:2]
     a, g, d = attn.n_heads, attn.kv_heads, attn.head_dim
     q = q.view(n, s, a, d).transpose(1, 2)  # [n, a, s, d]
     k = k.view(n, s, g, d).transpose(1, 2)  # [n, g, s, d]
     v = v.view(n, s, g, d).transpose(1, 2)  # [n, g, s, d]
-    if len(set(starts)) == 1:  # every row at the same position: one batched RoPE and attention
-        pos = torch.arange(starts[0], starts[0] + s)  # [s]
-        q, k = attn.rope(q, pos), attn.rope(k, pos)  # [n, a, s, d], [n, g, s, d]
-        cached = [store(i, k[i], v[i]) for i in range(n)]  # each ([g, N, d], [g, N, d]), N = starts[0] + s
-        keys, values = torch.stack([c[0] for c in cached]), torch.stack([c[1] for c in cached])  # [n, g, N, d]
-        y = cached_attention(q, keys, values, starts[0])  # [n, a, s, d]
-    else:  # rows at different positions (continuous batching): row by row
-        rows = []
-        for i in range(n):
-            pos = torch.arange(starts[i], starts[i] + s)  # [s]
-            qi, ki = attn.rope(q[i : i + 1], pos), attn.rope(k[i : i + 1], pos)  # [1, a, s, d], [1, g, s, d]
-            keys, values = store(i, ki[0], v[i])  # [g, starts[i] + s, d]
-            rows.append(cached_attention(qi, keys[None], values[None], starts[i]))  # [1, a, s, d]
-        y = torch.cat(rows)  # [n, a, s, d]
+    if len(set(starts)) != 1:
+        raise ValueError(f"rows at different positions {starts}: pack them with serve.packed.forward_packed")
+    pos = torch.arange(starts[0], starts[0] + s)  # [s]
+    q, k = attn.rope(q, pos), attn.rope(k, pos)  # [n, a, s, d], [n, g, s, d]
+    cached = [store(i, k[i], v[i]) for i in range(n)]  # each ([g, N, d], [g, N, d]), N = starts[0] + s
+    keys, values = torch.stack([c[0] for c in cached]), torch.stack([c[1] for c in cached])  # [n, g, N, d]
+    y = cached_attention(q, keys, values, starts[0])  # [n, a, s, d]
     y = y.transpose(1, 2).reshape(n, s, a * d)  # [n, s, a*d]
     return attn.o_proj(y)  # [n, s, h]; TP: the row-parallel all-reduce
 

@@ -105,17 +105,20 @@ def fused_step_seconds(cfg, hw, *, chunks, decode_rows: int, context: int, tp: i
     return max(sum(p.compute for p in phases), max(p.memory for p in phases)) + sum(p.comm for p in phases)
 
 
-def predicted_steps(steps: list[dict], cfg, hw, *, tp: int = 1, dtype: str = "fp32", **rates) -> list[dict]:
+def predicted_steps(
+    steps: list[dict], cfg, hw, *, tp: int = 1, dtype: str = "fp32", scale: int = 1, **rates
+) -> list[dict]:
     """The same schedule timed by the roofline, each step fused (``fused_step_seconds``) from its
-    prompt chunks (``prefilled``) and its decoding rows at their mean context."""
+    prompt chunks (``prefilled``) and its decoding rows at their mean context; ``scale``: every
+    chunk and context that many times longer (a shrunk trace at its real lengths)."""
     out = []
     for s in steps:
         rows = s["decoded"]
-        context = sum(s["lengths"].get(i, 1) for i in rows) // len(rows) if rows else 1
+        context = scale * sum(s["lengths"].get(i, 1) for i in rows) // len(rows) if rows else 1
         t = fused_step_seconds(
             cfg,
             hw,
-            chunks=list(s["prefilled"].values()),
+            chunks=[scale * n for n in s["prefilled"].values()],
             decode_rows=len(rows),
             context=context,
             tp=tp,

@@ -14,9 +14,10 @@ The JSON (``BENCH_KEYS`` at the top level):
 - ``setup``: model, layout, seed, the trace's options, router, prefix cache, token budget, SLO (ms);
 - ``measured``: ``ttft``, ``tpot``, ``itl`` (inter-token), ``e2e``, each ``{"p50", "p90", "p99"}``
   in seconds; ``duration`` (s), ``throughput_tokens_per_s``, ``slo_met`` (requests),
-  ``goodput_requests_per_s``, ``requests``;
+  ``goodput_requests_per_s``, ``requests``, ``step_seconds`` (each replica's steps, in order);
 - ``predicted``: the same keys for the same schedules timed by the roofline on ``--predict-model``
-  and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8);
+  and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8), every prompt chunk
+  and context ``predict_scale`` times longer (a shrunk trace replayed at its real lengths);
 - ``cache``: prompt tokens, tokens found cached, hit rate, evictions (over all replicas);
 - ``tokens_identical``: every request's tokens equal greedy decoding without a cache;
 - ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it).
@@ -24,6 +25,7 @@ The JSON (``BENCH_KEYS`` at the top level):
 
 from __future__ import annotations
 
+import functools
 import os
 
 from playbook.config import Hardware, ModelConfig
@@ -43,6 +45,15 @@ def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, 
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be > 0 milliseconds, got {value}")
     ParallelDims(dp=dp, tp=tp).check(cfg)
+
+
+@functools.lru_cache(maxsize=4)
+def _reference(cfg: ModelConfig, seed: int, requests: tuple) -> dict:
+    """One process's greedy tokens without a cache, computed once per trace (a run with and one
+    without a token budget check against the same)."""
+    from playbook.parallel.serve import reference
+
+    return reference(cfg, seed, list(requests))
 
 
 def serve_bench(
@@ -67,11 +78,12 @@ def serve_bench(
     slo_tpot_ms: float | None = None,
     predict_model: str = "llama-3.1-8b",
     predict_hardware: str = "h100-sxm",
+    predict_scale: int = 1,
     ranks=None,
 ) -> dict:
     """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
     from playbook.cluster import launch
-    from playbook.parallel.serve import reference, serve_on_rank
+    from playbook.parallel.serve import serve_on_rank
     from playbook.serve.batching import Request
     from playbook.serve.latency import predicted_steps, request_latencies, summarize
     from playbook.serve.router import route
@@ -114,7 +126,7 @@ def serve_bench(
     before = os.getloadavg()[0]
     answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
     after = os.getloadavg()[0]
-    want = reference(cfg, seed, reqs)
+    want = _reference(cfg, seed, tuple(reqs))
     leads = [a for a in answers if a["coords"]["tp"] == 0]  # one per replica
     slo = dict(
         slo_ttft=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
@@ -122,8 +134,11 @@ def serve_bench(
     )
     mine = [[r for r in reqs if where[r.id] == a["coords"]["dp"]] for a in leads]
     measured = summarize([request_latencies(a["steps"], m) for a, m in zip(leads, mine)], **slo)
+    measured["step_seconds"] = [[s["seconds"] for s in a["steps"]] for a in leads]
     big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
-    timed = [predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8) for a in leads]
+    timed = [
+        predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8, scale=predict_scale) for a in leads
+    ]
     predicted = summarize([request_latencies(s, m) for s, m in zip(timed, mine)], **slo)
     prompt_tokens = sum(len(r.prompt) for r in reqs)
     cached = sum(sum(a["cached"].values()) for a in leads)
@@ -148,6 +163,7 @@ def serve_bench(
             "max_batch": max_batch,
             "slo_ms": {"ttft": slo_ttft_ms, "tpot": slo_tpot_ms},
             "predicted_on": f"{predict_model} on {predict_hardware}",
+            "predict_scale": predict_scale,
         },
         "measured": measured,
         "predicted": predicted,

@@ -53,3 +53,48 @@ def latency_percentiles(report: Mapping, *, title: str = "") -> go.Figure:
     fig.update_traces(textposition="outside", cliponaxis=False)
     fig.update_layout(barmode="group", yaxis_title="measured (ms)")
     return _layout(fig, title=title)
+
+
+def chunked_p99(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
+    """Chunked prefill before/after: p99 TPOT and inter-token latency (ms) per schedule, measured
+    beside the roofline's time for the same schedule (rows: ``schedule`` and those four keys)."""
+    fig = go.Figure()
+    series = (
+        ("TPOT p99 measured", "tpot_measured"),
+        ("TPOT p99 predicted at scale", "tpot_predicted"),
+        ("inter-token p99 measured", "itl_measured"),
+        ("inter-token p99 predicted at scale", "itl_predicted"),
+    )
+    for k, (name, key) in enumerate(series):
+        ys = [1e3 * r[key] for r in rows]
+        fig.add_bar(
+            name=name,
+            x=[r["schedule"] for r in rows],
+            y=ys,
+            marker_color=PALETTE[k % len(PALETTE)],
+            marker_pattern_shape="/" if "predicted" in name else "",
+            text=[f"{y:,.0f}" for y in ys],
+            textposition="outside",
+            cliponaxis=False,
+        )
+    fig.update_layout(barmode="group", yaxis_title="p99 (ms)")
+    return _layout(fig, title=title)
+
+
+def disagg_costs(rows: Sequence[Mapping], links: Sequence[str], *, title: str = "") -> go.Figure:
+    """Per prompt length: the prefill a co-located decode waits for, against the KV transfer over
+    each link (ms, log axis); rows: ``prompt``, ``prefill``, and one key per link (seconds)."""
+    fig = go.Figure()
+    x = [f"{r['prompt']:,} tokens" for r in rows]
+    fig.add_bar(
+        name="prefill (a co-located decode's stall)", x=x, y=[1e3 * r["prefill"] for r in rows], marker_color="#444444"
+    )
+    for k, link in enumerate(links):
+        fig.add_bar(
+            name=f"KV transfer, {link}", x=x, y=[1e3 * r[link] for r in rows], marker_color=PALETTE[k % len(PALETTE)]
+        )
+    # one tick per power of ten: a log axis labels every minor digit otherwise
+    fig.update_layout(
+        barmode="group", yaxis_type="log", yaxis_dtick=1, yaxis_title="milliseconds (log)", xaxis_title="prompt"
+    )
+    return _layout(fig, title=title)
