@@ -92,12 +92,12 @@ class Plan:
                 "not composed yet; use --zero 1 with sequence parallelism",
             ),
             (
-                d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
-                "expert parallelism here lives inside dp alone (tp=pp=cp=1)",
+                d.ep > 1 and (d.tp > 1 or d.cp > 1),
+                "expert parallelism here lives inside dp alone, with or without pp (tp=cp=1)",
             ),
             (
-                cfg.is_moe and (d.tp > 1 or d.pp > 1 or d.cp > 1),
-                "a mixture-of-experts model runs here with dp and ep only (tp=pp=cp=1); use a dense preset such as gpt-tiny",
+                cfg.is_moe and (d.tp > 1 or d.cp > 1),
+                "a mixture-of-experts model runs here with dp, ep and pp only (tp=cp=1); use a dense preset such as gpt-tiny",
             ),
         ]
         for refused, why in not_yet:
@@ -245,11 +245,10 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
             model.forward = lambda tokens, targets=None: forward(tokens, targets, positions=positions)
         hooks.update(model=model, sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
     routing: list = []
-    if cfg.is_moe:  # the routing of every step, for the all-to-all prediction
-        from playbook.moe import moe_layers
+    if cfg.is_moe:  # the routing of every forward, for the predictions; every stage's aux loss
+        from playbook.parallel.hybrid_moe import moe_hooks
 
-        sync = hooks["sync_grads"]
-        hooks["sync_grads"] = lambda m: (routing.append([x.stats.as_dict() for x in moe_layers(m)]), sync(m))
+        hooks = moe_hooks(hooks, plan, routing)
     finish = hooks.pop("finish", None)
     first = len(ctx.tracer.spans)
     result: TrainResult = train(setup, **hooks)

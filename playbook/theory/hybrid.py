@@ -24,6 +24,8 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.hybrid_moe import data_axis_bytes, stage_state_bytes
+from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.moe import params_per_rank as moe_params
 from playbook.theory.schedules import make_schedule
@@ -116,17 +118,12 @@ def comm_per_axis(
         total = sum(padded(split + rep, n) for _, split, rep in units)  # flat units, padded over dp×cp
         add(data_axis(dims), sent_bytes("reduce_scatter", FP32 * total, n))
         add(data_axis(dims), (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, n))
+    elif cfg.is_moe:  # routing counts and dense gradients over dp×cp
+        add(data_axis(dims), data_axis_bytes(cfg, dims, stage, microbatches if dims.pp > 1 else 1)["data"])
     elif n > 1:
-        dense = sum(split + rep for _, split, rep in units)
-        if cfg.is_moe:
-            dense = moe_params(cfg, dims.ep)["dense"]
-            add(data_axis(dims), cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n))  # counts
-        add(data_axis(dims), sent_bytes("all_reduce", FP32 * dense, n))
-    if cfg.is_moe and n > dims.ep:  # ep = 1: every rank holds every expert, its replicas are dp×cp
-        p = moe_params(cfg, dims.ep)
-        tensors = 3 * cfg.n_experts // dims.ep * cfg.n_moe_layers  # one "had a gradient" flag per tensor
-        axis = "ep_replica" if dims.ep > 1 else data_axis(dims)
-        add(axis, sent_bytes("all_reduce", FP32 * (p["experts"] + tensors), n // dims.ep))
+        add(data_axis(dims), sent_bytes("all_reduce", FP32 * sum(split + rep for _, split, rep in units), n))
+    if cfg.is_moe:  # the experts over their replicas (ep = 1: every rank holds every expert, its replicas are dp×cp)
+        add("ep_replica" if dims.ep > 1 else data_axis(dims), data_axis_bytes(cfg, dims, stage, 1)["replica"])
     if routing is not None and dims.ep > 1:
         from playbook.theory.moe import alltoall_bytes_from_routing
 
@@ -159,6 +156,12 @@ def memory_per_rank(
     activations are None."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
+    if cfg.is_moe and dims.pp > 1:
+        acts = None
+        if routing is not None:
+            sizes = dict(rows=rows, seq_len=seq_len, schedule=schedule, microbatches=microbatches)
+            acts = moe_stage_activations(cfg, dims, stage, rank=rank, forwards=routing, **sizes)
+        return {**stage_state_bytes(cfg, dims, stage), "activations": acts}
     if cfg.is_moe:
         from playbook.theory.moe import param_tensors_per_rank
 

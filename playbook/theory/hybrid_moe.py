@@ -1,0 +1,123 @@
+"""A mixture of experts in a hybrid layout: what one rank of one pipeline stage holds and sends.
+
+A rank of stage ``s`` holds the embedding (s = 0), the blocks of its stage (in an MoE block: norms,
+attention, the router, the shared experts, and E/ep routed experts), the final norm and head (last
+stage). Each MoE forward all-gathers the routing counts over the data ranks (8-byte counts, E per
+rank), so a step sends them m times per MoE layer of the stage; the dense gradients are
+all-reduced over dp×cp and the experts' over their replicas, with one "had a gradient" flag per
+expert tensor (``parallel.hybrid.sync_gradients``). The activations depend on the routing of
+each micro-batch (``theory.moe.model_activation_bytes_moe``), so the stage's peak is played from
+the schedule with each micro-batch's own bytes. fp32, no torch.
+"""
+
+from __future__ import annotations
+
+from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
+from playbook.theory.comm import sent_bytes
+from playbook.theory.moe import expert_params, moe_mlp_activation_terms, rank_rows
+from playbook.theory.schedules import make_schedule
+
+FP32 = 4
+
+
+def stage_blocks(cfg: ModelConfig, pp: int, stage: int) -> range:
+    from playbook.theory.stages import stage_layers  # lazily: stages imports the activation models
+
+    return stage_layers(cfg.n_layers, pp)[stage]
+
+
+def stage_params(cfg: ModelConfig, dims: ParallelDims, stage: int) -> dict[str, int]:
+    """Elements and tensors of stage ``stage`` on one rank: ``dense`` (replicated over dp×cp),
+    ``experts`` (its E/ep routed experts), ``tensors`` (all of them, AdamW's steps) and
+    ``expert_tensors``."""
+    h, E, per = cfg.hidden, cfg.n_experts, cfg.n_experts // dims.ep
+    dense = experts = tensors = expert_tensors = 0
+    if stage == 0:
+        dense, tensors = cfg.vocab_size * h, 1
+    for i in stage_blocks(cfg, dims.pp, stage):
+        moe = i >= cfg.n_dense_layers
+        mlp = h * E + cfg.n_shared_experts * expert_params(cfg) if moe else cfg.dense_mlp_params()
+        dense += 2 * h + cfg.attention_params() + mlp
+        tensors += 2 + 4 + (1 + 3 * cfg.n_shared_experts + 3 * per if moe else 3)
+        if moe:
+            experts += per * expert_params(cfg)
+            expert_tensors += 3 * per
+    if stage == dims.pp - 1:
+        dense += h + (0 if cfg.tie_embeddings else cfg.vocab_size * h)
+        tensors += 2 if not cfg.tie_embeddings else 1
+    return {"dense": dense, "experts": experts, "tensors": tensors, "expert_tensors": expert_tensors}
+
+
+def moe_layers_in_stage(cfg: ModelConfig, pp: int, stage: int) -> int:
+    return sum(i >= cfg.n_dense_layers for i in stage_blocks(cfg, pp, stage))
+
+
+def data_axis_bytes(cfg: ModelConfig, dims: ParallelDims, stage: int, microbatches: int) -> dict[str, float]:
+    """Bytes a rank of ``stage`` sends per step without ZeRO on the data axis (its routing counts and
+    its dense gradients, over dp×cp) and on the experts' replicas (``ep_replica``; the data axis
+    itself when ep = 1)."""
+    n, p = dims.dp * dims.cp, stage_params(cfg, dims, stage)
+    out = {"data": 0.0, "replica": 0.0}
+    if n > 1:
+        forwards = microbatches * moe_layers_in_stage(cfg, dims.pp, stage)
+        out["data"] = forwards * sent_bytes("all_gather", 8 * cfg.n_experts * n, n)
+        out["data"] += sent_bytes("all_reduce", FP32 * p["dense"], n)
+    if n > dims.ep:
+        out["replica"] = sent_bytes("all_reduce", FP32 * (p["experts"] + p["expert_tensors"]), n // dims.ep)
+    return out
+
+
+def stage_state_bytes(cfg: ModelConfig, dims: ParallelDims, stage: int) -> dict[str, int]:
+    """Weights, gradients and AdamW state (two moments and a 4-byte step per tensor) of a rank of ``stage``."""
+    p = stage_params(cfg, dims, stage)
+    numel = p["dense"] + p["experts"]
+    return {"params": FP32 * numel, "grads": FP32 * numel, "optimizer": 2 * FP32 * numel + 4 * p["tensors"]}
+
+
+def stage_activation_bytes(
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    stage: int,
+    *,
+    rank: int,
+    rows: int,
+    seq_len: int,
+    forwards: list[dict],
+    schedule: str = "1f1b",
+    microbatches: int = 1,
+) -> int:
+    """Activation bytes at the step's peak on ``rank`` of stage ``stage``: each F of the schedule
+    adds its micro-batch's bytes (the embedding, the stage's blocks with the routing of that
+    micro-batch, the head), each B frees them. ``forwards``: the first step's routing of this rank's
+    MoE layers, in the order they ran (``RoutingStats.as_dict``: ``counts_by_rank``, ``capacity``)."""
+    from playbook.theory.activations import block_activation_breakdown
+    from playbook.theory.stages import end_activations
+
+    b = rows // microbatches
+    sizes = dict(seq_len=seq_len, micro_batch=b, dtype_bytes=FP32)
+    first, last = end_activations(cfg, seq_len=seq_len, micro_batch=b)
+    dense_block = sum(block_activation_breakdown(cfg, **sizes).values())
+    moe_rest = sum(v for k, v in block_activation_breakdown(cfg, **sizes, moe=True).items() if "(estimate)" not in k)
+    blocks = stage_blocks(cfg, dims.pp, stage)
+    fixed = (
+        (stage == 0) * first + (stage == dims.pp - 1) * last + sum(i < cfg.n_dense_layers for i in blocks) * dense_block
+    )
+    per_f = moe_layers_in_stage(cfg, dims.pp, stage)
+    me = dims.data_index(rank)
+    now = peak = 0
+    held: dict[int, int] = {}
+    plan = make_schedule(schedule, dims.pp, microbatches)
+    for a in plan.compute(stage):
+        if a.kind == "F":
+            layers, forwards = forwards[:per_f], forwards[per_f:]
+            moe = 0
+            for layer in layers:
+                S, R = rank_rows(layer["counts_by_rank"], layer["capacity"], me, dims.ep)
+                moe += moe_rest + sum(moe_mlp_activation_terms(cfg, tokens=b * seq_len, slots=S, rows=R).values())
+            held[a.mb] = fixed + moe
+            now += held[a.mb]
+        else:
+            now -= held.pop(a.mb)
+        peak = max(peak, now)
+    return peak
