@@ -163,9 +163,9 @@ def test_bad_layouts_are_refused_before_any_rank_starts(plan, words):
         plan.check(DENSE)
 
 
-@pytest.mark.parametrize("dims", [ParallelDims(dp=2, tp=2), ParallelDims(dp=2, cp=2)])
-def test_moe_outside_dp_ep_and_pp_is_refused_before_ranks_start(dims):
-    with pytest.raises(ValueError, match="mixture-of-experts model runs here with dp, ep and pp only"):
+@pytest.mark.parametrize("dims", [ParallelDims(dp=2, tp=2), ParallelDims(tp=2, cp=2)])
+def test_moe_with_tp_is_refused_before_ranks_start(dims):
+    with pytest.raises(ValueError, match="mixture-of-experts model runs here with dp, ep, pp and cp"):
         Plan(dims).check(MOE)
 
 

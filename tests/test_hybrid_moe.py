@@ -49,6 +49,21 @@ def test_moe_in_a_pipeline_with_data_and_expert_parallelism(ranks4, dims, used):
     assert axes(answers) == used
 
 
+@pytest.mark.parametrize(
+    "dims, used",
+    [
+        (ParallelDims(dp=2, cp=2, ep=2), {"cp", "dp×cp", "ep", "dp"}),  # the replicas of an expert: the dp group
+        (ParallelDims(pp=2, cp=2, ep=2), {"cp", "ep", "pp"}),
+    ],
+    ids=["ep2 inside dp2×cp2", "pp2×cp2 with ep2 over cp"],
+)
+def test_moe_under_context_parallelism_routes_on_the_counts_of_every_shard(ranks4, dims, used):
+    """Each cp rank routes the tokens of its shard; the counts are all-gathered over dp×cp, so the
+    capacity and the aux loss are the global batch's, as under dp (``parallel.hybrid_moe``)."""
+    answers, _ = check(ranks4, MOE, Plan(dims))
+    assert axes(answers) == used
+
+
 def test_deepseek_shape_pp2_ep2_dp2_on_eight_ranks(ranks8):
     """DeepSeek-V3's PP·EP·DP (arXiv:2412.19437, §3.2), shrunk: 2 stages, each over 4 data ranks in
     2 expert groups of 2 (ep2), every expert held by 2 replicas (dp2 per expert)."""

@@ -92,12 +92,8 @@ class Plan:
                 "not composed yet; use --zero 1 with sequence parallelism",
             ),
             (
-                d.ep > 1 and (d.tp > 1 or d.cp > 1),
-                "expert parallelism here lives inside dp alone, with or without pp (tp=cp=1)",
-            ),
-            (
-                cfg.is_moe and (d.tp > 1 or d.cp > 1),
-                "a mixture-of-experts model runs here with dp, ep and pp only (tp=cp=1); use a dense preset such as gpt-tiny",
+                cfg.is_moe and d.tp > 1,
+                "a mixture-of-experts model runs here with dp, ep, pp and cp (tp=1); use a dense preset such as gpt-tiny",
             ),
         ]
         for refused, why in not_yet:

@@ -24,10 +24,9 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
-from playbook.theory.hybrid_moe import data_axis_bytes, stage_state_bytes
+from playbook.theory.hybrid_moe import data_axis_bytes, replica_axis, stage_state_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
 from playbook.theory.local_activations import stage_activation_bytes
-from playbook.theory.moe import params_per_rank as moe_params
 from playbook.theory.schedules import make_schedule
 from playbook.theory.tp import step_collectives
 from playbook.theory.zero import padded
@@ -122,8 +121,8 @@ def comm_per_axis(
         add(data_axis(dims), data_axis_bytes(cfg, dims, stage, microbatches if dims.pp > 1 else 1)["data"])
     elif n > 1:
         add(data_axis(dims), sent_bytes("all_reduce", FP32 * sum(split + rep for _, split, rep in units), n))
-    if cfg.is_moe:  # the experts over their replicas (ep = 1: every rank holds every expert, its replicas are dp×cp)
-        add("ep_replica" if dims.ep > 1 else data_axis(dims), data_axis_bytes(cfg, dims, stage, 1)["replica"])
+    if cfg.is_moe:  # the experts over their replicas (ep = 1: every rank holds every expert, the replicas are dp×cp)
+        add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1)["replica"])
     if routing is not None and dims.ep > 1:
         from playbook.theory.moe import alltoall_bytes_from_routing
 
@@ -152,33 +151,17 @@ def memory_per_rank(
     AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
     step's peak (:func:`stage_activation_bytes`, any of dp, tp, cp, pp and SP together).
     A mixture of experts saves bytes that depend on the routing: give ``routing`` (the first step's
-    ``[layer]`` stats) and ``theory.moe.model_activation_bytes_moe`` counts them; without it its
-    activations are None."""
+    ``[forward]`` stats of this rank's MoE layers) and ``theory.hybrid_moe`` counts them, micro-batch
+    by micro-batch; without it its activations are None."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
-    if cfg.is_moe and dims.pp > 1:
+    if cfg.is_moe:
         acts = None
         if routing is not None:
             sizes = dict(rows=rows, seq_len=seq_len, schedule=schedule, microbatches=microbatches)
-            acts = moe_stage_activations(cfg, dims, stage, rank=rank, forwards=routing, **sizes)
+            layout = dict(sequence_parallel=sequence_parallel, cp_variant=cp_variant)
+            acts = moe_stage_activations(cfg, dims, stage, rank=rank, forwards=routing, **sizes, **layout)
         return {**stage_state_bytes(cfg, dims, stage), "activations": acts}
-    if cfg.is_moe:
-        from playbook.theory.moe import param_tensors_per_rank
-
-        numel, tensors = moe_params(cfg, dims.ep)["total"], param_tensors_per_rank(cfg, dims.ep)
-        out: dict[str, float | None] = {
-            "params": FP32 * numel,
-            "grads": FP32 * numel,
-            "optimizer": 2 * FP32 * numel + 4 * tensors,
-            "activations": None,
-        }
-        if routing is not None and dims.tp == dims.cp == dims.pp == 1:
-            from playbook.theory.moe import model_activation_bytes_moe
-
-            out["activations"] = model_activation_bytes_moe(
-                cfg, seq_len=seq_len, micro_batch=rows, layers=routing, rank=dims.data_index(rank), ep=dims.ep
-            )
-        return out
     acts = stage_activation_bytes(
         cfg,
         dims,

@@ -68,11 +68,40 @@ def data_axis_bytes(cfg: ModelConfig, dims: ParallelDims, stage: int, microbatch
     return out
 
 
+def replica_axis(dims: ParallelDims, rank: int, data_axis: str) -> str:
+    """The name the experts' replica group of ``rank`` is measured under: as the mesh names a group
+    that several axes share (``parallel.mesh``), the first axis with the same ranks (in dp2×cp2
+    with ep2 the replicas are the dp group); ``data_axis``: the name of dp×cp."""
+    mine = dims.ranks_along("ep_replica", rank)
+    for axis in ("tp", "cp", "dp", "pp", "dp_cp"):
+        if dims.size(axis) > 1 and dims.ranks_along(axis, rank) == mine:
+            return data_axis if axis == "dp_cp" else axis
+    return "ep_replica"
+
+
 def stage_state_bytes(cfg: ModelConfig, dims: ParallelDims, stage: int) -> dict[str, int]:
     """Weights, gradients and AdamW state (two moments and a 4-byte step per tensor) of a rank of ``stage``."""
     p = stage_params(cfg, dims, stage)
     numel = p["dense"] + p["experts"]
     return {"params": FP32 * numel, "grads": FP32 * numel, "optimizer": 2 * FP32 * numel + 4 * p["tensors"]}
+
+
+def moe_block_bytes(
+    cfg: ModelConfig, dims: ParallelDims, *, rank: int, micro_batch: int, seq_len: int, layer: dict, **layout
+) -> int:
+    """Bytes one MoE block saves on ``rank`` for one micro-batch with the routing ``layer``: the
+    dense block this layout runs (its attention under cp, ``theory.local_activations``) without
+    the SwiGLU's four [b, s/cp, f] tensors, plus the MoE layer's own terms at the b·s/cp tokens
+    this rank routes (``theory.moe.moe_mlp_activation_terms``, the slots S it sends and the rows R
+    its experts receive)."""
+    from playbook.theory.local_activations import activation_pieces
+
+    dense = cfg.replace(n_experts=0, top_k=0, n_shared_experts=0, n_dense_layers=0)
+    tokens = micro_batch * seq_len // dims.cp
+    block = activation_pieces(dense, dims, seq_len=seq_len, micro_batch=micro_batch, **layout)["block"]
+    swiglu = 4 * tokens * cfg.ffn_hidden * FP32
+    S, R = rank_rows(layer["counts_by_rank"], layer["capacity"], dims.data_index(rank), dims.ep)
+    return block - swiglu + sum(moe_mlp_activation_terms(cfg, tokens=tokens, slots=S, rows=R).values())
 
 
 def stage_activation_bytes(
@@ -86,36 +115,31 @@ def stage_activation_bytes(
     forwards: list[dict],
     schedule: str = "1f1b",
     microbatches: int = 1,
+    **layout,
 ) -> int:
     """Activation bytes at the step's peak on ``rank`` of stage ``stage``: each F of the schedule
     adds its micro-batch's bytes (the embedding, the stage's blocks with the routing of that
-    micro-batch, the head), each B frees them. ``forwards``: the first step's routing of this rank's
-    MoE layers, in the order they ran (``RoutingStats.as_dict``: ``counts_by_rank``, ``capacity``)."""
-    from playbook.theory.activations import block_activation_breakdown
-    from playbook.theory.stages import end_activations
+    micro-batch, the head), each B frees them; pp = 1: the one forward. ``forwards``: the first
+    step's routing of this rank's MoE layers, in the order they ran (``RoutingStats.as_dict``:
+    ``counts_by_rank``, ``capacity``). ``layout``: ``sequence_parallel``, ``cp_variant``."""
+    from playbook.theory.local_activations import activation_pieces
 
-    b = rows // microbatches
-    sizes = dict(seq_len=seq_len, micro_batch=b, dtype_bytes=FP32)
-    first, last = end_activations(cfg, seq_len=seq_len, micro_batch=b)
-    dense_block = sum(block_activation_breakdown(cfg, **sizes).values())
-    moe_rest = sum(v for k, v in block_activation_breakdown(cfg, **sizes, moe=True).items() if "(estimate)" not in k)
+    m = microbatches if dims.pp > 1 else 1
+    b = rows // m
+    piece = activation_pieces(cfg.replace(n_experts=0, top_k=0), dims, seq_len=seq_len, micro_batch=b, **layout)
     blocks = stage_blocks(cfg, dims.pp, stage)
-    fixed = (
-        (stage == 0) * first + (stage == dims.pp - 1) * last + sum(i < cfg.n_dense_layers for i in blocks) * dense_block
-    )
+    fixed = (stage == 0) * piece["first"] + (stage == dims.pp - 1) * piece["last"]
+    fixed += sum(i < cfg.n_dense_layers for i in blocks) * piece["block"]
     per_f = moe_layers_in_stage(cfg, dims.pp, stage)
-    me = dims.data_index(rank)
+    sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len, **layout)
+    if dims.pp == 1:
+        return fixed + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in forwards[:per_f])
     now = peak = 0
     held: dict[int, int] = {}
-    plan = make_schedule(schedule, dims.pp, microbatches)
-    for a in plan.compute(stage):
+    for a in make_schedule(schedule, dims.pp, m).compute(stage):
         if a.kind == "F":
             layers, forwards = forwards[:per_f], forwards[per_f:]
-            moe = 0
-            for layer in layers:
-                S, R = rank_rows(layer["counts_by_rank"], layer["capacity"], me, dims.ep)
-                moe += moe_rest + sum(moe_mlp_activation_terms(cfg, tokens=b * seq_len, slots=S, rows=R).values())
-            held[a.mb] = fixed + moe
+            held[a.mb] = fixed + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in layers)
             now += held[a.mb]
         else:
             now -= held.pop(a.mb)
