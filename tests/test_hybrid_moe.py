@@ -64,6 +64,28 @@ def test_moe_under_context_parallelism_routes_on_the_counts_of_every_shard(ranks
     assert axes(answers) == used
 
 
+def test_moe_under_tp2_routes_each_ranks_sequence_slice(ranks2):
+    """tp2: the router and the experts replicated, each tp rank routing its half of the sequence
+    (``parallel.tp_moe``); their gradients summed over tp. Without that sum (broken on purpose)
+    the router's gradient is half the single process's."""
+    answers, _ = check(ranks2, MOE, Plan(ParallelDims(tp=2)))
+    assert axes(answers) == {"tp"}
+
+
+@pytest.mark.parametrize(
+    "plan, used",
+    [
+        (Plan(ParallelDims(dp=2, tp=2, ep=2), sequence_parallel=True), {"dp", "ep", "tp"}),
+        (Plan(ParallelDims(tp=2, pp=2)), {"pp", "tp"}),
+        (Plan(ParallelDims(tp=2, cp=2)), {"cp", "tp"}),
+    ],
+    ids=["dp2×tp2 ep2 with SP", "tp2×pp2", "tp2×cp2"],
+)
+def test_moe_with_tensor_parallelism_composes(ranks4, plan, used):
+    answers, _ = check(ranks4, MOE, plan)
+    assert axes(answers) == used
+
+
 def test_deepseek_shape_pp2_ep2_dp2_on_eight_ranks(ranks8):
     """DeepSeek-V3's PP·EP·DP (arXiv:2412.19437, §3.2), shrunk: 2 stages, each over 4 data ranks in
     2 expert groups of 2 (ep2), every expert held by 2 replicas (dp2 per expert)."""

@@ -91,10 +91,6 @@ class Plan:
                 "ZeRO-2/3 reduce-scatter during backward, before SP's norm gradients are summed over tp: "
                 "not composed yet; use --zero 1 with sequence parallelism",
             ),
-            (
-                cfg.is_moe and d.tp > 1,
-                "a mixture-of-experts model runs here with dp, ep, pp and cp (tp=1); use a dense preset such as gpt-tiny",
-            ),
         ]
         for refused, why in not_yet:
             if refused:
@@ -130,21 +126,10 @@ def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = N
         use_attention(
             model, cp_attention_fn(plan.cp_variant, mesh.group("cp"), zigzag=plan.zigzag, positions=positions)
         )
-    if d.ep > 1 or d.dp * d.cp > 1:  # routing sees the global counts even with every expert local (ep = 1)
-        from playbook.moe import MoEMLP
-        from playbook.parallel.ep import ExpertParallelMoE
+    if d.ep > 1 or d.dp * d.cp * d.tp > 1:  # routing sees the global counts even with every expert local (ep = 1)
+        from playbook.parallel.hybrid_moe import parallelize_experts
 
-        for block in model.blocks:
-            if isinstance(block.mlp, MoEMLP):
-                block.mlp = ExpertParallelMoE(
-                    block.mlp,
-                    ep_group=mesh.group("ep"),
-                    data_group=mesh.group("dp_cp"),
-                    ep=d.ep,
-                    ep_rank=mesh.index("ep"),
-                    data_rank=mesh.index("dp_cp"),
-                    n_data=d.dp * d.cp,
-                )
+        parallelize_experts(model, mesh, plan.sequence_parallel)
     return model
 
 
@@ -157,6 +142,10 @@ def sync_gradients(model, mesh, sequence_parallel: bool) -> None:
         from playbook.parallel.tp import sync_replicated_grads
 
         sync_replicated_grads(model, mesh.group("tp"))
+    if mesh.size("tp") > 1:  # MoE layers (if any) saw 1/tp of the tokens: sum over tp
+        from playbook.parallel.tp_moe import sync_over_tp
+
+        sync_over_tp(model, mesh.group("tp"))
     n = mesh.size("dp_cp")
     if n == 1:
         return
@@ -244,7 +233,7 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     if cfg.is_moe:  # the routing of every forward, for the predictions; every stage's aux loss
         from playbook.parallel.hybrid_moe import moe_hooks
 
-        hooks = moe_hooks(hooks, plan, routing)
+        hooks = moe_hooks(hooks, plan, routing, mesh)
     finish = hooks.pop("finish", None)
     first = len(ctx.tracer.spans)
     result: TrainResult = train(setup, **hooks)

@@ -26,10 +26,34 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.distributed as dist
 
+from playbook.measure import trace
 from playbook.moe import build, moe_layers
 from playbook.parallel.parity import floor_of
 from playbook.parallel.training import TrainResult, TrainSetup, train
+
+
+def parallelize_experts(model, mesh, sequence_parallel: bool) -> None:
+    """Every MoE layer of ``model`` swapped for its expert-parallel version over the mesh's ``ep``
+    axis, its routing counts over dp×cp (and tp, whose ranks route 1/tp of the tokens each, their
+    sequence slice: ``parallel.tp_moe``); in place."""
+    from playbook.moe import MoEMLP
+    from playbook.parallel.ep_layers import ExpertParallelMoE
+    from playbook.parallel.tp_moe import TPExpertParallelMoE, split_tokens
+
+    d = mesh.dims
+    ep = dict(ep_group=mesh.group("ep"), data_group=mesh.group("dp_cp"), ep=d.ep, ep_rank=mesh.index("ep"))
+    ep |= dict(data_rank=mesh.index("dp_cp"), n_data=d.dp * d.cp)
+    for block in model.blocks:
+        if not isinstance(block.mlp, MoEMLP):
+            continue
+        if d.tp == 1:
+            block.mlp = ExpertParallelMoE(block.mlp, **ep)
+            continue
+        block.mlp = TPExpertParallelMoE(block.mlp, tp_group=mesh.group("tp"), tp=d.tp, tp_rank=mesh.index("tp"), **ep)
+        if not sequence_parallel:  # the stream is replicated over tp: route this rank's slice of it
+            split_tokens(block.mlp, mesh.group("tp"))
 
 
 class AuxIntoGraph(torch.autograd.Function):
@@ -46,15 +70,18 @@ class AuxIntoGraph(torch.autograd.Function):
         return grad, torch.full((), ctx.scale, dtype=grad.dtype, device=grad.device), None
 
 
-def count_aux_in_stage(stage, m: int) -> list[float]:
-    """Put every MoE layer's aux loss of ``stage`` into the graph at its output, at scale 1/m; the
-    list returned collects their values (÷ m) until the caller empties it."""
+def count_aux(stage, m: int, into_graph: bool) -> list[float]:
+    """The aux loss value of every MoE forward of ``stage`` (÷ m), until the caller empties the list
+    returned; ``into_graph`` (a pipeline stage): each one also enters the graph at its layer's
+    output at scale 1/m, and the model's loss leaves it out (module docstring)."""
     taken: list[float] = []
 
     def hook(layer, _inputs, out):
-        aux, layer.aux_loss = layer.aux_loss, None  # the model's loss no longer adds it
-        taken.append(float(aux.detach()) / m)
-        return AuxIntoGraph.apply(out, aux, 1.0 / m)
+        taken.append(float(layer.aux_loss.detach()) / m)
+        if into_graph:
+            aux, layer.aux_loss = layer.aux_loss, None  # the model's loss no longer adds it
+            return AuxIntoGraph.apply(out, aux, 1.0 / m)
+        return None
 
     for layer in moe_layers(stage):
         layer.register_forward_hook(hook)
@@ -70,27 +97,35 @@ def record_routing(model) -> list[dict]:
     return seen
 
 
-def moe_hooks(hooks: dict, plan, routing: list) -> dict:
+def moe_hooks(hooks: dict, plan, routing: list, mesh) -> dict:
     """The loop's hooks for an MoE model: the routing of every step appended to ``routing``
-    (``[step][forward]``); inside a pipeline, every stage's aux loss counted (module docstring)."""
-    stage = hooks["model"]
-    seen = record_routing(stage)
-    sync = hooks["sync_grads"]
+    (``[step][forward]``); inside a pipeline, every stage's aux loss counted (module docstring);
+    the reported loss with the aux shares of every tp rank (each routed 1/tp of the tokens)."""
+    stage, d = hooks["model"], plan.dims
+    seen, taken = record_routing(stage), count_aux(stage, plan.m if d.pp > 1 else 1, into_graph=d.pp > 1)
+    sync, report = hooks["sync_grads"], hooks["sync_loss"]
 
     def sync_grads(model):
         routing.append(list(seen))
         seen.clear()
         sync(model)
 
-    out = {"sync_grads": sync_grads}
-    if plan.dims.pp > 1:
-        taken = count_aux_in_stage(stage, plan.m)
+    def sync_loss(loss):
+        mine = torch.tensor(sum(taken), dtype=loss.dtype, device=loss.device)
+        taken.clear()
+        if d.tp > 1:  # the other tp ranks' aux shares: their tokens were not routed here
+            with trace.on_axis("report"):
+                every = mine.clone()
+                dist.all_reduce(every, group=mesh.group("tp"))
+            loss = loss + every - mine
+        return report(loss)
+
+    out = {"sync_grads": sync_grads, "sync_loss": sync_loss}
+    if d.pp > 1:
         step = hooks["forward_backward"]
 
-        def forward_backward(model, tokens, targets):
-            loss = step(model, tokens, targets) + sum(taken)  # the last stage's cross-entropy + this stage's aux
-            taken.clear()
-            return loss
+        def forward_backward(model, tokens, targets):  # the last stage's cross-entropy + this stage's aux
+            return step(model, tokens, targets) + sum(taken)
 
         out["forward_backward"] = forward_backward
     return hooks | out

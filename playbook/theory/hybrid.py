@@ -24,7 +24,8 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
-from playbook.theory.hybrid_moe import data_axis_bytes, replica_axis, stage_state_bytes
+from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axis, stage_state_bytes
+from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.schedules import make_schedule
@@ -91,11 +92,15 @@ def comm_per_axis(
     if dims.tp > 1:
         layers = {f"layer{i}" for i in stage_layers(cfg, dims.pp, stage)}
         keep = layers | ({"embedding"} if stage == 0 else set()) | ({"head", "loss"} if stage == dims.pp - 1 else set())
+        moe_mlps = {f"layer{i}.mlp" for i in range(cfg.n_dense_layers, cfg.n_layers)} if cfg.is_moe else set()
         for col in step_collectives(
             cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel
         ):
-            if col.region.split(".")[0] in keep:
+            if col.region.split(".")[0] in keep and col.region not in moe_mlps:  # MoE: no TP region in the MLP
                 add("tp", col.sent_bytes)
+        if cfg.is_moe:
+            sizes = dict(rows=rows, seq_len=seq_len, sequence_parallel=sequence_parallel)
+            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=microbatches if dims.pp > 1 else 1, **sizes))
         if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
             replicated = sum(rep for _, _, rep in local_units(cfg, dims, stage))
             add("tp", sent_bytes("all_reduce", FP32 * replicated, dims.tp))
@@ -126,7 +131,8 @@ def comm_per_axis(
     if routing is not None and dims.ep > 1:
         from playbook.theory.moe import alltoall_bytes_from_routing
 
-        per_step = alltoall_bytes_from_routing(routing, dims.ep, cfg.hidden)  # [step][data rank]
+        mine = [for_tp_rank(step, dims, rank) for step in routing]  # this tp index's ep ranks
+        per_step = alltoall_bytes_from_routing(mine, dims.ep, cfg.hidden)  # [step][data rank]
         add("ep", sum(s[dims.data_index(rank)] for s in per_step) / len(per_step))
     return out
 

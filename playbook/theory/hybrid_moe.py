@@ -31,22 +31,31 @@ def stage_params(cfg: ModelConfig, dims: ParallelDims, stage: int) -> dict[str, 
     """Elements and tensors of stage ``stage`` on one rank: ``dense`` (replicated over dp×cp),
     ``experts`` (its E/ep routed experts), ``tensors`` (all of them, AdamW's steps) and
     ``expert_tensors``."""
-    h, E, per = cfg.hidden, cfg.n_experts, cfg.n_experts // dims.ep
-    dense = experts = tensors = expert_tensors = 0
+    h, E, per, t = cfg.hidden, cfg.n_experts, cfg.n_experts // dims.ep, dims.tp
+    dense = experts = tensors = expert_tensors = moe_mlp = moe_tensors = 0
     if stage == 0:
-        dense, tensors = cfg.vocab_size * h, 1
+        dense, tensors = cfg.vocab_size * h // t, 1
     for i in stage_blocks(cfg, dims.pp, stage):
         moe = i >= cfg.n_dense_layers
-        mlp = h * E + cfg.n_shared_experts * expert_params(cfg) if moe else cfg.dense_mlp_params()
-        dense += 2 * h + cfg.attention_params() + mlp
+        mlp = h * E + cfg.n_shared_experts * expert_params(cfg) if moe else cfg.dense_mlp_params() // t
+        dense += 2 * h + cfg.attention_params() // t + mlp
         tensors += 2 + 4 + (1 + 3 * cfg.n_shared_experts + 3 * per if moe else 3)
         if moe:
             experts += per * expert_params(cfg)
             expert_tensors += 3 * per
+            moe_mlp += mlp + per * expert_params(cfg)
+            moe_tensors += 1 + 3 * cfg.n_shared_experts + 3 * per
     if stage == dims.pp - 1:
-        dense += h + (0 if cfg.tie_embeddings else cfg.vocab_size * h)
+        dense += h + (0 if cfg.tie_embeddings else cfg.vocab_size * h // t)
         tensors += 2 if not cfg.tie_embeddings else 1
-    return {"dense": dense, "experts": experts, "tensors": tensors, "expert_tensors": expert_tensors}
+    return {
+        "dense": dense,
+        "experts": experts,
+        "tensors": tensors,
+        "expert_tensors": expert_tensors,
+        "moe": moe_mlp,  # router, shared and routed experts: replicated over tp
+        "moe_tensors": moe_tensors,
+    }
 
 
 def moe_layers_in_stage(cfg: ModelConfig, pp: int, stage: int) -> int:
@@ -61,11 +70,44 @@ def data_axis_bytes(cfg: ModelConfig, dims: ParallelDims, stage: int, microbatch
     out = {"data": 0.0, "replica": 0.0}
     if n > 1:
         forwards = microbatches * moe_layers_in_stage(cfg, dims.pp, stage)
-        out["data"] = forwards * sent_bytes("all_gather", 8 * cfg.n_experts * n, n)
+        out["data"] = forwards * sent_bytes("all_gather", 8 * cfg.n_experts * dims.tp * n, n)
         out["data"] += sent_bytes("all_reduce", FP32 * p["dense"], n)
     if n > dims.ep:
         out["replica"] = sent_bytes("all_reduce", FP32 * (p["experts"] + p["expert_tensors"]), n // dims.ep)
     return out
+
+
+def tp_axis_bytes(
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    stage: int,
+    *,
+    rows: int,
+    seq_len: int,
+    sequence_parallel: bool,
+    microbatches: int,
+) -> float:
+    """Bytes a rank of ``stage`` sends per step on tp for its MoE layers (``parallel.tp_moe``): the
+    routing counts of every forward, the MoE gradients summed (with their flags), and without SP
+    the tokens' all-gather forward and its gradient's backward ([rows, s/cp, h] over the step)."""
+    if dims.tp == 1:
+        return 0.0
+    t, p = dims.tp, stage_params(cfg, dims, stage)
+    layers = moe_layers_in_stage(cfg, dims.pp, stage)
+    out = microbatches * layers * sent_bytes("all_gather", 8 * cfg.n_experts * t, t)
+    out += sent_bytes("all_reduce", FP32 * (p["moe"] + p["moe_tensors"]), t) if layers else 0
+    if not sequence_parallel:
+        out += layers * 2 * sent_bytes("all_gather", FP32 * rows * seq_len // dims.cp * cfg.hidden, t)
+    return out
+
+
+def for_tp_rank(forwards: list[dict], dims: ParallelDims, rank: int) -> list[dict]:
+    """The routing as the ep ranks of ``rank``'s tp index see it: ``counts_by_rank`` rows are data
+    rank major, tp minor (``parallel.tp_moe``); keep this tp index's rows, one per data rank."""
+    if dims.tp == 1:
+        return forwards
+    t = dims.coords(rank)["tp"]
+    return [f | {"counts_by_rank": f["counts_by_rank"][t :: dims.tp]} for f in forwards]
 
 
 def replica_axis(dims: ParallelDims, rank: int, data_axis: str) -> str:
@@ -97,11 +139,14 @@ def moe_block_bytes(
     from playbook.theory.local_activations import activation_pieces
 
     dense = cfg.replace(n_experts=0, top_k=0, n_shared_experts=0, n_dense_layers=0)
-    tokens = micro_batch * seq_len // dims.cp
+    region = micro_batch * seq_len // dims.cp  # tokens of the dense MLP's region (whole sequence under TP)
+    tokens = region // dims.tp  # tokens this rank routes
     block = activation_pieces(dense, dims, seq_len=seq_len, micro_batch=micro_batch, **layout)["block"]
-    swiglu = 4 * tokens * cfg.ffn_hidden * FP32
+    block -= 4 * region * (cfg.ffn_hidden // dims.tp) * FP32  # the SwiGLU's four tensors
+    if dims.tp > 1:  # TP's region input [b, s/cp, h] is not saved; the router saves its own slice
+        block += (tokens - region) * cfg.hidden * FP32
     S, R = rank_rows(layer["counts_by_rank"], layer["capacity"], dims.data_index(rank), dims.ep)
-    return block - swiglu + sum(moe_mlp_activation_terms(cfg, tokens=tokens, slots=S, rows=R).values())
+    return block + sum(moe_mlp_activation_terms(cfg, tokens=tokens, slots=S, rows=R).values())
 
 
 def stage_activation_bytes(
@@ -131,6 +176,7 @@ def stage_activation_bytes(
     fixed = (stage == 0) * piece["first"] + (stage == dims.pp - 1) * piece["last"]
     fixed += sum(i < cfg.n_dense_layers for i in blocks) * piece["block"]
     per_f = moe_layers_in_stage(cfg, dims.pp, stage)
+    forwards = for_tp_rank(forwards, dims, rank)
     sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len, **layout)
     if dims.pp == 1:
         return fixed + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in forwards[:per_f])
