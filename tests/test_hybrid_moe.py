@@ -93,6 +93,12 @@ def test_deepseek_shape_pp2_ep2_dp2_on_eight_ranks(ranks8):
     assert axes(answers) == {"dp", "ep", "ep_replica", "pp"}
 
 
+def test_moe_on_every_axis_at_once_on_eight_ranks(ranks8):
+    """dp2×tp2×pp2 with ep2 over dp and sequence parallelism: every axis of the mesh carries bytes."""
+    answers, _ = check(ranks8, MOE, Plan(ParallelDims(dp=2, tp=2, pp=2, ep=2), sequence_parallel=True))
+    assert axes(answers) == {"dp", "ep", "pp", "tp"}
+
+
 def test_the_reference_routes_micro_batches_not_the_whole_batch():
     """The aux loss is a product of two batch means: the m micro-batches' sum is not the whole
     batch's, so the plain one-forward reference is a different computation."""

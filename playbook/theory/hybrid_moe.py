@@ -161,12 +161,13 @@ def stage_activation_bytes(
     schedule: str = "1f1b",
     microbatches: int = 1,
     **layout,
-) -> int:
+) -> int | None:
     """Activation bytes at the step's peak on ``rank`` of stage ``stage``: each F of the schedule
     adds its micro-batch's bytes (the embedding, the stage's blocks with the routing of that
     micro-batch, the head), each B frees them; pp = 1: the one forward. ``forwards``: the first
     step's routing of this rank's MoE layers, in the order they ran (``RoutingStats.as_dict``:
-    ``counts_by_rank``, ``capacity``). ``layout``: ``sequence_parallel``, ``cp_variant``."""
+    ``counts_by_rank``, ``capacity``). ``layout``: ``sequence_parallel``, ``cp_variant``. A split
+    backward (ZB-H1): None, not modelled for MoE layers."""
     from playbook.theory.local_activations import activation_pieces
 
     m = microbatches if dims.pp > 1 else 1
@@ -180,9 +181,12 @@ def stage_activation_bytes(
     sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len, **layout)
     if dims.pp == 1:
         return fixed + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in forwards[:per_f])
+    plan = make_schedule(schedule, dims.pp, m)
+    if plan.split_backward:  # what W keeps of an MoE layer from B until W is not counted here
+        return None
     now = peak = 0
     held: dict[int, int] = {}
-    for a in make_schedule(schedule, dims.pp, m).compute(stage):
+    for a in plan.compute(stage):
         if a.kind == "F":
             layers, forwards = forwards[:per_f], forwards[per_f:]
             held[a.mb] = fixed + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in layers)
