@@ -107,3 +107,8 @@ def test_the_reference_routes_micro_batches_not_the_whole_batch():
     single, _ = hybrid_moe.reference(MOE, Plan(ParallelDims(pp=2)))
     assert abs(single.losses[0] - reference(MOE).losses[0]) > 1e-6
     assert hybrid_moe.micro_rows(8, 2, 2) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+def test_an_moe_sequence_that_tp_cannot_split_is_refused_before_ranks_start():
+    with pytest.raises(ValueError, match="tp=2 does not divide the 33 tokens per cp rank"):
+        Plan(ParallelDims(tp=2)).check(TrainSetup(model="gpt-tiny-moe", seq_len=33))

@@ -7,7 +7,9 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
     1. tensor parallelism (+ sequence parallelism): the GPT cut into Megatron shards over ``tp``;
     2. context parallelism: every attention core swapped for ring attention over ``cp``, RoPE at
        this rank's global positions;
-    3. expert parallelism: every MoE layer's experts split over ``ep``;
+    3. expert parallelism: every MoE layer's experts split over ``ep`` (under tp each tp rank routes
+       its slice of the sequence, ``parallel.tp_moe``; in a pipeline every stage's aux loss counts,
+       ``parallel.hybrid_moe``);
     4. pipeline parallelism: this rank's chunk of the (already parallel) model, played by the
        schedule executor of ``parallel.pp`` over ``pp``;
     5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
@@ -104,6 +106,11 @@ class Plan:
                 )
             if cfg.tie_embeddings:
                 raise ValueError("a tied embedding sits on the first and the last stage; use an untied preset")
+        if cfg.is_moe and d.tp > 1 and (setup.seq_len // d.cp) % d.tp:
+            raise ValueError(
+                f"each tp rank routes its slice of an MoE layer's sequence, and tp={d.tp} does not divide "
+                f"the {setup.seq_len // d.cp} tokens per cp rank; use a seq_len that is a multiple of cp·tp={d.cp * d.tp}"
+            )
         if d.cp > 1 and self.cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp:
             raise ValueError(
                 f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})"
@@ -135,7 +142,8 @@ def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = N
 
 # ---- 5: where gradients are reduced ------------------------------------------------------------
 def sync_gradients(model, mesh, sequence_parallel: bool) -> None:
-    """SP: the norms saw s/t tokens each, sum over tp. Then average over dp×cp in one flat
+    """SP: the norms saw s/t tokens each, sum over tp; so did the MoE layers (router, experts) under
+    any tp: sum over tp (``parallel.tp_moe``). Then average over dp×cp in one flat
     all-reduce; expert weights (their gradient already summed over the tokens that reached them)
     are summed over their replicas and divided by dp·cp too (``parallel.ep``)."""
     if sequence_parallel:
