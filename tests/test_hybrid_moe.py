@@ -112,3 +112,9 @@ def test_the_reference_routes_micro_batches_not_the_whole_batch():
 def test_an_moe_sequence_that_tp_cannot_split_is_refused_before_ranks_start():
     with pytest.raises(ValueError, match="tp=2 does not divide the 33 tokens per cp rank"):
         Plan(ParallelDims(tp=2)).check(TrainSetup(model="gpt-tiny-moe", seq_len=33))
+
+
+def test_zero_with_an_moe_model_is_refused_before_ranks_start():
+    """It used to pass the check and fail on every rank (ZeRO's units are the dense GPT's)."""
+    with pytest.raises(ValueError, match="run an MoE model with --zero 0"):
+        Plan(ParallelDims(dp=2, tp=2), zero=1).check(MOE)

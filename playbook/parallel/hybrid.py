@@ -83,6 +83,7 @@ class Plan:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
             (self.zero and d.ep > 1, "ZeRO with expert parallelism is not composed yet; use --zero 0 with ep"),
+            (self.zero and cfg.is_moe, "ZeRO's flat units hold a dense GPT's tensors; run an MoE model with --zero 0"),
             (
                 self.zero == 3 and d.pp > 1,
                 "ZeRO-3 inside a pipeline (weights kept gathered across micro-batches) is not composed yet; "
