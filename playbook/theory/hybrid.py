@@ -16,6 +16,10 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
 - ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
 - ``ep_replica``: the expert gradients over the ranks that hold the same experts.
 
+A mixture of experts (``theory.hybrid_moe``): its stage's parameters, its routing counts per
+forward (over tp, then dp×cp), its MoE layers' tp traffic (no TP region in the MLP: the tokens are
+split over tp instead) and its activations, micro-batch by micro-batch from the run's routing.
+
 Sizes in bytes (fp32). The loss reported to the user is not counted: it travels outside the step.
 """
 
