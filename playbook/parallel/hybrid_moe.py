@@ -19,6 +19,9 @@ of the whole batch, and one forward over the global batch is a different computa
 single-process equivalent is gradient accumulation over the same m micro-batches: micro-batch j
 of the global batch is the j-th micro-batch of every dp rank, in dp order (:func:`micro_rows`),
 each loss ÷ m — what :func:`reference` runs. With m = 1 it is the plain one-forward reference.
+The hybrid builds its MoE dropless (no capacity), so the order in which the ranks' tokens queue
+for an expert does not matter; with a capacity factor it would under cp and tp, whose ranks hold
+sequence slices (the single process queues a whole row before the next).
 """
 
 from __future__ import annotations
