@@ -163,10 +163,11 @@ def test_bad_layouts_are_refused_before_any_rank_starts(plan, words):
         plan.check(DENSE)
 
 
-@pytest.mark.parametrize("dims", [ParallelDims(dp=2, tp=2), ParallelDims(dp=2, pp=2), ParallelDims(dp=2, cp=2)])
-def test_moe_outside_dp_and_ep_is_refused_before_ranks_start(dims):
-    with pytest.raises(ValueError, match="mixture-of-experts model runs here with dp and ep only"):
-        Plan(dims).check(MOE)
+@pytest.mark.parametrize(
+    "dims", [ParallelDims(dp=2, tp=2, ep=2), ParallelDims(dp=2, pp=2, ep=2), ParallelDims(tp=2, cp=2, ep=2)]
+)
+def test_moe_with_tp_pp_and_cp_passes_the_check(dims):
+    Plan(dims).check(MOE)  # composed and run on ranks in tests/test_hybrid_moe.py
 
 
 def test_playbook_run_hybrid_on_eight_fresh_ranks(capsys):

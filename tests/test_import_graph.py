@@ -28,7 +28,6 @@ KNOWN = {
         }
     ),
     frozenset({"playbook.model", "playbook.moe"}),
-    frozenset({"playbook.parallel.ep", "playbook.parallel.hybrid"}),
     frozenset({"playbook.theory.plan_advice", "playbook.theory.planner"}),
     frozenset({"playbook.parallel.hybrid_native", "playbook.parallel.hybrid_run"}),
 }

@@ -7,7 +7,9 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
     1. tensor parallelism (+ sequence parallelism): the GPT cut into Megatron shards over ``tp``;
     2. context parallelism: every attention core swapped for ring attention over ``cp``, RoPE at
        this rank's global positions;
-    3. expert parallelism: every MoE layer's experts split over ``ep``;
+    3. expert parallelism: every MoE layer's experts split over ``ep`` (under tp each tp rank routes
+       its slice of the sequence, ``parallel.tp_moe``; in a pipeline every stage's aux loss counts,
+       ``parallel.hybrid_moe``);
     4. pipeline parallelism: this rank's chunk of the (already parallel) model, or its v chunks
        (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
        and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
@@ -95,6 +97,12 @@ class Plan:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
             (self.zero and d.ep > 1, "ZeRO with expert parallelism is not composed yet; use --zero 0 with ep"),
+            (self.zero and cfg.is_moe, "ZeRO's flat units hold a dense GPT's tensors; run an MoE model with --zero 0"),
+            (
+                cfg.is_moe and d.pp > 1 and (self.v > 1 or cfg.n_layers % d.pp),
+                "an MoE model's stage is predicted for one equal chunk per pipeline rank; "
+                "use 1f1b, gpipe or zb-h1 with pp dividing n_layers",
+            ),
             (
                 self.zero == 3 and d.pp > 1,
                 "ZeRO-3 inside a pipeline (weights kept gathered across micro-batches) is not composed yet; "
@@ -105,14 +113,6 @@ class Plan:
                 "ZeRO-2/3 reduce-scatter during backward, before SP's norm gradients are summed over tp: "
                 "not composed yet; use --zero 1 with sequence parallelism",
             ),
-            (
-                d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
-                "expert parallelism here lives inside dp alone (tp=pp=cp=1)",
-            ),
-            (
-                cfg.is_moe and (d.tp > 1 or d.pp > 1 or d.cp > 1),
-                "a mixture-of-experts model runs here with dp and ep only (tp=pp=cp=1); use a dense preset such as gpt-tiny",
-            ),
         ]
         for refused, why in not_yet:
             if refused:
@@ -122,6 +122,11 @@ class Plan:
             check_pipeline(d.pp, self.m, self.v, name=self.schedule, n_layers=cfg.n_layers)
             if cfg.tie_embeddings:
                 raise ValueError("a tied embedding sits on the first and the last stage; use an untied preset")
+        if cfg.is_moe and d.tp > 1 and (setup.seq_len // d.cp) % d.tp:
+            raise ValueError(
+                f"each tp rank routes its slice of an MoE layer's sequence, and tp={d.tp} does not divide "
+                f"the {setup.seq_len // d.cp} tokens per cp rank; use a seq_len that is a multiple of cp·tp={d.cp * d.tp}"
+            )
         if d.cp > 1 and self.cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp:
             raise ValueError(
                 f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})"
@@ -144,33 +149,27 @@ def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = N
         use_attention(
             model, cp_attention_fn(plan.cp_variant, mesh.group("cp"), zigzag=plan.zigzag, positions=positions)
         )
-    if d.ep > 1 or d.dp * d.cp > 1:  # routing sees the global counts even with every expert local (ep = 1)
-        from playbook.moe import MoEMLP
-        from playbook.parallel.ep import ExpertParallelMoE
+    if d.ep > 1 or d.dp * d.cp * d.tp > 1:  # routing sees the global counts even with every expert local (ep = 1)
+        from playbook.parallel.hybrid_moe import parallelize_experts
 
-        for block in model.blocks:
-            if isinstance(block.mlp, MoEMLP):
-                block.mlp = ExpertParallelMoE(
-                    block.mlp,
-                    ep_group=mesh.group("ep"),
-                    data_group=mesh.group("dp_cp"),
-                    ep=d.ep,
-                    ep_rank=mesh.index("ep"),
-                    data_rank=mesh.index("dp_cp"),
-                    n_data=d.dp * d.cp,
-                )
+        parallelize_experts(model, mesh, plan.sequence_parallel)
     return model
 
 
 # ---- 5: where gradients are reduced ------------------------------------------------------------
 def sync_gradients(model, mesh, sequence_parallel: bool) -> None:
-    """SP: the norms saw s/t tokens each, sum over tp. Then average over dp×cp in one flat
+    """SP: the norms saw s/t tokens each, sum over tp; so did the MoE layers (router, experts) under
+    any tp: sum over tp (``parallel.tp_moe``). Then average over dp×cp in one flat
     all-reduce; expert weights (their gradient already summed over the tokens that reached them)
     are summed over their replicas and divided by dp·cp too (``parallel.ep``)."""
     if sequence_parallel:
         from playbook.parallel.tp import sync_replicated_grads
 
         sync_replicated_grads(model, mesh.group("tp"))
+    if mesh.size("tp") > 1:  # MoE layers (if any) saw 1/tp of the tokens: sum over tp
+        from playbook.parallel.tp_moe import sync_over_tp
+
+        sync_over_tp(model, mesh.group("tp"))
     n = mesh.size("dp_cp")
     if n == 1:
         return
@@ -255,11 +254,10 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
             model.forward = lambda tokens, targets=None: forward(tokens, targets, positions=positions)
         hooks.update(model=model, sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
     routing: list = []
-    if cfg.is_moe:  # the routing of every step, for the all-to-all prediction
-        from playbook.moe import moe_layers
+    if cfg.is_moe:  # the routing of every forward, for the predictions; every stage's aux loss
+        from playbook.parallel.hybrid_moe import moe_hooks
 
-        sync = hooks["sync_grads"]
-        hooks["sync_grads"] = lambda m: (routing.append([x.stats.as_dict() for x in moe_layers(m)]), sync(m))
+        hooks = moe_hooks(hooks, plan, routing, mesh)
     finish = hooks.pop("finish", None)
     first = len(ctx.tracer.spans)
     result: TrainResult = train(setup, **hooks)

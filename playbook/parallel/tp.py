@@ -109,7 +109,10 @@ class TPBlock(nn.Module):
         super().__init__()
         self.attn_norm, self.mlp_norm = copy.deepcopy(ref.attn_norm), copy.deepcopy(ref.mlp_norm)
         self.attn = TPAttention(ref.attn, rank, t, Region(label=f"layer{i}.attn", **mode))
-        self.mlp = TPSwiGLU(ref.mlp, rank, t, Region(label=f"layer{i}.mlp", **mode))
+        if hasattr(ref.mlp, "router"):  # MoE: replicated; the hybrid splits its tokens over tp (``parallel.tp_moe``)
+            self.mlp = ref.mlp
+        else:
+            self.mlp = TPSwiGLU(ref.mlp, rank, t, Region(label=f"layer{i}.mlp", **mode))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), positions)
@@ -133,10 +136,6 @@ class TPGPT(nn.Module):
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
         cfg, rank, t = ref.cfg, dist.get_rank(group), dist.get_world_size(group)
-        if cfg.is_moe:
-            raise NotImplementedError(
-                "TPGPT splits the dense SwiGLU MLP; experts are split by the expert-parallel chapter"
-            )
         if regather and not sequence_parallel:
             raise ValueError("regather saves sequence shards, so it needs sequence_parallel=True")
         check_tp(cfg, t)
@@ -166,8 +165,10 @@ class TPGPT(nn.Module):
         return logits
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy from the logit shards (vocab-parallel): the same on every rank."""
-        return VocabParallelCrossEntropy.apply(logits, targets, self.vocab_start, self.group)
+        """Mean cross-entropy from the logit shards (vocab-parallel): the same on every rank; plus,
+        for a mixture of experts, this rank's share of the aux loss (``GPT.aux_loss``)."""
+        loss = VocabParallelCrossEntropy.apply(logits, targets, self.vocab_start, self.group)
+        return loss + GPT.aux_loss(self) if self.cfg.is_moe else loss
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, positions=None):
         x = self.embed(tokens)  # [b, s, h] (TP) or [b, s/t, h] (SP)
@@ -191,7 +192,7 @@ def shard_dims(model: nn.Module) -> dict[str, int | None]:
 def sync_replicated_grads(model: nn.Module, group) -> None:
     """SP only: each rank's norm weights saw s/t of the tokens; sum their gradients in one all-reduce."""
     dims = shard_dims(model)
-    grads = [p.grad for n, p in model.named_parameters() if dims[n] is None]
+    grads = [p.grad for n, p in model.named_parameters() if dims[n] is None and ".mlp." not in n]  # MoE: tp_moe
     flat = all_reduce(torch.cat([x.reshape(-1) for x in grads]), group, "grad sync", "step")
     for x, y in zip(grads, flat.split([x.numel() for x in grads])):
         x.copy_(y.view_as(x))

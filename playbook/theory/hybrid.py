@@ -17,6 +17,10 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
 - ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
 - ``ep_replica``: the expert gradients over the ranks that hold the same experts.
 
+A mixture of experts (``theory.hybrid_moe``): its stage's parameters, its routing counts per
+forward (over tp, then dp×cp), its MoE layers' tp traffic (no TP region in the MLP: the tokens are
+split over tp instead) and its activations, micro-batch by micro-batch from the run's routing.
+
 Sizes in bytes (fp32). The loss reported to the user is not counted: it travels outside the step.
 """
 
@@ -25,8 +29,10 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axis, stage_state_bytes
+from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
+from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
 from playbook.theory.local_activations import stage_activation_bytes
-from playbook.theory.moe import params_per_rank as moe_params
 from playbook.theory.schedules import V_SCHEDULES, equal_partition, is_split, make_schedule
 from playbook.theory.tp import step_collectives
 from playbook.theory.zero import padded
@@ -105,11 +111,15 @@ def comm_per_axis(
     if dims.tp > 1:
         keep = {f"layer{i}" for i in blocks} | ({"embedding"} if 0 in pieces else set())
         keep |= {"head", "loss"} if cfg.n_layers + 1 in pieces else set()
+        moe_mlps = {f"layer{i}.mlp" for i in range(cfg.n_dense_layers, cfg.n_layers)} if cfg.is_moe else set()
         for col in step_collectives(
             cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel
         ):
-            if col.region.split(".")[0] in keep:
+            if col.region.split(".")[0] in keep and col.region not in moe_mlps:  # MoE: no TP region in the MLP
                 add("tp", col.sent_bytes)
+        if cfg.is_moe:
+            sizes = dict(rows=rows, seq_len=seq_len, sequence_parallel=sequence_parallel)
+            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=microbatches if dims.pp > 1 else 1, **sizes))
         if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
             replicated = sum(rep for _, _, rep in local_units(cfg, dims, ranges=ranges))
             add("tp", sent_bytes("all_reduce", FP32 * replicated, dims.tp))
@@ -136,21 +146,17 @@ def comm_per_axis(
         total = sum(padded(split + rep, n) for _, split, rep in units)  # flat units, padded over dp×cp
         add(data_axis(dims), sent_bytes("reduce_scatter", FP32 * total, n))
         add(data_axis(dims), (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, n))
+    elif cfg.is_moe:  # routing counts and dense gradients over dp×cp
+        add(data_axis(dims), data_axis_bytes(cfg, dims, stage, microbatches if dims.pp > 1 else 1)["data"])
     elif n > 1:
-        dense = sum(split + rep for _, split, rep in units)
-        if cfg.is_moe:
-            dense = moe_params(cfg, dims.ep)["dense"]
-            add(data_axis(dims), cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n))  # counts
-        add(data_axis(dims), sent_bytes("all_reduce", FP32 * dense, n))
-    if cfg.is_moe and n > dims.ep:  # ep = 1: every rank holds every expert, its replicas are dp×cp
-        p = moe_params(cfg, dims.ep)
-        tensors = 3 * cfg.n_experts // dims.ep * cfg.n_moe_layers  # one "had a gradient" flag per tensor
-        axis = "ep_replica" if dims.ep > 1 else data_axis(dims)
-        add(axis, sent_bytes("all_reduce", FP32 * (p["experts"] + tensors), n // dims.ep))
+        add(data_axis(dims), sent_bytes("all_reduce", FP32 * sum(split + rep for _, split, rep in units), n))
+    if cfg.is_moe:  # the experts over their replicas (ep = 1: every rank holds every expert, the replicas are dp×cp)
+        add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1)["replica"])
     if routing is not None and dims.ep > 1:
         from playbook.theory.moe import alltoall_bytes_from_routing
 
-        per_step = alltoall_bytes_from_routing(routing, dims.ep, cfg.hidden)  # [step][data rank]
+        mine = [for_tp_rank(step, dims, rank) for step in routing]  # this tp index's ep ranks
+        per_step = alltoall_bytes_from_routing(mine, dims.ep, cfg.hidden)  # [step][data rank]
         add("ep", sum(s[dims.data_index(rank)] for s in per_step) / len(per_step))
     return out
 
@@ -176,27 +182,17 @@ def memory_per_rank(
     AdamW's two moments plus a 4-byte step per tensor, and the activations autograd saves at the
     step's peak (:func:`stage_activation_bytes`, any of dp, tp, cp, pp and SP together).
     A mixture of experts saves bytes that depend on the routing: give ``routing`` (the first step's
-    ``[layer]`` stats) and ``theory.moe.model_activation_bytes_moe`` counts them; without it its
-    activations are None."""
+    ``[forward]`` stats of this rank's MoE layers) and ``theory.hybrid_moe`` counts them, micro-batch
+    by micro-batch; without it its activations are None."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
     if cfg.is_moe:
-        from playbook.theory.moe import param_tensors_per_rank
-
-        numel, tensors = moe_params(cfg, dims.ep)["total"], param_tensors_per_rank(cfg, dims.ep)
-        out: dict[str, float | None] = {
-            "params": FP32 * numel,
-            "grads": FP32 * numel,
-            "optimizer": 2 * FP32 * numel + 4 * tensors,
-            "activations": None,
-        }
-        if routing is not None and dims.tp == dims.cp == dims.pp == 1:
-            from playbook.theory.moe import model_activation_bytes_moe
-
-            out["activations"] = model_activation_bytes_moe(
-                cfg, seq_len=seq_len, micro_batch=rows, layers=routing, rank=dims.data_index(rank), ep=dims.ep
-            )
-        return out
+        acts = None
+        if routing is not None:
+            sizes = dict(rows=rows, seq_len=seq_len, schedule=schedule, microbatches=microbatches)
+            layout = dict(sequence_parallel=sequence_parallel, cp_variant=cp_variant)
+            acts = moe_stage_activations(cfg, dims, stage, rank=rank, forwards=routing, **sizes, **layout)
+        return {**stage_state_bytes(cfg, dims, stage), "activations": acts}
     acts = stage_activation_bytes(
         cfg,
         dims,
