@@ -11,7 +11,8 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
     4. pipeline parallelism: this rank's chunk of the (already parallel) model, played by the
        schedule executor of ``parallel.pp`` over ``pp``;
     5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
-       replicas, or ZeRO's sharded optimizer over ``dp×cp`` (this stage's units, ``hybrid_zero``).
+       replicas, or ZeRO's sharded optimizer: dense units over ``dp×cp``, routed experts over their
+       replicas (this stage's units, ``hybrid_zero``).
 
 Why this order: each step changes what the next one sees. TP changes the modules and their
 shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
@@ -80,7 +81,6 @@ class Plan:
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
-            (self.zero and d.ep > 1, "ZeRO with expert parallelism is not composed yet; use --zero 0 with ep"),
             (
                 self.zero == 3 and d.pp > 1,
                 "ZeRO-3 inside a pipeline (weights kept gathered across micro-batches) is not composed yet; "

@@ -1,7 +1,11 @@
 """Step 5 of ``parallelize`` with ZeRO: the optimizer sharded over the ranks that hold the same
 dense weights, ``dp×cp`` (CP is data parallelism over tokens for everything but attention, so its
 ranks hold replicas too; torchtitan shards FSDP over dp×cp alike), tensor parallelism inside (each tp
-rank shards its own slices), and inside a pipeline over this stage's units only. There ZeRO-2
+rank shards its own slices), and inside a pipeline over this stage's units only. A block's routed
+experts are a unit of their own, sharded over the ``ep_replica`` ranks that hold the same experts
+(none when ep = dp·cp), their gradient divided by dp·cp as the dense one is: the all-to-all already
+summed it over the tokens of the ep group (DeepSpeed-MoE, Rajbhandari et al. 2022, §5.2; DeepSeek-V3
+trains with ZeRO-1 under EP, DeepSeek-AI 2024, §3.2). There ZeRO-2
 reduces on the last micro-batch, as torchtitan's FSDP does under PP: the m micro-batches sum into a
 whole flat gradient (ZeRO-1's), reduce-scattered once per step, after which only this rank's slice
 is kept, so it holds ZeRO-1's gradient bytes at the step's peak and saves them only between steps.
@@ -32,6 +36,8 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
         tracer=tracer,
         pieces=pieces,
         accumulate=plan.zero == 2 and plan.dims.pp > 1,  # reduce on the last micro-batch
+        expert_group=mesh.group("ep_replica") if mesh.size("ep_replica") > 1 else None,
+        n_data=mesh.size("dp_cp"),
     )
     first: list = []
     memory: dict = {}  # the first step's bytes by category, as chapter 2 measures them

@@ -24,11 +24,11 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.hybrid_zero import flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.moe import params_per_rank as moe_params
 from playbook.theory.schedules import make_schedule
 from playbook.theory.tp import step_collectives
-from playbook.theory.zero import padded
 
 FP32 = 4
 
@@ -112,17 +112,15 @@ def comm_per_axis(
         add("pp", len(sends) * message)
     n = dims.dp * dims.cp
     units = local_units(cfg, dims, stage)
-    if zero and n > 1:
-        total = sum(padded(split + rep, n) for _, split, rep in units)  # flat units, padded over dp×cp
-        add(data_axis(dims), sent_bytes("reduce_scatter", FP32 * total, n))
-        add(data_axis(dims), (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, n))
+    if cfg.is_moe and n > 1:  # the routing counts, all-gathered over the data ranks
+        add(data_axis(dims), cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n))
+    if zero and n > 1:  # flat units, dense over dp×cp and routed experts over their replicas
+        for axis, sent in zero_comm(flat_units(cfg, dims, stage, stage_layers(cfg, dims.pp, stage)), zero).items():
+            add(axis, sent)
     elif n > 1:
-        dense = sum(split + rep for _, split, rep in units)
-        if cfg.is_moe:
-            dense = moe_params(cfg, dims.ep)["dense"]
-            add(data_axis(dims), cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n))  # counts
+        dense = moe_params(cfg, dims.ep)["dense"] if cfg.is_moe else sum(split + rep for _, split, rep in units)
         add(data_axis(dims), sent_bytes("all_reduce", FP32 * dense, n))
-    if cfg.is_moe and n > dims.ep:  # ep = 1: every rank holds every expert, its replicas are dp×cp
+    if cfg.is_moe and n > dims.ep and not zero:  # ep = 1: every rank holds every expert, its replicas are dp×cp
         p = moe_params(cfg, dims.ep)
         tensors = 3 * cfg.n_experts // dims.ep * cfg.n_moe_layers  # one "had a gradient" flag per tensor
         axis = "ep_replica" if dims.ep > 1 else data_axis(dims)
@@ -169,6 +167,8 @@ def memory_per_rank(
             "optimizer": 2 * FP32 * numel + 4 * tensors,
             "activations": None,
         }
+        if zero:
+            out |= zero_memory(flat_units(cfg, dims, stage, stage_layers(cfg, dims.pp, stage)), zero)
         if routing is not None and dims.tp == dims.cp == dims.pp == 1:
             from playbook.theory.moe import model_activation_bytes_moe
 
@@ -189,7 +189,9 @@ def memory_per_rank(
     )
     units = local_units(cfg, dims, stage)
     if zero:
-        return _zero_memory(dims, units, zero) | {"activations": acts}
+        return zero_memory(flat_units(cfg, dims, stage, stage_layers(cfg, dims.pp, stage)), zero) | {
+            "activations": acts
+        }
     numel = sum(split + rep for _, split, rep in units)
     tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
     return {
@@ -197,20 +199,4 @@ def memory_per_rank(
         "grads": FP32 * numel,
         "optimizer": 2 * FP32 * numel + 4 * tensors,
         "activations": acts,
-    }
-
-
-def _zero_memory(dims: ParallelDims, units: list, zero: int) -> dict[str, float]:
-    """ZeRO stage ``zero`` over dp×cp (Rajbhandari et al. 2019, §5) on this rank's TP slices of its
-    stage, as ``parallel.zero`` holds them: one flat unit per embedding, block and head, zero-padded
-    to a multiple of dp·cp. Weights: the whole padded units (stages 0–2) or this rank's shard (3); gradients
-    after the step's backward: whole (0–1) or shards (2–3); AdamW: two moments of what it updates
-    (all, stage 0; the shard, 1–3) plus a 4-byte step per unit."""
-    n = dims.dp * dims.cp
-    sizes = [padded(split + rep, n) for _, split, rep in units]
-    whole, shard = sum(sizes), sum(sizes) // n
-    return {
-        "params": FP32 * (whole if zero < 3 else shard),
-        "grads": FP32 * (whole if zero <= 1 else shard),
-        "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(sizes),
     }
