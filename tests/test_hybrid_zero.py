@@ -5,7 +5,7 @@ gradient, parameters after AdamW within max(1e-5, 3 x the float floor)), bytes p
 predicted, memory per category to the byte."""
 
 import pytest
-from test_hybrid import MOE, check
+from test_hybrid import DENSE, MOE, check
 
 from playbook.dims import ParallelDims
 from playbook.parallel.hybrid import Plan
@@ -14,6 +14,9 @@ FOUR = [
     ("ZeRO-1 in dp4×ep2", MOE, Plan(ParallelDims(dp=4, ep=2), zero=1), {"dp", "ep", "ep_replica"}),
     ("ZeRO-2 in dp4×ep2", MOE, Plan(ParallelDims(dp=4, ep=2), zero=2), {"dp", "ep", "ep_replica"}),
     ("ZeRO-3 in dp4×ep2", MOE, Plan(ParallelDims(dp=4, ep=2), zero=3), {"dp", "ep", "ep_replica"}),
+    # the norms' gradients summed over tp, unit by unit, before each unit's reduce-scatter over dp
+    ("ZeRO-2 in dp2×tp2 with SP", DENSE, Plan(ParallelDims(dp=2, tp=2), zero=2, sequence_parallel=True), {"dp", "tp"}),
+    ("ZeRO-3 in dp2×tp2 with SP", DENSE, Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), {"dp", "tp"}),
 ]
 
 

@@ -87,11 +87,6 @@ class Plan:
                 "use --zero 1 or 2 with pp",
             ),
             (
-                self.zero >= 2 and self.sequence_parallel and not (self.zero == 2 and d.pp > 1),
-                "ZeRO-2/3 reduce-scatter during backward, before SP's norm gradients are summed over tp: "
-                "not composed yet; use --zero 1 with sequence parallelism",
-            ),
-            (
                 d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
                 "expert parallelism here lives inside dp alone (tp=pp=cp=1)",
             ),

@@ -13,8 +13,10 @@ is kept, so it holds ZeRO-1's gradient bytes at the step's peak and saves them o
 
 Every rank's loss is the mean over its tokens, and every rank holds as many, so ``Zero`` dividing
 the reduce-scattered sum by dp·cp gives the global batch's mean gradient. Under sequence
-parallelism the norms saw s/tp tokens each: their gradients are first summed over tp
-(``parallel.tp.sync_replicated_grads``, in place in the flat buffer), then reduce-scattered.
+parallelism the norms saw s/tp tokens each: their gradients are first summed over tp, unit by unit,
+in place in the flat gradient, just before that unit's reduction over dp×cp, wherever it happens:
+after backward (ZeRO-1, and ZeRO-2 in a pipeline) or during it (ZeRO-2 and 3), so that the
+reduce-scatter never runs on a norm gradient that holds only this tp rank's tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from playbook.parallel.zero import Zero
 def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero, dict]:
     """(ZeRO over dp×cp on ``pieces`` of ``model``, hooks: its ``sync_grads`` and a ``finish`` that
     puts the first step's gradients and the last parameters back together for the parity check)."""
+    summed_first = None
+    if plan.sequence_parallel:  # the norms' gradients, summed over tp before any reduction over dp×cp
+        from playbook.parallel.tp import shard_dims
+
+        summed_first = (mesh.group("tp"), {name for name, dim in shard_dims(model).items() if dim is None})
     zero = Zero(
         model,
         stage=plan.zero,
@@ -38,15 +45,12 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
         accumulate=plan.zero == 2 and plan.dims.pp > 1,  # reduce on the last micro-batch
         expert_group=mesh.group("ep_replica") if mesh.size("ep_replica") > 1 else None,
         n_data=mesh.size("dp_cp"),
+        summed_first=summed_first,
     )
     first: list = []
     memory: dict = {}  # the first step's bytes by category, as chapter 2 measures them
 
     def sync(m):
-        if plan.sequence_parallel:
-            from playbook.parallel.tp import sync_replicated_grads
-
-            sync_replicated_grads(m, mesh.group("tp"))
         zero.sync()
         if not first:  # the first step's gradient slices, after the reduce-scatter
             first.extend(u.opt_param.grad.clone() for u in zero.units)

@@ -64,6 +64,7 @@ class Zero:
         accumulate: bool = False,
         expert_group=None,
         n_data: int | None = None,
+        summed_first: tuple | None = None,
     ):
         check_stage(stage)
         if accumulate and stage != 2:
@@ -85,6 +86,9 @@ class Zero:
             else FlatUnit(name, mods, names, stage, group, lambda k: ROUTED not in k)
             for name, _, mods, routed in units_of(model, pieces)
         ]
+        # (group, names): gradients summed over ``group`` before any reduction over the data ranks:
+        # under sequence parallelism the norms saw s/tp tokens each (Korthikanti et al. 2022, §4.2.2)
+        self.summed_first = summed_first
         self.pieces: dict[int, list[int]] = {}  # piece (embedding, block, head) -> its units, in forward order
         for k, (_, piece, _, _) in enumerate(units_of(model, pieces)):
             self.pieces.setdefault(piece, []).append(k)
@@ -186,6 +190,7 @@ class Zero:
             self.bwd_spans.pop(k).end = time.perf_counter()
         self._track()
         grad = unit.full.grad  # [padded], the sum over this rank's micro-batch
+        self._sum_first(unit, grad)
         unit.reduce_scatter(grad)  # in place: slice r gets Σ ranks
         unit.opt_param.grad = grad[unit.lo : unit.hi] / unit.divide  # [shard], a new tensor: the mean
         unit.full.grad = None
@@ -202,6 +207,7 @@ class Zero:
         params = unit.parameters()
         pad = torch.zeros(unit.padded - unit.numel, device=unit.flat.device, dtype=unit.flat.dtype)
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [pad])  # [padded], transient
+        self._sum_first(unit, flat)
         unit.reduce_scatter(flat)
         unit.opt_param.grad = flat[unit.lo : unit.hi] / unit.divide  # [shard]
         for p in params:
@@ -212,6 +218,8 @@ class Zero:
         backward, except ZeRO-2 in a pipeline (``accumulate``): the m micro-batches summed into the flat
         buffer, reduce-scattered once here, and all but this rank's slice dropped."""
         for u in self.units:
+            if self.stage <= 1 or self.accumulate:
+                self._sum_first(u, u.flat_grad)
             if self.stage == 0:
                 if u.n > 1:
                     dist.all_reduce(u.flat_grad, group=u.group)
@@ -224,6 +232,18 @@ class Zero:
                 for p in u.parameters():
                     p.grad = None
                 del u.flat_grad  # the whole gradient goes: 1/N of it is held until the next step
+
+    def _sum_first(self, u: FlatUnit, flat: torch.Tensor) -> None:
+        """Sum the gradients of ``summed_first``'s parameters in ``u``'s flat gradient over its group, in place."""
+        if self.summed_first is None:
+            return
+        group, names = self.summed_first
+        parts = [v for spec, v in zip(u.specs, u.views(flat)) if spec[4] in names]  # views into flat
+        if parts:
+            joined = torch.cat(parts)  # [Σ numel]
+            dist.all_reduce(joined, group=group)
+            for v, y in zip(parts, joined.split([p.numel() for p in parts])):
+                v.copy_(y)
 
     def step(self) -> None:
         """AdamW on this rank's slices; stages 1-2 then all-gather the updated weights (in place)."""
