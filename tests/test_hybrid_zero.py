@@ -42,3 +42,25 @@ def test_zero_composes_on_two_ranks(ranks2, name, setup, plan, axes):
 def test_zero_composes_on_four_ranks(ranks4, name, setup, plan, axes):
     answers, _ = check(ranks4, setup, plan)
     assert _axes(answers) == axes
+
+
+PIPELINE = [(z, s) for z in (1, 2, 3) for s in ("1f1b", "zb-h1")]
+
+
+@pytest.mark.parametrize("zero, schedule", PIPELINE, ids=[f"ZeRO-{z} {s}" for z, s in PIPELINE])
+def test_zero_inside_a_pipeline_saves_memory_between_steps_only(ranks4, zero, schedule):
+    """dp2×pp2: ZeRO-3 gathers each unit once a step, keeps it through the m micro-batches and
+    reduce-scatters after the last (``parallel.zero_pipeline``). Between steps it holds slices only;
+    after the last backward every stage holds whole weights and whole gradients, measured == predicted,
+    and ZeRO-3's slice on top: no less than ZeRO-1 at the step's peak."""
+    from playbook.theory.hybrid import stage_layers
+    from playbook.theory.hybrid_zero import flat_units, pipeline_peak_state
+
+    plan = Plan(ParallelDims(dp=2, pp=2), zero=zero, schedule=schedule, microbatches=4)
+    answers, _ = check(ranks4, DENSE, plan)
+    assert _axes(answers) == {"dp", "pp"}
+    for a in answers:
+        stage = a["coords"]["pp"]
+        units = flat_units(DENSE.config(), plan.dims, stage, stage_layers(DENSE.config(), 2, stage))
+        assert a["result"].memory["state_after_backward"] == pipeline_peak_state(units, zero), a["rank"]
+    assert pipeline_peak_state(units, 3) > pipeline_peak_state(units, 2) == pipeline_peak_state(units, 1)

@@ -82,11 +82,6 @@ class Plan:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
             (
-                self.zero == 3 and d.pp > 1,
-                "ZeRO-3 inside a pipeline (weights kept gathered across micro-batches) is not composed yet; "
-                "use --zero 1 or 2 with pp",
-            ),
-            (
                 d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
                 "expert parallelism here lives inside dp alone (tp=pp=cp=1)",
             ),

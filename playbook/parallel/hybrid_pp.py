@@ -42,6 +42,8 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=No
     shape = (rows // plan.m, tokens, cfg.hidden)  # one message: [micro_batch, s/cp (/tp under SP), hidden]
 
     def forward_backward(_, tokens, targets):
+        if hasattr(zero, "begin_step"):  # ZeRO-3: the stage's weights gathered for the whole step
+            held.skip |= zero.begin_step()  # their storages are weights, not activations
         held.peak = held.now
         micro = [t.clone() for t in tokens.chunk(plan.m)], [t.clone() for t in targets.chunk(plan.m)]
         log = run_step(schedule, stage, [chunk], *micro, shape, mesh.group("pp"), held)

@@ -8,8 +8,9 @@ summed it over the tokens of the ep group (DeepSpeed-MoE, Rajbhandari et al. 202
 trains with ZeRO-1 under EP, DeepSeek-AI 2024, §3.2). There ZeRO-2
 reduces on the last micro-batch, as torchtitan's FSDP does under PP: the m micro-batches sum into a
 whole flat gradient (ZeRO-1's), reduce-scattered once per step, after which only this rank's slice
-is kept, so it holds ZeRO-1's gradient bytes at the step's peak and saves them only between steps.
-``parallel.zero.Zero`` does the work; these are the one training loop's hooks for it.
+is kept, so it holds ZeRO-1's gradient bytes at the step's peak and saves them only between steps;
+ZeRO-3 there gathers its weights once a step and frees them after the last micro-batch
+(``parallel.zero_pipeline``). ``parallel.zero.Zero`` does the work; these are the loop's hooks for it.
 
 Every rank's loss is the mean over its tokens, and every rank holds as many, so ``Zero`` dividing
 the reduce-scattered sum by dp·cp gives the global batch's mean gradient. Under sequence
@@ -24,6 +25,7 @@ from __future__ import annotations
 from playbook.measure import trace
 from playbook.measure.sharding import SavedActivationsBesides
 from playbook.parallel.zero import Zero
+from playbook.parallel.zero_pipeline import PipelineZero, readable
 
 
 def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero, dict]:
@@ -34,7 +36,8 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
         from playbook.parallel.tp import shard_dims
 
         summed_first = (mesh.group("tp"), {name for name, dim in shard_dims(model).items() if dim is None})
-    zero = Zero(
+    in_pipeline = plan.dims.pp > 1 and plan.zero >= 2  # reduce on the last micro-batch
+    zero = (PipelineZero if in_pipeline else Zero)(
         model,
         stage=plan.zero,
         group=mesh.group("dp_cp"),
@@ -42,7 +45,6 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
         prefetch=True,
         tracer=tracer,
         pieces=pieces,
-        accumulate=plan.zero == 2 and plan.dims.pp > 1,  # reduce on the last micro-batch
         expert_group=mesh.group("ep_replica") if mesh.size("ep_replica") > 1 else None,
         n_data=mesh.size("dp_cp"),
         summed_first=summed_first,
@@ -51,6 +53,8 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
     memory: dict = {}  # the first step's bytes by category, as chapter 2 measures them
 
     def sync(m):
+        # weights, gradients and AdamW before the reduction (the last step's): the peak in a pipeline
+        memory["state_after_backward"] = sum(zero.held().values())
         zero.sync()
         if not first:  # the first step's gradient slices, after the reduce-scatter
             first.extend(u.opt_param.grad.clone() for u in zero.units)
@@ -59,17 +63,19 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
     def finish(result):
         held = zero.held()  # after the last step: weights (flat or sharded) and AdamW's state
         result.memory = {
-            "params": held["params"],
+            "params": held["params"] + held["gathered"],  # whole units still gathered count as weights
             "grads": memory["grads"],
             "optimizer": held["optimizer"],
             "activations": memory.get("activations", result.memory.get("activations")),
+            "state_after_backward": memory["state_after_backward"],
         }
         with trace.on_axis("report"):  # gathering whole tensors for the parity check is not the step's traffic
             result.grads = {k: v.cpu() for k, v in zero.gather(first).items()}
             result.params = {k: v.cpu() for k, v in zero.gather([u.opt_param for u in zero.units]).items()}
         return result
 
-    return zero, {"optimizer": zero, "sync_grads": sync, "finish": finish, "memory": memory}
+    hooks = {"optimizer": zero, "sync_grads": sync, "finish": finish, "memory": memory}
+    return zero, hooks | ({"collect": readable} if in_pipeline and plan.zero == 3 else {})
 
 
 def zero_hooks(model, mesh, plan, setup, tracer, positions=None) -> dict:

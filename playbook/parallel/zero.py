@@ -61,31 +61,26 @@ class Zero:
         tracer=None,
         precision="fp32",
         pieces: range | None = None,
-        accumulate: bool = False,
         expert_group=None,
         n_data: int | None = None,
         summed_first: tuple | None = None,
     ):
         check_stage(stage)
-        if accumulate and stage != 2:
-            raise ValueError(
-                f"accumulate (reduce on the last micro-batch) is ZeRO-2's pipeline mode, not stage {stage}"
-            )
         check_precision(precision)
         check_untied(model.cfg)  # one weight in two units (a tied head) cannot be flattened
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
-        self.accumulate = accumulate  # ZeRO-2 in a pipeline: stage 1's buffer during the step, then 1/N kept
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         names = {id(p): name for name, p in model.named_parameters()}
         # routed experts: their own units over the ranks holding the same experts, ``expert_group``, the
         # gradient divided by the dp·cp data ranks ``n_data`` (it already sums their ep group's tokens)
-        n_data = n_data or self.n
+        n_data, layout = n_data or self.n, self._layout(stage)
         self.units = [
-            FlatUnit(name, mods, names, stage, expert_group, lambda k: ROUTED in k, n_data)
+            FlatUnit(name, mods, names, layout, expert_group, lambda k: ROUTED in k, n_data)
             if routed
-            else FlatUnit(name, mods, names, stage, group, lambda k: ROUTED not in k)
+            else FlatUnit(name, mods, names, layout, group, lambda k: ROUTED not in k)
             for name, _, mods, routed in units_of(model, pieces)
         ]
+        self._own_slices()
         # (group, names): gradients summed over ``group`` before any reduction over the data ranks:
         # under sequence parallelism the norms saw s/tp tokens each (Korthikanti et al. 2022, §4.2.2)
         self.summed_first = summed_first
@@ -101,13 +96,26 @@ class Zero:
         self.gathered_log: list[tuple[float, str, int]] = []  # (time, phase, live bytes of whole units)
         self.phase, self.bwd_spans, self.ready = "forward", {}, [0] * len(self.units)
         for k, u in enumerate(self.units):
-            if stage <= 1 or accumulate:  # a flat gradient buffer; autograd accumulates into its views
-                self._flat_grad(u)
-            elif stage == 2:
-                for p in u.parameters():
-                    p.register_post_accumulate_grad_hook(lambda p, k=k: self._grad_ready(k))
-            else:
-                u.full.register_post_accumulate_grad_hook(lambda full, k=k: self._after_backward(k))
+            self._prepare(k, u)
+
+    # ---- what a pipeline's ZeRO (``parallel.zero_pipeline``) does differently ----
+    def _layout(self, stage: int) -> int:
+        """The stage whose buffers ``FlatUnit`` lays out (this one's own)."""
+        return stage
+
+    def _own_slices(self) -> None:
+        """After the units are built, before the optimizer takes their slices: nothing to change here."""
+
+    def _prepare(self, k: int, u: FlatUnit) -> None:
+        """Where unit k's gradient goes: a flat buffer autograd accumulates into (stages 0-1), or hooks
+        that reduce-scatter it during backward (2: when its weights' grads are all in; 3: its full buffer's)."""
+        if self.stage <= 1:
+            self._flat_grad(u)
+        elif self.stage == 2:
+            for p in u.parameters():
+                p.register_post_accumulate_grad_hook(lambda p, k=k: self._grad_ready(k))
+        else:
+            u.full.register_post_accumulate_grad_hook(lambda full, k=k: self._after_backward(k))
 
     def _flat_grad(self, u: FlatUnit) -> None:
         """A zeroed flat gradient [padded] for unit ``u``, its parameters' grads views of it."""
@@ -214,24 +222,17 @@ class Zero:
             p.grad = None
 
     def sync(self) -> None:
-        """After backward. Stage 0: all-reduce; stage 1: reduce-scatter each unit; 2 and 3: done during
-        backward, except ZeRO-2 in a pipeline (``accumulate``): the m micro-batches summed into the flat
-        buffer, reduce-scattered once here, and all but this rank's slice dropped."""
+        """After backward. Stage 0: all-reduce; stage 1: reduce-scatter each unit; 2 and 3: done during backward."""
         for u in self.units:
-            if self.stage <= 1 or self.accumulate:
+            if self.stage <= 1:
                 self._sum_first(u, u.flat_grad)
             if self.stage == 0:
                 if u.n > 1:
                     dist.all_reduce(u.flat_grad, group=u.group)
                 u.flat_grad.div_(u.divide)
-            elif self.stage == 1 or self.accumulate:
+            elif self.stage == 1:
                 u.reduce_scatter(u.flat_grad)
                 u.flat_grad[u.lo : u.hi].div_(u.divide)
-            if self.accumulate:
-                u.opt_param.grad = u.flat_grad[u.lo : u.hi].clone()  # [shard], its own storage
-                for p in u.parameters():
-                    p.grad = None
-                del u.flat_grad  # the whole gradient goes: 1/N of it is held until the next step
 
     def _sum_first(self, u: FlatUnit, flat: torch.Tensor) -> None:
         """Sum the gradients of ``summed_first``'s parameters in ``u``'s flat gradient over its group, in place."""
@@ -259,8 +260,6 @@ class Zero:
         for u in self.units:
             if self.stage <= 1:
                 u.flat_grad.zero_()
-            elif self.accumulate:
-                self._flat_grad(u)  # the next step's micro-batches accumulate into a fresh buffer
             else:
                 u.opt_param.grad = None
 

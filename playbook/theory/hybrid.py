@@ -115,8 +115,9 @@ def comm_per_axis(
     if cfg.is_moe and n > 1:  # the routing counts, all-gathered over the data ranks
         add(data_axis(dims), cfg.n_moe_layers * sent_bytes("all_gather", 8 * cfg.n_experts * n, n))
     if zero and n > 1:  # flat units, dense over dp×cp and routed experts over their replicas
-        for axis, sent in zero_comm(flat_units(cfg, dims, stage, stage_layers(cfg, dims.pp, stage)), zero).items():
-            add(axis, sent)
+        units_here = flat_units(cfg, dims, stage, stage_layers(cfg, dims.pp, stage))
+        for axis, sent in zero_comm(units_here, zero, weight_gathers=1 if dims.pp > 1 else None).items():
+            add(axis, sent)  # ZeRO-3 in a pipeline: gathered once a step (``parallel.zero_pipeline``)
     elif n > 1:
         dense = moe_params(cfg, dims.ep)["dense"] if cfg.is_moe else sum(split + rep for _, split, rep in units)
         add(data_axis(dims), sent_bytes("all_reduce", FP32 * dense, n))

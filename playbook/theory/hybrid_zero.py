@@ -76,3 +76,13 @@ def zero_memory(units: list[tuple[str, int, int, str]], zero: int) -> dict[str, 
         "grads": FP32 * (whole if zero <= 1 else shard),
         "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(units),
     }
+
+
+def pipeline_peak_state(units: list[tuple[str, int, int, str]], zero: int) -> int:
+    """Bytes of weights, gradients and AdamW states a pipeline stage holds after its last backward,
+    before the reduction (``parallel.zero_pipeline``): whole flat weights and whole flat gradients
+    for every stage 1-3 (the m micro-batches need both), AdamW's shard, and under ZeRO-3 the slice
+    kept between steps on top of the gathered weights. Not less than ZeRO-1's for any stage."""
+    shard = sum(padded(numel, n) // n for _, numel, n, _ in units)
+    state = zero_memory(units, 1)  # whole weights and gradients, AdamW's shard
+    return state["params"] + state["grads"] + state["optimizer"] + (FP32 * shard if zero == 3 else 0)
