@@ -38,12 +38,13 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=No
         zero, zero_hooks = zero_optimizer(model, mesh, plan, setup, None, pieces=range(start, end))
         zero_hooks.pop("memory")
     held = HeldActivations(model)
+    not_activations = set(held.skip)  # the weights' and buffers' storages
     tokens = setup.seq_len // mesh.size("cp") // (mesh.size("tp") if plan.sequence_parallel else 1)
     shape = (rows // plan.m, tokens, cfg.hidden)  # one message: [micro_batch, s/cp (/tp under SP), hidden]
 
     def forward_backward(_, tokens, targets):
         if hasattr(zero, "begin_step"):  # ZeRO-3: the stage's weights gathered for the whole step
-            held.skip |= zero.begin_step()  # their storages are weights, not activations
+            held.skip = not_activations | zero.begin_step()  # today's storages of the weights (a freed one is reused)
         held.peak = held.now
         micro = [t.clone() for t in tokens.chunk(plan.m)], [t.clone() for t in targets.chunk(plan.m)]
         log = run_step(schedule, stage, [chunk], *micro, shape, mesh.group("pp"), held)
