@@ -12,6 +12,9 @@ parallelism (the residual stream is sharded over tp there, Korthikanti et al. 20
 The loss: each micro-batch's mean over this rank's tokens, divided by m (``pp_executor``), so a
 step's m backward passes give the gradient of this rank's mean; every rank holds as many tokens,
 so averaging over dp×cp afterwards (``hybrid.sync_gradients``) gives the global batch's mean.
+With ZeRO the stage's units are sharded over dp×cp (``hybrid_zero``); ZeRO-2 and 3 reduce on the
+last micro-batch, and ZeRO-3 gathers its weights once, before the step's first forward
+(``parallel.zero_pipeline``).
 """
 
 from __future__ import annotations

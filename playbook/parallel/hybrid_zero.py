@@ -5,7 +5,11 @@ rank shards its own slices), and inside a pipeline over this stage's units only.
 experts are a unit of their own, sharded over the ``ep_replica`` ranks that hold the same experts
 (none when ep = dp·cp), their gradient divided by dp·cp as the dense one is: the all-to-all already
 summed it over the tokens of the ep group (DeepSpeed-MoE, Rajbhandari et al. 2022, §5.2; DeepSeek-V3
-trains with ZeRO-1 under EP, DeepSeek-AI 2024, §3.2). There ZeRO-2
+trains with ZeRO-1 under EP, DeepSeek-AI 2024, arXiv:2412.19437, §3.2). A routed expert that received no token in a
+step has a zero gradient in its flat unit, which AdamW still applies (weight decay, moments), where
+the single process leaves a gradient-less expert untouched; and under ZeRO-2/3 a replica whose
+local experts all received none would wait for a reduce-scatter its peers never start. Our runs
+route tokens to every expert each step (their parity checks would show otherwise). There ZeRO-2
 reduces on the last micro-batch, as torchtitan's FSDP does under PP: the m micro-batches sum into a
 whole flat gradient (ZeRO-1's), reduce-scattered once per step, after which only this rank's slice
 is kept, so it holds ZeRO-1's gradient bytes at the step's peak and saves them only between steps;

@@ -11,10 +11,11 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
   gradient per backward send, as many as this rank's list of the schedule has (``theory.schedules``);
 - the data axis (``dp``, ``cp`` or ``dp×cp``, whichever holds replicated weights): one all-reduce of
   this rank's dense gradients (ring, 2S(n−1)/n), or ZeRO's reduce-scatters and all-gathers of its
-  stage's flat units padded over dp×cp (Rajbhandari et al. 2019, §7), and expert parallelism's
-  routing counts;
+  stage's dense flat units padded over dp×cp (Rajbhandari et al. 2019, §7; ``theory.hybrid_zero``),
+  and expert parallelism's routing counts;
 - ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
-- ``ep_replica``: the expert gradients over the ranks that hold the same experts.
+- ``ep_replica``: the expert gradients over the ranks that hold the same experts (under ZeRO: the
+  reduce-scatter and all-gathers of the routed experts' own flat units).
 
 Sizes in bytes (fp32). The loss reported to the user is not counted: it travels outside the step.
 """
