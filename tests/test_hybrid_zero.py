@@ -44,6 +44,23 @@ def test_zero_composes_on_four_ranks(ranks4, name, setup, plan, axes):
     assert _axes(answers) == axes
 
 
+EIGHT = [  # all three at once: ZeRO-3 gathered once a step in a pipeline, the norms summed over tp first
+    (
+        "ZeRO-3 in dp2×tp2×pp2 with SP",
+        DENSE,
+        Plan(ParallelDims(dp=2, tp=2, pp=2), zero=3, sequence_parallel=True),
+        {"dp", "tp", "pp"},
+    ),
+    ("ZeRO-3 over dp×cp in dp2×cp2×pp2", DENSE, Plan(ParallelDims(dp=2, cp=2, pp=2), zero=3), {"cp", "dp×cp", "pp"}),
+]
+
+
+@pytest.mark.parametrize("name, setup, plan, axes", EIGHT, ids=[c[0] for c in EIGHT])
+def test_zero_composes_on_eight_ranks(ranks8, name, setup, plan, axes):
+    answers, _ = check(ranks8, setup, plan)
+    assert _axes(answers) == axes
+
+
 PIPELINE = [(z, s) for z in (1, 2, 3) for s in ("1f1b", "zb-h1")]
 
 
