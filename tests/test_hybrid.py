@@ -150,8 +150,6 @@ def test_a_collective_on_the_wrong_axis_ends_in_a_report_naming_rank_axis_and_co
 @pytest.mark.parametrize(
     "plan, words",
     [
-        (Plan(ParallelDims(dp=2, tp=2), zero=3, sequence_parallel=True), "ZeRO-2/3 reduce-scatter during backward"),
-        (Plan(ParallelDims(dp=2, pp=2), zero=3), "ZeRO-3 inside a pipeline"),
         (Plan(ParallelDims(dp=2), sequence_parallel=True), "needs tp > 1"),
         (Plan(ParallelDims(tp=2, pp=2), zero=1), r"ZeRO-1 shards over the dp×cp ranks .* dp·cp=1 in tp2×pp2"),
         (Plan(ParallelDims(tp=4)), r"tp=4 must divide kv_heads=2"),

@@ -114,7 +114,26 @@ def test_an_moe_sequence_that_tp_cannot_split_is_refused_before_ranks_start():
         Plan(ParallelDims(tp=2)).check(TrainSetup(model="gpt-tiny-moe", seq_len=33))
 
 
-def test_zero_with_an_moe_model_is_refused_before_ranks_start():
-    """It used to pass the check and fail on every rank (ZeRO's units are the dense GPT's)."""
-    with pytest.raises(ValueError, match="run an MoE model with --zero 0"):
-        Plan(ParallelDims(dp=2, tp=2), zero=1).check(MOE)
+def test_moe_with_virtual_stages_is_refused_before_ranks_start():
+    """An MoE stage is predicted for one equal chunk per pipeline rank (``theory.hybrid_moe``)."""
+    with pytest.raises(ValueError, match="one equal chunk per pipeline rank"):
+        Plan(ParallelDims(dp=2, pp=2), schedule="interleaved", microbatches=4).check(MOE)
+
+
+ZERO_WITH_MOE = [
+    ("DeepSeek-V3's PP·EP·DP with ZeRO-1: dp4×pp2×ep2", Plan(ParallelDims(dp=4, pp=2, ep=2), zero=1), 8),
+    ("ZeRO-3 in dp2×pp2×ep2 (gathered once a step)", Plan(ParallelDims(dp=2, pp=2, ep=2), zero=3), 4),
+    (
+        "ZeRO-1 in dp2×tp2 with SP (MoE gradients summed over tp)",
+        Plan(ParallelDims(dp=2, tp=2), zero=1, sequence_parallel=True),
+        4,
+    ),
+    ("ZeRO-1 in dp2×cp2 with ep2 (experts' replicas: the dp group)", Plan(ParallelDims(dp=2, cp=2, ep=2), zero=1), 4),
+]
+
+
+@pytest.mark.parametrize("name, plan, world", ZERO_WITH_MOE, ids=[c[0] for c in ZERO_WITH_MOE])
+def test_zero_shards_an_moe_model_inside_pipelines_tp_and_cp(request, name, plan, world):
+    """Dense units over dp×cp, routed experts over their replicas (``theory.hybrid_zero``), with the
+    MoE layers' own collectives (``theory.hybrid_moe``) beside them."""
+    check(request.getfixturevalue(f"ranks{world}"), MOE, plan)

@@ -14,7 +14,8 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
        (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
        and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
     5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
-       replicas, or ZeRO's sharded optimizer over ``dp×cp`` (this stage's units, ``hybrid_zero``).
+       replicas, or ZeRO's sharded optimizer: dense units over ``dp×cp``, routed experts over their
+       replicas (this stage's units, ``hybrid_zero``).
 
 Why this order: each step changes what the next one sees. TP changes the modules and their
 shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
@@ -96,22 +97,10 @@ class Plan:
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
-            (self.zero and d.ep > 1, "ZeRO with expert parallelism is not composed yet; use --zero 0 with ep"),
-            (self.zero and cfg.is_moe, "ZeRO's flat units hold a dense GPT's tensors; run an MoE model with --zero 0"),
             (
                 cfg.is_moe and d.pp > 1 and (self.v > 1 or cfg.n_layers % d.pp),
                 "an MoE model's stage is predicted for one equal chunk per pipeline rank; "
                 "use 1f1b, gpipe or zb-h1 with pp dividing n_layers",
-            ),
-            (
-                self.zero == 3 and d.pp > 1,
-                "ZeRO-3 inside a pipeline (weights kept gathered across micro-batches) is not composed yet; "
-                "use --zero 1 or 2 with pp",
-            ),
-            (
-                self.zero >= 2 and self.sequence_parallel and not (self.zero == 2 and d.pp > 1),
-                "ZeRO-2/3 reduce-scatter during backward, before SP's norm gradients are summed over tp: "
-                "not composed yet; use --zero 1 with sequence parallelism",
             ),
         ]
         for refused, why in not_yet:

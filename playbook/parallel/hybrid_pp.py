@@ -15,6 +15,9 @@ parallelism (the residual stream is sharded over tp there, Korthikanti et al. 20
 The loss: each micro-batch's mean over this rank's tokens, divided by m (``pp_executor``), so a
 step's m backward passes give the gradient of this rank's mean; every rank holds as many tokens,
 so averaging over dp×cp afterwards (``hybrid.sync_gradients``) gives the global batch's mean.
+With ZeRO the stage's units are sharded over dp×cp (``hybrid_zero``); ZeRO-2 and 3 reduce on the
+last micro-batch, and ZeRO-3 gathers its weights once, before the step's first forward
+(``parallel.zero_pipeline``).
 """
 
 from __future__ import annotations
@@ -43,10 +46,13 @@ def pipeline_hooks(model, mesh, plan, setup, rows: int, logs: list, positions=No
         zero, zero_hooks = zero_optimizer(model, mesh, plan, setup, None, pieces=pieces)
         zero_hooks.pop("memory")
     held = HeldActivations(model)
+    not_activations = set(held.skip)  # the weights' and buffers' storages
     tokens = setup.seq_len // mesh.size("cp") // (mesh.size("tp") if plan.sequence_parallel else 1)
     shape = (rows // plan.m, tokens, cfg.hidden)  # one message: [micro_batch, s/cp (/tp under SP), hidden]
 
     def forward_backward(_, tokens, targets):
+        if hasattr(zero, "begin_step"):  # ZeRO-3: the stage's weights gathered for the whole step
+            held.skip = not_activations | zero.begin_step()  # today's storages of the weights (a freed one is reused)
         held.peak = held.now
         micro = [t.clone() for t in tokens.chunk(plan.m)], [t.clone() for t in targets.chunk(plan.m)]
         log = run_step(schedule, stage, chunks, *micro, shape, mesh.group("pp"), held)

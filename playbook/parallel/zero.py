@@ -13,7 +13,8 @@ ranks; ZeRO gives each rank one N-th of it and moves the rest in when needed:
   forward and freed after it, all-gathered again before its backward and freed after; the next
   unit's gather is issued early (prefetch) so that it can overlap compute. Sent: 3S(N-1)/N (1.5×).
 
-The model is cut into *units* (the embedding, each block, the head: ``theory.zero.zero_units``),
+The model is cut into *units* (the embedding, each block, the head: ``theory.zero.zero_units``;
+a block's routed experts are a unit of their own, sharded over their replicas: ``parallel.flat_unit``),
 each one flat fp32 buffer padded with zeros to a multiple of N so that every rank owns an equal
 slice [r·s, (r+1)·s). Stage 0 (plain data parallelism, one all-reduce per unit) uses the same
 buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero``.
@@ -29,88 +30,14 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from playbook.measure.memory import optimizer_bytes
 from playbook.measure.sharding import storage_bytes, storages
 from playbook.measure.trace import Span
 from playbook.model import GPT
+from playbook.parallel.flat_unit import ROUTED, FlatUnit, units_of
 from playbook.parallel.mixed import MixedPrecisionAdamW, check_precision
-from playbook.theory.zero import check_stage, zero_units
-
-
-class FlatUnit:
-    """Some modules' parameters as one flat buffer [padded], padded so that n ranks own equal slices.
-
-    Stages 0-2: ``flat`` holds every weight and the modules' parameters are views into it; the
-    optimizer updates ``opt_param`` (all of ``flat`` for stage 0, this rank's slice otherwise, a view:
-    no copy). Stage 3: only ``opt_param`` (this rank's slice) persists; ``full`` [padded] gets its
-    storage when gathered and loses it when freed, and the modules read views of it.
-    """
-
-    def __init__(self, name: str, modules: list[nn.Module], names: dict, stage: int, rank: int, n: int):
-        self.name, self.stage = name, stage
-        self.specs = [
-            (m, attr, p.shape, p.numel(), names[id(p)])
-            for mod in modules
-            for m in mod.modules()
-            for attr, p in m.named_parameters(recurse=False)
-        ]
-        self.numel = sum(s[3] for s in self.specs)
-        self.padded = -(-self.numel // n) * n
-        self.shard = self.padded // n
-        self.lo, self.hi = rank * self.shard, (rank + 1) * self.shard
-        params = [getattr(m, attr) for m, attr, *_ in self.specs]
-        pad = torch.zeros(self.padded - self.numel, device=params[0].device, dtype=params[0].dtype)
-        flat = torch.cat([p.detach().reshape(-1) for p in params] + [pad])  # [padded]
-        if stage <= 2:
-            self.flat = flat
-            for (m, attr, shape, *_), view in zip(self.specs, self.views(flat)):
-                setattr(m, attr, nn.Parameter(view.view(shape)))  # a view of flat: no copy
-            self.opt_param = nn.Parameter(flat if stage == 0 else flat[self.lo : self.hi])  # [padded] or [shard]
-        else:
-            self.opt_param = nn.Parameter(flat[self.lo : self.hi].clone())  # [shard], the only copy kept
-            self.full = torch.empty(self.padded, device=flat.device, dtype=flat.dtype, requires_grad=True)  # [padded]
-            self.full.untyped_storage().resize_(0)
-            for m, attr, *_ in self.specs:
-                del m._parameters[attr]  # the module now reads a plain tensor set by bind()
-
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """One view per parameter (the padding chunk dropped); one SplitBackward gathers their grads."""
-        return list(torch.split(flat, [s[3] for s in self.specs] + [self.padded - self.numel]))[:-1]
-
-    def parameters(self) -> list[torch.Tensor]:
-        return [getattr(m, attr) for m, attr, *_ in self.specs]
-
-    # stage 3 only
-    @property
-    def gathered(self) -> bool:
-        return self.full.untyped_storage().nbytes() > 0
-
-    def allocate(self) -> None:
-        self.full.untyped_storage().resize_(self.padded * self.full.element_size())
-
-    def free(self) -> None:
-        self.full.untyped_storage().resize_(0)
-
-    def bind(self) -> None:
-        """Point the modules' weights at views of the gathered buffer (autograd sees them as slices of ``full``)."""
-        for (m, attr, shape, *_), view in zip(self.specs, self.views(self.full)):
-            setattr(m, attr, view.view(shape))
-
-    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {s[4]: v.view(s[2]).clone() for s, v in zip(self.specs, self.views(flat))}
-
-
-def units_of(model: nn.Module, pieces: range | None = None) -> list[tuple[str, list[nn.Module]]]:
-    """ZeRO's units among the model's pieces ``pieces`` (all by default; a pipeline stage's range
-    otherwise, ``parallel.pp_executor``): the embedding (piece 0), block i (piece i+1), the final norm
-    and head (piece L+1)."""
-    L = len(model.blocks)
-    pieces = range(L + 2) if pieces is None else pieces
-    out = [("embed", [model.tok_emb])] if 0 in pieces else []
-    out += [(f"block{i}", [model.blocks[i]]) for i in range(L) if i + 1 in pieces]
-    return out + ([("head", [model.norm, model.lm_head])] if L + 1 in pieces else [])
+from playbook.theory.zero import check_stage, check_untied
 
 
 class Zero:
@@ -134,20 +61,32 @@ class Zero:
         tracer=None,
         precision="fp32",
         pieces: range | None = None,
-        accumulate: bool = False,
+        expert_group=None,
+        n_data: int | None = None,
+        summed_first: tuple | None = None,
     ):
         check_stage(stage)
-        if accumulate and stage != 2:
-            raise ValueError(
-                f"accumulate (reduce on the last micro-batch) is ZeRO-2's pipeline mode, not stage {stage}"
-            )
         check_precision(precision)
-        zero_units(model.cfg)  # refuses configs our units cannot hold (a tied head)
+        check_untied(model.cfg)  # one weight in two units (a tied head) cannot be flattened
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
-        self.accumulate = accumulate  # ZeRO-2 in a pipeline: stage 1's buffer during the step, then 1/N kept
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         names = {id(p): name for name, p in model.named_parameters()}
-        self.units = [FlatUnit(name, mods, names, stage, self.rank, self.n) for name, mods in units_of(model, pieces)]
+        # routed experts: their own units over the ranks holding the same experts, ``expert_group``, the
+        # gradient divided by the dp·cp data ranks ``n_data`` (it already sums their ep group's tokens)
+        n_data, layout = n_data or self.n, self._layout(stage)
+        self.units = [
+            FlatUnit(name, mods, names, layout, expert_group, lambda k: ROUTED in k, n_data)
+            if routed
+            else FlatUnit(name, mods, names, layout, group, lambda k: ROUTED not in k)
+            for name, _, mods, routed in units_of(model, pieces)
+        ]
+        self._own_slices()
+        # (group, names): gradients summed over ``group`` before any reduction over the data ranks:
+        # under sequence parallelism the norms saw s/tp tokens each (Korthikanti et al. 2022, §4.2.2)
+        self.summed_first = summed_first
+        self.pieces: dict[int, list[int]] = {}  # piece (embedding, block, head) -> its units, in forward order
+        for k, (_, piece, _, _) in enumerate(units_of(model, pieces)):
+            self.pieces.setdefault(piece, []).append(k)
         slices = [u.opt_param for u in self.units]
         self.optimizer = (
             MixedPrecisionAdamW(slices, lr=lr) if precision == "mixed" else torch.optim.AdamW(slices, lr=lr)
@@ -157,13 +96,26 @@ class Zero:
         self.gathered_log: list[tuple[float, str, int]] = []  # (time, phase, live bytes of whole units)
         self.phase, self.bwd_spans, self.ready = "forward", {}, [0] * len(self.units)
         for k, u in enumerate(self.units):
-            if stage <= 1 or accumulate:  # a flat gradient buffer; autograd accumulates into its views
-                self._flat_grad(u)
-            elif stage == 2:
-                for p in u.parameters():
-                    p.register_post_accumulate_grad_hook(lambda p, k=k: self._grad_ready(k))
-            else:
-                u.full.register_post_accumulate_grad_hook(lambda full, k=k: self._after_backward(k))
+            self._prepare(k, u)
+
+    # ---- what a pipeline's ZeRO (``parallel.zero_pipeline``) does differently ----
+    def _layout(self, stage: int) -> int:
+        """The stage whose buffers ``FlatUnit`` lays out (this one's own)."""
+        return stage
+
+    def _own_slices(self) -> None:
+        """After the units are built, before the optimizer takes their slices: nothing to change here."""
+
+    def _prepare(self, k: int, u: FlatUnit) -> None:
+        """Where unit k's gradient goes: a flat buffer autograd accumulates into (stages 0-1), or hooks
+        that reduce-scatter it during backward (2: when its weights' grads are all in; 3: its full buffer's)."""
+        if self.stage <= 1:
+            self._flat_grad(u)
+        elif self.stage == 2:
+            for p in u.parameters():
+                p.register_post_accumulate_grad_hook(lambda p, k=k: self._grad_ready(k))
+        else:
+            u.full.register_post_accumulate_grad_hook(lambda full, k=k: self._after_backward(k))
 
     def _flat_grad(self, u: FlatUnit) -> None:
         """A zeroed flat gradient [padded] for unit ``u``, its parameters' grads views of it."""
@@ -180,24 +132,30 @@ class Zero:
         x = self._run(0, self.model.embed, tokens)  # [batch, seq, hidden]
         for i, block in enumerate(self.model.blocks):
             x = self._run(i + 1, lambda x, block=block: block(x, positions), x)  # [batch, seq, hidden]
-        logits = self._run(len(self.units) - 1, self.model.head, x)  # [batch, seq, vocab]
+        logits = self._run(len(self.model.blocks) + 1, self.model.head, x)  # [batch, seq, vocab]
         self.phase = "backward"
         return self.model.loss(logits, targets)
 
-    def _run(self, k: int, fn, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, piece: int, fn, x: torch.Tensor) -> torch.Tensor:
+        """Piece ``piece`` (0: embedding, i+1: block i, L+1: head) on x; stage 3 gathers its units first."""
         if self.stage < 3:
             return fn(x)
-        unit = self.units[k]
-        self._gather(k)
-        if self.prefetch and k + 1 < len(self.units):
-            self._gather(k + 1, async_op=True)  # in flight while unit k computes
-        unit.bind()
+        self._gather_piece(piece)
+        if self.prefetch:
+            self._gather_piece(piece + 1, async_op=True)  # in flight while this piece computes
+        for k in self.pieces[piece]:
+            self.units[k].bind()
         with self._span("forward"):
             out = fn(x)
-        unit.free()  # autograd keeps views of full; its storage comes back before backward
+        for k in self.pieces[piece]:
+            self.units[k].free()  # autograd keeps views of full; its storage comes back before backward
         self._track()
-        out.register_hook(lambda grad, k=k: self._before_backward(k))
+        out.register_hook(lambda grad, piece=piece: self._before_backward(piece))
         return out
+
+    def _gather_piece(self, piece: int, async_op: bool = False) -> None:
+        for k in self.pieces.get(piece, []):
+            self._gather(k, async_op)
 
     def _gather(self, k: int, async_op: bool = False) -> None:
         """All-gather unit k's weights into its full buffer (or wait for the gather already in flight)."""
@@ -210,8 +168,8 @@ class Zero:
             return
         unit.allocate()
         self._track()
-        work = dist.all_gather_single(unit.full.data, unit.opt_param.detach(), group=self.group, async_op=async_op)
-        if async_op:
+        work = unit.all_gather(unit.full.data, unit.opt_param.detach(), async_op=async_op)
+        if async_op and work is not None:
             self.pending[k] = work
 
     def _span(self, name: str):
@@ -224,13 +182,14 @@ class Zero:
         self.gathered_log.append((time.perf_counter(), self.phase, live))
 
     # ---- backward hooks ----
-    def _before_backward(self, k: int) -> None:
-        self._gather(k)
-        if self.prefetch and k > 0:
-            self._gather(k - 1, async_op=True)
+    def _before_backward(self, piece: int) -> None:
+        self._gather_piece(piece)
+        if self.prefetch:
+            self._gather_piece(piece - 1, async_op=True)
         if self.tracer is not None:
-            self.bwd_spans[k] = Span(self.rank, "compute", "backward", time.perf_counter())
-            self.tracer.spans.append(self.bwd_spans[k])
+            for k in self.pieces[piece]:
+                self.bwd_spans[k] = Span(self.rank, "compute", "backward", time.perf_counter())
+                self.tracer.spans.append(self.bwd_spans[k])
 
     def _after_backward(self, k: int) -> None:
         """Stage 3: unit k's flat gradient is complete: reduce-scatter it, keep our slice, free the rest."""
@@ -239,8 +198,9 @@ class Zero:
             self.bwd_spans.pop(k).end = time.perf_counter()
         self._track()
         grad = unit.full.grad  # [padded], the sum over this rank's micro-batch
-        dist.reduce_scatter_single(grad[unit.lo : unit.hi], grad, group=self.group)  # in place: slice r gets Σ ranks
-        unit.opt_param.grad = grad[unit.lo : unit.hi] / self.n  # [shard], a new tensor: the mean
+        self._sum_first(unit, grad)
+        unit.reduce_scatter(grad)  # in place: slice r gets Σ ranks
+        unit.opt_param.grad = grad[unit.lo : unit.hi] / unit.divide  # [shard], a new tensor: the mean
         unit.full.grad = None
         unit.free()
         self._track()
@@ -255,34 +215,44 @@ class Zero:
         params = unit.parameters()
         pad = torch.zeros(unit.padded - unit.numel, device=unit.flat.device, dtype=unit.flat.dtype)
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [pad])  # [padded], transient
-        dist.reduce_scatter_single(flat[unit.lo : unit.hi], flat, group=self.group)
-        unit.opt_param.grad = flat[unit.lo : unit.hi] / self.n  # [shard]
+        self._sum_first(unit, flat)
+        unit.reduce_scatter(flat)
+        unit.opt_param.grad = flat[unit.lo : unit.hi] / unit.divide  # [shard]
         for p in params:
             p.grad = None
 
     def sync(self) -> None:
-        """After backward. Stage 0: all-reduce; stage 1: reduce-scatter each unit; 2 and 3: done during
-        backward, except ZeRO-2 in a pipeline (``accumulate``): the m micro-batches summed into the flat
-        buffer, reduce-scattered once here, and all but this rank's slice dropped."""
+        """After backward. Stage 0: all-reduce; stage 1: reduce-scatter each unit; 2 and 3: done during backward."""
         for u in self.units:
+            if self.stage <= 1:
+                self._sum_first(u, u.flat_grad)
             if self.stage == 0:
-                dist.all_reduce(u.flat_grad, group=self.group)
-                u.flat_grad.div_(self.n)
-            elif self.stage == 1 or self.accumulate:
-                dist.reduce_scatter_single(u.flat_grad[u.lo : u.hi], u.flat_grad, group=self.group)
-                u.flat_grad[u.lo : u.hi].div_(self.n)
-            if self.accumulate:
-                u.opt_param.grad = u.flat_grad[u.lo : u.hi].clone()  # [shard], its own storage
-                for p in u.parameters():
-                    p.grad = None
-                del u.flat_grad  # the whole gradient goes: 1/N of it is held until the next step
+                if u.n > 1:
+                    dist.all_reduce(u.flat_grad, group=u.group)
+                u.flat_grad.div_(u.divide)
+            elif self.stage == 1:
+                u.reduce_scatter(u.flat_grad)
+                u.flat_grad[u.lo : u.hi].div_(u.divide)
+
+    def _sum_first(self, u: FlatUnit, flat: torch.Tensor) -> None:
+        """Sum the gradients of ``summed_first``'s parameters in ``u``'s flat gradient over its group, in place."""
+        if self.summed_first is None:
+            return
+        group, names = self.summed_first
+        parts = [v for spec, v in zip(u.specs, u.views(flat)) if spec[4] in names]  # views into flat
+        if parts:
+            joined = torch.cat(parts)  # [Σ numel]
+            dist.all_reduce(joined, group=group)
+            for v, y in zip(parts, joined.split([p.numel() for p in parts])):
+                v.copy_(y)
 
     def step(self) -> None:
         """AdamW on this rank's slices; stages 1-2 then all-gather the updated weights (in place)."""
         self.optimizer.step()
         if self.stage in (1, 2):
             for u in self.units:
-                dist.all_gather_single(u.flat, u.flat[u.lo : u.hi], group=self.group)
+                if u.n > 1:
+                    dist.all_gather_single(u.flat, u.flat[u.lo : u.hi], group=u.group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients, as an optimizer does (the one loop calls ``zero_grad(set_to_none=True)``);
@@ -290,8 +260,6 @@ class Zero:
         for u in self.units:
             if self.stage <= 1:
                 u.flat_grad.zero_()
-            elif self.accumulate:
-                self._flat_grad(u)  # the next step's micro-batches accumulate into a fresh buffer
             else:
                 u.opt_param.grad = None
 
@@ -320,6 +288,6 @@ class Zero:
             full = s.detach().clone()
             if s.numel() != u.padded:
                 full = torch.empty(u.padded, device=s.device, dtype=s.dtype)
-                dist.all_gather_single(full, s.detach().contiguous(), group=self.group)
+                u.all_gather(full, s.detach().contiguous())
             out.update(u.split(full))
         return out

@@ -12,10 +12,11 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
   gradient per backward send, as many as this rank's list of the schedule has (``theory.schedules``);
 - the data axis (``dp``, ``cp`` or ``dp×cp``, whichever holds replicated weights): one all-reduce of
   this rank's dense gradients (ring, 2S(n−1)/n), or ZeRO's reduce-scatters and all-gathers of its
-  stage's flat units padded over dp×cp (Rajbhandari et al. 2019, §7), and expert parallelism's
-  routing counts;
+  stage's dense flat units padded over dp×cp (Rajbhandari et al. 2019, §7; ``theory.hybrid_zero``),
+  and expert parallelism's routing counts;
 - ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
-- ``ep_replica``: the expert gradients over the ranks that hold the same experts.
+- ``ep_replica``: the expert gradients over the ranks that hold the same experts (under ZeRO: the
+  reduce-scatter and all-gathers of the routed experts' own flat units).
 
 A mixture of experts (``theory.hybrid_moe``): its stage's parameters, its routing counts per
 forward (over tp, then dp×cp), its MoE layers' tp traffic (no TP region in the MLP: the tokens are
@@ -32,10 +33,10 @@ from playbook.theory.comm import sent_bytes
 from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axis, stage_state_bytes
 from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
+from playbook.theory.hybrid_zero import flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.schedules import V_SCHEDULES, equal_partition, is_split, make_schedule
 from playbook.theory.tp import step_collectives
-from playbook.theory.zero import padded
 
 FP32 = 4
 
@@ -119,7 +120,8 @@ def comm_per_axis(
                 add("tp", col.sent_bytes)
         if cfg.is_moe:
             sizes = dict(rows=rows, seq_len=seq_len, sequence_parallel=sequence_parallel)
-            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=microbatches if dims.pp > 1 else 1, **sizes))
+            mb = microbatches if dims.pp > 1 else 1
+            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=mb, flags=not zero, **sizes))
         if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
             replicated = sum(rep for _, _, rep in local_units(cfg, dims, ranges=ranges))
             add("tp", sent_bytes("all_reduce", FP32 * replicated, dims.tp))
@@ -142,15 +144,18 @@ def comm_per_axis(
         add("pp", len(sends) * message)
     n = dims.dp * dims.cp
     units = local_units(cfg, dims, ranges=ranges)
-    if zero and n > 1:
-        total = sum(padded(split + rep, n) for _, split, rep in units)  # flat units, padded over dp×cp
-        add(data_axis(dims), sent_bytes("reduce_scatter", FP32 * total, n))
-        add(data_axis(dims), (2 if zero == 3 else 1) * sent_bytes("all_gather", FP32 * total, n))
+    mb = microbatches if dims.pp > 1 else 1
+    if zero and n > 1:  # flat units, dense over dp×cp and routed experts over their replicas
+        gathers = 1 if dims.pp > 1 else None  # ZeRO-3 in a pipeline: gathered once a step (``parallel.zero_pipeline``)
+        for axis, sent in zero_comm(flat_units(cfg, dims, ranges), zero, weight_gathers=gathers).items():
+            add(replica_axis(dims, rank, data_axis(dims)) if axis == "ep_replica" else axis, sent)
+        if cfg.is_moe:  # the routing counts still travel over the data ranks
+            add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb, dense=False)["data"])
     elif cfg.is_moe:  # routing counts and dense gradients over dp×cp
-        add(data_axis(dims), data_axis_bytes(cfg, dims, stage, microbatches if dims.pp > 1 else 1)["data"])
+        add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb)["data"])
     elif n > 1:
         add(data_axis(dims), sent_bytes("all_reduce", FP32 * sum(split + rep for _, split, rep in units), n))
-    if cfg.is_moe:  # the experts over their replicas (ep = 1: every rank holds every expert, the replicas are dp×cp)
+    if cfg.is_moe and not zero:  # the experts over their replicas (ep = 1: every rank holds every expert)
         add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1)["replica"])
     if routing is not None and dims.ep > 1:
         from playbook.theory.moe import alltoall_bytes_from_routing
@@ -192,7 +197,10 @@ def memory_per_rank(
             sizes = dict(rows=rows, seq_len=seq_len, schedule=schedule, microbatches=microbatches)
             layout = dict(sequence_parallel=sequence_parallel, cp_variant=cp_variant)
             acts = moe_stage_activations(cfg, dims, stage, rank=rank, forwards=routing, **sizes, **layout)
-        return {**stage_state_bytes(cfg, dims, stage), "activations": acts}
+        state = stage_state_bytes(cfg, dims, stage)
+        if zero:
+            state = zero_memory(flat_units(cfg, dims, chunk_ranges(cfg, dims.pp, stage)), zero)
+        return {**state, "activations": acts}
     acts = stage_activation_bytes(
         cfg,
         dims,
@@ -205,9 +213,10 @@ def memory_per_rank(
         cp_variant=cp_variant,
         virtual_stages=virtual_stages,
     )
-    units = local_units(cfg, dims, ranges=chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages))
+    ranges = chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages)
+    units = local_units(cfg, dims, ranges=ranges)
     if zero:
-        return _zero_memory(dims, units, zero) | {"activations": acts}
+        return zero_memory(flat_units(cfg, dims, ranges), zero) | {"activations": acts}
     numel = sum(split + rep for _, split, rep in units)
     tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
     return {
@@ -215,20 +224,4 @@ def memory_per_rank(
         "grads": FP32 * numel,
         "optimizer": 2 * FP32 * numel + 4 * tensors,
         "activations": acts,
-    }
-
-
-def _zero_memory(dims: ParallelDims, units: list, zero: int) -> dict[str, float]:
-    """ZeRO stage ``zero`` over dp×cp (Rajbhandari et al. 2019, §5) on this rank's TP slices of its
-    stage, as ``parallel.zero`` holds them: one flat unit per embedding, block and head, zero-padded
-    to a multiple of dp·cp. Weights: the whole padded units (stages 0–2) or this rank's shard (3); gradients
-    after the step's backward: whole (0–1) or shards (2–3); AdamW: two moments of what it updates
-    (all, stage 0; the shard, 1–3) plus a 4-byte step per unit."""
-    n = dims.dp * dims.cp
-    sizes = [padded(split + rep, n) for _, split, rep in units]
-    whole, shard = sum(sizes), sum(sizes) // n
-    return {
-        "params": FP32 * (whole if zero < 3 else shard),
-        "grads": FP32 * (whole if zero <= 1 else shard),
-        "optimizer": 2 * FP32 * (whole if zero == 0 else shard) + 4 * len(sizes),
     }

@@ -62,16 +62,19 @@ def moe_layers_in_stage(cfg: ModelConfig, pp: int, stage: int) -> int:
     return sum(i >= cfg.n_dense_layers for i in stage_blocks(cfg, pp, stage))
 
 
-def data_axis_bytes(cfg: ModelConfig, dims: ParallelDims, stage: int, microbatches: int) -> dict[str, float]:
+def data_axis_bytes(
+    cfg: ModelConfig, dims: ParallelDims, stage: int, microbatches: int, *, dense: bool = True
+) -> dict[str, float]:
     """Bytes a rank of ``stage`` sends per step without ZeRO on the data axis (its routing counts and
     its dense gradients, over dp×cp) and on the experts' replicas (``ep_replica``; the data axis
-    itself when ep = 1)."""
+    itself when ep = 1). ``dense=False``: the routing counts only (under ZeRO the gradients travel
+    in its flat units, ``theory.hybrid_zero``)."""
     n, p = dims.dp * dims.cp, stage_params(cfg, dims, stage)
     out = {"data": 0.0, "replica": 0.0}
     if n > 1:
         forwards = microbatches * moe_layers_in_stage(cfg, dims.pp, stage)
         out["data"] = forwards * sent_bytes("all_gather", 8 * cfg.n_experts * dims.tp * n, n)
-        out["data"] += sent_bytes("all_reduce", FP32 * p["dense"], n)
+        out["data"] += sent_bytes("all_reduce", FP32 * p["dense"], n) if dense else 0.0
     if n > dims.ep:
         out["replica"] = sent_bytes("all_reduce", FP32 * (p["experts"] + p["expert_tensors"]), n // dims.ep)
     return out
@@ -86,16 +89,18 @@ def tp_axis_bytes(
     seq_len: int,
     sequence_parallel: bool,
     microbatches: int,
+    flags: bool = True,
 ) -> float:
     """Bytes a rank of ``stage`` sends per step on tp for its MoE layers (``parallel.tp_moe``): the
-    routing counts of every forward, the MoE gradients summed (with their flags), and without SP
-    the tokens' all-gather forward and its gradient's backward ([rows, s/cp, h] over the step)."""
+    routing counts of every forward, the MoE gradients summed (with their "had a gradient" flags;
+    ``flags=False`` under ZeRO, whose flat gradients always exist), and without SP the tokens'
+    all-gather forward and its gradient's backward ([rows, s/cp, h] over the step)."""
     if dims.tp == 1:
         return 0.0
     t, p = dims.tp, stage_params(cfg, dims, stage)
     layers = moe_layers_in_stage(cfg, dims.pp, stage)
     out = microbatches * layers * sent_bytes("all_gather", 8 * cfg.n_experts * t, t)
-    out += sent_bytes("all_reduce", FP32 * (p["moe"] + p["moe_tensors"]), t) if layers else 0
+    out += sent_bytes("all_reduce", FP32 * (p["moe"] + (p["moe_tensors"] if flags else 0)), t) if layers else 0
     if not sequence_parallel:
         out += layers * 2 * sent_bytes("all_gather", FP32 * rows * seq_len // dims.cp * cfg.hidden, t)
     return out

@@ -16,9 +16,9 @@ The rules (each change is written into ``Shrunk.notes`` with its reason):
 - k kept axes need 2**k ranks (ep adds none): more than ``max_ranks`` is refused;
 - axes the hybrid does not compose together (a mixture of experts, or ep, with tp, pp or cp) are
   refused, unless the caller names one to leave out (``drop``);
-- the ZeRO stage is kept over dp×cp, except: none where dp·cp = 1 (nothing to shard over) or with
-  ep, and ZeRO-2 for ZeRO-3 inside a pipeline (not composed yet); sequence parallelism (the planner
-  assumes it with every tp > 1) is kept with tp, unless ZeRO-2/3 without a pipeline (not composed yet);
+- the ZeRO stage is kept (dense units over dp×cp, routed experts over their replicas), except none
+  where dp·cp = 1 (nothing to shard over); sequence parallelism (the planner assumes it with every
+  tp > 1) is kept with tp;
 - a pipeline runs m = 2·pp micro-batches (m ≥ pp fills 1F1B, as the candidate's m does; a multiple
   of pp for interleaved, m ≥ 2·pp for DualPipe-V) under the candidate's schedule, interleaved with
   v = 2 chunks (2 stages × 2 chunks place gpt-tiny's 4 pieces one each); without a pipeline one
@@ -184,15 +184,6 @@ def _zero_and_sp(zero: int, dims: ParallelDims, notes: list) -> tuple[int, bool]
     if zero and dims.dp * dims.cp == 1:
         notes.append(f"ZeRO-{zero} → 0: dp·cp = 1 here, no replicas to shard over")
         return 0, sp
-    if zero and dims.ep > 1:
-        notes.append(f"ZeRO-{zero} → 0: ZeRO with expert parallelism is not composed by playbook run hybrid yet")
-        return 0, sp
-    if zero == 3 and dims.pp > 1:
-        notes.append("ZeRO-3 → 2: ZeRO-3 inside a pipeline is not composed by playbook run hybrid yet")
-        return 2, sp
-    if zero >= 2 and sp and dims.pp == 1:
-        notes.append(f"sequence parallelism left out: with ZeRO-{zero} it is not composed by playbook run hybrid yet")
-        return zero, False
     return zero, sp
 
 

@@ -63,11 +63,7 @@ def zero_units(cfg: ModelConfig) -> list[tuple[str, int]]:
     ``cfg.num_params()``. A tied output head shares the embedding's weight, which would put one
     tensor in two units, so tied configs are refused.
     """
-    if cfg.tie_embeddings:
-        raise ValueError(
-            f"{cfg.name}: tie_embeddings=True puts one weight in both the embedding and the head unit; "
-            "our flat ZeRO units need each weight in one unit: use a config with tie_embeddings=False"
-        )
+    check_untied(cfg)
     if cfg.is_moe:
         raise NotImplementedError(f"{cfg.name} is a mixture of experts; ZeRO units here are for the dense GPT")
     return [
@@ -75,6 +71,14 @@ def zero_units(cfg: ModelConfig) -> list[tuple[str, int]]:
         *[(f"block{i}", cfg.layer_params()) for i in range(cfg.n_layers)],
         ("head", cfg.hidden + cfg.vocab_size * cfg.hidden),
     ]
+
+
+def check_untied(cfg: ModelConfig) -> None:
+    if cfg.tie_embeddings:
+        raise ValueError(
+            f"{cfg.name}: tie_embeddings=True puts one weight in both the embedding and the head unit; "
+            "our flat ZeRO units need each weight in one unit: use a config with tie_embeddings=False"
+        )
 
 
 def padded(numel: int, n: int) -> int:

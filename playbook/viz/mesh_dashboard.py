@@ -89,8 +89,13 @@ def notes(setup: TrainSetup, plan: Plan, measured: bool) -> list[str]:
         out.append(
             f"ZeRO-{plan.zero}: weights, gradients and Adam's state sharded over dp×cp as chapter 2 shards them; "
             "its data-axis bytes are one reduce-scatter and "
-            + ("two all-gathers (parameters forward and backward)" if plan.zero == 3 else "one all-gather per step")
-            + (", the same for stages 1 and 2" if plan.zero < 3 else "")
+            + (
+                "two all-gathers (parameters forward and backward)"
+                if plan.zero == 3 and plan.dims.pp == 1
+                else "one all-gather per step"
+            )
+            + (", the same for stages 1 and 2" if plan.zero < 3 or plan.dims.pp > 1 else "")
+            + ("; routed experts over the ranks holding the same experts" if plan.dims.ep > 1 else "")
         )
     if plan.dims.dp * plan.dims.cp == 1 and plan.zero:
         out.append("with dp·cp = 1 ZeRO has no ranks to shard over: nothing changes")
