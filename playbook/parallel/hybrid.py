@@ -91,6 +91,11 @@ class Plan:
             raise ValueError(
                 f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
             )
+        if self.zero and cfg.tie_embeddings:
+            raise ValueError(
+                "ZeRO's flat units hold each weight in exactly one unit, and a tied embedding is one weight in "
+                "two (the embedding and the head): use --zero 0 with a tied preset, or an untied one"
+            )
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
@@ -120,8 +125,6 @@ class Plan:
         if d.pp > 1:
             # stages need not be equal: executor and theory cut the same pieces (``theory.pipeline.stage_ranges``)
             check_pipeline(d.pp, self.m, self.v, name=self.schedule, n_layers=cfg.n_layers)
-            if cfg.tie_embeddings:
-                raise ValueError("a tied embedding sits on the first and the last stage; use an untied preset")
         if d.cp > 1 and self.cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp:
             raise ValueError(
                 f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})"
@@ -245,6 +248,10 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
         model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions)
         hooks.update(sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
         hooks.update(more)  # ZeRO's sync_grads, if any, replaces the all-reduce
+        if cfg.tie_embeddings:  # the two copies of the embedding summed over their embedding group
+            from playbook.parallel.hybrid_tied import tie_across_stages
+
+            hooks = tie_across_stages(hooks, model, mesh, plan, cfg)
     elif plan.zero:
         from playbook.parallel.hybrid_zero import zero_hooks
 
