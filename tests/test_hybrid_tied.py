@@ -44,6 +44,11 @@ def test_pp2_sums_the_two_copies_over_the_embedding_group(ranks2):
     assert row["measured"]["embed"] == 4 * 64 * 64  # one [vocab, hidden] fp32 all-reduce over 2 ranks: S
 
 
+def test_without_a_pipeline_the_tied_weight_is_one_tensor_counted_once(ranks2):
+    answers = check(ranks2, Plan(ParallelDims(dp=2)))  # memory to the byte: the head adds its norm only
+    assert all("embed" not in row["measured"] for row in comm_table(answers, TIED, Plan(ParallelDims(dp=2))))
+
+
 @pytest.mark.parametrize(
     "plan",
     [
