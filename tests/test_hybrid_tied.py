@@ -54,9 +54,10 @@ def test_without_a_pipeline_the_tied_weight_is_one_tensor_counted_once(ranks2):
     [
         Plan(ParallelDims(dp=2, pp=2)),
         Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True),
+        Plan(ParallelDims(dp=2, pp=2), schedule="interleaved"),  # the head on rank 1's second chunk
         Plan(ParallelDims(dp=2, pp=2), schedule="zb-v", microbatches=2),  # rank 0 holds both: nothing sent
     ],
-    ids=["dp2×pp2", "tp2×pp2 SP", "dp2×pp2 zb-v"],
+    ids=["dp2×pp2", "tp2×pp2 SP", "dp2×pp2 interleaved", "dp2×pp2 zb-v"],
 )
 def test_tied_embedding_composes_with_dp_tp_and_the_v(ranks4, plan):
     answers = check(ranks4, plan)

@@ -12,7 +12,8 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
        (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
        and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
     5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
-       replicas, or ZeRO's sharded optimizer over ``dp×cp`` (this stage's units, ``hybrid_zero``).
+       replicas, or ZeRO's sharded optimizer over ``dp×cp`` (this stage's units, ``hybrid_zero``);
+       a tied embedding's copies on the first and last stage then summed over them (``hybrid_tied``).
 
 Why this order: each step changes what the next one sees. TP changes the modules and their
 shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
