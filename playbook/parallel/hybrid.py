@@ -94,8 +94,9 @@ class Plan:
             )
         if self.zero and cfg.tie_embeddings:
             raise ValueError(
-                "ZeRO's flat units hold each weight in exactly one unit, and a tied embedding is one weight in "
-                "two (the embedding and the head): use --zero 0 with a tied preset, or an untied one"
+                "ZeRO with a tied embedding is not composed: parallel.zero's flat units refuse a weight shared "
+                "by the embedding and the head, and the embedding-group sum would have to precede ZeRO's "
+                "reduce-scatter; use --zero 0 with a tied preset, or an untied one"
             )
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
