@@ -15,7 +15,8 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
        and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
     5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
        replicas, or ZeRO's sharded optimizer: dense units over ``dp×cp``, routed experts over their
-       replicas (this stage's units, ``hybrid_zero``).
+       replicas (this stage's units, ``hybrid_zero``); a tied embedding's copies on the first and last
+       stage then summed over them (``hybrid_tied``).
 
 Why this order: each step changes what the next one sees. TP changes the modules and their
 shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
@@ -94,6 +95,12 @@ class Plan:
             raise ValueError(
                 f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
             )
+        if self.zero and cfg.tie_embeddings:
+            raise ValueError(
+                "ZeRO with a tied embedding is not composed: parallel.zero's flat units refuse a weight shared "
+                "by the embedding and the head, and the embedding-group sum would have to precede ZeRO's "
+                "reduce-scatter; use --zero 0 with a tied preset, or an untied one"
+            )
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
@@ -109,8 +116,6 @@ class Plan:
         if d.pp > 1:
             # stages need not be equal: executor and theory cut the same pieces (``theory.pipeline.stage_ranges``)
             check_pipeline(d.pp, self.m, self.v, name=self.schedule, n_layers=cfg.n_layers)
-            if cfg.tie_embeddings:
-                raise ValueError("a tied embedding sits on the first and the last stage; use an untied preset")
         if cfg.is_moe and d.tp > 1 and (setup.seq_len // d.cp) % d.tp:
             raise ValueError(
                 f"each tp rank routes its slice of an MoE layer's sequence, and tp={d.tp} does not divide "
@@ -233,6 +238,10 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
         model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions)
         hooks.update(sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
         hooks.update(more)  # ZeRO's sync_grads, if any, replaces the all-reduce
+        if cfg.tie_embeddings:  # the two copies of the embedding summed over their embedding group
+            from playbook.parallel.hybrid_tied import tie_across_stages
+
+            hooks = tie_across_stages(hooks, model, mesh, plan, cfg)
     elif plan.zero:
         from playbook.parallel.hybrid_zero import zero_hooks
 

@@ -16,7 +16,9 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
   and expert parallelism's routing counts;
 - ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
 - ``ep_replica``: the expert gradients over the ranks that hold the same experts (under ZeRO: the
-  reduce-scatter and all-gathers of the routed experts' own flat units).
+  reduce-scatter and all-gathers of the routed experts' own flat units);
+- ``embed``: a tied embedding's gradient, summed over its first and last pipeline rank (Megatron's
+  embedding group, Narayanan et al. 2021), one all-reduce of [vocab/tp, hidden] over 2 ranks.
 
 A mixture of experts (``theory.hybrid_moe``): its stage's parameters, its routing counts per
 forward (over tp, then dp×cp), its MoE layers' tp traffic (no TP region in the MLP: the tokens are
@@ -58,6 +60,13 @@ def chunk_ranges(cfg: ModelConfig, pp: int, stage: int, schedule: str = "1f1b", 
     return [ranges[c * pp + stage] for c in range(v)]
 
 
+def tied_stage_ranks(cfg: ModelConfig, pp: int, schedule: str = "1f1b", v: int = 1) -> tuple[int, int]:
+    """The pipeline ranks holding the embedding (piece 0) and the head (piece L + 1): (0, pp − 1),
+    or (0, 0) on the V, whose rank 0 holds the first and the last stage."""
+    holds = [{i for a, b in chunk_ranges(cfg, pp, r, schedule, v) for i in range(a, b)} for r in range(pp)]
+    return next(r for r in range(pp) if 0 in holds[r]), next(r for r in range(pp) if cfg.n_layers + 1 in holds[r])
+
+
 def _blocks(cfg: ModelConfig, ranges: list[tuple[int, int]]) -> list[int]:
     """The block indices among the pieces of ``ranges`` (piece i + 1 is block i)."""
     return sorted(i - 1 for start, end in ranges for i in range(start, end) if 1 <= i <= cfg.n_layers)
@@ -67,7 +76,7 @@ def local_units(cfg: ModelConfig, dims: ParallelDims, stage: int = 0, ranges=Non
     """This rank's parameters by unit, as (name, split elements, replicated elements) under TP:
     the embedding (first stage), each block of its chunks (``ranges``, default: pipeline stage
     ``stage`` of pp equal ones), the final norm and head (last stage). Split matrices hold 1/tp;
-    norms are whole on every tensor-parallel rank."""
+    norms are whole on every tensor-parallel rank. A tied head on the embedding's rank adds no weight."""
     t, h = dims.tp, cfg.hidden
     ranges = ranges if ranges is not None else chunk_ranges(cfg, dims.pp, stage)
     pieces = {i for start, end in ranges for i in range(start, end)}
@@ -77,7 +86,7 @@ def local_units(cfg: ModelConfig, dims: ParallelDims, stage: int = 0, ranges=Non
     for i in _blocks(cfg, ranges):
         units.append((f"block{i}", (cfg.layer_params() - 2 * h) // t, 2 * h))
     if cfg.n_layers + 1 in pieces:
-        units.append(("head", cfg.vocab_size * h // t, h))
+        units.append(("head", 0 if cfg.tie_embeddings and 0 in pieces else cfg.vocab_size * h // t, h))
     return units
 
 
@@ -155,6 +164,9 @@ def comm_per_axis(
         add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb)["data"])
     elif n > 1:
         add(data_axis(dims), sent_bytes("all_reduce", FP32 * sum(split + rep for _, split, rep in units), n))
+    first, last = tied_stage_ranks(cfg, dims.pp, schedule, virtual_stages) if cfg.tie_embeddings else (0, 0)
+    if first != last and stage in (first, last):  # the embedding group's sum of the two copies' gradients
+        add("embed", sent_bytes("all_reduce", FP32 * cfg.vocab_size * cfg.hidden // dims.tp, 2))
     if cfg.is_moe and not zero:  # the experts over their replicas (ep = 1: every rank holds every expert)
         add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1)["replica"])
     if routing is not None and dims.ep > 1:
@@ -218,7 +230,7 @@ def memory_per_rank(
     if zero:
         return zero_memory(flat_units(cfg, dims, ranges), zero) | {"activations": acts}
     numel = sum(split + rep for _, split, rep in units)
-    tensors = sum(1 if name == "embed" else 2 if name == "head" else 9 for name, _, _ in units)
+    tensors = sum(1 if name == "embed" else (2 if split else 1) if name == "head" else 9 for name, split, _ in units)
     return {
         "params": FP32 * numel,
         "grads": FP32 * numel,

@@ -1,0 +1,79 @@
+"""A tied embedding across the pipeline (Megatron-LM's embedding group: Shoeybi et al. 2019, §3;
+Narayanan et al. 2021): the first and the last stage each hold a copy of the word embedding, and
+their gradients are summed over the two ranks after backward. Against one process on the same
+global batch (loss, every gradient, parameters after 3 AdamW steps within ``parallel.parity``'s
+bounds), bytes per axis of every rank measured == predicted with the embedding group's all-reduce
+counted (``theory.hybrid``), memory per category to the byte, and the two copies bit-for-bit equal."""
+
+import pytest
+import torch
+
+from playbook.dims import ParallelDims
+from playbook.parallel.hybrid import Plan, train_hybrid
+from playbook.parallel.hybrid_run import comm_table, merge, reference
+from playbook.parallel.parity import assert_parity
+from playbook.parallel.report import compare
+from playbook.parallel.training import TrainSetup
+from playbook.theory.hybrid import comm_per_axis
+
+TIED = TrainSetup(model="gpt-tiny-tied")
+_reference: list = []
+
+
+def check(ranks, plan: Plan) -> list[dict]:
+    plan.check(TIED)
+    answers = ranks.run(train_hybrid, TIED, plan)
+    if not _reference:
+        _reference.append(reference(TIED))
+    assert_parity(compare(merge(answers, plan.dims.tp), _reference[0]), TIED, str(plan.dims))
+    for row in comm_table(answers, TIED, plan):
+        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
+        assert row["memory"]["measured"] == row["memory"]["predicted"], row["rank"]  # every category, to the byte
+    copies: dict = {}  # the tied weight after the last step, per tp index: equal on every rank holding it
+    for a in answers:
+        if "tok_emb.weight" in a["result"].params:  # the first and the last stage (one rank on the V)
+            copies.setdefault(a["coords"]["tp"], []).append(a["result"].params["tok_emb.weight"])
+    for same in copies.values():
+        assert all(torch.equal(same[0], c) for c in same[1:])
+    return answers
+
+
+def test_pp2_sums_the_two_copies_over_the_embedding_group(ranks2):
+    answers = check(ranks2, Plan(ParallelDims(pp=2)))
+    (row,) = [r for r in comm_table(answers, TIED, Plan(ParallelDims(pp=2))) if r["rank"] == 1]
+    assert row["measured"]["embed"] == 4 * 64 * 64  # one [vocab, hidden] fp32 all-reduce over 2 ranks: S
+
+
+def test_without_a_pipeline_the_tied_weight_is_one_tensor_counted_once(ranks2):
+    answers = check(ranks2, Plan(ParallelDims(dp=2)))  # memory to the byte: the head adds its norm only
+    assert all("embed" not in row["measured"] for row in comm_table(answers, TIED, Plan(ParallelDims(dp=2))))
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        Plan(ParallelDims(dp=2, pp=2)),
+        Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True),
+        Plan(ParallelDims(dp=2, pp=2), schedule="interleaved"),  # the head on rank 1's second chunk
+        Plan(ParallelDims(dp=2, pp=2), schedule="zb-v", microbatches=2),  # rank 0 holds both: nothing sent
+    ],
+    ids=["dp2×pp2", "tp2×pp2 SP", "dp2×pp2 interleaved", "dp2×pp2 zb-v"],
+)
+def test_tied_embedding_composes_with_dp_tp_and_the_v(ranks4, plan):
+    answers = check(ranks4, plan)
+    axes = {ax for row in comm_table(answers, TIED, plan) for ax in row["measured"]}
+    assert ("embed" in axes) == (plan.schedule != "zb-v")
+
+
+def test_only_the_first_and_last_pipeline_ranks_send_on_the_embedding_group():
+    cfg = TIED.config().replace(n_layers=4)
+    sent = [
+        comm_per_axis(cfg, ParallelDims(pp=4), rank=r, global_batch=8, seq_len=32, microbatches=4).get("embed", 0)
+        for r in range(4)
+    ]
+    assert sent == [4 * 64 * 64, 0, 0, 4 * 64 * 64]
+
+
+def test_zero_with_a_tied_embedding_is_refused_in_one_line_before_ranks_start():
+    with pytest.raises(ValueError, match="ZeRO with a tied embedding is not composed"):
+        Plan(ParallelDims(dp=2, pp=2), zero=1).check(TIED)
