@@ -1,9 +1,13 @@
 """``playbook plan --layout``: one given layout costed by the search's own functions."""
 
+import dataclasses
+
 import pytest
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_layout import cost_layout, parse_layout
+from playbook.theory.plan_memory import memory_breakdown
+from playbook.theory.prod_activations import production_block_bytes
 from playbook.theory.planner import plan
 
 CFG, HW = ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
@@ -53,3 +57,25 @@ def test_llama3_published_layouts_step_time_within_15_percent():
         lay = parse_layout(f"{text} zero=2 schedule=interleaved v=2", global_batch=batch)
         r = cost_layout(cfg, HW, lay, seq_len=seq, rank=False)
         assert abs(r["mfu"] / published - 1) <= 0.15, (text, r["mfu"])
+
+
+def test_llama3_8k_layouts_counted_as_they_ran():
+    """§3.3.2 of Dubey et al. 2024: one-layer chunks with the embedding and the output alone on the
+    end chunks (v = 8 on pp16, ``test_llama3_light_ends_chunks``), no recomputation, gradients in
+    fp32. The most loaded rank is the second: Megatron's warm-up keeps 2(p − 2) + (v − 1)p + 1 = 141
+    chunk-micro-batches of one layer alive when m ≥ 2p (DP64, m = 32), and all m·v = 128 when m = p
+    (DP128, m = 16). The state is training_memory's with Megatron's 4-byte main_grad."""
+    cfg = ModelConfig.preset("llama-3.1-405b")
+    block = production_block_bytes(cfg, seq_len=8192, micro_batch=1, tp=8)
+    for dp, held in ((64, 141), (128, 128)):
+        lay = parse_layout(f"dp={dp} tp=8 pp=16 zero=2 schedule=interleaved v=8 ends=light", global_batch=2048)
+        r = cost_layout(cfg, HW, lay, seq_len=8192, rank=False)
+        mem, ours = r["memory_bytes"], memory_breakdown(cfg, lay, 8192, activations="ours")
+        assert mem["activations"] == pytest.approx(held * block)
+        assert mem["grads"] == pytest.approx(2 * ours["grads"]) and mem["params"] == ours["params"]
+        assert not r["fits"]  # neither fits 90 % of 80 GB: the chapter says by how much
+    assert r["memory_total"] < HW.memory_bytes < mem["params"] + mem["optimizer"] + mem["grads"] + 141 * block
+    z3 = dataclasses.replace(lay, zero=3)  # FSDP's sharded fp32 gradient is ZeRO's 16Ψ/Nd count
+    assert memory_breakdown(cfg, z3, 8192)["grads"] == memory_breakdown(cfg, z3, 8192, activations="ours")["grads"]
+    with pytest.raises(ValueError, match="ends is even or light"):
+        parse_layout("dp=64 tp=8 pp=16 ends=heavy", global_batch=2048)

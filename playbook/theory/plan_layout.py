@@ -9,15 +9,16 @@ from __future__ import annotations
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, step_cost, with_schedule
 from playbook.theory.plan_memory import memory_breakdown
+from playbook.theory.plan_schedule import ENDS
 from playbook.theory.planner import MEM_UTIL, Layout, plan
 
-_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "b", "m", "recompute", "schedule", "v"}
+_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "b", "m", "recompute", "schedule", "v", "ends"}
 _EXAMPLE = "dp=64 tp=8 pp=16 zero=1 b=1 m=32 recompute=none schedule=interleaved v=2"
 
 
 def parse_layout(text: str, *, global_batch: int) -> Layout:
     """``"dp=64 tp=8 pp=16 ..."`` (any order; cp, ep, zero default 0/1, b 1, m from the batch,
-    recompute none, schedule 1f1b, v 1) as a :class:`Layout`; one line naming what is wrong."""
+    recompute none, schedule 1f1b, v 1, ends even) as a :class:`Layout`; one line naming what is wrong."""
     fields: dict[str, str] = {}
     for part in text.replace(",", " ").split():
         key, _, value = part.partition("=")
@@ -36,7 +37,9 @@ def parse_layout(text: str, *, global_batch: int) -> Layout:
     m = int(fields.get("m", global_batch // (ints["dp"] * b)))
     if ints["dp"] * b * m != global_batch:
         raise ValueError(f"--layout: dp·b·m = {ints['dp'] * b * m} but the global batch is {global_batch}")
-    schedule = fields.get("schedule", "1f1b")
+    schedule, ends = fields.get("schedule", "1f1b"), fields.get("ends", "even")
+    if ends not in ENDS:
+        raise ValueError(f"--layout: ends is {' or '.join(ENDS)} (light: Llama 3's lighter first and last stages)")
     return Layout(
         **ints,
         zero=zero,
@@ -45,6 +48,7 @@ def parse_layout(text: str, *, global_batch: int) -> Layout:
         recompute=fields.get("recompute", "none"),
         schedule=schedule,
         v=v,
+        ends=ends,
     )
 
 

@@ -50,6 +50,7 @@ class Layout:
     recompute: str
     schedule: str = "1f1b"  # pipeline schedule (plan_schedule.PLAN_SCHEDULES)
     v: int = 1  # model chunks per stage: interleaved's v, 2 for the V shapes
+    ends: str = "even"  # layers per virtual stage: "even", or "light" first and last (plan_schedule.ENDS)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -62,7 +63,8 @@ class Layout:
     def __str__(self) -> str:
         axes = "×".join(f"{a}{v}" for a, v in self.degrees.items() if v > 1 or a == "dp")
         sched = "" if self.schedule == "1f1b" else f" {self.schedule}" + (f" v{self.v}" if self.v > 1 else "")
-        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}{sched}"
+        ends = "" if self.ends == "even" else f" ends={self.ends}"
+        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}{sched}{ends}"
 
 
 @dataclass(frozen=True)
@@ -121,11 +123,7 @@ class Plan:
 
 
 def powers_of_two(limit: int) -> list[int]:
-    out, k = [], 1
-    while k <= limit:
-        out.append(k)
-        k *= 2
-    return out
+    return [2**k for k in range(max(limit, 0).bit_length())]
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
