@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import BACKWARD_SHARE, attention_flops_per_token, flops_per_token
+from playbook.theory.plan_precision import FP8_DISPATCH_SHARE, time_factor
 from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
 
 # Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
@@ -144,8 +145,10 @@ def step_cost(
     schedule: str = "1f1b",
     v: int = 1,
     overlap: str = "none",
+    precision: str = "bf16",
 ) -> StepCost:
-    """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring)."""
+    """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring);
+    ``precision="fp8"``: the linear layers at the FP8 peak, ep's dispatch in FP8 (``plan_precision``)."""
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
     hidden = OVERLAP_PRESETS[overlap]
@@ -155,7 +158,7 @@ def step_cost(
     model_flops = tokens * train
     extra = {"none": 0.0, "full": forward, "selective": attention_forward}[recompute]
     rate = hw.peak_bf16_flops * hw.achievable_flops_fraction
-    compute = (model_flops + tokens * extra) / world / rate
+    compute = (model_flops + tokens * extra) / world / rate * time_factor(cfg, hw, s, precision)
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     layers = math.ceil(cfg.n_layers / pp)
     moe_layers = math.ceil(cfg.n_moe_layers / pp)
@@ -177,7 +180,8 @@ def step_cost(
     if ep > 1 and moe_layers:
         bw, lat, _ = link(hw, "ep", gpus_per_node, **degrees)
         per_layer = 6 if recompute == "full" else 4
-        comm = m * moe_layers * per_layer * collective_seconds("all_to_all", act * cfg.top_k, ep, bw, lat)
+        wire = act * cfg.top_k * (FP8_DISPATCH_SHARE if precision == "fp8" else 1.0)
+        comm = m * moe_layers * per_layer * collective_seconds("all_to_all", wire, ep, bw, lat)
         axes["ep"] = (comm, _overlapped(comm, compute, 0.0) if "ep" in hidden else comm)
     if pp > 1:
         bw, lat, _ = link(hw, "pp", gpus_per_node, **degrees)

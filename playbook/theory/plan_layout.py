@@ -63,6 +63,7 @@ def cost_layout(
     overlap: str = DEFAULT_OVERLAP,
     mem_util: float = MEM_UTIL,
     rank: bool = True,
+    precision: str = "bf16",
 ) -> dict:
     """The layout's memory (bytes by category), step (seconds by part), MFU, fit and margin, and its
     rank: 1 + the planner's candidates that are faster (of how many fit), for the same GPUs."""
@@ -80,6 +81,7 @@ def cost_layout(
         seq_len=seq_len,
         gpus_per_node=g,
         overlap=overlap,
+        precision=precision,
     )
     cost = with_schedule(base, pp=lay.pp, microbatches=lay.microbatches, schedule=lay.schedule, v=lay.v)
     total, budget = sum(memory.values()), hw.memory_bytes * mem_util
@@ -105,6 +107,7 @@ def cost_layout(
             mem_util=mem_util,
             activations=activations,
             overlap=overlap,
+            precision=precision,
         )
         out["rank"] = 1 + sum(c.cost.total < cost.total for c in p.candidates)
         out["of"] = len(p.candidates)

@@ -30,6 +30,7 @@ from playbook.dims import ParallelDims
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
 from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
+from playbook.theory.plan_precision import time_factor
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, check_schedules, schedule_options
 from playbook.theory.prod_activations import check_activations
 
@@ -206,11 +207,13 @@ def plan(
     activations: str = "production",
     schedules: tuple[str, ...] = PLAN_SCHEDULES,
     overlap: str = DEFAULT_OVERLAP,
+    precision: str = "bf16",
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
     softmax, [b, a, s, s] kept per layer); see ``theory.activations``. ``activations``: "production"
-    (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's). Raises ``ValueError`` (one
+    (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's);
+    ``precision``: "bf16" or "fp8" (``theory.plan_precision``). Raises ``ValueError`` (one
     line) on bad input, when no layout divides, the global batch splits over none, or nothing fits
     (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
@@ -232,9 +235,8 @@ def plan(
     out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
-    out.overlap = overlap
-    budget = hw.memory_bytes * mem_util
-    common = dict(seq_len=seq_len, gpus_per_node=g)
+    out.overlap, _ = overlap, time_factor(cfg, hw, seq_len, precision)  # a bad precision: one line, now
+    budget, common = hw.memory_bytes * mem_util, dict(seq_len=seq_len, gpus_per_node=g)
     structures = list(_structures(cfg, out))
     if not structures:
         if "global batch split" in out.rejected:  # some layout divides the model; the batch splits over none
@@ -270,15 +272,15 @@ def plan(
                     microbatches=v.microbatches,
                     recompute=v.recompute,
                     overlap=overlap,
+                    precision=precision,
                     **common,
                 )
-        sched = dict(pp=dims.pp)
         costs = sorted(
             (
                 (
                     with_schedule(
                         by_zero[v.micro_batch, v.recompute][v.zero],
-                        **sched,
+                        pp=dims.pp,
                         microbatches=v.microbatches,
                         schedule=v.schedule,
                         v=v.v,
