@@ -152,6 +152,7 @@ def cmd_plan(args) -> int:
         schedules=tuple(x for x in args.schedules.split(",") if x),
         overlap=args.overlap,
         precision=args.precision,
+        mesh_order=args.mesh_order,
     )
     best = result.candidates[0].layout
     where = dict(
@@ -266,6 +267,13 @@ def add_plan(sub) -> None:
         default="bf16",
         help="the linear layers' precision: bf16, or fp8 as DeepSeek-V3 trains (FP8 GEMMs at the profile's "
         "peak_fp8_flops, ep dispatch in FP8; attention, head and router in BF16); MFU stays against BF16 peak",
+    )
+    p.add_argument(
+        "--mesh-order",
+        choices=("tp-cp-dp-pp", "tp-cp-pp-dp"),
+        default="tp-cp-dp-pp",
+        help="rank order, fastest axis first: Megatron-LM's tp-cp-dp-pp (ep inside dp; the default) or "
+        "Llama 3's tp-cp-pp-dp (pp inside dp): which groups fit in a node, so which links each axis crosses",
     )
     p.add_argument(
         "--layout",

@@ -27,6 +27,7 @@ def one_layout(cfg, hw, args) -> int:
         overlap=args.overlap,
         mem_util=args.mem_util,
         precision=args.precision,
+        mesh_order=args.mesh_order,
     )
     if args.json:
         print(json.dumps(r, indent=2))

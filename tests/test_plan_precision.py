@@ -1,4 +1,4 @@
-"""FP8 in the planner's step time (``theory.plan_precision``; DeepSeek-AI 2024, arXiv:2412.19437, §3.3)."""
+"""FP8 (``theory.plan_precision``; DeepSeek-AI 2024, arXiv:2412.19437, §3.3) and the mesh order in the planner's step time."""
 
 import dataclasses
 
@@ -6,7 +6,7 @@ import pytest
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.flops import flops_per_token
-from playbook.theory.plan_cost import step_cost
+from playbook.theory.plan_cost import link, step_cost
 from playbook.theory.planner import plan
 
 H100 = Hardware.preset("h100-sxm")
@@ -45,3 +45,18 @@ def test_a_device_without_fp8_is_refused_in_one_line():
         plan(cfg, H100, gpus=8, seq_len=4096, global_batch=64, precision="fp4")
     fast, slow = (plan(cfg, H100, gpus=8, seq_len=4096, global_batch=64, precision=p) for p in ("fp8", "bf16"))
     assert fast.candidates[0].cost.total < slow.candidates[0].cost.total
+
+
+def test_mesh_order_decides_which_axis_crosses_nodes():
+    """tp4 · pp2 · dp2 on nodes of 8: Megatron's tp-cp-dp-pp keeps dp's groups in a node (span 8) and
+    sends pp across nodes; Llama 3's tp-cp-pp-dp (§3.3.2) the other way round."""
+    degrees = dict(dp=2, tp=4, pp=2, cp=1, ep=1)
+    assert [link(H100, a, 8, "tp-cp-dp-pp", **degrees)[2] for a in ("tp", "dp", "pp")] == ["intra", "intra", "inter"]
+    assert [link(H100, a, 8, "tp-cp-pp-dp", **degrees)[2] for a in ("tp", "dp", "pp")] == ["intra", "inter", "intra"]
+    cfg = ModelConfig.preset("llama-3.1-8b")
+    lay = LAYOUT | dict(dp=2, tp=4, pp=2, zero=1)
+    meg, llama = (step_cost(cfg, H100, ep=1, seq_len=4096, mesh_order=o, **lay) for o in ("tp-cp-dp-pp", "tp-cp-pp-dp"))
+    assert llama.axes["pp"][0] < meg.axes["pp"][0] and llama.axes["dp"][0] > meg.axes["dp"][0]
+    assert llama.compute == meg.compute and llama.axes["tp"] == meg.axes["tp"]
+    with pytest.raises(ValueError, match="mesh order must be one of tp-cp-dp-pp, tp-cp-pp-dp"):
+        plan(cfg, H100, gpus=8, seq_len=4096, global_batch=64, mesh_order="pp-dp")

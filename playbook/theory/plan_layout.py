@@ -64,6 +64,7 @@ def cost_layout(
     mem_util: float = MEM_UTIL,
     rank: bool = True,
     precision: str = "bf16",
+    mesh_order: str = "tp-cp-dp-pp",
 ) -> dict:
     """The layout's memory (bytes by category), step (seconds by part), MFU, fit and margin, and its
     rank: 1 + the planner's candidates that are faster (of how many fit), for the same GPUs."""
@@ -82,6 +83,7 @@ def cost_layout(
         gpus_per_node=g,
         overlap=overlap,
         precision=precision,
+        mesh_order=mesh_order,
     )
     cost = with_schedule(base, pp=lay.pp, microbatches=lay.microbatches, schedule=lay.schedule, v=lay.v)
     total, budget = sum(memory.values()), hw.memory_bytes * mem_util
@@ -108,6 +110,7 @@ def cost_layout(
             activations=activations,
             overlap=overlap,
             precision=precision,
+            mesh_order=mesh_order,
         )
         out["rank"] = 1 + sum(c.cost.total < cost.total for c in p.candidates)
         out["of"] = len(p.candidates)

@@ -30,7 +30,6 @@ from playbook.dims import ParallelDims
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
 from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
-from playbook.theory.plan_precision import time_factor
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, check_schedules, schedule_options
 from playbook.theory.prod_activations import check_activations
 
@@ -208,14 +207,15 @@ def plan(
     schedules: tuple[str, ...] = PLAN_SCHEDULES,
     overlap: str = DEFAULT_OVERLAP,
     precision: str = "bf16",
+    mesh_order: str = "tp-cp-dp-pp",
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
     softmax, [b, a, s, s] kept per layer); see ``theory.activations``. ``activations``: "production"
     (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's);
-    ``precision``: "bf16" or "fp8" (``theory.plan_precision``). Raises ``ValueError`` (one
-    line) on bad input, when no layout divides, the global batch splits over none, or nothing fits
-    (naming the smallest memory found)."""
+    ``precision``: "bf16" or "fp8" (``theory.plan_precision``); ``mesh_order``: ``plan_cost.MESH_ORDERS``.
+    Raises ``ValueError`` (one line) on bad input, when no layout divides, the global batch splits over
+    none, or nothing fits (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
     require_positive(gpus=gpus, gpus_per_node=g, seq_len=seq_len, global_batch=global_batch)
     if gpus > g and gpus % g:
@@ -235,8 +235,9 @@ def plan(
     out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
-    out.overlap, _ = overlap, time_factor(cfg, hw, seq_len, precision)  # a bad precision: one line, now
+    out.overlap = overlap  # a bad precision or mesh order: one line from the first step costed
     budget, common = hw.memory_bytes * mem_util, dict(seq_len=seq_len, gpus_per_node=g)
+    timing = dict(overlap=overlap, precision=precision, mesh_order=mesh_order)
     structures = list(_structures(cfg, out))
     if not structures:
         if "global batch split" in out.rejected:  # some layout divides the model; the batch splits over none
@@ -271,8 +272,7 @@ def plan(
                     micro_batch=v.micro_batch,
                     microbatches=v.microbatches,
                     recompute=v.recompute,
-                    overlap=overlap,
-                    precision=precision,
+                    **timing,
                     **common,
                 )
         costs = sorted(
