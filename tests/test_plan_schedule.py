@@ -81,6 +81,10 @@ def test_llama3_light_ends_chunks():
         chunk_layers(126, 16, 1, "heavy")
     with pytest.raises(ValueError, match="use fewer p·v"):
         chunk_layers(8, 4, 4)
+    with pytest.raises(ValueError, match="uneven stages are counted for 1f1b and interleaved; got 'zb-v'"):
+        layers_held("zb-v", 4, 8, 2, chunk_layers(8, 4, 2))
+    with pytest.raises(ValueError, match="m must be a multiple of p"):
+        layers_held("interleaved", 4, 6, 2, chunk_layers(8, 4, 2))
 
 
 @pytest.mark.parametrize("p,m,v", [(4, 8, 2), (8, 16, 4), (16, 32, 8)])

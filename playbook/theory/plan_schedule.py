@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 
-from playbook.theory.schedules import _interleaved, _one_f_one_b, closed_form
+from playbook.theory.schedules import _interleaved, _one_f_one_b, check_pipeline, closed_form
 
 PLAN_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 V_CHOICES = (2, 3, 4, 6, 8)  # chunks per stage tried for the interleaved schedule
@@ -104,6 +104,7 @@ def layers_held(name: str, p: int, m: int, v: int, layers: tuple[int, ...]) -> t
     with ``layers`` (:func:`chunk_layers`) per virtual stage; a backward frees its chunk's layers."""
     if name not in ("1f1b", "interleaved"):
         raise ValueError(f"uneven stages are counted for 1f1b and interleaved; got {name!r}")
+    check_pipeline(p, m, v, name=name)  # chapter 4's rules: m a multiple of p when interleaved, ...
     out = []
     for r in range(p):
         order = _interleaved(p, m, v, r) if name == "interleaved" and v > 1 else _one_f_one_b(p, m, r)
