@@ -6,6 +6,7 @@ import pytest
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import step_cost, with_schedule
 from playbook.theory.plan_schedule import bubble_fraction, check_schedules, chunk_layers, layers_held, schedule_options
+from playbook.theory.prod_activations import in_flight
 from playbook.theory.schedules import make_schedule, simulate
 
 
@@ -99,6 +100,10 @@ def test_layers_held_plays_megatrons_warm_up(p, m, v):
     assert layers_held("1f1b", p, m, 1, chunk_layers(L, p)) == tuple((p - r) * L // p for r in range(p))
     held = layers_held("interleaved", p, m, v, chunk_layers(p * v - 2, p, v, "light"))
     assert held[0] == (v - 1) * p and held[1] == (v + 1) * p - 3 == max(held)
+    for mb in (p, 2 * p, 3 * p):  # the played order agrees with prod_activations' closed form, capped at m
+        assert layers_held("interleaved", p, mb, v, chunk_layers(L, p, v))[0] == pytest.approx(
+            in_flight("interleaved", p, mb, v) * L / p
+        )
     hot = tuple(int(stage == p) for stage in range(p * v))  # one layer, on virtual stage p: chunk 1 of rank 0
     held = layers_held("interleaved", p, m, v, hot)
     assert held[0] >= p and held[1:] == (0,) * (p - 1)  # its first p micro-batches run before any backward

@@ -133,14 +133,15 @@ def production_end_bytes(
 def in_flight(schedule: str, pp: int, microbatches: int, v: int = 1) -> float:
     """Micro-batches of a full stage's activations the first stage holds at the step's peak:
     1F1B min(p, m) (Narayanan et al. 2021, arXiv:2104.04473, §2.2); interleaved with v model chunks
-    per stage that times 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.3);
+    per stage that times 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.3), but
+    never more than the m there are (m = p: Megatron's warm-up is every forward, before any backward);
     ZB-H1 the same as 1F1B (Qi et al. 2023, arXiv:2401.10241, §3); the V-shaped ZB-V and
     DualPipe-V hold 2p chunk-halves, i.e. p full stages (``theory.schedules_v``)."""
     p, m = pp, microbatches
     if p == 1:
         return 1.0
     if schedule == "interleaved":
-        return min(p, m) * (1 + (p - 1) / (p * v))
+        return min(min(p, m) * (1 + (p - 1) / (p * v)), m)
     return float(min(p, m))
 
 
