@@ -45,6 +45,8 @@ def memory_breakdown(
     requires with bf16, and Llama 3's "FP32 gradient accumulation ... and reduce-scatter gradients in
     FP32" (Dubey et al. 2024, arXiv:2407.21783, §3.3.2); ZeRO-3 keeps ZeRO's 16Ψ/Nd, as FSDP's fp32
     sharded parameter and gradient do)."""
+    if activations == "ours" and getattr(lay, "ends", "even") != "even":
+        raise ValueError("ends=light is counted with production activations; ours counts even 1F1B stages")
     b = lay.micro_batch if activations == "ours" else 1  # production: only the state is read, the same at any b
     accum = "main_grad" if activations == "production" and lay.zero < 3 else False
     state = _ours(cfg, seq_len, b, tuple(lay.degrees.items()), lay.zero, lay.recompute, attention, accum)
