@@ -65,6 +65,9 @@ DEFAULT_OVERLAP = "megatron-tp"
 # Llama 3's [TP, CP, PP, DP] (Dubey et al. 2024, arXiv:2407.21783, §3.3.2), where pp sits inside dp:
 # with tp < GPUs per node the pipeline's sends stay on NVLink and dp's collectives cross nodes.
 MESH_ORDERS = ("tp-cp-dp-pp", "tp-cp-pp-dp")
+# tp + SP per layer and micro-batch: all-gather + reduce-scatter around attention and the MLP, forward and back;
+# Megatron's full recomputation reruns the forward (+4), our replay's stops before the MLP's last (11, theory.tp).
+TP_COLLECTIVES_PER_LAYER = {"none": 8, "selective": 8, "full": 12}
 BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
 GRAD_BYTES = 2  # bf16 gradients and weights on the wire (precision="mixed")
 
@@ -181,7 +184,7 @@ def step_cost(
     axes: dict[str, tuple[float, float]] = {}
     if tp > 1:
         bw, lat, _ = link(hw, "tp", gpus_per_node, mesh_order, **degrees)
-        per_layer = 12 if recompute == "full" else 8
+        per_layer = TP_COLLECTIVES_PER_LAYER[recompute]
         one = collective_seconds("all_gather", act, tp, bw, lat)
         comm = m * layers * per_layer * one
         axes["tp"] = (comm, _overlapped(comm, compute, comm / tp) if "tp" in hidden else comm)
