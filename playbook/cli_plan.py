@@ -160,6 +160,8 @@ def cmd_plan(args) -> int:
         activations=args.activations,
         schedules=tuple(x for x in args.schedules.split(",") if x),
         overlap=args.overlap,
+        precision=args.precision,
+        mesh_order=args.mesh_order,
     )
     best = result.candidates[0].layout
     where = dict(
@@ -181,7 +183,7 @@ def cmd_plan(args) -> int:
         print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")
     print(
         f"{cfg.name} on {args.gpus} × {args.hardware} ({result.gpus_per_node} per node), seq {args.seq_len}, "
-        f"global batch {args.global_batch}, {args.attention} attention, {args.activations} activations, overlap {args.overlap}; {len(result.candidates)} layouts fit, "
+        f"global batch {args.global_batch}, {args.attention} attention, {args.activations} activations, overlap {args.overlap}, {args.precision}; {len(result.candidates)} layouts fit, "
         f"{result.dominated} slower variants of them skipped"
     )
     print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
@@ -267,6 +269,20 @@ def add_plan(sub) -> None:
         default=DEFAULT_OVERLAP,
         help=f"communication hidden behind compute: none, megatron-tp (tp's collective matmuls: all but 1/t "
         f"hidden) or deepseek-ep (also ep's all-to-all and pp's sends); default {DEFAULT_OVERLAP}",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="the linear layers' precision: bf16, or fp8 as DeepSeek-V3 trains (FP8 GEMMs at the profile's "
+        "peak_fp8_flops, ep dispatch in FP8; attention, head and router in BF16); MFU stays against BF16 peak",
+    )
+    p.add_argument(
+        "--mesh-order",
+        choices=("tp-cp-dp-pp", "tp-cp-pp-dp"),
+        default="tp-cp-dp-pp",
+        help="rank order, fastest axis first: Megatron-LM's tp-cp-dp-pp (ep inside dp; the default) or "
+        "Llama 3's tp-cp-pp-dp (pp inside dp): which groups fit in a node, so which links each axis crosses",
     )
     p.add_argument(
         "--layout",

@@ -26,13 +26,15 @@ def one_layout(cfg, hw, args) -> int:
         activations=args.activations,
         overlap=args.overlap,
         mem_util=args.mem_util,
+        precision=args.precision,
+        mesh_order=args.mesh_order,
     )
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
     print(
         f"{cfg.name}, {r['layout']} on {r['gpus']} × {args.hardware}, seq {args.seq_len}, "
-        f"{args.activations} activations, overlap {args.overlap}"
+        f"{args.activations} activations, overlap {args.overlap}, {args.precision}"
     )
     mem = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in r["memory_bytes"].items())
     verdict = "fits" if r["fits"] else "does NOT fit"
@@ -46,5 +48,5 @@ def one_layout(cfg, hw, args) -> int:
         f"  step: {step['total']:.2f} s = compute {step['compute']:.2f} + bubble {step['bubble']:.2f} "
         f"+ exposed {step['exposed_comm']:.2f} ({axes or 'none'})"
     )
-    print(f"  MFU {r['mfu']:.1%}; rank {r['rank']} of the {r['of']} layouts that fit")
+    print(f"  MFU {r['mfu']:.1%} of the BF16 peak; rank {r['rank']} of the {r['of']} layouts that fit")
     return 0

@@ -62,7 +62,9 @@ def test_nothing_fits_names_the_gpus_from_first_principles():
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("name, gpus, seq_len", [("llama-3.1-8b", 2, 131072), ("llama-3.1-70b", 16, 16384)])
+# 8B on 3 GPUs, not 2: with Megatron's fp32 main_grad (18 bytes per parameter without ZeRO, the
+# production count) the model state of dp1×tp2 alone fills the 72 GB, so no shorter context helps
+@pytest.mark.parametrize("name, gpus, seq_len", [("llama-3.1-8b", 3, 131072), ("llama-3.1-70b", 16, 16384)])
 def test_nothing_fits_suggestions_work_and_are_the_first_that_do(name, gpus, seq_len):
     cfg = ModelConfig.preset(name)
     with pytest.raises(ValueError) as err:

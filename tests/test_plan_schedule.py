@@ -5,7 +5,8 @@ import pytest
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import step_cost, with_schedule
-from playbook.theory.plan_schedule import bubble_fraction, check_schedules, schedule_options
+from playbook.theory.plan_schedule import bubble_fraction, check_schedules, chunk_layers, layers_held, schedule_options
+from playbook.theory.prod_activations import in_flight
 from playbook.theory.schedules import make_schedule, simulate
 
 
@@ -68,3 +69,41 @@ def test_overlap_presets_hide_what_they_name():
     assert ds.axes["pp"][1] == 0.0 < ds.axes["pp"][0]
     with pytest.raises(ValueError, match="none, megatron-tp, deepseek-ep"):
         step_cost(cfg, hw, **kw, overlap="all")
+
+
+def test_llama3_light_ends_chunks():
+    """Dubey et al. 2024 §3.3.2: one layer fewer on the first and last stages, the first chunk only
+    the embedding: 126 layers + 2 = 128 virtual stages of one layer over pp16, so v = 8."""
+    sizes = chunk_layers(126, 16, 8, "light")
+    assert len(sizes) == 128 and sum(sizes) == 126 and sizes[0] == sizes[-1] == 0 and set(sizes[1:-1]) == {1}
+    assert chunk_layers(126, 16) == (8,) * 14 + (7, 7)  # even: the first stages take the remainder
+    assert chunk_layers(126, 16, 1, "light") == (7,) + (8,) * 14 + (7,)
+    with pytest.raises(ValueError, match="ends must be one of even, light"):
+        chunk_layers(126, 16, 1, "heavy")
+    with pytest.raises(ValueError, match="use fewer p·v"):
+        chunk_layers(8, 4, 4)
+    with pytest.raises(ValueError, match="uneven stages are counted for 1f1b and interleaved; got 'zb-v'"):
+        layers_held("zb-v", 4, 8, 2, chunk_layers(8, 4, 2))
+    with pytest.raises(ValueError, match="m must be a multiple of p"):
+        layers_held("interleaved", 4, 6, 2, chunk_layers(8, 4, 2))
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (8, 16, 4), (16, 32, 8)])
+def test_layers_held_plays_megatrons_warm_up(p, m, v):
+    """Even stages: rank 0 holds the closed form, p·(1 + (p−1)/(p·v)) stages of L/p layers
+    (Korthikanti et al. 2022 §4.2.3), 1F1B p − r stages on rank r. Light ends with one-layer chunks:
+    rank r keeps 2(p−r−1) + (v−1)p + 1 chunk-micro-batches alive (Megatron's warm-up and one more
+    forward), so rank 0, whose first chunk is empty (its 2p − 1 micro-batches hold no layer), holds
+    (v−1)p and rank 1 holds (v+1)p − 3: the second rank, not the first, is the most loaded."""
+    L = 2 * p * v
+    assert layers_held("interleaved", p, m, v, chunk_layers(L, p, v))[0] == pytest.approx(L * (1 + (p - 1) / (p * v)))
+    assert layers_held("1f1b", p, m, 1, chunk_layers(L, p)) == tuple((p - r) * L // p for r in range(p))
+    held = layers_held("interleaved", p, m, v, chunk_layers(p * v - 2, p, v, "light"))
+    assert held[0] == (v - 1) * p and held[1] == (v + 1) * p - 3 == max(held)
+    for mb in (p, 2 * p, 3 * p):  # the played order agrees with prod_activations' closed form, capped at m
+        assert layers_held("interleaved", p, mb, v, chunk_layers(L, p, v))[0] == pytest.approx(
+            in_flight("interleaved", p, mb, v) * L / p
+        )
+    hot = tuple(int(stage == p) for stage in range(p * v))  # one layer, on virtual stage p: chunk 1 of rank 0
+    held = layers_held("interleaved", p, m, v, hot)
+    assert held[0] >= p and held[1:] == (0,) * (p - 1)  # its first p micro-batches run before any backward

@@ -57,6 +57,7 @@ def test_interleaved_holds_more_in_flight():
     assert in_flight("1f1b", 16, 64) == 16
     assert in_flight("interleaved", 16, 64, v=2) == pytest.approx(16 * (1 + 15 / 32))
     assert in_flight("1f1b", 16, 8) == 8  # fewer micro-batches than stages
+    assert in_flight("interleaved", 16, 16, v=2) == 16  # m = p: all m forwards run before a backward, no more
 
 
 def test_bad_activation_model_names_the_choices():

@@ -9,7 +9,7 @@ of the training FLOPs), ``selective`` only attention's two [T, T] matmuls forwar
 
 Communication, with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's
 group uses: inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp,
-pp: ``playbook.dims``), the network card otherwise. What overlaps:
+pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the network card otherwise. What overlaps:
 
 - **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
   micro-batch an all-gather and a reduce-scatter of the [s/cp, b, h] activation before and after
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import BACKWARD_SHARE, attention_flops_per_token, flops_per_token
+from playbook.theory.plan_precision import FP8_DISPATCH_SHARE, time_factor
 from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
 
 # Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
@@ -60,6 +61,13 @@ from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
 # §3.2.1), so only what exceeds the compute is exposed.
 OVERLAP_PRESETS = {"none": (), "megatron-tp": ("tp",), "deepseek-ep": ("tp", "ep", "pp")}
 DEFAULT_OVERLAP = "megatron-tp"
+# Rank order, fastest axis first: Megatron-LM's tp-cp-(ep)-dp-pp (``playbook.dims``, the default) or
+# Llama 3's [TP, CP, PP, DP] (Dubey et al. 2024, arXiv:2407.21783, §3.3.2), where pp sits inside dp:
+# with tp < GPUs per node the pipeline's sends stay on NVLink and dp's collectives cross nodes.
+MESH_ORDERS = ("tp-cp-dp-pp", "tp-cp-pp-dp")
+# tp + SP per layer and micro-batch: all-gather + reduce-scatter around attention and the MLP, forward and back;
+# Megatron's full recomputation reruns the forward (+4), our replay's stops before the MLP's last (11, theory.tp).
+TP_COLLECTIVES_PER_LAYER = {"none": 8, "selective": 8, "full": 12}
 BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
 GRAD_BYTES = 2  # bf16 gradients and weights on the wire (precision="mixed")
 
@@ -109,14 +117,24 @@ class StepCost:
         }
 
 
-def span(axis: str, *, dp: int, tp: int, pp: int, cp: int, ep: int = 1) -> int:
-    """Consecutive ranks one group of ``axis`` covers, tp fastest then cp, dp, pp (``playbook.dims``)."""
-    return {"tp": tp, "cp": tp * cp, "ep": tp * ep, "dp": tp * cp * dp, "pp": tp * cp * dp * pp}[axis]
+def span(axis: str, *, dp: int, tp: int, pp: int, cp: int, ep: int = 1, order: str = MESH_ORDERS[0]) -> int:
+    """Consecutive ranks one group of ``axis`` covers, the axes nested fastest first as ``order``
+    says (``MESH_ORDERS``; ep inside dp·cp, over tp·ep ranks, as ``playbook.dims`` lays it out)."""
+    if order not in MESH_ORDERS:
+        raise ValueError(f"mesh order must be one of {', '.join(MESH_ORDERS)}; got {order!r}")
+    if axis == "ep":
+        return tp * ep
+    sizes, out = dict(tp=tp, cp=cp, dp=dp, pp=pp), 1
+    for a in order.split("-")[: order.split("-").index(axis) + 1]:
+        out *= sizes[a]
+    return out
 
 
-def link(hw: Hardware, axis: str, gpus_per_node: int, **degrees) -> tuple[float, float, str]:
+def link(
+    hw: Hardware, axis: str, gpus_per_node: int, order: str = MESH_ORDERS[0], **degrees
+) -> tuple[float, float, str]:
     """(bandwidth, latency, "intra"/"inter") of the link a group of ``axis`` uses."""
-    if span(axis, **degrees) <= gpus_per_node:
+    if span(axis, order=order, **degrees) <= gpus_per_node:
         return hw.intra_node_bandwidth, hw.intra_node_latency, "intra"
     return hw.inter_node_bandwidth, hw.inter_node_latency, "inter"
 
@@ -144,8 +162,11 @@ def step_cost(
     schedule: str = "1f1b",
     v: int = 1,
     overlap: str = "none",
+    precision: str = "bf16",
+    mesh_order: str = MESH_ORDERS[0],
 ) -> StepCost:
-    """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring)."""
+    """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring);
+    ``precision="fp8"``: the linear layers at the FP8 peak, ep's dispatch in FP8 (``plan_precision``)."""
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
     hidden = OVERLAP_PRESETS[overlap]
@@ -155,39 +176,47 @@ def step_cost(
     model_flops = tokens * train
     extra = {"none": 0.0, "full": forward, "selective": attention_forward}[recompute]
     rate = hw.peak_bf16_flops * hw.achievable_flops_fraction
-    compute = (model_flops + tokens * extra) / world / rate
+    compute = (model_flops + tokens * extra) / world / rate * time_factor(cfg, hw, s, precision)
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     layers = math.ceil(cfg.n_layers / pp)
     moe_layers = math.ceil(cfg.n_moe_layers / pp)
     act = (s // cp) * b * h * GRAD_BYTES  # one micro-batch's [s/cp, b, h] activation on a rank, gathered over tp
     axes: dict[str, tuple[float, float]] = {}
     if tp > 1:
-        bw, lat, _ = link(hw, "tp", gpus_per_node, **degrees)
-        per_layer = 12 if recompute == "full" else 8
+        bw, lat, _ = link(hw, "tp", gpus_per_node, mesh_order, **degrees)
+        per_layer = TP_COLLECTIVES_PER_LAYER[recompute]
         one = collective_seconds("all_gather", act, tp, bw, lat)
         comm = m * layers * per_layer * one
         axes["tp"] = (comm, _overlapped(comm, compute, comm / tp) if "tp" in hidden else comm)
     if cp > 1:
-        bw, lat, _ = link(hw, "cp", gpus_per_node, **degrees)
+        bw, lat, _ = link(hw, "cp", gpus_per_node, mesh_order, **degrees)
         kv = 2 * (s // cp) * b * max(cfg.kv_heads / tp, 1) * cfg.dim_head * GRAD_BYTES
         one = collective_seconds("send", kv, 2, bw, lat)
         comm = m * layers * 3 * (cp - 1) * one
         attention = tokens * attention_train / world / rate
         axes["cp"] = (comm, _overlapped(comm, attention, m * layers * one))
     if ep > 1 and moe_layers:
-        bw, lat, _ = link(hw, "ep", gpus_per_node, **degrees)
+        bw, lat, _ = link(hw, "ep", gpus_per_node, mesh_order, **degrees)
         per_layer = 6 if recompute == "full" else 4
-        comm = m * moe_layers * per_layer * collective_seconds("all_to_all", act * cfg.top_k, ep, bw, lat)
+        wire = act * cfg.top_k * (FP8_DISPATCH_SHARE if precision == "fp8" else 1.0)
+        comm = m * moe_layers * per_layer * collective_seconds("all_to_all", wire, ep, bw, lat)
         axes["ep"] = (comm, _overlapped(comm, compute, 0.0) if "ep" in hidden else comm)
     if pp > 1:
-        bw, lat, _ = link(hw, "pp", gpus_per_node, **degrees)
+        bw, lat, _ = link(hw, "pp", gpus_per_node, mesh_order, **degrees)
         comm = 2 * m * boundary_crossings(schedule, v) * collective_seconds("send", act / tp, 2, bw, lat)
         axes["pp"] = (comm, _overlapped(comm, compute, 0.0) if "pp" in hidden else comm)
     pipelined = compute + sum(e for _, e in axes.values())
     bubble = pipelined * bubble_fraction(schedule, pp, m, v)
     if dp * cp > 1:
         axes["dp"] = _dp_seconds(
-            cfg, hw, zero=zero, compute=compute, gpus_per_node=gpus_per_node, **degrees, microbatches=m
+            cfg,
+            hw,
+            zero=zero,
+            compute=compute,
+            gpus_per_node=gpus_per_node,
+            **degrees,
+            microbatches=m,
+            order=mesh_order,
         )
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
@@ -209,6 +238,7 @@ def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layo
             gpus_per_node=layout["gpus_per_node"],
             microbatches=layout["microbatches"],
             **degrees,
+            order=layout.get("mesh_order", MESH_ORDERS[0]),
         )
         out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
     return out
@@ -238,9 +268,11 @@ def grad_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int
     return out
 
 
-def _dp_seconds(cfg, hw, *, dp, tp, pp, cp, ep, zero, compute, microbatches, gpus_per_node) -> tuple[float, float]:
+def _dp_seconds(
+    cfg, hw, *, dp, tp, pp, cp, ep, zero, compute, microbatches, gpus_per_node, order
+) -> tuple[float, float]:
     m = microbatches
-    bw, lat, _ = link(hw, "dp", gpus_per_node, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    bw, lat, _ = link(hw, "dp", gpus_per_node, order, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     comm = exposed = 0.0
     for params, n in grad_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep):
         g = params * GRAD_BYTES

@@ -9,15 +9,16 @@ from __future__ import annotations
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, step_cost, with_schedule
 from playbook.theory.plan_memory import memory_breakdown
+from playbook.theory.plan_schedule import ENDS
 from playbook.theory.planner import MEM_UTIL, Layout, plan
 
-_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "b", "m", "recompute", "schedule", "v"}
+_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "b", "m", "recompute", "schedule", "v", "ends"}
 _EXAMPLE = "dp=64 tp=8 pp=16 zero=1 b=1 m=32 recompute=none schedule=interleaved v=2"
 
 
 def parse_layout(text: str, *, global_batch: int) -> Layout:
     """``"dp=64 tp=8 pp=16 ..."`` (any order; cp, ep, zero default 0/1, b 1, m from the batch,
-    recompute none, schedule 1f1b, v 1) as a :class:`Layout`; one line naming what is wrong."""
+    recompute none, schedule 1f1b, v 1, ends even) as a :class:`Layout`; one line naming what is wrong."""
     fields: dict[str, str] = {}
     for part in text.replace(",", " ").split():
         key, _, value = part.partition("=")
@@ -36,7 +37,9 @@ def parse_layout(text: str, *, global_batch: int) -> Layout:
     m = int(fields.get("m", global_batch // (ints["dp"] * b)))
     if ints["dp"] * b * m != global_batch:
         raise ValueError(f"--layout: dp·b·m = {ints['dp'] * b * m} but the global batch is {global_batch}")
-    schedule = fields.get("schedule", "1f1b")
+    schedule, ends = fields.get("schedule", "1f1b"), fields.get("ends", "even")
+    if ends not in ENDS:
+        raise ValueError(f"--layout: ends is {' or '.join(ENDS)} (light: Llama 3's lighter first and last stages)")
     return Layout(
         **ints,
         zero=zero,
@@ -45,6 +48,7 @@ def parse_layout(text: str, *, global_batch: int) -> Layout:
         recompute=fields.get("recompute", "none"),
         schedule=schedule,
         v=v,
+        ends=ends,
     )
 
 
@@ -59,6 +63,8 @@ def cost_layout(
     overlap: str = DEFAULT_OVERLAP,
     mem_util: float = MEM_UTIL,
     rank: bool = True,
+    precision: str = "bf16",
+    mesh_order: str = "tp-cp-dp-pp",
 ) -> dict:
     """The layout's memory (bytes by category), step (seconds by part), MFU, fit and margin, and its
     rank: 1 + the planner's candidates that are faster (of how many fit), for the same GPUs."""
@@ -76,6 +82,8 @@ def cost_layout(
         seq_len=seq_len,
         gpus_per_node=g,
         overlap=overlap,
+        precision=precision,
+        mesh_order=mesh_order,
     )
     cost = with_schedule(base, pp=lay.pp, microbatches=lay.microbatches, schedule=lay.schedule, v=lay.v)
     total, budget = sum(memory.values()), hw.memory_bytes * mem_util
@@ -101,6 +109,8 @@ def cost_layout(
             mem_util=mem_util,
             activations=activations,
             overlap=overlap,
+            precision=precision,
+            mesh_order=mesh_order,
         )
         out["rank"] = 1 + sum(c.cost.total < cost.total for c in p.candidates)
         out["of"] = len(p.candidates)

@@ -14,7 +14,9 @@ from playbook.theory.prod_activations import in_flight, production_stage_activat
 
 
 @functools.lru_cache(maxsize=65536)
-def _ours(cfg, seq_len, micro_batch, degrees, zero, recompute, attention) -> tuple[float, float, float, float]:
+def _ours(
+    cfg, seq_len, micro_batch, degrees, zero, recompute, attention, grad_accum=False
+) -> tuple[float, float, float, float]:
     """training_memory's (params, grads, optimizer, activations), remembered: a search asks for the
     same degrees, ZeRO stage and recomputation once per schedule and micro-batch count."""
     mem = training_memory(
@@ -27,6 +29,7 @@ def _ours(cfg, seq_len, micro_batch, degrees, zero, recompute, attention) -> tup
         recompute=recompute,
         precision="mixed",
         attention=attention,
+        fp32_grad_accum=grad_accum,
     )
     return mem.params, mem.grads, mem.optimizer, mem.activations
 
@@ -37,9 +40,16 @@ def memory_breakdown(
     """Bytes on the most loaded GPU of ``lay`` by category: params, grads, optimizer (``training_memory``,
     mixed precision, SP with tp) and activations, counted by ``activations``: "ours" (our teaching
     GPT's kernels, ``training_memory``'s own count) or "production" (``theory.prod_activations``:
-    fused kernels, SP-sharded saved inputs, the schedule's micro-batches in flight)."""
+    fused kernels, SP-sharded saved inputs, the schedule's micro-batches in flight; up to ZeRO-2 the
+    gradients accumulated in fp32, sharded like the bf16 ones: Megatron-LM's ``main_grad``, which it
+    requires with bf16, and Llama 3's "FP32 gradient accumulation ... and reduce-scatter gradients in
+    FP32" (Dubey et al. 2024, arXiv:2407.21783, §3.3.2); ZeRO-3 keeps ZeRO's 16Ψ/Nd, as FSDP's fp32
+    sharded parameter and gradient do)."""
+    if activations == "ours" and getattr(lay, "ends", "even") != "even":
+        raise ValueError("ends=light is counted with production activations; ours counts even 1F1B stages")
     b = lay.micro_batch if activations == "ours" else 1  # production: only the state is read, the same at any b
-    state = _ours(cfg, seq_len, b, tuple(lay.degrees.items()), lay.zero, lay.recompute, attention)
+    accum = "main_grad" if activations == "production" and lay.zero < 3 else False
+    state = _ours(cfg, seq_len, b, tuple(lay.degrees.items()), lay.zero, lay.recompute, attention, accum)
     out = dict(zip(("params", "grads", "optimizer", "activations"), state))
     if activations == "production":
         out["activations"] = production_stage_activations(
@@ -52,6 +62,7 @@ def memory_breakdown(
             attention=attention,
             schedule=getattr(lay, "schedule", "1f1b"),
             v=getattr(lay, "v", 1),
+            ends=getattr(lay, "ends", "even"),
         )
     return out
 

@@ -17,17 +17,26 @@ and W (weights) where a schedule splits it:
   Rank 0 holds p stages' worth, 1F1B's peak (``theory.schedules_v``).
 
 ``closed_form`` is chapter 4's (``theory.schedules``), not copies.
+
+Stage ends (``ENDS``): "even" spreads the layers over the p·v virtual stages, the first ones taking
+the remainder; "light" puts one layer fewer on the first and the last virtual stage, as Llama 3 does
+to balance the embedding and the warm-up micro-batches of the first stage and the output and loss of
+the last (Dubey et al. 2024, arXiv:2407.21783, §3.3.2: "the first model chunk on the first stage has
+only the embedding, and the last model chunk on the last stage has only output projection and loss
+calculation"). With uneven stages the most loaded rank need not be the first: :func:`layers_held`
+plays chapter 4's order of each rank and counts the layers' activations held at once.
 """
 
 from __future__ import annotations
 
 import functools
 
-from playbook.theory.schedules import closed_form
+from playbook.theory.schedules import _interleaved, _one_f_one_b, check_pipeline, closed_form
 
 PLAN_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 V_CHOICES = (2, 3, 4, 6, 8)  # chunks per stage tried for the interleaved schedule
 V_SHAPED = ("zb-v", "dualpipe-v")
+ENDS = ("even", "light")  # layers per virtual stage (module docstring)
 
 
 def check_schedules(schedules) -> tuple[str, ...]:
@@ -71,3 +80,37 @@ def boundary_crossings(name: str, v: int) -> int:
     """Stage boundaries one micro-batch crosses per direction, in units of the p − 1 of 1F1B: v for
     interleaved, 2 for the V shapes (down and back up; the turn stays on one rank)."""
     return v if name == "interleaved" else 2 if name in V_SHAPED else 1
+
+
+def chunk_layers(n_layers: int, p: int, v: int = 1, ends: str = "even") -> tuple[int, ...]:
+    """Layers of each virtual stage 0 … p·v − 1 (stage c·p + r is chunk c of rank r), by ``ends``
+    (module docstring): "light" spreads L + 2 and takes one back from the first and the last."""
+    if ends not in ENDS:
+        raise ValueError(f"ends must be one of {', '.join(ENDS)}; got {ends!r}")
+    n, total = p * v, n_layers + 2 * (ends == "light")
+    if total < n or (ends == "light" and n < 2):
+        raise ValueError(f"{n_layers} layers do not make {n} virtual stages with {ends} ends; use fewer p·v")
+    base, extra = divmod(total, n)
+    sizes = [base + (i < extra) for i in range(n)]
+    if ends == "light":
+        sizes[0], sizes[-1] = sizes[0] - 1, sizes[-1] - 1
+    return tuple(sizes)
+
+
+@functools.lru_cache(maxsize=1024)
+def layers_held(name: str, p: int, m: int, v: int, layers: tuple[int, ...]) -> tuple[int, ...]:
+    """Per rank, the most layer·micro-batches of activations alive at once: rank r's compute order
+    (chapter 4's ``theory.schedules``: Megatron's warm-up, then one forward and one backward) played
+    with ``layers`` (:func:`chunk_layers`) per virtual stage; a backward frees its chunk's layers."""
+    if name not in ("1f1b", "interleaved"):
+        raise ValueError(f"uneven stages are counted for 1f1b and interleaved; got {name!r}")
+    check_pipeline(p, m, v, name=name)  # chapter 4's rules: m a multiple of p when interleaved, ...
+    out = []
+    for r in range(p):
+        order = _interleaved(p, m, v, r) if name == "interleaved" and v > 1 else _one_f_one_b(p, m, r)
+        held = peak = 0
+        for kind, _, chunk in order:
+            held += layers[chunk * p + r] if kind == "F" else -layers[chunk * p + r]
+            peak = max(peak, held)
+        out.append(peak)
+    return tuple(out)

@@ -50,6 +50,7 @@ class Layout:
     recompute: str
     schedule: str = "1f1b"  # pipeline schedule (plan_schedule.PLAN_SCHEDULES)
     v: int = 1  # model chunks per stage: interleaved's v, 2 for the V shapes
+    ends: str = "even"  # layers per virtual stage: "even", or "light" first and last (plan_schedule.ENDS)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -62,7 +63,8 @@ class Layout:
     def __str__(self) -> str:
         axes = "×".join(f"{a}{v}" for a, v in self.degrees.items() if v > 1 or a == "dp")
         sched = "" if self.schedule == "1f1b" else f" {self.schedule}" + (f" v{self.v}" if self.v > 1 else "")
-        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}{sched}"
+        ends = "" if self.ends == "even" else f" ends={self.ends}"
+        return f"{axes} z{self.zero} b{self.micro_batch} m{self.microbatches} {self.recompute}{sched}{ends}"
 
 
 @dataclass(frozen=True)
@@ -121,11 +123,7 @@ class Plan:
 
 
 def powers_of_two(limit: int) -> list[int]:
-    out, k = [], 1
-    while k <= limit:
-        out.append(k)
-        k *= 2
-    return out
+    return [2**k for k in range(max(limit, 0).bit_length())]
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
@@ -208,13 +206,16 @@ def plan(
     activations: str = "production",
     schedules: tuple[str, ...] = PLAN_SCHEDULES,
     overlap: str = DEFAULT_OVERLAP,
+    precision: str = "bf16",
+    mesh_order: str = "tp-cp-dp-pp",
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
     softmax, [b, a, s, s] kept per layer); see ``theory.activations``. ``activations``: "production"
-    (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's). Raises ``ValueError`` (one
-    line) on bad input, when no layout divides, the global batch splits over none, or nothing fits
-    (naming the smallest memory found)."""
+    (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's);
+    ``precision``: "bf16" or "fp8" (``theory.plan_precision``); ``mesh_order``: ``plan_cost.MESH_ORDERS``.
+    Raises ``ValueError`` (one line) on bad input, when no layout divides, the global batch splits over
+    none, or nothing fits (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
     require_positive(gpus=gpus, gpus_per_node=g, seq_len=seq_len, global_batch=global_batch)
     if gpus > g and gpus % g:
@@ -234,9 +235,9 @@ def plan(
     out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
-    out.overlap = overlap
-    budget = hw.memory_bytes * mem_util
-    common = dict(seq_len=seq_len, gpus_per_node=g)
+    out.overlap = overlap  # a bad precision or mesh order: one line from the first step costed
+    budget, common = hw.memory_bytes * mem_util, dict(seq_len=seq_len, gpus_per_node=g)
+    timing = dict(overlap=overlap, precision=precision, mesh_order=mesh_order)
     structures = list(_structures(cfg, out))
     if not structures:
         if "global batch split" in out.rejected:  # some layout divides the model; the batch splits over none
@@ -271,16 +272,15 @@ def plan(
                     micro_batch=v.micro_batch,
                     microbatches=v.microbatches,
                     recompute=v.recompute,
-                    overlap=overlap,
+                    **timing,
                     **common,
                 )
-        sched = dict(pp=dims.pp)
         costs = sorted(
             (
                 (
                     with_schedule(
                         by_zero[v.micro_batch, v.recompute][v.zero],
-                        **sched,
+                        pp=dims.pp,
                         microbatches=v.microbatches,
                         schedule=v.schedule,
                         v=v.v,

@@ -133,14 +133,15 @@ def production_end_bytes(
 def in_flight(schedule: str, pp: int, microbatches: int, v: int = 1) -> float:
     """Micro-batches of a full stage's activations the first stage holds at the step's peak:
     1F1B min(p, m) (Narayanan et al. 2021, arXiv:2104.04473, §2.2); interleaved with v model chunks
-    per stage that times 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.3);
+    per stage that times 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.3), but
+    never more than the m there are (m = p: Megatron's warm-up is every forward, before any backward);
     ZB-H1 the same as 1F1B (Qi et al. 2023, arXiv:2401.10241, §3); the V-shaped ZB-V and
     DualPipe-V hold 2p chunk-halves, i.e. p full stages (``theory.schedules_v``)."""
     p, m = pp, microbatches
     if p == 1:
         return 1.0
     if schedule == "interleaved":
-        return min(p, m) * (1 + (p - 1) / (p * v))
+        return min(min(p, m) * (1 + (p - 1) / (p * v)), m)
     return float(min(p, m))
 
 
@@ -159,11 +160,14 @@ def production_stage_activations(
     v: int = 1,
     first_layers: int | None = None,
     attention: str = "flash",
+    ends: str = "even",
 ) -> float:
     """Activation bytes at the step's peak on the most loaded rank: the first stage holding
     :func:`in_flight` micro-batches of its layers (``first_layers``, default ⌈L/p⌉) and the token
     ids, or the last stage holding one micro-batch and the loss's softmax, whichever is more. Full
-    recomputation adds, for backward's peak, one layer recomputed in full."""
+    recomputation adds, for backward's peak, one layer recomputed in full. ``ends="light"`` (Llama 3's
+    lighter first and last stages, ``plan_schedule.chunk_layers``): every rank's order is played
+    (``plan_schedule.layers_held``) and the most loaded rank, often the second, sets the peak."""
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp)
     first, last = production_end_bytes(cfg, **sizes)
     sizes["attention"] = attention
@@ -171,9 +175,17 @@ def production_stage_activations(
     moe = production_block_bytes(cfg, **sizes, recompute=recompute, moe=True, ep=ep) if cfg.is_moe else dense
     share = cfg.n_moe_layers / cfg.n_layers
     block = (1 - share) * dense + share * moe
-    layers = -(-cfg.n_layers // pp) if first_layers is None else first_layers
+    L = cfg.n_layers
+    layers = -(-L // pp) if first_layers is None else first_layers
     transient = production_block_bytes(cfg, **sizes, moe=cfg.is_moe) if recompute == "full" else 0.0
     if pp == 1:
         return layers * block + first + last + transient
     held = in_flight(schedule, pp, microbatches, v)
+    if ends != "even":
+        from playbook.theory.plan_schedule import chunk_layers, layers_held
+
+        per_rank = [n * block for n in layers_held(schedule, pp, microbatches, v, chunk_layers(L, pp, v, ends))]
+        per_rank[0] += held * first  # token ids of every micro-batch in flight (bytes, not GB)
+        per_rank[-1] += last  # the last chunk: final norm, the loss's softmax, the labels
+        return max(per_rank) + transient
     return max(held * (layers * block + first), layers * block + last) + transient
