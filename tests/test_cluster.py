@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from playbook.cluster import RankError, Ranks, RankTimeout, check_world_size, launch
+from playbook.cluster import RankError, Ranks, RankTimeout, check_world_size, launch, max_local_ranks
 from tests.conftest import pid_alive
 
 
@@ -165,6 +165,16 @@ def test_bad_world_sizes_are_refused_before_anything_starts(world_size, backend,
         check_world_size(world_size, backend)
     with pytest.raises(ValueError):
         Ranks(world_size, backend=backend)
+
+
+def test_a_four_axis_layout_fits_on_a_two_core_machine_and_past_the_cap_is_refused():
+    """dp2×tp2×pp2×cp2 needs 16 ranks: the cap is at least 16 whatever the core count (each CPU rank
+    is a process), and one rank past it is refused with the sizes that work."""
+    limit = max_local_ranks()
+    assert limit >= 16
+    check_world_size(16, "gloo")
+    with pytest.raises(ValueError, match=f"limit {limit}\\); try world_size in \\{{1, 2, 4, 8, 16"):
+        check_world_size(limit + 1, "gloo")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs NCCL asks for")

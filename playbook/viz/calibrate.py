@@ -12,7 +12,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playbook.theory.alpha_beta import model_terms
-from playbook.viz.figures import TEMPLATE
 
 LABELS = {
     "all_reduce": "all-reduce",
@@ -101,7 +100,6 @@ def calibration_figure(profile: Mapping) -> go.Figure:
     fig.update_yaxes(type="log", title_text="µs per call", row=1, col=1)
     fig.update_yaxes(tickformat="+.0%", zeroline=True, row=2, col=1)
     fig.update_layout(
-        template=TEMPLATE,
         height=620,
         title=f"Collectives on {profile.get('ranks', '?')} gloo ranks, measured {profile.get('date', '')} "
         f"(load average {load:.2f})",

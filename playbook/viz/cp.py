@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory import cp as th
-from playbook.viz.figures import TEMPLATE, format_value
+from playbook.viz.figures import format_value
 from playbook.viz.widgets import fit_controls, page_height
 
 RANK_COLORS = ["#3b7dd8", "#e4572e", "#52a852", "#f1c453", "#8a63b8", "#2aa198", "#d36fa5", "#9c6b30"]
@@ -122,7 +122,6 @@ def score_matrix(
     what = f"step {step} of 0..{n - 1} (bright), earlier steps faded" if variant == "ring" else "one step, no ring"
     ticks = list(range(m))
     fig.update_layout(
-        template=TEMPLATE,
         height=480,
         width=620,
         title=dict(
@@ -166,7 +165,6 @@ def work_bars(work: dict[str, list[float]], *, unit: str = "blocks", title: str 
             )
         )
     fig.update_layout(
-        template=TEMPLATE,
         height=380,
         barmode="group",
         yaxis=dict(title=unit),
@@ -250,7 +248,6 @@ def cp_scaling(
         fig.update_xaxes(type="log", tickvals=list(ns), title="cp ranks n", row=1, col=col)
         fig.update_yaxes(type="log", exponentformat="power", row=1, col=col)
     fig.update_layout(
-        template=TEMPLATE,
         height=400,
         title=dict(text=title, x=0.01, xanchor="left"),
         margin=dict(l=70, r=30, t=80, b=50),

@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.buckets import MIB, Bucket, bucket_cap_bytes, predict_dp_step
-from playbook.viz.figures import TEMPLATE, format_value
+from playbook.viz.figures import format_value
 from playbook.viz.widgets import fit_controls, page_height
 
 # One colour per span name in every DP figure, so naive, bucketed, DDP and predictions read alike.
@@ -84,7 +84,6 @@ def gantt(rows: Mapping[str, Iterable[Mapping]], *, title: str = "", height: int
         )
     labels = list(rows)
     fig.update_layout(
-        template=TEMPLATE,
         barmode="overlay",
         height=height or max(240, 110 + 38 * len(labels)),
         title=dict(text=title, x=0.01, xanchor="left") if title else None,
@@ -149,7 +148,6 @@ def bucket_plan_figure(
         annotation_position="top right",
     )
     fig.update_layout(
-        template=TEMPLATE,
         barmode="group",
         height=380,
         title=dict(text=title, x=0.01) if title else None,
@@ -215,7 +213,6 @@ def scaling_figure(
         )
         fig.update_yaxes(title_text="tokens / s" if col == 1 else None, rangemode="tozero", row=1, col=col)
     fig.update_layout(
-        template=TEMPLATE,
         height=380,
         title=dict(text=title, x=0.01) if title else None,
         margin=dict(l=70, r=30, t=70, b=50),

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playbook.theory.moe import alltoall_bytes_per_step, imbalance, kept_counts, load_entropy, simulate_routing
-from playbook.viz.figures import TEMPLATE, format_value
+from playbook.viz.figures import format_value
 
 HEIGHT = 380
 
@@ -70,7 +70,6 @@ def routing_figure(
         secondary_y=True,
     )
     fig.update_layout(
-        template=TEMPLATE,
         height=HEIGHT + 40,
         title=title,
         margin=dict(t=70, r=60, b=90),
@@ -119,7 +118,6 @@ def bytes_figure(
             )
         )
     fig.update_layout(
-        template=TEMPLATE,
         height=HEIGHT,
         title=title,
         yaxis_title="bytes",
@@ -140,7 +138,7 @@ def routing_over_steps(runs: dict[str, list[list[dict]]], *, title: str = "routi
         style = dict(mode="lines", line=dict(color=colors[i % len(colors)]), legendgroup=name)
         fig.add_trace(go.Scatter(y=drop, name=name, **style), 1, 1)
         fig.add_trace(go.Scatter(y=imb, name=name, showlegend=False, **style), 1, 2)
-    fig.update_layout(template=TEMPLATE, height=HEIGHT, title=title, legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(height=HEIGHT, title=title, legend=dict(orientation="h", y=-0.2))
     fig.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="step")
     return fig

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 import plotly.graph_objects as go
 
-TEMPLATE = "plotly_white"
+TEMPLATE = "plotly_white"  # every figure's template: plotly's default while playbook.viz is imported (see its __init__)
 HEIGHT = 400
 OFF_SCALE = 5  # memory_bars draws the capacity line only up to this many times the tallest bar
 
@@ -95,7 +95,6 @@ def _categories(dicts: Iterable[Mapping[str, float | None]]) -> list[str]:
 
 def _layout(fig: go.Figure, *, title: str, height: int = HEIGHT, **kwargs) -> go.Figure:
     fig.update_layout(
-        template=TEMPLATE,
         height=height,
         title=dict(text=title, x=0.01, xanchor="left") if title else None,
         margin=dict(l=70, r=30, t=60 if title else 30, b=50),

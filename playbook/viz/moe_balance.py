@@ -13,7 +13,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.viz.figures import HEIGHT, TEMPLATE
+from playbook.viz.figures import HEIGHT
 
 COLORS = ["#7f7f7f", "#2f6db5", "#e8893a", "#5b9a48", "#c94a4a", "#8a63b8"]
 
@@ -34,7 +34,6 @@ def capacity_figure(buffer: dict, *, title: str = "one expert buffer of C slots 
         y=capacity, line_dash="dot", annotation_text=f"capacity C = {capacity}", annotation_position="top right"
     )
     fig.update_layout(
-        template=TEMPLATE,
         height=HEIGHT,
         barmode="stack",
         title=title,
@@ -55,7 +54,7 @@ def balance_figure(
         style = dict(mode="lines", line=dict(color=COLORS[i % len(COLORS)]), legendgroup=name)
         fig.add_trace(go.Scatter(y=entropy, name=name, **style), 1, 1)
         fig.add_trace(go.Scatter(y=over, name=name, showlegend=False, **style), 1, 2)
-    fig.update_layout(template=TEMPLATE, height=HEIGHT, title=title, legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(height=HEIGHT, title=title, legend=dict(orientation="h", y=-0.2))
     fig.update_yaxes(tickformat=".0%", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="step")

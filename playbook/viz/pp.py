@@ -19,7 +19,6 @@ from playbook.viz.widgets import fit_controls, page_height
 
 KIND_COLORS = {"F": "#3b7dd8", "B": "#e4572e", "W": "#52a852"}
 KIND_NAMES = {"F": "forward F", "B": "backward B", "W": "weight grad W"}
-TEMPLATE = "plotly_white"
 
 
 def _bars(fig: go.Figure, tl: Timeline, scale: float, upto: float | None, row=None, show_legend=True) -> None:
@@ -59,7 +58,6 @@ def gantt(tl: Timeline, *, title: str = "", unit: str = "units", upto: float | N
     b = tl.bubble()
     ranks = [f"rank {r}" for r in range(tl.p)]
     fig.update_layout(
-        template=TEMPLATE,
         barmode="overlay",
         height=120 + 40 * tl.p,
         title=dict(
@@ -94,7 +92,6 @@ def gantt_pair(simulated: Timeline, measured: Timeline, *, title: str = "") -> g
         fig.update_yaxes(categoryorder="array", categoryarray=ranks, autorange="reversed", row=row, col=1)
     fig.update_xaxes(title_text="time (ms)", row=2, col=1)
     fig.update_layout(
-        template=TEMPLATE,
         barmode="overlay",
         height=200 + 80 * simulated.p,
         title=dict(text=title, x=0.01),
@@ -141,7 +138,6 @@ def bubble_vs_m(
             )
     label = "bubble / ideal time" if definition == "bubble_over_ideal" else "idle / total time"
     fig.update_layout(
-        template=TEMPLATE,
         height=380,
         title=dict(text=f"bubble vs micro-batches, p={p} (v={v} for interleaved, 2 for the V)", x=0.01),
         xaxis=dict(title="m (micro-batches per step)", type="log", tickvals=ms),
@@ -163,7 +159,6 @@ def activation_bars(
             go.Bar(name="measured", x=ranks, y=measured, marker_color="#2f4b7c", text=text, textposition="outside")
         )
     fig.update_layout(
-        template=TEMPLATE,
         barmode="group",
         height=320,
         title=dict(text=title, x=0.01),

@@ -1,0 +1,132 @@
+"""Run: the notebook's shared rank set (``ranks(n)``), the fresh launch (``launch(fn, n)``), and
+running as one rank under ``torchrun``."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+from typing import Callable
+
+from playbook.cluster.checks import _check_options, default_backend
+from playbook.cluster.pool import Ranks
+from playbook.cluster.rank import RankContext
+from playbook.config import require_positive
+
+_shared: dict[str, Ranks] = {}
+
+
+_LIVE_OPTIONS = ("timeout", "error_grace")  # applied to running ranks as they are
+_RESTART_OPTIONS = ("threads_per_rank", "start_method")  # fixed when a rank starts: changing one restarts
+
+
+def ranks(world_size: int, *, backend: str = "auto", **options) -> Ranks:
+    """The notebook's persistent ranks: started on first use, reused by every cell. Stopped when the
+    kernel exits.
+
+    Options you pass are applied: ``timeout`` and ``error_grace`` at once, ``threads_per_rank`` and
+    ``start_method`` by restarting the set (it says so); options you leave out keep their current
+    values. A change of ``world_size`` or ``backend`` restarts the set. Everything is checked before
+    the running set is touched, so a refused call leaves it running."""
+    known = _LIVE_OPTIONS + _RESTART_OPTIONS
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"ranks() got unknown option(s) {unknown}; known: {', '.join(known)}")
+    current = _shared.get("ranks")
+    kept = {k: getattr(current, k) for k in known} if current is not None else {}
+    wanted = kept | options
+    require_positive(world_size=world_size)
+    chosen = default_backend(world_size) if backend == "auto" else backend
+    fresh = Ranks(world_size, backend=chosen, **wanted)  # validates everything; starts nothing
+    if current is not None and (current.world_size, current.backend) == (world_size, chosen):
+        changed = [k for k in _RESTART_OPTIONS if getattr(current, k) != wanted[k]]
+        if not changed:
+            for k in _LIVE_OPTIONS:
+                setattr(current, k, wanted[k])
+            return current.start()
+        what = ", ".join(f"{k} {getattr(current, k)!r} -> {wanted[k]!r}" for k in changed)
+        print(f"playbook: restarting the {world_size} ranks: {what}", file=sys.stderr, flush=True)
+    if current is not None:
+        current.stop()
+    _shared["ranks"] = fresh
+    return fresh.start()
+
+
+@atexit.register
+def _stop_shared() -> None:
+    for r in _shared.values():
+        r.stop()
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+_launch_timeout = [300.0]  # seconds a fresh launch() waits for every result, unless told otherwise
+
+
+@contextlib.contextmanager
+def launch_timeout(seconds: float):
+    """Every ``launch()`` inside the block waits at most ``seconds`` for its ranks (``playbook run
+    --timeout``: the strategies call ``launch`` themselves)."""
+    _check_options(seconds, 0.0, 1, "fork")
+    saved, _launch_timeout[0] = _launch_timeout[0], seconds
+    try:
+        yield
+    finally:
+        _launch_timeout[0] = saved
+
+
+def launch(
+    fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float | None = None, **kwargs
+) -> list:
+    """Run ``fn(ctx, *args, **kwargs)`` on fresh ranks and stop them; return every rank's result.
+
+    Under ``torchrun`` this process *is* one rank: the group is joined from the environment,
+    ``fn`` runs here, and every rank gets the list of all results (``world_size`` may be None).
+    """
+    if under_torchrun():
+        return _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs)
+    if world_size is None:
+        raise ValueError("world_size is required outside torchrun")
+    r = Ranks(world_size, backend=backend, timeout=_launch_timeout[0] if timeout is None else timeout)
+    r._restart = ""  # one run: nothing restarts afterwards
+    with r:
+        results = r.run(fn, *args, **kwargs)
+    LAUNCHED_TRACES.append(r.last_trace)
+    return results
+
+
+LAUNCHED_TRACES: list[list[dict]] = []  # the spans of every rank of each launch, in order (``run --trace``)
+
+
+def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:
+    import torch
+    import torch.distributed as dist
+
+    from playbook.measure import trace
+
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size is not None and world_size != env_world:
+        raise ValueError(
+            f"world_size={world_size} but torchrun started WORLD_SIZE={env_world}; pass --nproc-per-node/--nnodes to match"
+        )
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    trace.install()
+    tracer = trace.Tracer(dist.get_rank())
+    ctx = RankContext(dist.get_rank(), env_world, backend, device, dist.group.WORLD, tracer)
+    with trace.recording(tracer):
+        result = fn(ctx, *args, **kwargs)
+    everyone = [None] * env_world
+    dist.all_gather_object(everyone, result)
+    return everyone
