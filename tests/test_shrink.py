@@ -70,10 +70,11 @@ def test_expert_parallelism_borrows_ranks_and_moe_keeps_to_dp_and_ep():
     assert (s.model, s.dims, s.dims.world) == ("gpt-tiny-moe", ParallelDims(dp=2, ep=2), 2)
     assert s.zero == 1 and not any("ZeRO" in n for n in s.notes)  # ZeRO-1 with EP, as DeepSeek-V3 trains
     assert any("recompute=full is not replayed" in n for n in s.notes)
-    with pytest.raises(ValueError, match="expert parallelism with tp"):
-        shrink(lay(dp=8, tp=8, ep=8), model=mixtral)
-    with pytest.raises(ValueError, match="mixture of experts runs with dp and ep only here, not pp"):
-        shrink(lay(dp=8, pp=8), model=mixtral)
+    # MoE composes with tp and pp now: every axis kept (the hybrid's one table, ``theory.composition``)
+    assert shrink(lay(dp=8, tp=8, ep=8), model=mixtral).dims == ParallelDims(dp=2, tp=2, ep=2)
+    in_pp = shrink(lay(dp=8, pp=8, schedule="interleaved", v=2), model=mixtral)
+    assert in_pp.dims == ParallelDims(dp=2, pp=2) and (in_pp.schedule, in_pp.virtual_stages) == ("1f1b", 1)
+    assert any("one chunk per pipeline rank" in n for n in in_pp.notes)
 
 
 @pytest.mark.parametrize(
@@ -193,11 +194,13 @@ def test_a_shrunk_moe_candidate_replays_with_its_routing_dependent_numbers_marke
 PLANNED = [  # the planner's cases of issue 26: (model, GPUs, seq_len, global batch)
     ("llama-3.1-405b", 16384, 8192, 2048),
     ("llama-3.1-70b", 64, 8192, 512),
+    ("mixtral-8x7b", 64, 4096, 512),  # MoE: ep inside dp×cp, with tp and pp
+    ("deepseek-v3", 2048, 4096, 4096),
 ]
 
 
 @pytest.mark.parametrize("name, gpus, seq_len, global_batch", PLANNED, ids=[p[0] for p in PLANNED])
-def test_every_top_20_dense_candidate_shrinks_with_every_axis_and_run_hybrid_accepts_its_line(
+def test_every_top_20_candidate_shrinks_with_every_axis_and_run_hybrid_accepts_its_line(
     name, gpus, seq_len, global_batch
 ):
     """No axis dropped (only sizes shrink), and the printed replay line goes through ``playbook run

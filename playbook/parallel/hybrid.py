@@ -39,6 +39,7 @@ from playbook.measure import trace
 from playbook.model import GPT
 from playbook.parallel.comm import all_reduce_flat
 from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.theory.composition import refusal
 from playbook.theory.schedules import V_SCHEDULES, check_pipeline
 
 CP_VARIANTS = ("ring", "allgather", "ulysses")
@@ -84,47 +85,26 @@ class Plan:
         )
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.sequence_parallel and d.tp == 1:
-            raise ValueError("sequence parallelism splits the sequence over the tp ranks: it needs tp > 1")
-        if self.zero and d.dp * d.cp == 1:  # ZeRO's collectives would run on one rank, on no axis
-            raise ValueError(
-                f"ZeRO-{self.zero} shards over the dp×cp ranks that hold the same weights, and dp·cp=1 in {d}: "
-                "add --dp 2 (or --cp 2) or drop --zero"
-            )
         if self.virtual_stages not in (None, 1) and d.pp == 1:
             raise ValueError(
                 f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
             )
-        if self.zero and cfg.tie_embeddings:
-            raise ValueError(
-                "ZeRO with a tied embedding is not composed: parallel.zero's flat units refuse a weight shared "
-                "by the embedding and the head, and the embedding-group sum would have to precede ZeRO's "
-                "reduce-scatter; use --zero 0 with a tied preset, or an untied one"
-            )
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
-        not_yet = [
-            (
-                cfg.is_moe and d.pp > 1 and (self.v > 1 or cfg.n_layers % d.pp),
-                "an MoE model's stage is predicted for one equal chunk per pipeline rank; "
-                "use 1f1b, gpipe or zb-h1 with pp dividing n_layers",
-            ),
-        ]
-        for refused, why in not_yet:
-            if refused:
-                raise ValueError(f"layout {d}: {why}")
+        why = refusal(
+            cfg,
+            d,
+            zero=self.zero,
+            sequence_parallel=self.sequence_parallel,
+            v=self.v,
+            seq_len=setup.seq_len,
+            cp_variant=self.cp_variant,
+        )
+        if why:  # the one composition table (``theory.composition``), which the shrinker reads too
+            raise ValueError(why)
         if d.pp > 1:
             # stages need not be equal: executor and theory cut the same pieces (``theory.pipeline.stage_ranges``)
             check_pipeline(d.pp, self.m, self.v, name=self.schedule, n_layers=cfg.n_layers)
-        if cfg.is_moe and d.tp > 1 and (setup.seq_len // d.cp) % d.tp:
-            raise ValueError(
-                f"each tp rank routes its slice of an MoE layer's sequence, and tp={d.tp} does not divide "
-                f"the {setup.seq_len // d.cp} tokens per cp rank; use a seq_len that is a multiple of cp·tp={d.cp * d.tp}"
-            )
-        if d.cp > 1 and self.cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp:
-            raise ValueError(
-                f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})"
-            )
 
 
 # ---- 1-3: parallelize the one GPT --------------------------------------------------------------

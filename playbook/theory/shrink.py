@@ -14,8 +14,9 @@ The rules (each change is written into ``Shrunk.notes`` with its reason):
   of two, a pipeline of two stages); ``gpt-tiny`` has 2 KV heads and 2 layers, so tp ≤ 2, pp ≤ 2;
   ep (which borrows ranks from dp·cp) is kept at 2 of ``gpt-tiny-moe``'s 4 experts;
 - k kept axes need 2**k ranks (ep adds none): more than ``max_ranks`` is refused;
-- axes the hybrid does not compose together (a mixture of experts, or ep, with tp, pp or cp) are
-  refused, unless the caller names one to leave out (``drop``);
+- what ``playbook run hybrid`` refuses (``theory.composition``, the one table it checks too) is
+  refused here, unless the caller names an axis to leave out (``drop``); an MoE stage runs one chunk
+  per pipeline rank, so an MoE candidate's interleaved or V schedule is replayed as 1F1B;
 - the ZeRO stage is kept (dense units over dp×cp, routed experts over their replicas), except none
   where dp·cp = 1 (nothing to shard over); sequence parallelism (the planner assumes it with every
   tp > 1) is kept with tp;
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
+from playbook.theory.composition import refusal
 from playbook.theory.hybrid import comm_per_axis, memory_per_rank
 from playbook.theory.planner import Candidate, Layout, Plan
 
@@ -138,18 +140,6 @@ def shrink(
     notes = [f"{a}{lay.degrees[a]} left out, as asked (drop)" for a in drop if lay.degrees[a] > 1]
     if "ep" in kept and "dp" not in kept and "cp" not in kept:
         raise _refuse(lay, "ep borrows ranks from dp·cp, and none is left", "keep dp or cp, or drop ep too")
-    conflicts = [
-        (("ep", a), f"expert parallelism with {a} is not composed by playbook run hybrid yet")
-        for a in "tp pp cp".split()
-    ]
-    if moe:
-        conflicts += [
-            ((a,), f"a mixture of experts runs with dp and ep only here, not {a}") for a in ("tp", "pp", "cp")
-        ]
-    for axes, why in conflicts:
-        if all(a in kept for a in axes):
-            choices = " or ".join(f"drop=('{a}',)" for a in axes)
-            raise _refuse(lay, why, f"leave one out ({choices}) or shrink a candidate without it")
     ranked = [a for a in kept if a != "ep"]
     if 2 ** len(ranked) > max_ranks:
         raise _refuse(
@@ -165,12 +155,18 @@ def shrink(
     zero, sp = _zero_and_sp(lay.zero, dims, notes)
     m = 2 * dims.pp if dims.pp > 1 else None
     schedule, v = (lay.schedule, 2 if lay.v > 1 else 1) if m else ("1f1b", 1)
+    if moe and v > 1:  # the hybrid predicts an MoE stage for one chunk per rank (``theory.composition``)
+        notes.append(f"{lay.schedule} → 1f1b: an MoE stage is replayed with one chunk per pipeline rank")
+        schedule, v = "1f1b", 1
     if m:
         notes.append(f"micro-batches {lay.microbatches} → {m}: m ≥ pp fills the 1F1B pipeline")
     if m and lay.v > 2:
         notes.append(f"{lay.schedule} v {lay.v} → 2: 2 stages × 2 chunks place {small}'s 4 pieces one each")
     elif lay.microbatches > 1:
         notes.append(f"gradient accumulation over {lay.microbatches} micro-batches → one micro-batch per step")
+    why = refusal(ModelConfig.preset(small), dims, zero=zero, sequence_parallel=sp, v=v, seq_len=SEQ_LEN)
+    if why:  # the hybrid's own table: what it refuses, the replay cannot run
+        raise _refuse(lay, why, "leave an axis out (drop=...) or shrink a candidate without it")
     notes.append(f"{big} → {small}; {ROWS} rows of {SEQ_LEN} tokens per micro-batch, fp32 (the plan counts bf16)")
     if lay.recompute != "none":
         notes.append(f"recompute={lay.recompute} is not replayed: our hybrid keeps every activation")

@@ -1,0 +1,62 @@
+"""What ``playbook run hybrid`` composes: the one table of layout refusals that the hybrid's check
+(``parallel.hybrid.Plan.check``), the planner's shrinker (``theory.shrink``) and the dashboards read.
+
+Every axis composes with every other (data, tensor + sequence, pipeline with virtual stages,
+context, expert; ZeRO 1-3 over dp×cp with routed experts over their replicas; a tied embedding over
+its first and last stage). What is left is either a fact of the layout (nothing to shard over,
+heads or tokens that do not divide) or code not yet written, and each line says which.
+
+Pure Python: no torch, so the planner can ask before anything is imported.
+"""
+
+from __future__ import annotations
+
+from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
+
+
+def refusal(
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    *,
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    v: int = 1,
+    seq_len: int | None = None,
+    cp_variant: str = "ring",
+) -> str | None:
+    """The first rule of the table ``dims`` and these options break, as one line naming it and what
+    would work; None when ``playbook run hybrid`` composes them."""
+    d = dims
+    rules = [
+        (
+            sequence_parallel and d.tp == 1,
+            "sequence parallelism splits the sequence over the tp ranks: it needs tp > 1",
+        ),
+        (
+            zero and d.dp * d.cp == 1,  # ZeRO's collectives would run on one rank, on no axis
+            f"ZeRO-{zero} shards over the dp×cp ranks that hold the same weights, and dp·cp=1 in {d}: "
+            "add --dp 2 (or --cp 2) or drop --zero",
+        ),
+        (
+            zero and cfg.tie_embeddings,
+            "ZeRO with a tied embedding is not composed: parallel.zero's flat units refuse a weight shared "
+            "by the embedding and the head, and the embedding-group sum would have to precede ZeRO's "
+            "reduce-scatter; use --zero 0 with a tied preset, or an untied one",
+        ),
+        (
+            cfg.is_moe and d.pp > 1 and (v > 1 or cfg.n_layers % d.pp),
+            f"layout {d}: an MoE model's stage is predicted for one equal chunk per pipeline rank (not "
+            "written yet for more); use 1f1b, gpipe or zb-h1 with pp dividing n_layers",
+        ),
+        (
+            cfg.is_moe and d.tp > 1 and seq_len is not None and (seq_len // d.cp) % d.tp,
+            f"each tp rank routes its slice of an MoE layer's sequence, and tp={d.tp} does not divide "
+            f"the {(seq_len or 0) // d.cp} tokens per cp rank; use a seq_len that is a multiple of cp·tp={d.cp * d.tp}",
+        ),
+        (
+            d.cp > 1 and cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp,
+            f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})",
+        ),
+    ]
+    return next((why for broken, why in rules if broken), None)
