@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from playbook.config import ModelConfig
+from playbook.mlp import SwiGLU
+from playbook.moe import AUX_ALPHA, MoEMLP, configure
 
 INIT_STD = 0.02  # GPT-2's initial weight scale
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -154,22 +156,6 @@ class Attention(nn.Module):
         return self.o_proj(y)  # [batch, seq, hidden]
 
 
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)) (Shazeer 2020). Tensor parallelism splits ffn_hidden:
-    gate/up column-wise, down row-wise."""
-
-    def __init__(self, hidden: int, ffn_hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(hidden, ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(ffn_hidden, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = F.silu(self.gate_proj(x))  # [batch, seq, ffn_hidden]
-        up = self.up_proj(x)  # [batch, seq, ffn_hidden]
-        return self.down_proj(gate * up)  # [batch, seq, hidden]
-
-
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
@@ -179,8 +165,6 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         if moe:
-            from playbook.moe import MoEMLP  # playbook.moe builds on this module
-
             self.mlp = MoEMLP(cfg)
         else:
             self.mlp = SwiGLU(cfg.hidden, cfg.ffn_hidden)
@@ -309,3 +293,18 @@ class GPT(nn.Module):
         """Sum of the MoE layers' load-balancing losses from the last forward (0.0 if dense)."""
         losses = [b.mlp.aux_loss for b in self.blocks if getattr(b.mlp, "aux_loss", None) is not None]
         return sum(losses[1:], losses[0]) if losses else 0.0
+
+
+def build_moe(
+    cfg: ModelConfig,
+    seed: int = 0,
+    *,
+    capacity_factor: float | None = None,
+    aux_alpha: float = AUX_ALPHA,
+    bias_rate: float = 0.0,
+) -> GPT:
+    """``GPT(cfg, seed)`` with every MoE layer configured (``moe.configure``): the single-process
+    reference model of expert parallelism."""
+    if not cfg.is_moe:
+        raise ValueError(f"{cfg.name} is dense (n_experts=0); use an MoE preset such as gpt-tiny-moe")
+    return configure(GPT(cfg, seed), capacity_factor=capacity_factor, aux_alpha=aux_alpha, bias_rate=bias_rate)

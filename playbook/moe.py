@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from playbook.config import ModelConfig
-from playbook.model import GPT, SwiGLU
+from playbook.mlp import SwiGLU
 from playbook.theory.moe import check_capacity_factor, check_routing, expert_capacity
 
 AUX_ALPHA = 0.01  # Switch Transformers' α
@@ -223,20 +223,6 @@ def configure(
 def routing_stats(model: nn.Module) -> list[dict]:
     """The last forward's :class:`RoutingStats` of every MoE layer, as dicts."""
     return [layer.stats.as_dict() for layer in moe_layers(model) if layer.stats is not None]
-
-
-def build(
-    cfg: ModelConfig,
-    seed: int = 0,
-    *,
-    capacity_factor: float | None = None,
-    aux_alpha: float = AUX_ALPHA,
-    bias_rate: float = 0.0,
-) -> GPT:
-    """``GPT(cfg, seed)`` with every MoE layer configured: the single-process reference model."""
-    if not cfg.is_moe:
-        raise ValueError(f"{cfg.name} is dense (n_experts=0); use an MoE preset such as gpt-tiny-moe")
-    return configure(GPT(cfg, seed), capacity_factor=capacity_factor, aux_alpha=aux_alpha, bias_rate=bias_rate)
 
 
 def capacity_of(tokens: int, cfg: ModelConfig, capacity_factor: float | None) -> int | None:

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from playbook.moe import build, configure, moe_layers, top_k_gating
+from playbook.model import build_moe as build
+from playbook.moe import configure, moe_layers, top_k_gating
 from playbook.parallel import ep as E
 from playbook.parallel import ep_run as R
 from playbook.parallel.parity import assert_parity, floor_of

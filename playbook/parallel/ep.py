@@ -37,7 +37,8 @@ import torch.nn as nn
 
 from playbook.config import ModelConfig, divisors, require_divides
 from playbook.dims import ParallelDims
-from playbook.moe import AUX_ALPHA, MoEMLP, build, moe_layers
+from playbook.model import build_moe as build
+from playbook.moe import AUX_ALPHA, MoEMLP, moe_layers
 from playbook.parallel.ep_layers import ExpertParallelMoE, TensorParallelExperts
 from playbook.parallel.hybrid import sync_gradients
 from playbook.parallel.report import all_finite, max_abs_loss_diff, max_rel_diff, rel_l2_diff

@@ -189,7 +189,7 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
             shard_positions(setup.seq_len, d.cp, mesh.coords["cp"], plan.zigzag), device=ctx.device
         )
     if cfg.is_moe:
-        from playbook.moe import build
+        from playbook.model import build_moe as build
 
         model = build(cfg, setup.seed)
     else:

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from playbook.measure import trace
-from playbook.moe import build, moe_layers
+from playbook.model import build_moe as build
+from playbook.moe import moe_layers
 from playbook.parallel.parity import floor_of
 from playbook.parallel.training import TrainResult, TrainSetup, train
 

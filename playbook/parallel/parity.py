@@ -24,7 +24,7 @@ import functools
 import torch
 
 from playbook.model import GPT
-from playbook.moe import build
+from playbook.model import build_moe as build
 from playbook.parallel.report import compare, failures
 from playbook.parallel.training import TrainResult, TrainSetup, train
 

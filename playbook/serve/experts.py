@@ -11,7 +11,7 @@ routed counts and two all-to-alls (dispatch, combine; GShard, Lepikhin et al. 20
 arXiv:2006.16668); the ranks decode in lockstep because every rank must join them.
 
 Checked against the single process (``tests/test_serve_pp_ep.py``): tokens equal greedy decoding of
-``moe.build(cfg, seed)`` without a cache, logits within 1e-5; the all-to-all bytes each rank sent
+``model.build_moe(cfg, seed)`` without a cache, logits within 1e-5; the all-to-all bytes each rank sent
 while decoding equal ``theory.serving_parallel.ep_forward_alltoall_bytes`` of the routing counts
 every MoE layer saw at every step.
 """
@@ -35,7 +35,7 @@ def check(cfg: ModelConfig, *, ep: int, rows: int) -> None:
 
 def build(ctx, cfg: ModelConfig, seed: int, ep: int):
     """The single-process MoE model (no capacity limit) with its experts split over this rank's ep group."""
-    from playbook.moe import build as build_moe
+    from playbook.model import build_moe
     from playbook.parallel.hybrid import Plan, parallelize
 
     dims = ParallelDims(dp=ep, ep=ep)
@@ -137,7 +137,7 @@ def serve_ep(
     import os
 
     from playbook.cluster import launch
-    from playbook.moe import build as build_moe
+    from playbook.model import build_moe
     from playbook.serve.generate import greedy_without_cache
 
     check(cfg, ep=ep, rows=rows)
