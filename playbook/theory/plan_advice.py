@@ -15,6 +15,7 @@ Pure: no torch.
 from __future__ import annotations
 
 from playbook.config import Hardware, ModelConfig
+from playbook.theory.plan_search import Plan, _modelled, _structures, _variants
 
 GPU_FACTORS = (2, 4, 8, 16, 32, 64)
 MIN_SEQ_LEN = 128
@@ -22,8 +23,6 @@ MIN_SEQ_LEN = 128
 
 def allowed_dps(cfg: ModelConfig, *, gpus: int, gpus_per_node: int, seq_len: int) -> list[int]:
     """Every dp some layout of ``gpus`` GPUs that divides the model has, ascending."""
-    from playbook.theory.planner import Plan, _structures
-
     scratch = Plan(cfg.name, "", gpus, gpus_per_node, seq_len, gpus, 0.0)  # every dp divides gpus
     return sorted({dims.dp for dims in _structures(cfg, scratch)})
 
@@ -66,8 +65,6 @@ def least_memory(
 ) -> tuple[float, str] | None:
     """(bytes per GPU, layout) of the layout of ``gpus`` GPUs that needs the least memory, or None
     when no layout of that many GPUs can be planned (the batch splits over none, ...)."""
-    from playbook.theory.planner import Plan, _modelled, _structures, _variants
-
     if gpus > gpus_per_node and gpus % gpus_per_node:
         return None
     scratch = Plan(cfg.name, "", gpus, gpus_per_node, seq_len, global_batch, 0.0, attention, activations)
