@@ -34,6 +34,7 @@ from playbook.dims import ParallelDims
 from playbook.measure import trace
 from playbook.model import GPT
 from playbook.parallel.comm import all_reduce_flat
+from playbook.parallel.hybrid_recompute import apply_recompute, check_recompute
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.schedules import V_SCHEDULES, check_pipeline
 
@@ -52,6 +53,7 @@ class Plan:
     schedule: str = "1f1b"
     microbatches: int | None = None  # None: as many as pipeline stages
     virtual_stages: int | None = None  # model chunks per pp rank; None: 2 for interleaved and the V shapes, else 1
+    recompute: str = "none"  # activation recomputation: none, selective, full (``hybrid_recompute``)
 
     @property
     def m(self) -> int:
@@ -91,6 +93,7 @@ class Plan:
             raise ValueError(
                 f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
             )
+        check_recompute(self.recompute)
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
@@ -159,6 +162,8 @@ def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = N
                     data_rank=mesh.index("dp_cp"),
                     n_data=d.dp * d.cp,
                 )
+    if plan.recompute != "none":
+        apply_recompute(model, plan.recompute)
     return model
 
 

@@ -88,6 +88,7 @@ def comm_per_axis(
     microbatches: int = 1,
     virtual_stages: int = 1,
     routing: list | None = None,
+    recompute: str = "none",
 ) -> dict[str, float]:
     """Bytes ``rank`` sends per training step on each axis of ``dims`` (see the module docstring).
     ``routing``: for expert parallelism, the routing stats of the run (``[step][layer]`` dicts with
@@ -106,7 +107,12 @@ def comm_per_axis(
         keep = {f"layer{i}" for i in blocks} | ({"embedding"} if 0 in pieces else set())
         keep |= {"head", "loss"} if cfg.n_layers + 1 in pieces else set()
         for col in step_collectives(
-            cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel
+            cfg,
+            seq_len=seq_len // dims.cp,
+            micro_batch=rows,
+            tp=dims.tp,
+            sequence_parallel=sequence_parallel,
+            recompute=recompute,
         ):
             if col.region.split(".")[0] in keep:
                 add("tp", col.sent_bytes)
@@ -170,6 +176,7 @@ def memory_per_rank(
     virtual_stages: int = 1,
     routing: list | None = None,
     zero: int = 0,
+    recompute: str = "none",
 ) -> dict[str, float | None]:
     """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (``zero``: ZeRO over dp×cp): its parameters
     (1/tp of every split matrix of its stage, norms whole; MoE: E/ep experts), as many gradient bytes,
@@ -208,6 +215,7 @@ def memory_per_rank(
         sequence_parallel=sequence_parallel,
         cp_variant=cp_variant,
         virtual_stages=virtual_stages,
+        recompute=recompute,
     )
     units = local_units(cfg, dims, ranges=chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages))
     if zero:

@@ -28,6 +28,7 @@ def activation_pieces(
     micro_batch: int,
     sequence_parallel: bool = False,
     cp_variant: str = "ring",
+    recompute: str = "none",
 ) -> dict[str, int]:
     """Bytes one micro-batch of a dense model saves on one rank, by piece: "first" (the embedding's
     inputs), "block" (one block), "last" (final norm, head, loss), from the shapes the rank sees:
@@ -39,7 +40,7 @@ def activation_pieces(
     sizes = dict(micro_batch=micro_batch, tp=dims.tp, sequence_parallel=sequence_parallel)
     first, last = end_activations(cfg, seq_len=seq_len // dims.cp, **sizes)
     block = _block_activations(
-        cfg, 0, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute="none", variant=cp_variant, **sizes
+        cfg, 0, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute=recompute, variant=cp_variant, **sizes
     )
     return {"first": first, "block": block, "last": last}
 
@@ -56,6 +57,7 @@ def stage_activation_bytes(
     sequence_parallel: bool = False,
     cp_variant: str = "ring",
     virtual_stages: int = 1,
+    recompute: str = "none",
 ) -> int:
     """Activation bytes at the step's peak on a rank of pipeline stage ``stage`` holding ``rows``
     rows: one micro-batch's pieces (:func:`activation_pieces`) of each of the pp·v virtual stages
@@ -68,7 +70,13 @@ def stage_activation_bytes(
     pp, L = dims.pp, cfg.n_layers
     b = rows // (microbatches if pp > 1 else 1)
     piece = activation_pieces(
-        cfg, dims, seq_len=seq_len, micro_batch=b, sequence_parallel=sequence_parallel, cp_variant=cp_variant
+        cfg,
+        dims,
+        seq_len=seq_len,
+        micro_batch=b,
+        sequence_parallel=sequence_parallel,
+        cp_variant=cp_variant,
+        recompute=recompute,
     )
     v = virtual_stages if pp > 1 else 1
     ranges = equal_partition(L, pp * v)  # pieces [start, end) of each virtual stage
