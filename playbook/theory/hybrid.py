@@ -25,6 +25,7 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.moe import params_per_rank as moe_params
 from playbook.theory.schedules import V_SCHEDULES, equal_partition, is_split, make_schedule
@@ -130,6 +131,8 @@ def comm_per_axis(
         local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
         per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
         add("cp", len(blocks) * sum(per_layer.values()))  # linear in rows: any m
+        sizes = dict(seq_len=seq_len, micro_batch=rows, variant=cp_variant, recompute=recompute)
+        add("cp", len(blocks) * cp_replay_bytes_per_layer(cfg, dims, **sizes))  # the core reruns in backward
     if dims.pp > 1:
         plan = make_schedule(schedule, dims.pp, microbatches, virtual_stages)
         tokens = seq_len // dims.cp // (dims.tp if sequence_parallel else 1)  # this rank's share of a sequence

@@ -39,9 +39,23 @@ def activation_pieces(
 
     sizes = dict(micro_batch=micro_batch, tp=dims.tp, sequence_parallel=sequence_parallel)
     first, last = end_activations(cfg, seq_len=seq_len // dims.cp, **sizes)
+    kept = "none" if dims.cp > 1 else recompute  # CP's core under recomputation: ``theory.hybrid_recompute``
     block = _block_activations(
-        cfg, 0, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute=recompute, variant=cp_variant, **sizes
+        cfg, 0, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute=kept, variant=cp_variant, **sizes
     )
+    if dims.cp > 1 and recompute != "none":
+        from playbook.theory.hybrid_recompute import cp_block_bytes
+
+        block = cp_block_bytes(
+            cfg,
+            dims,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            recompute=recompute,
+            none_bytes=block,
+            sequence_parallel=sequence_parallel,
+            variant=cp_variant,
+        )
     return {"first": first, "block": block, "last": last}
 
 
@@ -86,8 +100,11 @@ def stage_activation_bytes(
         + (end == L + 2) * piece["last"]
         for start, end in ranges
     ]
+    from playbook.theory.hybrid_recompute import positions_bytes
+
+    once = positions_bytes(dims, seq_len, recompute)  # full recomputation under CP: one storage per rank
     if pp == 1:
-        return per_stage[0]
+        return per_stage[0] + once
     plan = make_schedule(schedule, pp, microbatches, v)
     w = None
     if plan.split_backward and dims.tp == 1:
@@ -96,7 +113,8 @@ def stage_activation_bytes(
         w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
         w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
     chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
-    return held_bytes(plan, chunks, w)[stage]
+    holds_blocks = any(per_stage[plan.stage(stage, c)] > piece["first"] + piece["last"] for c in range(v))
+    return held_bytes(plan, chunks, w)[stage] + once * holds_blocks
 
 
 _OUTSIDE_CORE = (
