@@ -94,11 +94,10 @@ def stage_activation_bytes(
     )
     v = virtual_stages if pp > 1 else 1
     ranges = equal_partition(L, pp * v)  # pieces [start, end) of each virtual stage
+    n_blocks = [max(0, min(end, L + 1) - max(start, 1)) for start, end in ranges]
     per_stage = [
-        (start == 0) * piece["first"]
-        + max(0, min(end, L + 1) - max(start, 1)) * piece["block"]
-        + (end == L + 2) * piece["last"]
-        for start, end in ranges
+        (start == 0) * piece["first"] + n * piece["block"] + (end == L + 2) * piece["last"]
+        for (start, end), n in zip(ranges, n_blocks)
     ]
     from playbook.theory.hybrid_recompute import positions_bytes
 
@@ -113,7 +112,7 @@ def stage_activation_bytes(
         w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
         w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
     chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
-    holds_blocks = any(per_stage[plan.stage(stage, c)] > piece["first"] + piece["last"] for c in range(v))
+    holds_blocks = any(n_blocks[plan.stage(stage, c)] for c in range(v))
     return held_bytes(plan, chunks, w)[stage] + once * holds_blocks
 
 
