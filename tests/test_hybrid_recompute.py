@@ -22,6 +22,11 @@ CASES = [
     for mode in ("selective", "full")
 ]
 
+CASES += [
+    ("full with ZeRO-3 over dp×cp in dp2×cp2", ParallelDims(dp=2, cp=2), {"zero": 3, "recompute": "full"}),
+    ("full with ZeRO-1 in dp2×pp2", ParallelDims(dp=2, pp=2), {"zero": 1, "recompute": "full"}),
+]
+
 
 @pytest.mark.parametrize("name, dims, options", CASES, ids=[c[0] for c in CASES])
 def test_recomputation_on_four_ranks_matches_the_single_process(ranks4, name, dims, options):

@@ -8,6 +8,8 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
     2. context parallelism: every attention core swapped for ring attention over ``cp``, RoPE at
        this rank's global positions;
     3. expert parallelism: every MoE layer's experts split over ``ep``;
+    3b. activation recomputation (``Plan.recompute``, ``hybrid_recompute``): none, selective or
+       full on the blocks as TP, CP and EP left them, before the pipeline cuts them;
     4. pipeline parallelism: this rank's chunk of the (already parallel) model, or its v chunks
        (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
        and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
@@ -133,8 +135,8 @@ class Plan:
 
 # ---- 1-3: parallelize the one GPT --------------------------------------------------------------
 def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = None):
-    """Apply TP (+SP), the CP attention core and EP to ``model`` for this rank of ``mesh``, in that
-    order; returns the model to train (a new module for TP, the same one otherwise). The pipeline
+    """Apply TP (+SP), the CP attention core, EP and recomputation to ``model`` for this rank of
+    ``mesh``, in that order; returns the model to train (a new module for TP, the same one otherwise). The pipeline
     (step 4) and the gradient reduction (step 5) belong to the training loop: see ``train_hybrid``."""
     d = mesh.dims
     if d.tp > 1:
