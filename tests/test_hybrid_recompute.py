@@ -25,6 +25,21 @@ CASES = [
 CASES += [
     ("full with ZeRO-3 over dp×cp in dp2×cp2", ParallelDims(dp=2, cp=2), {"zero": 3, "recompute": "full"}),
     ("full with ZeRO-1 in dp2×pp2", ParallelDims(dp=2, pp=2), {"zero": 1, "recompute": "full"}),
+    (
+        "selective with zb-h1 in dp2×pp2",
+        ParallelDims(dp=2, pp=2),
+        {"schedule": "zb-h1", "microbatches": 4, "recompute": "selective"},
+    ),
+    (
+        "full interleaved in tp2×pp2",
+        ParallelDims(tp=2, pp=2),
+        {"schedule": "interleaved", "microbatches": 4, "recompute": "full"},
+    ),
+    (
+        "selective zb-v in tp2×pp2 with SP",
+        ParallelDims(tp=2, pp=2),
+        {"schedule": "zb-v", "sequence_parallel": True, "recompute": "selective"},
+    ),
 ]
 
 
@@ -59,6 +74,8 @@ def test_an_unknown_recompute_mode_is_refused_in_one_line(capsys):
 
     with pytest.raises(ValueError, match="recompute must be one of none, selective, full"):
         Plan(ParallelDims(dp=2), recompute="some").check(DENSE)
+    with pytest.raises(ValueError, match="recompute=full with zb-h1's split backward"):
+        Plan(ParallelDims(dp=2, pp=2), schedule="zb-h1", microbatches=4, recompute="full").check(DENSE)
     with pytest.raises(SystemExit):  # argparse's own refusal: its usage and one error line
         main(["run", "hybrid", "--dp", "2", "--recompute", "some"])
     assert "argument --recompute: invalid choice: 'some'" in capsys.readouterr().err

@@ -24,11 +24,22 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from playbook.model import RECOMPUTE_MODES
+from playbook.theory.schedules import is_split
 
 
-def check_recompute(mode: str) -> None:
+def check_recompute(mode: str, dims=None, schedule: str = "1f1b") -> None:
+    """``mode`` is known, and composes with ``schedule``. A split backward (ZB-H1, ZB-V, DualPipe-V;
+    ``pp_executor``) computes W apart from B: without TP from each linear's input, kept from F (what
+    "full" would have dropped), with TP one autograd node deep on the kept graph, where every
+    checkpointed block would be recomputed once more per module, its collectives with it."""
     if mode not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {mode!r}")
+    if mode == "full" and dims is not None and dims.pp > 1 and is_split(schedule):
+        raise ValueError(
+            f"recompute=full with {schedule}'s split backward: W needs the insides of every block that full "
+            "recomputation drops (kept from F, or recomputed again per module). Use recompute=selective "
+            "or a 1f1b, interleaved or gpipe schedule"
+        )
 
 
 def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
