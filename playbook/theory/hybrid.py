@@ -17,6 +17,10 @@ Each axis carries what one chapter derived, computed on this rank's *local* shap
 - ``ep``: the all-to-alls, from the routing counts of the run (``theory.moe``);
 - ``ep_replica``: the expert gradients over the ranks that hold the same experts.
 
+With activation recomputation (``recompute``) the recomputed forward sends again what it sent:
+TP's collectives up to each block's MLP input under "full" (``theory.tp``, phase "recompute") and
+CP's forward exchange once more per layer under either mode (``theory.hybrid_recompute``).
+
 Sizes in bytes (fp32). The loss reported to the user is not counted: it travels outside the step.
 """
 

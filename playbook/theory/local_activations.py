@@ -7,7 +7,8 @@ it for every layout of the composition matrix, without a case per pair of axes.
 
 Counts per piece: ``theory.tp`` (Megatron's block, Korthikanti et al. 2022, arXiv:2205.05198),
 ``theory.cp`` (ring, all-gather and Ulysses cores), ``theory.activations`` (the plain block), put
-together by ``theory.stages._block_activations``; TP with CP is :func:`tp_cp_block_bytes`. fp32.
+together by ``theory.stages._block_activations``; under recomputation with CP,
+``theory.hybrid_recompute``; TP with CP is :func:`tp_cp_block_bytes`. fp32.
 No torch.
 """
 
