@@ -24,6 +24,17 @@ CASES = [
 
 CASES += [
     ("full with ZeRO-3 over dp×cp in dp2×cp2", ParallelDims(dp=2, cp=2), {"zero": 3, "recompute": "full"}),
+    (
+        "selective with Ulysses in dp2×cp2",
+        ParallelDims(dp=2, cp=2),
+        {"cp_variant": "ulysses", "recompute": "selective"},
+    ),
+    ("full with Ulysses in dp2×cp2", ParallelDims(dp=2, cp=2), {"cp_variant": "ulysses", "recompute": "full"}),
+    (
+        "selective with all-gather CP in dp2×cp2",
+        ParallelDims(dp=2, cp=2),
+        {"cp_variant": "allgather", "recompute": "selective"},
+    ),
     ("full with ZeRO-1 in dp2×pp2", ParallelDims(dp=2, pp=2), {"zero": 1, "recompute": "full"}),
     (
         "selective with zb-h1 in dp2×pp2",

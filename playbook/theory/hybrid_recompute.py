@@ -67,13 +67,16 @@ def cp_replay_bytes_per_layer(
 ) -> float:
     """Bytes the recomputed attention core sends again in backward, per layer: the forward's part of
     ``theory.cp.comm_bytes_per_layer`` (ring: the K/V blocks, (n−1)·kv; all-gather: its all-gather,
-    (n−1)·kv; Ulysses: the forward's two all-to-alls, half the step's)."""
-    from playbook.theory.cp import comm_bytes_per_layer, kv_shard_bytes
+    (n−1)·kv; Ulysses: its all-to-alls of q, k and v in, (n−1)/n·(q + kv), and under "full" also the
+    output's back, (n−1)/n·q: non-reentrant checkpointing stops a recomputation once the last tensor
+    backward needs exists, and under "selective" that is the core's attention, before its output leaves)."""
+    from playbook.theory.cp import kv_shard_bytes
 
     if recompute == "none" or dims.cp == 1:
         return 0.0
-    local = _local_heads(cfg, dims.tp)
+    n, local = dims.cp, _local_heads(cfg, dims.tp)
+    kv = kv_shard_bytes(local, seq_len=seq_len, micro_batch=micro_batch, cp=n)
     if variant == "ulysses":
-        step = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=micro_batch, cp=dims.cp, variant=variant)
-        return sum(step.values()) / 2
-    return float((dims.cp - 1) * kv_shard_bytes(local, seq_len=seq_len, micro_batch=micro_batch, cp=dims.cp))
+        q = FP32 * micro_batch * local.n_heads * (seq_len // n) * local.dim_head  # [b, a/tp, s/cp, d]
+        return (n - 1) / n * (q + kv + (q if recompute == "full" else 0))
+    return float((n - 1) * kv)
