@@ -8,6 +8,7 @@ import pytest
 
 from playbook.dims import ParallelDims
 from playbook.parallel.hybrid import Plan
+from playbook.parallel.training import TrainSetup
 from tests.test_hybrid import DENSE, check
 
 FOUR = [
@@ -80,13 +81,15 @@ def test_recomputation_saves_activations_and_pays_the_collectives_again(ranks4):
     assert sent_full["tp"] > sent_none["tp"] and sent_full["cp"] > sent_none["cp"]
 
 
-def test_an_unknown_recompute_mode_is_refused_in_one_line(capsys):
+def test_recompute_it_cannot_predict_is_refused_in_one_line_before_ranks_start(capsys):
     from playbook.cli import main
 
     with pytest.raises(ValueError, match="recompute must be one of none, selective, full"):
         Plan(ParallelDims(dp=2), recompute="some").check(DENSE)
     with pytest.raises(ValueError, match="recompute=full with zb-h1's split backward"):
         Plan(ParallelDims(dp=2, pp=2), schedule="zb-h1", microbatches=4, recompute="full").check(DENSE)
+    with pytest.raises(ValueError, match="recompute=selective with a mixture of experts"):
+        Plan(ParallelDims(dp=2, ep=2), recompute="selective").check(TrainSetup(model="gpt-tiny-moe"))
     with pytest.raises(SystemExit):  # argparse's own refusal: its usage and one error line
         main(["run", "hybrid", "--dp", "2", "--recompute", "some"])
     assert "argument --recompute: invalid choice: 'some'" in capsys.readouterr().err

@@ -95,7 +95,7 @@ class Plan:
             raise ValueError(
                 f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
             )
-        check_recompute(self.recompute, d, self.schedule)
+        check_recompute(self.recompute, d, self.schedule, moe=cfg.is_moe)
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         not_yet = [
