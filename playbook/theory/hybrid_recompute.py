@@ -23,6 +23,17 @@ from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 
 FP32, INDEX_BYTES = 4, 8
+# a block's saved tensors outside its attention core, by the names ``theory.tp`` and ``theory.cp`` give them
+OUTSIDE_CORE = (
+    "attn norm",
+    "attn region",
+    "attention output",
+    "mlp norm",
+    "mlp region",
+    "gate_proj",
+    "silu",
+    "up_proj",
+)
 
 
 def _local_heads(cfg: ModelConfig, tp: int) -> ModelConfig:
@@ -43,7 +54,6 @@ def cp_block_bytes(
     """Bytes one block saves on a rank with cp > 1 under ``recompute``, from ``none_bytes`` (the
     same block without recomputation, ``theory.stages._block_activations``)."""
     from playbook.theory.cp import cp_block_activation_breakdown
-    from playbook.theory.local_activations import _OUTSIDE_CORE
 
     b, s, h = micro_batch, seq_len // dims.cp, cfg.hidden
     if recompute == "none":
@@ -52,7 +62,7 @@ def cp_block_bytes(
         return FP32 * b * (s // (dims.tp if sequence_parallel else 1)) * h  # the block's input
     local = _local_heads(cfg, dims.tp)
     parts = cp_block_activation_breakdown(local, seq_len=seq_len, micro_batch=b, cp=dims.cp, variant=variant)
-    core = sum(v for k, v in parts.items() if not k.startswith((*_OUTSIDE_CORE, "RoPE")))
+    core = sum(v for k, v in parts.items() if not k.startswith((*OUTSIDE_CORE, "RoPE")))
     inputs = FP32 * b * s * (local.n_heads + 2 * local.kv_heads) * local.dim_head  # q, k, v into the checkpoint
     return none_bytes - core + inputs
 

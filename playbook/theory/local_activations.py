@@ -117,18 +117,6 @@ def stage_activation_bytes(
     return held_bytes(plan, chunks, w)[stage] + once * holds_blocks
 
 
-_OUTSIDE_CORE = (
-    "attn norm",
-    "attn region",
-    "attention output",
-    "mlp norm",
-    "mlp region",
-    "gate_proj",
-    "silu",
-    "up_proj",
-)
-
-
 def tp_cp_block_bytes(
     cfg: ModelConfig,
     *,
@@ -146,6 +134,7 @@ def tp_cp_block_bytes(
     core (``theory.cp``: RoPE at this shard's positions, q, the own K/V shard, the ring output and
     its fp32 log-sum-exp) for this rank's a/t query and g/t key/value heads."""
     from playbook.theory.cp import cp_block_activation_breakdown
+    from playbook.theory.hybrid_recompute import OUTSIDE_CORE
     from playbook.theory.tp import tp_block_activation_breakdown
 
     tp_parts = tp_block_activation_breakdown(
@@ -160,6 +149,6 @@ def tp_cp_block_bytes(
     cp_parts = cp_block_activation_breakdown(
         local, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant, dtype_bytes=dtype_bytes
     )
-    outside = sum(v for k, v in tp_parts.items() if k.startswith(_OUTSIDE_CORE))
-    core = sum(v for k, v in cp_parts.items() if not k.startswith(_OUTSIDE_CORE))
+    outside = sum(v for k, v in tp_parts.items() if k.startswith(OUTSIDE_CORE))
+    core = sum(v for k, v in cp_parts.items() if not k.startswith(OUTSIDE_CORE))
     return outside + core
