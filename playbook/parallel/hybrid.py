@@ -10,6 +10,8 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
     3. expert parallelism: every MoE layer's experts split over ``ep`` (under tp each tp rank routes
        its slice of the sequence, ``parallel.tp_moe``; in a pipeline every stage's aux loss counts,
        ``parallel.hybrid_moe``);
+    3b. activation recomputation (``Plan.recompute``, ``hybrid_recompute``): none, selective or
+       full on the blocks as TP, CP and EP left them, before the pipeline cuts them;
     4. pipeline parallelism: this rank's chunk of the (already parallel) model, or its v chunks
        (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
        and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
@@ -38,6 +40,7 @@ from playbook.dims import ParallelDims
 from playbook.measure import trace
 from playbook.model import GPT
 from playbook.parallel.comm import all_reduce_flat
+from playbook.parallel.hybrid_recompute import apply_recompute, check_recompute
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.composition import refusal
 from playbook.theory.schedules import V_SCHEDULES, check_pipeline
@@ -57,6 +60,7 @@ class Plan:
     schedule: str = "1f1b"
     microbatches: int | None = None  # None: as many as pipeline stages
     virtual_stages: int | None = None  # model chunks per pp rank; None: 2 for interleaved and the V shapes, else 1
+    recompute: str = "none"  # activation recomputation: none, selective, full (``hybrid_recompute``)
 
     @property
     def m(self) -> int:
@@ -89,6 +93,7 @@ class Plan:
             raise ValueError(
                 f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
             )
+        check_recompute(self.recompute)
         if self.cp_variant not in CP_VARIANTS:
             raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
         why = refusal(
@@ -99,6 +104,8 @@ class Plan:
             v=self.v,
             seq_len=setup.seq_len,
             cp_variant=self.cp_variant,
+            recompute=self.recompute,
+            schedule=self.schedule,
         )
         if why:  # the one composition table (``theory.composition``), which the shrinker reads too
             raise ValueError(why)
@@ -109,8 +116,8 @@ class Plan:
 
 # ---- 1-3: parallelize the one GPT --------------------------------------------------------------
 def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = None):
-    """Apply TP (+SP), the CP attention core and EP to ``model`` for this rank of ``mesh``, in that
-    order; returns the model to train (a new module for TP, the same one otherwise). The pipeline
+    """Apply TP (+SP), the CP attention core, EP and recomputation to ``model`` for this rank of
+    ``mesh``, in that order; returns the model to train (a new module for TP, the same one otherwise). The pipeline
     (step 4) and the gradient reduction (step 5) belong to the training loop: see ``train_hybrid``."""
     d = mesh.dims
     if d.tp > 1:
@@ -127,6 +134,8 @@ def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = N
         from playbook.parallel.hybrid_moe import parallelize_experts
 
         parallelize_experts(model, mesh, plan.sequence_parallel)
+    if plan.recompute != "none":
+        apply_recompute(model, plan.recompute)
     return model
 
 

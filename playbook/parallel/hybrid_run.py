@@ -15,6 +15,7 @@ import torch
 from playbook.cluster import default_backend, launch
 from playbook.dims import ParallelDims
 from playbook.measure.trace import bytes_by_axis
+from playbook.model import RECOMPUTE_MODES
 from playbook.parallel.hybrid import CP_VARIANTS, Plan, train_hybrid
 from playbook.parallel.hybrid_moe import reference as moe_reference
 from playbook.parallel.hybrid_native import check_native, native_parity, summary_line
@@ -66,6 +67,7 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
             cp_variant=plan.cp_variant,
             microbatches=plan.m,
             virtual_stages=plan.v,
+            recompute=plan.recompute,
         )
         predicted = comm_per_axis(setup.config(), plan.dims, zero=plan.zero, routing=routing, **layout)
         memory = memory_per_rank(
@@ -176,6 +178,7 @@ def add_arguments(parser) -> None:
         dest="virtual_stages",
         help="with --pp: model chunks per rank (default: 2 for interleaved, zb-v and dualpipe-v, else 1)",
     )
+    parser.add_argument("--recompute", default="none", choices=list(RECOMPUTE_MODES), help="activation recomputation")
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
@@ -221,7 +224,16 @@ def check_options(args) -> None:
         if refused:
             raise ValueError(why)
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
-    keys = ("zero", "sequence_parallel", "cp_variant", "zigzag", "schedule", "microbatches", "virtual_stages")
+    keys = (
+        "zero",
+        "sequence_parallel",
+        "cp_variant",
+        "zigzag",
+        "schedule",
+        "microbatches",
+        "virtual_stages",
+        "recompute",
+    )
     Plan(dims, **{k: o.get(k) for k in keys if k in o}).check(setup)
     if o.get("native"):
         check_native(setup, dims, sequence_parallel=o["sequence_parallel"])

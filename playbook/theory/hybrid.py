@@ -24,6 +24,10 @@ A mixture of experts (``theory.hybrid_moe``): its stage's parameters, its routin
 forward (over tp, then dp×cp), its MoE layers' tp traffic (no TP region in the MLP: the tokens are
 split over tp instead) and its activations, micro-batch by micro-batch from the run's routing.
 
+With activation recomputation (``recompute``) the recomputed forward sends again what it sent:
+TP's collectives up to each block's MLP input under "full" (``theory.tp``, phase "recompute") and
+CP's forward exchange once more per layer under either mode (``theory.hybrid_recompute``).
+
 Sizes in bytes (fp32). The loss reported to the user is not counted: it travels outside the step.
 """
 
@@ -35,6 +39,7 @@ from playbook.theory.comm import sent_bytes
 from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axis, stage_state_bytes
 from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
+from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer
 from playbook.theory.hybrid_zero import flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.schedules import V_SCHEDULES, equal_partition, is_split, make_schedule
@@ -104,6 +109,7 @@ def comm_per_axis(
     microbatches: int = 1,
     virtual_stages: int = 1,
     routing: list | None = None,
+    recompute: str = "none",
 ) -> dict[str, float]:
     """Bytes ``rank`` sends per training step on each axis of ``dims`` (see the module docstring).
     ``routing``: for expert parallelism, the routing stats of the run (``[step][layer]`` dicts with
@@ -123,7 +129,12 @@ def comm_per_axis(
         keep |= {"head", "loss"} if cfg.n_layers + 1 in pieces else set()
         moe_mlps = {f"layer{i}.mlp" for i in range(cfg.n_dense_layers, cfg.n_layers)} if cfg.is_moe else set()
         for col in step_collectives(
-            cfg, seq_len=seq_len // dims.cp, micro_batch=rows, tp=dims.tp, sequence_parallel=sequence_parallel
+            cfg,
+            seq_len=seq_len // dims.cp,
+            micro_batch=rows,
+            tp=dims.tp,
+            sequence_parallel=sequence_parallel,
+            recompute=recompute,
         ):
             if col.region.split(".")[0] in keep and col.region not in moe_mlps:  # MoE: no TP region in the MLP
                 add("tp", col.sent_bytes)
@@ -145,6 +156,8 @@ def comm_per_axis(
         local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
         per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
         add("cp", len(blocks) * sum(per_layer.values()))  # linear in rows: any m
+        sizes = dict(seq_len=seq_len, micro_batch=rows, variant=cp_variant, recompute=recompute)
+        add("cp", len(blocks) * cp_replay_bytes_per_layer(cfg, dims, **sizes))  # the core reruns in backward
     if dims.pp > 1:
         plan = make_schedule(schedule, dims.pp, microbatches, virtual_stages)
         tokens = seq_len // dims.cp // (dims.tp if sequence_parallel else 1)  # this rank's share of a sequence
@@ -193,6 +206,7 @@ def memory_per_rank(
     virtual_stages: int = 1,
     routing: list | None = None,
     zero: int = 0,
+    recompute: str = "none",
 ) -> dict[str, float | None]:
     """Bytes ``rank`` holds by category in an fp32 AdamW run of our GPT (``zero``: ZeRO over dp×cp): its parameters
     (1/tp of every split matrix of its stage, norms whole; MoE: E/ep experts), as many gradient bytes,
@@ -224,6 +238,7 @@ def memory_per_rank(
         sequence_parallel=sequence_parallel,
         cp_variant=cp_variant,
         virtual_stages=virtual_stages,
+        recompute=recompute,
     )
     ranges = chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages)
     units = local_units(cfg, dims, ranges=ranges)

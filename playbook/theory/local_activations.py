@@ -7,7 +7,8 @@ it for every layout of the composition matrix, without a case per pair of axes.
 
 Counts per piece: ``theory.tp`` (Megatron's block, Korthikanti et al. 2022, arXiv:2205.05198),
 ``theory.cp`` (ring, all-gather and Ulysses cores), ``theory.activations`` (the plain block), put
-together by ``theory.stages._block_activations``; TP with CP is :func:`tp_cp_block_bytes`. fp32.
+together by ``theory.stages._block_activations``; under recomputation with CP,
+``theory.hybrid_recompute``; TP with CP is :func:`tp_cp_block_bytes`. fp32.
 No torch.
 """
 
@@ -28,6 +29,7 @@ def activation_pieces(
     micro_batch: int,
     sequence_parallel: bool = False,
     cp_variant: str = "ring",
+    recompute: str = "none",
 ) -> dict[str, int]:
     """Bytes one micro-batch of a dense model saves on one rank, by piece: "first" (the embedding's
     inputs), "block" (one block), "last" (final norm, head, loss), from the shapes the rank sees:
@@ -38,9 +40,23 @@ def activation_pieces(
 
     sizes = dict(micro_batch=micro_batch, tp=dims.tp, sequence_parallel=sequence_parallel)
     first, last = end_activations(cfg, seq_len=seq_len // dims.cp, **sizes)
+    kept = "none" if dims.cp > 1 else recompute  # CP's core under recomputation: ``theory.hybrid_recompute``
     block = _block_activations(
-        cfg, 0, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute="none", variant=cp_variant, **sizes
+        cfg, 0, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute=kept, variant=cp_variant, **sizes
     )
+    if dims.cp > 1 and recompute != "none":
+        from playbook.theory.hybrid_recompute import cp_block_bytes
+
+        block = cp_block_bytes(
+            cfg,
+            dims,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            recompute=recompute,
+            none_bytes=block,
+            sequence_parallel=sequence_parallel,
+            variant=cp_variant,
+        )
     return {"first": first, "block": block, "last": last}
 
 
@@ -56,6 +72,7 @@ def stage_activation_bytes(
     sequence_parallel: bool = False,
     cp_variant: str = "ring",
     virtual_stages: int = 1,
+    recompute: str = "none",
 ) -> int:
     """Activation bytes at the step's peak on a rank of pipeline stage ``stage`` holding ``rows``
     rows: one micro-batch's pieces (:func:`activation_pieces`) of each of the pp·v virtual stages
@@ -68,18 +85,26 @@ def stage_activation_bytes(
     pp, L = dims.pp, cfg.n_layers
     b = rows // (microbatches if pp > 1 else 1)
     piece = activation_pieces(
-        cfg, dims, seq_len=seq_len, micro_batch=b, sequence_parallel=sequence_parallel, cp_variant=cp_variant
+        cfg,
+        dims,
+        seq_len=seq_len,
+        micro_batch=b,
+        sequence_parallel=sequence_parallel,
+        cp_variant=cp_variant,
+        recompute=recompute,
     )
     v = virtual_stages if pp > 1 else 1
     ranges = equal_partition(L, pp * v)  # pieces [start, end) of each virtual stage
+    n_blocks = [max(0, min(end, L + 1) - max(start, 1)) for start, end in ranges]
     per_stage = [
-        (start == 0) * piece["first"]
-        + max(0, min(end, L + 1) - max(start, 1)) * piece["block"]
-        + (end == L + 2) * piece["last"]
-        for start, end in ranges
+        (start == 0) * piece["first"] + n * piece["block"] + (end == L + 2) * piece["last"]
+        for (start, end), n in zip(ranges, n_blocks)
     ]
+    from playbook.theory.hybrid_recompute import positions_bytes
+
+    once = positions_bytes(dims, seq_len, recompute)  # full recomputation under CP: one storage per rank
     if pp == 1:
-        return per_stage[0]
+        return per_stage[0] + once
     plan = make_schedule(schedule, pp, microbatches, v)
     w = None
     if plan.split_backward and dims.tp == 1:
@@ -88,19 +113,8 @@ def stage_activation_bytes(
         w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
         w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
     chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
-    return held_bytes(plan, chunks, w)[stage]
-
-
-_OUTSIDE_CORE = (
-    "attn norm",
-    "attn region",
-    "attention output",
-    "mlp norm",
-    "mlp region",
-    "gate_proj",
-    "silu",
-    "up_proj",
-)
+    holds_blocks = any(n_blocks[plan.stage(stage, c)] for c in range(v))
+    return held_bytes(plan, chunks, w)[stage] + once * holds_blocks
 
 
 def tp_cp_block_bytes(
@@ -120,6 +134,7 @@ def tp_cp_block_bytes(
     core (``theory.cp``: RoPE at this shard's positions, q, the own K/V shard, the ring output and
     its fp32 log-sum-exp) for this rank's a/t query and g/t key/value heads."""
     from playbook.theory.cp import cp_block_activation_breakdown
+    from playbook.theory.hybrid_recompute import OUTSIDE_CORE
     from playbook.theory.tp import tp_block_activation_breakdown
 
     tp_parts = tp_block_activation_breakdown(
@@ -134,6 +149,6 @@ def tp_cp_block_bytes(
     cp_parts = cp_block_activation_breakdown(
         local, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant, dtype_bytes=dtype_bytes
     )
-    outside = sum(v for k, v in tp_parts.items() if k.startswith(_OUTSIDE_CORE))
-    core = sum(v for k, v in cp_parts.items() if not k.startswith(_OUTSIDE_CORE))
+    outside = sum(v for k, v in tp_parts.items() if k.startswith(OUTSIDE_CORE))
+    core = sum(v for k, v in cp_parts.items() if not k.startswith(OUTSIDE_CORE))
     return outside + core

@@ -169,7 +169,7 @@ def shrink(
         raise _refuse(lay, why, "leave an axis out (drop=...) or shrink a candidate without it")
     notes.append(f"{big} → {small}; {ROWS} rows of {SEQ_LEN} tokens per micro-batch, fp32 (the plan counts bf16)")
     if lay.recompute != "none":
-        notes.append(f"recompute={lay.recompute} is not replayed: our hybrid keeps every activation")
+        notes.append(f"recompute={lay.recompute} is not replayed: this replay keeps every activation")
     return Shrunk(lay, small, dims, zero, sp, m, dims.dp * (m or 1) * ROWS, SEQ_LEN, tuple(notes), schedule, v)
 
 

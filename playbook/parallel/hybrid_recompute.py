@@ -1,0 +1,60 @@
+"""Step 4 of ``parallelize``: activation recomputation on whatever this rank holds.
+
+After tensor, context and expert parallelism have rebuilt the blocks, and before the pipeline cuts
+them into stages, each block of the rank's model is told what to keep (torchtitan applies
+activation checkpointing at the same point, after TP/EP/CP and before FSDP):
+
+- "selective" (Korthikanti et al. 2022, arXiv:2205.05198, §4): each attention keeps q, k, v and
+  reruns its core in backward; the core is whatever the rank runs, the TP shard's heads or context
+  parallelism's ring, whose K/V exchange is then sent again in backward;
+- "full" (Chen et al. 2016, arXiv:1604.06174): each block keeps its input only and its whole
+  forward reruns in backward, its TP and CP collectives included (Megatron pays them too,
+  Korthikanti et al. 2022, §5).
+
+Both use non-reentrant ``torch.utils.checkpoint``, so a pipeline stage calling its blocks one by
+one (``pp_executor.Chunk``) recomputes them as the single process does. The recomputed forward's
+tensors are held by the checkpoint's own saved-tensor hooks, not by the pipeline's counter
+(``measure.held.HeldActivations``): it counts what the forward keeps, never the replay.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from playbook.model import RECOMPUTE_MODES
+
+
+def check_recompute(mode: str) -> None:
+    """``mode`` is known. What it composes with is in the hybrid's one table
+    (``theory.composition``), for these reasons. A split backward (ZB-H1, ZB-V, DualPipe-V;
+    ``pp_executor``) computes W apart from B: without TP from each linear's input, kept from F (what
+    "full" would have dropped), with TP one autograd node deep on the kept graph, where every
+    checkpointed block would be recomputed once more per module, its collectives with it. A mixture
+    of experts trains correctly under recomputation, but what it saves and replays (routing counts,
+    all-to-alls) is not predicted yet: refused, so no run reports a prediction that does not hold."""
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {mode!r}")
+
+
+def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
+    """Set recomputation ``mode`` on every block of ``model`` (a GPT or its TP shard, CP's core
+    already swapped in), in place; returns ``model``. Parameter names do not change."""
+    check_recompute(mode)
+    for block in model.blocks:
+        block.attn.recompute_core = mode == "selective"
+        if mode == "full":
+            block.forward = _checkpointed(block.forward)
+    return model
+
+
+def _checkpointed(forward):
+    """``forward(x, positions)`` that keeps only its inputs and reruns in backward."""
+
+    def run(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return forward(x, positions)
+        return checkpoint(forward, x, positions, use_reentrant=False)  # [b, s, h] as the block's own
+
+    return run

@@ -1,0 +1,92 @@
+"""What activation recomputation changes in a hybrid layout that context parallelism is part of.
+
+Without CP, one block's count under recomputation is tensor parallelism's or the plain block's
+(``theory.tp``, ``theory.activations``, both exact for "selective" and "full"). With CP the rank
+runs a different attention core (``theory.cp``), and ``parallel.hybrid_recompute`` checkpoints it:
+
+- "selective" (Korthikanti et al. 2022, arXiv:2205.05198, §4): the core's own saved tensors (the
+  ring's output and log-sum-exp, the all-gather core's repeated K/V, mask and probabilities, or
+  Ulysses' full-sequence ones) are dropped; the checkpoint keeps the core's inputs instead: q at
+  a/tp heads, k and v at g/tp heads, each of the rank's s/cp tokens;
+- "full" (Chen et al. 2016, arXiv:1604.06174): each block keeps its input, [b, s/cp, h] ([b,
+  s/(cp·tp), h] under SP); the RoPE positions ([s/cp] int64) are an input of every checkpoint too,
+  one storage for the whole rank (:func:`positions_bytes`).
+
+Either way the core reruns in backward, so its forward exchange is sent a second time
+(:func:`cp_replay_bytes_per_layer`), as Megatron pays TP's collectives again under full
+recomputation (Korthikanti et al. 2022, §5). fp32. No torch.
+"""
+
+from __future__ import annotations
+
+from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
+
+FP32, INDEX_BYTES = 4, 8
+# a block's saved tensors outside its attention core, by the names ``theory.tp`` and ``theory.cp`` give them
+OUTSIDE_CORE = (
+    "attn norm",
+    "attn region",
+    "attention output",
+    "mlp norm",
+    "mlp region",
+    "gate_proj",
+    "silu",
+    "up_proj",
+)
+
+
+def _local_heads(cfg: ModelConfig, tp: int) -> ModelConfig:
+    return cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head)
+
+
+def cp_block_bytes(
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    recompute: str,
+    none_bytes: int,
+    sequence_parallel: bool = False,
+    variant: str = "ring",
+) -> int:
+    """Bytes one block saves on a rank with cp > 1 under ``recompute``, from ``none_bytes`` (the
+    same block without recomputation, ``theory.stages._block_activations``)."""
+    from playbook.theory.cp import cp_block_activation_breakdown
+
+    b, s, h = micro_batch, seq_len // dims.cp, cfg.hidden
+    if recompute == "none":
+        return none_bytes
+    if recompute == "full":
+        return FP32 * b * (s // (dims.tp if sequence_parallel else 1)) * h  # the block's input
+    local = _local_heads(cfg, dims.tp)
+    parts = cp_block_activation_breakdown(local, seq_len=seq_len, micro_batch=b, cp=dims.cp, variant=variant)
+    core = sum(v for k, v in parts.items() if not k.startswith((*OUTSIDE_CORE, "RoPE")))
+    inputs = FP32 * b * s * (local.n_heads + 2 * local.kv_heads) * local.dim_head  # q, k, v into the checkpoint
+    return none_bytes - core + inputs
+
+
+def positions_bytes(dims: ParallelDims, seq_len: int, recompute: str) -> int:
+    """Full recomputation under CP: the rank's RoPE positions, saved once as every block's input."""
+    return INDEX_BYTES * (seq_len // dims.cp) if recompute == "full" and dims.cp > 1 else 0
+
+
+def cp_replay_bytes_per_layer(
+    cfg: ModelConfig, dims: ParallelDims, *, seq_len: int, micro_batch: int, variant: str, recompute: str
+) -> float:
+    """Bytes the recomputed attention core sends again in backward, per layer: the forward's part of
+    ``theory.cp.comm_bytes_per_layer`` (ring: the K/V blocks, (n−1)·kv; all-gather: its all-gather,
+    (n−1)·kv; Ulysses: its all-to-alls of q, k and v in, (n−1)/n·(q + kv), and under "full" also the
+    output's back, (n−1)/n·q: non-reentrant checkpointing stops a recomputation once the last tensor
+    backward needs exists, and under "selective" that is the core's attention, before its output leaves)."""
+    from playbook.theory.cp import kv_shard_bytes
+
+    if recompute == "none" or dims.cp == 1:
+        return 0.0
+    n, local = dims.cp, _local_heads(cfg, dims.tp)
+    kv = kv_shard_bytes(local, seq_len=seq_len, micro_batch=micro_batch, cp=n)
+    if variant == "ulysses":
+        q = FP32 * micro_batch * local.n_heads * (seq_len // n) * local.dim_head  # [b, a/tp, s/cp, d]
+        return (n - 1) / n * (q + kv + (q if recompute == "full" else 0))
+    return float((n - 1) * kv)
