@@ -27,7 +27,6 @@ KNOWN = {
             "playbook.theory.tp",
         }
     ),
-    frozenset({"playbook.parallel.hybrid_native", "playbook.parallel.hybrid_run"}),
 }
 
 

@@ -33,6 +33,8 @@ from playbook.dims import ParallelDims
 from playbook.model import GPT
 from playbook.parallel.fsdp2 import shard_model
 from playbook.parallel.hybrid import Plan, global_loss, train_hybrid
+from playbook.parallel.hybrid_merge import merge
+from playbook.parallel.parity import reference
 from playbook.parallel.report import compare
 from playbook.parallel.tp_dtensor import dtensor_gpt
 from playbook.parallel.training import TrainResult, TrainSetup, train
@@ -106,7 +108,6 @@ def native_parity(
 
     Returns the ``RunReport.native`` shape: ``reference`` and the parity keys against ours, plus
     ``single`` (parity against the single process) and the native run's ``losses``."""
-    from playbook.parallel.hybrid_run import merge, reference  # hybrid_run imports nothing from here
 
     check_native(setup, dims, sequence_parallel=sequence_parallel)
     backend = default_backend(dims.world) if backend == "auto" else backend
