@@ -117,7 +117,7 @@ class LabServer:
         return (self.tmp / "server.log").read_bytes()[-n:].decode(errors="replace")
 
     def notebook_url(self, name: str) -> str:
-        return f"{self.url}/lab/tree/{name}?token={self.token}"
+        return f"{self.url}/lab/tree/{name}?reset&token={self.token}"
 
     def shutdown_kernels(self) -> None:
         """Shut every running kernel down through the REST API (the kernel stops its ranks itself)."""
