@@ -21,16 +21,7 @@ import json
 import statistics
 import time
 
-
-def timed_steps(ctx, setup, plan):
-    import time
-
-    from playbook.parallel.hybrid import train_hybrid
-
-    t0 = time.perf_counter()
-    out = train_hybrid(ctx, setup, plan)
-    spans = [s for s in ctx.tracer.spans if s.kind == "compute" and s.name.startswith("step ")]
-    return {"total_s": time.perf_counter() - t0, "steps_s": [s.end - s.start for s in spans], "rank": out["rank"]}
+from bench_mesh import timed_steps  # the same rank function: train_hybrid with each step's time
 
 
 def loadavg() -> str:
