@@ -40,18 +40,12 @@ from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axi
 from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
 from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer
-from playbook.theory.hybrid_zero import flat_units, zero_comm, zero_memory
+from playbook.theory.hybrid_zero import data_axis, flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.schedules import V_SCHEDULES, equal_partition, is_split, make_schedule
 from playbook.theory.tp import step_collectives
 
 FP32 = 4
-
-
-def data_axis(dims: ParallelDims) -> str:
-    """The name of the axis that holds replicated weights (dp, cp, or dp×cp; dp when neither splits)."""
-    parts = [a for a in ("dp", "cp") if dims.size(a) > 1]
-    return "×".join(parts) if len(parts) == 2 else (parts[0] if parts else "dp")
 
 
 def chunk_ranges(cfg: ModelConfig, pp: int, stage: int, schedule: str = "1f1b", v: int = 1) -> list[tuple[int, int]]:

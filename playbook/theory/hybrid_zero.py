@@ -25,7 +25,8 @@ from playbook.theory.zero import padded
 FP32 = 4
 
 
-def _data_axis(dims: ParallelDims) -> str:
+def data_axis(dims: ParallelDims) -> str:
+    """The name of the axis that holds replicated weights (dp, cp, or dp×cp; dp when neither splits)."""
     parts = [a for a in ("dp", "cp") if dims.size(a) > 1]
     return "×".join(parts) if len(parts) == 2 else (parts[0] if parts else "dp")
 
@@ -36,7 +37,7 @@ def flat_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
     ``theory.hybrid.chunk_ranges``): the embedding, each block (1/tp of its matrices, norms whole;
     an MoE block's router and shared experts whole) then its E/ep routed experts, the final norm and head."""
     t, h, n = dims.tp, cfg.hidden, dims.dp * dims.cp
-    dense_axis = _data_axis(dims)
+    dense_axis = data_axis(dims)
     expert_axis = "ep_replica" if dims.ep > 1 else dense_axis
     pieces = sorted({i for start, end in ranges for i in range(start, end)})
     units = [("embed", cfg.vocab_size * h // t, n, dense_axis)] if 0 in pieces else []
