@@ -1,6 +1,6 @@
 """A mixture of experts inside the hybrid's pipeline, on real ranks: every stage's aux loss counted,
 against the single process that routes the same m micro-batches (``parallel.hybrid_moe``): loss,
-every gradient and parameters after 3 AdamW steps within max(1e-5, 3 x the float floor), bytes
+every gradient and parameters after 3 AdamW steps within max(1e-5, 3 x the float floor; 10 x for parameters), bytes
 per rank per step on every axis measured == predicted, memory per category to the byte."""
 
 import pytest

@@ -1,7 +1,7 @@
 """ZeRO composed with every axis on real ranks (issue 26): with expert parallelism (dense units over
 dp×cp, routed experts over their replicas), ZeRO-3 inside a pipeline, ZeRO-2/3 with sequence
 parallelism. Each against the single process on the same global batch (``check``: loss, every
-gradient, parameters after AdamW within max(1e-5, 3 x the float floor)), bytes per axis measured ==
+gradient, parameters after AdamW within max(1e-5, 3 x the float floor; 10 x for parameters)), bytes per axis measured ==
 predicted, memory per category to the byte."""
 
 import pytest

@@ -10,9 +10,15 @@ and the float32 reference's distance from it is the **float floor**. A correct p
 another float32 run, about one floor from exact, so it sits within about two floors of the
 reference; the bound is
 
-    bound = max(1e-5 relative, 3 × float floor)
+    bound = max(1e-5 relative, 3 × float floor)      loss and every gradient
+    bound = max(1e-5 relative, 10 × float floor)     parameters after AdamW, by relative L2 per tensor
 
-per figure (loss, every gradient, parameters by relative L2 per tensor). A real bug moves whole
+Parameters get the wider margin because Adam's per-element division turns the rounding noise of the
+few elements whose gradient is nearly zero into steps of about ``lr`` either way, so two correct
+float32 runs can sit several floors apart on the very tensor that sets the floor (measured: MoE
+dp2×pp2, ``blocks.1.attn.o_proj.weight``, 3.4 floors from the float64 answer on one CPU, under one
+on another, while loss and gradients stayed within one floor). A real bug moves whole
+
 tensors: a missing gradient reduction by O(1), a 0.3% learning-rate error by ~1e-3 of a tensor
 (``tests/test_parity_gate.py`` keeps both red against the bound).
 """
@@ -30,6 +36,7 @@ from playbook.parallel.training import TrainResult, TrainSetup, train
 
 RELATIVE = 1e-5  # the tolerance where float32 is closer than this to exact
 MARGIN = 3  # two float32 runs, each about one floor from exact, with room to spare
+PARAM_MARGIN = 10  # the same after AdamW, whose per-element steps amplify rounding noise (module docstring)
 
 
 @functools.lru_cache(maxsize=32)
@@ -68,12 +75,13 @@ def float_floor(setup: TrainSetup) -> dict:
 
 
 def bounds_from(floor: dict) -> dict[str, float]:
-    """The bound for each gated figure: max(1e-5 relative, 3 × the float floor). The loss difference
-    is absolute, so its 1e-5 is relative to the largest loss."""
+    """The bound for each gated figure: max(1e-5 relative, 3 × the float floor), 10 × for parameters
+    after AdamW (module docstring). The loss difference is absolute, so its 1e-5 is relative to the
+    largest loss."""
     return {
         "max_abs_loss_diff": max(RELATIVE * max(1.0, floor["loss_scale"]), MARGIN * floor["max_abs_loss_diff"]),
         "max_rel_grad_diff": max(RELATIVE, MARGIN * floor["max_rel_grad_diff"]),
-        "max_rel_l2_param_diff": max(RELATIVE, MARGIN * floor["max_rel_l2_param_diff"]),
+        "max_rel_l2_param_diff": max(RELATIVE, PARAM_MARGIN * floor["max_rel_l2_param_diff"]),
     }
 
 
