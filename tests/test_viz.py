@@ -279,3 +279,18 @@ def test_the_capacity_label_moves_off_a_bar_total_near_the_line():
     assert side(443, 228, 120, 40) == ("right", "bottom")  # above the line's right end
     assert side(443, 228, 120, 66) == ("left", "bottom")  # the last total sits at the line: left end
     assert side(78, 20, 79) == ("right", "top")  # both ends near: below the line
+
+
+def test_importing_viz_leaves_nbformat_unimported_and_show_still_checks_its_version():
+    """Every kernel imports playbook.viz; nbformat (via jsonschema and rfc3987_syntax) costs it ~2 s.
+    plotly's show() still reads the real nbformat's version (importlib.metadata, an independent source)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib.metadata as m, playbook.viz, plotly.io._renderers as r\n"
+        "assert 'nbformat' not in sys.modules and 'jsonschema' not in sys.modules, 'nbformat imported'\n"
+        "assert r.nbformat.__version__ == m.version('nbformat'), r.nbformat.__version__\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-600:]

@@ -1,7 +1,6 @@
 """Compare & show: figures (pure, data -> plotly figure) and dashboards (controls -> figures)."""
 
-import plotly.io as pio
-
+from playbook.viz._plotly import pio  # first: plotly.io without nbformat, before any module here imports it
 from playbook.viz.figures import (
     CATEGORY_COLORS,
     CATEGORY_LABELS,
