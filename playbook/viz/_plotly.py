@@ -25,14 +25,14 @@ def import_plotly_io():
         import plotly.io
 
         return plotly.io
-    from _plotly_utils import optional_imports
+    from _plotly_utils import optional_imports  # its _not_importable set is private: read with getattr
 
     sys.modules["nbformat"] = None  # an import of it raises ImportError: plotly records it as absent
     try:
         import plotly.io._renderers  # plotly.io loads it lazily: load it here, while nbformat is out of reach
     finally:
         del sys.modules["nbformat"]
-        optional_imports._not_importable.discard("nbformat")
+        getattr(optional_imports, "_not_importable", set()).discard("nbformat")
     sys.modules["plotly.io._renderers"].nbformat = _LazyNbformat("nbformat")
     return plotly.io
 
