@@ -15,19 +15,8 @@ import playbook
 
 ROOT = Path(playbook.__file__).parent
 
-KNOWN = {
-    frozenset(
-        {
-            "playbook.theory.activations",
-            "playbook.theory.local_activations",
-            "playbook.theory.memory",
-            "playbook.theory.moe",
-            "playbook.theory.pipeline",
-            "playbook.theory.stages",
-            "playbook.theory.tp",
-        }
-    ),
-}
+# theory's cycle (activations, memory, moe, stages, tp, ...) went with theory.inventory
+KNOWN: set[frozenset[str]] = set()
 
 
 def modules() -> dict[str, Path]:

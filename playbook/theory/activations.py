@@ -40,7 +40,7 @@ their backward needs no tensor. The block's output is saved by the next block's 
 is counted there.) With a·d = h and f ≈ 8h/3 this is about 20.7·b·s·h + b·a·s² elements, i.e.
 b·s·h·(41.3 + 2·a·s/h) bytes in 16-bit: compare Korthikanti et al.'s sbh(34 + 5as/h) for a GPT-3 block
 with dropout and GeLU
-(``playbook.theory.memory.activation_bytes_per_layer``).
+(``playbook.theory.korthikanti.activation_bytes_per_layer``).
 
 Around the blocks (``model_activation_bytes``):
 
@@ -86,18 +86,22 @@ layers save bf16 copies of fp32 inputs; that case is not modelled here. Index te
 targets) stay int64 and the mask stays bool whatever ``dtype_bytes`` is. The CPU measurement in
 the tests is fp32 (``dtype_bytes=4``).
 
+Every count here is a view (``theory.inventory.view``) of the one inventory of a block's tensors,
+``theory.inventory.ours_block``, at the shapes one process sees; tensor, context and expert
+parallelism read the same inventory at their ranks' local shapes (``theory.local_activations``).
+
 Units: bytes (ints). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 from playbook.config import ModelConfig
+from playbook.theory.inventory import CORES, INDEX_BYTES, LSE_BYTES, MASK_BYTES, RECOMPUTE_MODES, local, ours_block
+from playbook.theory.inventory import ours_ends, view
+from playbook.theory.korthikanti import activation_bytes_per_layer
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-ATTENTION_KERNELS = ("eager", "flash")
-INDEX_BYTES = 8  # int64 token ids and targets
-MASK_BYTES = 1  # torch.bool
-LSE_BYTES = 4  # the flash kernel's softmax statistics are fp32 whatever the activations' dtype
+ATTENTION_KERNELS = CORES[:2]  # "eager" (our model's), "flash" (a fused kernel)
+__all__ = ["ATTENTION_KERNELS", "INDEX_BYTES", "LSE_BYTES", "MASK_BYTES", "RECOMPUTE_MODES"]
 
 
 def _check(cfg: ModelConfig, seq_len: int, micro_batch: int, dtype_bytes: int, recompute: str) -> None:
@@ -114,38 +118,6 @@ def check_attention(attention: str) -> None:
         raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_KERNELS))}; got {attention!r}")
 
 
-def flash_lse_bytes(*, seq_len: int, micro_batch: int, heads: int) -> int:
-    """Bytes of the log-sum-exp a flash kernel saves for one block: fp32 [b, heads, s] (Dao et al.
-    2022, arXiv:2205.14135, Algorithm 2: the statistics m and ℓ kept as one L = m + log ℓ). ``heads``
-    and ``seq_len`` are this rank's: a/t under TP, s/cp under CP."""
-    return micro_batch * heads * seq_len * LSE_BYTES
-
-
-def attention_core(recompute: str, attention: str) -> tuple[str, bool]:
-    """(which attention-core terms a block keeps: "none" = eager's s² tensors, "selective" = only
-    the core's inputs; whether a flash log-sum-exp is added). Flash keeps selective's tensors plus
-    its statistics; recomputing the kernel (selective) drops the statistics too."""
-    check_attention(attention)
-    if attention == "flash" and recompute == "none":
-        return "selective", True
-    return recompute, False
-
-
-def _moe_mlp_terms(cfg: ModelConfig, b: int, s: int, B: int) -> dict[str, int]:
-    """An ESTIMATE for a mixture-of-experts MLP (our torch model is dense; the expert-parallel
-    chapter replaces this with an exact count of its own MoE module): the router's probabilities
-    (softmax output, b·s·E), each token's copy dispatched to its top_k experts (b·s·k·h), the four
-    SwiGLU tensors of every routed and shared expert (4·b·s·(k + shared)·f_e), and the k combine
-    weights per token."""
-    k, E, fe, h = cfg.top_k, cfg.n_experts, cfg.expert_ffn_hidden, cfg.hidden
-    return {
-        "router probabilities (estimate)": b * s * E * B,
-        "tokens dispatched to experts (estimate)": b * s * k * h * B,
-        "expert SwiGLU tensors (estimate)": 4 * b * s * (k + cfg.n_shared_experts) * fe * B,
-        "combine weights (estimate)": b * s * k * B,
-    }
-
-
 def block_activation_breakdown(
     cfg: ModelConfig,
     *,
@@ -157,51 +129,13 @@ def block_activation_breakdown(
     attention: str = "eager",
 ) -> dict[str, int]:
     """Bytes saved for backward by one transformer block, term by term (see the module docstring).
-    ``moe=True``: a mixture-of-experts block, whose MLP terms are an estimate (``_moe_mlp_terms``).
+    ``moe=True``: a mixture-of-experts block, whose MLP terms are an estimate (routing unknown;
+    ``theory.moe.moe_block_activation_bytes`` counts even routing exactly).
     ``attention="flash"``: a fused kernel's core (selective's terms plus the fp32 log-sum-exp)."""
     _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
-    core, lse = attention_core(recompute, attention)
-    b, s, h, B = micro_batch, seq_len, cfg.hidden, dtype_bytes
-    a, g, d, f = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden
-    if recompute == "full":
-        return {"block input (kept for recomputation)": b * s * h * B}
-    terms = {
-        "attn norm: input": b * s * h * B,
-        "attn norm: inv_rms": b * s * B,
-        "attn norm: x * inv_rms": b * s * h * B,
-        "attn norm: output (q/k/v input)": b * s * h * B,
-    }
-    if core == "none":
-        terms |= {
-            "q (for q·kᵀ)": b * a * s * d * B,
-            "k repeated to all heads": b * a * s * d * B,
-            "causal mask (bool)": s * s * MASK_BYTES,
-            "attention probabilities": b * a * s * s * B,
-            "v repeated to all heads": b * a * s * d * B,
-        }
-    else:  # selective: only causal_attention's inputs are kept
-        terms |= {
-            "q (kept for recomputation)": b * a * s * d * B,
-            "k (kept, kv heads)": b * g * s * d * B,
-            "v (kept, kv heads)": b * g * s * d * B,
-        }
-    if lse:
-        terms["log-sum-exp (fp32, flash kernel)"] = flash_lse_bytes(seq_len=s, micro_batch=b, heads=a)
-    terms |= {
-        "attention output (o_proj input)": b * s * a * d * B,
-        "mlp norm: input (residual sum)": b * s * h * B,
-        "mlp norm: inv_rms": b * s * B,
-        "mlp norm: x * inv_rms": b * s * h * B,
-        "mlp norm: output (gate/up input)": b * s * h * B,
-    }
-    if moe:
-        return terms | _moe_mlp_terms(cfg, b, s, B)
-    return terms | {
-        "gate_proj output": b * s * f * B,
-        "silu(gate)": b * s * f * B,
-        "up_proj output": b * s * f * B,
-        "silu(gate) * up (down_proj input)": b * s * f * B,
-    }
+    check_attention(attention)
+    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
+    return view(ours_block(cfg, x, core=attention, moe="estimate" if moe else None), recompute)
 
 
 def block_activation_bytes(
@@ -232,22 +166,16 @@ def model_activation_breakdown(
 ) -> dict[str, int]:
     """Bytes saved for backward by the whole model and its loss, by part: tokens, all blocks,
     final norm, log-probabilities, targets, nll_loss's total_weight. Mixture-of-experts layers use
-    the estimate of ``_moe_mlp_terms``; multi-head latent attention is counted as if it were GQA.
+    the estimate of ``theory.inventory``; multi-head latent attention is counted as if it were GQA.
     ``attention`` changes the blocks only (module docstring)."""
     sizes = dict(
         seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention
     )
     dense = block_activation_bytes(cfg, **sizes)
     moe = block_activation_bytes(cfg, **sizes, moe=True) if cfg.is_moe else 0
-    b, s, h, V, B = micro_batch, seq_len, cfg.hidden, cfg.vocab_size, dtype_bytes
-    return {
-        "tokens (int64)": b * s * INDEX_BYTES,
-        "blocks": (cfg.n_layers - cfg.n_moe_layers) * dense + cfg.n_moe_layers * moe,
-        "final norm": (3 * b * s * h + b * s) * B,
-        "log-probabilities": b * s * V * B,
-        "targets (int64)": b * s * INDEX_BYTES,
-        "loss total_weight": B,
-    }
+    first, last = ours_ends(cfg, local(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes))
+    blocks = (cfg.n_layers - cfg.n_moe_layers) * dense + cfg.n_moe_layers * moe
+    return first | {"blocks": blocks} | last
 
 
 def model_activation_bytes(
@@ -270,11 +198,9 @@ def korthikanti_vs_exact(
 ) -> list[dict[str, float]]:
     """Per layer, for each sequence length: Korthikanti et al. 2022 (arXiv:2205.05198, Table 2, no
     parallelism) for a GPT-3 block, sbh·(34 + 5as/h) = 34·s·b·h + 5·a·s²·b bytes with 16-bit
-    activations and 1-byte dropout masks (``theory.memory.activation_bytes_per_layer``), beside the
+    activations and 1-byte dropout masks (``theory.korthikanti.activation_bytes_per_layer``), beside the
     exact count for our dropout-free Llama-style block (:func:`block_activation_bytes`), with and
     without selective recomputation. Bytes; rows of plain numbers for a table or a figure."""
-    from playbook.theory.memory import activation_bytes_per_layer
-
     rows = []
     for s in seq_lens:
         sizes = dict(seq_len=s, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
@@ -298,8 +224,6 @@ def korthikanti_over_exact_limit(cfg: ModelConfig, *, micro_batch: int = 1, dtyp
     at any s. Theirs is 5·a·b (softmax output 2, dropout mask 1, dropout output 2 bytes per score);
     ours keeps the probabilities once (2·a·b) and one bool mask: 5a/(2a + 1) at b = 1, 160/65 for
     32 heads."""
-    from playbook.theory.memory import activation_bytes_per_layer
-
     s = 4096
 
     def paper(n: int) -> float:

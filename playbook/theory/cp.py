@@ -48,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from playbook.config import ModelConfig, divisors, require_positive
+from playbook.theory.inventory import check_ulysses, local, ours_block, view
 
 VARIANTS = ("ring", "allgather", "ulysses")
 LSE_BYTES = 4  # the ring kernel keeps its log-sum-exp in fp32 whatever the activation dtype
@@ -65,16 +66,6 @@ def check_layout(seq_len: int, n: int, zigzag: bool) -> None:
         raise ValueError(
             f"seq_len={seq_len} does not split into {what}; use a seq_len that is a multiple of {parts}, "
             f"or cp in {{{', '.join(map(str, good))}}}"
-        )
-
-
-def check_ulysses(n: int, heads: int, kv_heads: int) -> None:
-    """Ulysses gives each rank heads/n query heads and kv_heads/n key/value heads: n must divide both."""
-    if heads % n or kv_heads % n:
-        good = [m for m in divisors(heads) if kv_heads % m == 0]
-        raise ValueError(
-            f"ulysses splits attention heads over the ranks: cp={n} must divide n_heads={heads} and "
-            f"n_kv_heads={kv_heads}; try cp in {{{', '.join(map(str, good))}}}, or variant='ring'"
         )
 
 
@@ -213,66 +204,12 @@ def cp_block_activation_breakdown(
       the [s, s] mask and b·(a/n)·s² probabilities; then the output travels back.
     Without the causal mask (``causal=False``) the boolean mask is not kept.
     """
-    n, b, a, g, d, f, h, B = (
-        cp,
-        micro_batch,
-        cfg.n_heads,
-        cfg.kv_heads,
-        cfg.dim_head,
-        cfg.ffn_hidden,
-        cfg.hidden,
-        dtype_bytes,
-    )
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
-    if seq_len % n:
-        raise ValueError(f"seq_len={seq_len} does not split over cp={n}; use a multiple of {n}")
-    s = seq_len // n  # local tokens
-    terms = {
-        "attn norm: input": b * s * h * B,
-        "attn norm: inv_rms": b * s * B,
-        "attn norm: x * inv_rms": b * s * h * B,
-        "attn norm: output (q/k/v input)": b * s * h * B,
-        "RoPE cos, sin at this shard's positions (q and k)": 4 * s * d * B,
-    }
-    if variant == "ring":
-        terms |= {
-            "q (after RoPE)": b * a * s * d * B,
-            "k (after RoPE), own shard": b * g * s * d * B,
-            "v, own shard": b * g * s * d * B,
-            "ring output": b * a * s * d * B,
-            "log-sum-exp (fp32)": b * a * s * LSE_BYTES,
-        }
-    elif variant == "allgather":
-        S = seq_len
-        terms |= {
-            "q (after RoPE)": b * a * s * d * B,
-            "k repeated to all heads, all s tokens": b * a * S * d * B,
-            "causal mask [s/n, s] (bool)": s * S if causal else 0,
-            "attention probabilities [s/n, s]": b * a * s * S * B,
-            "v repeated to all heads, all s tokens": b * a * S * d * B,
-        }
-    else:
-        check_ulysses(n, a, g)
-        S, ah = seq_len, a // n
-        terms |= {
-            "q, all s tokens, a/n heads": b * ah * S * d * B,
-            "k repeated to a/n heads": b * ah * S * d * B,
-            "causal mask [s, s] (bool)": S * S if causal else 0,
-            "attention probabilities, a/n heads": b * ah * S * S * B,
-            "v repeated to a/n heads": b * ah * S * d * B,
-        }
-    return terms | {
-        "attention output (o_proj input)": b * s * a * d * B,
-        "mlp norm: input (residual sum)": b * s * h * B,
-        "mlp norm: inv_rms": b * s * B,
-        "mlp norm: x * inv_rms": b * s * h * B,
-        "mlp norm: output (gate/up input)": b * s * h * B,
-        "gate_proj output": b * s * f * B,
-        "silu(gate)": b * s * f * B,
-        "up_proj output": b * s * f * B,
-        "silu(gate) * up (down_proj input)": b * s * f * B,
-    }
+    if seq_len % cp:
+        raise ValueError(f"seq_len={seq_len} does not split over cp={cp}; use a multiple of {cp}")
+    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, cp=cp, dtype_bytes=dtype_bytes)
+    return view(ours_block(cfg, x, core=variant, causal=causal))
 
 
 def cp_activation_bytes(

@@ -36,12 +36,14 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.cp import comm_bytes_per_layer
 from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axis, stage_state_bytes
 from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
 from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer
 from playbook.theory.hybrid_zero import data_axis, flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
+from playbook.theory.moe import alltoall_bytes_from_routing
 from playbook.theory.schedules import V_SCHEDULES, equal_partition, is_split, make_schedule
 from playbook.theory.tp import step_collectives
 
@@ -145,8 +147,6 @@ def comm_per_axis(
             exit_grad = FP32 * (rows // microbatches) * (seq_len // dims.cp) * cfg.hidden  # [b/m, s/cp, h]
             add("tp", 2 * len(blocks) * microbatches * sent_bytes("all_gather", exit_grad, dims.tp))
     if dims.cp > 1:
-        from playbook.theory.cp import comm_bytes_per_layer
-
         local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
         per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
         add("cp", len(blocks) * sum(per_layer.values()))  # linear in rows: any m
@@ -177,8 +177,6 @@ def comm_per_axis(
     if cfg.is_moe and not zero:  # the experts over their replicas (ep = 1: every rank holds every expert)
         add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1)["replica"])
     if routing is not None and dims.ep > 1:
-        from playbook.theory.moe import alltoall_bytes_from_routing
-
         mine = [for_tp_rank(step, dims, rank) for step in routing]  # this tp index's ep ranks
         per_step = alltoall_bytes_from_routing(mine, dims.ep, cfg.hidden)  # [step][data rank]
         add("ep", sum(s[dims.data_index(rank)] for s in per_step) / len(per_step))

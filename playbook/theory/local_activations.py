@@ -2,23 +2,93 @@
 block, head) as a rank of any layout sees them (s/cp tokens, s/(cp·tp) outside the parallel
 regions under sequence parallelism, a/tp query and g/tp key/value heads, CP's attention core),
 and the bytes a pipeline stage holds at the step's peak when the schedule keeps several
-micro-batches of them (``theory.schedules.held_bytes``). ``theory.hybrid.memory_per_rank`` reads
-it for every layout of the composition matrix, without a case per pair of axes.
+micro-batches of them (``theory.schedules.held_bytes``). ``theory.hybrid.memory_per_rank`` and
+``theory.stages`` read it for every layout, without a case per pair of axes.
 
-Counts per piece: ``theory.tp`` (Megatron's block, Korthikanti et al. 2022, arXiv:2205.05198),
-``theory.cp`` (ring, all-gather and Ulysses cores), ``theory.activations`` (the plain block), put
-together by ``theory.stages._block_activations``; under recomputation with CP,
-``theory.hybrid_recompute``; TP with CP is :func:`tp_cp_block_bytes`. fp32.
-No torch.
+Every block is a view (``theory.inventory.view``) of the one inventory of our block's tensors
+(``theory.inventory.ours_block``, Korthikanti et al. 2022, arXiv:2205.05198, for the counts and
+the recomputation modes) at the rank's local shapes: tensor parallelism divides heads and
+channels, sequence parallelism the norms' tokens, context parallelism the tokens and swaps the
+attention core for its ring, all-gather or Ulysses kernel (``theory.cp``). No torch.
 """
 
 from __future__ import annotations
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
-from playbook.theory.schedules import make_schedule
+from playbook.theory.activations import _check, check_attention
+from playbook.theory.hybrid_recompute import positions_bytes
+from playbook.theory.inventory import local, ours_block, ours_ends, view
+from playbook.theory.moe import moe_block_activation_bytes
+from playbook.theory.pipeline import chunk_w_bytes
+from playbook.theory.schedules import equal_partition, held_bytes, make_schedule
+from playbook.theory.tp_layout import check_tp
 
 FP32 = 4
+CP_CORES = ("ring", "allgather", "ulysses")
+
+
+def block_bytes(
+    cfg: ModelConfig,
+    moe: bool = False,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
+    attention: str = "eager",
+    variant: str | None = "ring",
+) -> int:
+    """Bytes one block saves for one micro-batch on a rank of tp × cp: the inventory at s/cp tokens,
+    a/tp heads, f/tp channels. ``variant``: the CP attention core (ring, all-gather, Ulysses;
+    ``theory.cp``); None: the ``attention`` kernel at s/cp tokens instead, a fused ring kernel
+    (what ``training_memory`` assumes whenever it counts flash attention or recomputation).
+    ``moe``: an MoE block at even routing (``theory.moe``); TP inside MoE layers is not modelled here."""
+    if moe:
+        if tp > 1:
+            raise NotImplementedError("tensor parallelism inside MoE layers is not modelled; use ep (and tp=1) for MoE")
+        sizes = dict(micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention)
+        return moe_block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
+    core = variant if cp > 1 and variant is not None else attention
+    if tp > 1:
+        check_tp(cfg, tp, seq_len=seq_len // cp, sequence_parallel=sequence_parallel)
+    if cp > 1 and variant is not None:
+        if variant not in CP_CORES:
+            raise ValueError(f"variant must be one of {', '.join(CP_CORES)}; got {variant!r}")
+        if seq_len % cp:
+            raise ValueError(f"seq_len={seq_len} does not split over cp={cp}; use a multiple of {cp}")
+    else:
+        check_attention(attention)
+    _check(cfg, seq_len // cp, micro_batch, dtype_bytes, recompute)
+    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
+              dtype_bytes=dtype_bytes)  # fmt: skip
+    return sum(view(ours_block(cfg, x, core=core), recompute).values())
+
+
+def end_activations(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dtype_bytes: int = 4,
+    recompute: str = "none",
+) -> tuple[int, int]:
+    """Bytes saved outside the blocks for one micro-batch of ``seq_len`` tokens on one rank: (the
+    first stage's embedding inputs, the last stage's final norm, head and loss). Under TP, our
+    vocab-parallel embedding and head (``theory.inventory.ours_ends``)."""
+    if tp > 1:
+        check_tp(cfg, tp, seq_len=seq_len, sequence_parallel=sequence_parallel)
+    else:
+        _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
+    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
+              dtype_bytes=dtype_bytes)  # fmt: skip
+    first, last = ours_ends(cfg, x, tp=tp if tp > 1 else None)
+    return sum(first.values()), sum(last.values())
 
 
 def activation_pieces(
@@ -32,31 +102,14 @@ def activation_pieces(
     recompute: str = "none",
 ) -> dict[str, int]:
     """Bytes one micro-batch of a dense model saves on one rank, by piece: "first" (the embedding's
-    inputs), "block" (one block), "last" (final norm, head, loss), from the shapes the rank sees:
-    s/cp tokens (s/(cp·tp) outside the parallel regions under SP), a/tp query and g/tp key/value
-    heads, CP's attention core (``theory.stages._block_activations``, ``end_activations``). Every
-    layout reads these: a stage is its pieces, a pipeline holds the schedule's micro-batches of them."""
-    from playbook.theory.stages import _block_activations, end_activations  # lazily: stages imports this module too
-
+    inputs), "block" (one block), "last" (final norm, head, loss), from the shapes the rank sees.
+    Under CP with recomputation, ``parallel.hybrid_recompute`` checkpoints the CP core: "selective"
+    keeps its inputs (q, k, v at this rank's heads), "full" the block's input (``theory.hybrid_recompute``).
+    Every layout reads these: a stage is its pieces, a pipeline holds the schedule's micro-batches of them."""
     sizes = dict(micro_batch=micro_batch, tp=dims.tp, sequence_parallel=sequence_parallel)
     first, last = end_activations(cfg, seq_len=seq_len // dims.cp, **sizes)
-    kept = "none" if dims.cp > 1 else recompute  # CP's core under recomputation: ``theory.hybrid_recompute``
-    block = _block_activations(
-        cfg, 0, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute=kept, variant=cp_variant, **sizes
-    )
-    if dims.cp > 1 and recompute != "none":
-        from playbook.theory.hybrid_recompute import cp_block_bytes
-
-        block = cp_block_bytes(
-            cfg,
-            dims,
-            seq_len=seq_len,
-            micro_batch=micro_batch,
-            recompute=recompute,
-            none_bytes=block,
-            sequence_parallel=sequence_parallel,
-            variant=cp_variant,
-        )
+    block = block_bytes(cfg, seq_len=seq_len, cp=dims.cp, dtype_bytes=FP32, recompute=recompute, variant=cp_variant,
+                        **sizes)  # fmt: skip
     return {"first": first, "block": block, "last": last}
 
 
@@ -80,8 +133,6 @@ def stage_activation_bytes(
     (``theory.schedules.held_bytes``; pp = 1: the one forward of all rows). A split backward (ZB-H1,
     ZB-V, DualPipe-V) without TP keeps only W's part from B to W (``chunk_w_bytes``, at s/cp tokens);
     with TP layers, the graph."""
-    from playbook.theory.schedules import equal_partition, held_bytes
-
     pp, L = dims.pp, cfg.n_layers
     b = rows // (microbatches if pp > 1 else 1)
     piece = activation_pieces(
@@ -100,16 +151,12 @@ def stage_activation_bytes(
         (start == 0) * piece["first"] + n * piece["block"] + (end == L + 2) * piece["last"]
         for (start, end), n in zip(ranges, n_blocks)
     ]
-    from playbook.theory.hybrid_recompute import positions_bytes
-
     once = positions_bytes(dims, seq_len, recompute)  # full recomputation under CP: one storage per rank
     if pp == 1:
         return per_stage[0] + once
     plan = make_schedule(schedule, pp, microbatches, v)
     w = None
     if plan.split_backward and dims.tp == 1:
-        from playbook.theory.pipeline import chunk_w_bytes
-
         w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
         w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
     chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
@@ -129,26 +176,11 @@ def tp_cp_block_bytes(
     dtype_bytes: int = 4,
 ) -> int:
     """Bytes one block saves on a rank of a tp × cp layout: tensor parallelism's block at s/cp tokens
-    (``theory.tp``: norms, region inputs, the MLP's f/t channels, the o_proj input of a/t heads) with
-    its attention core (q, repeated k and v, mask, probabilities) replaced by context parallelism's
-    core (``theory.cp``: RoPE at this shard's positions, q, the own K/V shard, the ring output and
-    its fp32 log-sum-exp) for this rank's a/t query and g/t key/value heads."""
-    from playbook.theory.cp import cp_block_activation_breakdown
-    from playbook.theory.hybrid_recompute import OUTSIDE_CORE
-    from playbook.theory.tp import tp_block_activation_breakdown
-
-    tp_parts = tp_block_activation_breakdown(
-        cfg,
-        seq_len=seq_len // cp,
-        micro_batch=micro_batch,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        dtype_bytes=dtype_bytes,
-    )
-    local = cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head)
-    cp_parts = cp_block_activation_breakdown(
-        local, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant, dtype_bytes=dtype_bytes
-    )
-    outside = sum(v for k, v in tp_parts.items() if k.startswith(OUTSIDE_CORE))
-    core = sum(v for k, v in cp_parts.items() if not k.startswith(OUTSIDE_CORE))
-    return outside + core
+    (norms, region inputs, the MLP's f/t channels, the o_proj input of a/t heads) with context
+    parallelism's attention core (RoPE at this shard's positions, q, the own K/V shard, the ring
+    output and its fp32 log-sum-exp) for this rank's a/t query and g/t key/value heads."""
+    check_tp(cfg, tp, seq_len=seq_len // cp, sequence_parallel=sequence_parallel)
+    if variant not in CP_CORES:
+        raise ValueError(f"variant must be one of {', '.join(CP_CORES)}; got {variant!r}")
+    sizes = dict(micro_batch=micro_batch, tp=tp, cp=cp, sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes)
+    return sum(view(ours_block(cfg, local(cfg, seq_len=seq_len, **sizes), core=variant)).values())

@@ -18,43 +18,36 @@ Sources
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from playbook.config import ModelConfig, divisors, require_divides, require_positive
-from playbook.theory.activations import ATTENTION_KERNELS
+from playbook.theory.cp import check_layout, cp_activation_bytes
+from playbook.theory.inventory import CORES
+from playbook.theory.korthikanti import activation_bytes_per_layer
+from playbook.theory.model_state import (
+    _STATE_BYTES,
+    DTYPE_BYTES,
+    GRAD_ACCUM,
+    RECOMPUTE,
+    ZERO_STAGES,
+    TrainingMemory,
+    _check_grad_accum,
+    _choice,
+    _dtype_bytes,
+    bytes_to_gb,
+    bytes_to_gib,
+    model_state_bytes,
+)
+from playbook.theory.moe import inference_weight_bytes, moe_model_state_bytes
+from playbook.theory.stages import activation_bytes, layout_stage_memory, most_loaded_stage, pipeline_stage_memory
+from playbook.theory.tp import check_tp, params_per_rank, tp_model_activation_bytes
 
-# Bytes per element of each storage type (int4 packs two values per byte).
-DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
-
-ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ATTENTION_KERNELS  # "eager": our model's attention; "flash": a fused FlashAttention-style kernel
-
-# Bytes per parameter: (weights, gradients, optimizer states), before any sharding.
-#   mixed: bf16/fp16 weights and grads; fp32 master copy + Adam momentum + variance = K = 12 (ZeRO §3.1)
-#   fp32:  fp32 weights and grads; Adam momentum + variance = 8
-_STATE_BYTES = {"mixed": (2, 2, 12), "fp32": (4, 4, 8)}
-
-# Which parallel degree arrives with which chapter (training_memory refuses the others for now).
-_CHAPTER = {"tp": "tensor-parallel", "pp": "pipeline-parallel", "cp": "context-parallel", "ep": "expert-parallel"}
-
-
-@dataclass(frozen=True)
-class TrainingMemory:
-    """Bytes per rank by category (for the most loaded rank)."""
-
-    params: float
-    grads: float
-    optimizer: float
-    activations: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations
-
-    def as_dict(self) -> dict[str, float]:
-        return {**asdict(self), "total": self.total}
+ATTENTION = CORES[:2]  # "eager": our model's attention; "flash": a fused FlashAttention-style kernel
+__all__ = [
+    "ATTENTION", "DTYPE_BYTES", "GRAD_ACCUM", "RECOMPUTE", "ZERO_STAGES", "InferenceMemory", "TrainingMemory",
+    "activation_bytes_per_layer", "bytes_to_gb", "bytes_to_gib", "inference_memory", "kv_cache_bytes_per_token",
+    "model_state_bytes", "training_memory",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -70,191 +63,6 @@ class InferenceMemory:
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "total": self.total}
-
-
-# ---- units -------------------------------------------------------------------------------------
-def bytes_to_gb(x: float) -> float:
-    """Bytes to decimal gigabytes (1 GB = 1e9 bytes), the unit of vendor datasheets and the ZeRO paper."""
-    return x / 1e9
-
-
-def bytes_to_gib(x: float) -> float:
-    """Bytes to binary gibibytes (1 GiB = 2**30 bytes), the unit of ``torch.cuda`` and ``nvidia-smi`` (MiB)."""
-    return x / 2**30
-
-
-# ---- validation helpers ------------------------------------------------------------------------
-def _choice(name: str, value, valid) -> None:
-    if isinstance(value, bool) or type(value) is not type(valid[0]) or value not in valid:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, valid))}; got {value!r}")
-
-
-def _dtype_bytes(dtype: str) -> float:
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPE_BYTES))}; got {dtype!r}")
-    return DTYPE_BYTES[dtype]
-
-
-def _require_count(name: str, value) -> None:
-    """A positive, finite number (Ψ may be written 7.5e9, as in the ZeRO paper)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-
-
-GRAD_ACCUM = {  # fp32 gradient accumulation: gradient bytes per parameter in mixed precision, by convention
-    "main_grad": 4,  # Megatron-LM's main_grad replaces the 16-bit gradient: 2 + 4 + 12 = 18 in all
-    "both": 6,  # the 16-bit gradient kept beside the fp32 buffer (Ultra-Scale Playbook): 2 + 6 + 12 = 20
-}
-
-
-def _grad_accum_name(fp32_grad_accum) -> str | None:
-    """``False`` -> None; ``True`` -> ``"both"`` (what True always meant here); a name of ``GRAD_ACCUM``."""
-    if fp32_grad_accum is False:
-        return None
-    if fp32_grad_accum is True:
-        return "both"
-    if fp32_grad_accum in GRAD_ACCUM:
-        return fp32_grad_accum
-    raise ValueError(
-        f"fp32_grad_accum must be False, True (= 'both') or one of {', '.join(map(repr, GRAD_ACCUM))}, "
-        f"got {fp32_grad_accum!r}"
-    )
-
-
-def _check_grad_accum(fp32_grad_accum, precision: str) -> None:
-    if _grad_accum_name(fp32_grad_accum) and precision != "mixed":
-        raise ValueError(
-            f"fp32_grad_accum needs precision='mixed': with precision={precision!r} the gradients already are fp32"
-        )
-
-
-# ---- model state (ZeRO) ------------------------------------------------------------------------
-def model_state_bytes(
-    num_params: float,
-    *,
-    dp: int = 1,
-    zero: int = 0,
-    precision: str = "mixed",
-    n_tensors: int = 0,
-    fp32_grad_accum: bool | str = False,
-) -> TrainingMemory:
-    """Bytes of weights, gradients and Adam optimizer states held by one data-parallel rank.
-
-    ZeRO (Rajbhandari et al. 2019, arXiv:1910.02054), §3.1 and §5, with Ψ = ``num_params`` and
-    Nd = ``dp``:
-
-    ========  ==============  ==============  =====================
-    stage     params          grads           optimizer
-    ========  ==============  ==============  =====================
-    0 (DDP)   2Ψ              2Ψ              KΨ
-    1 (Pos)   2Ψ              2Ψ              KΨ / Nd
-    2 (+g)    2Ψ              2Ψ / Nd         KΨ / Nd
-    3 (+p)    2Ψ / Nd         2Ψ / Nd         KΨ / Nd
-    ========  ==============  ==============  =====================
-
-    ``precision="mixed"``: 16-bit weights and gradients, K = 12 (fp32 master weights, Adam momentum
-    and variance, 4 bytes each), 16Ψ in all. ``precision="fp32"``: weights 4Ψ, gradients 4Ψ, Adam
-    8Ψ. The divisions are exact (floats), as in the paper, so Ψ = 7.5e9 and Nd = 64 give the
-    paper's Figure 1: 120 GB, 31.4 GB, 16.6 GB and 1.9 GB. A real partition rounds each shard up
-    to whole elements (and often pads for alignment), a few bytes more on some ranks.
-
-    ``fp32_grad_accum`` (mixed precision only): gradients accumulated over micro-batches in fp32,
-    counted with the gradients and sharded like them (÷Nd from stage 2 on). Two conventions, by name:
-
-    - ``"main_grad"``: the fp32 buffer *replaces* the 16-bit gradient, 4Ψ of gradients, 18Ψ in all
-      unsharded. Megatron-LM's ``main_grad`` (the backward adds into it; Megatron-Core's
-      distributed-optimizer table, "float16 param, fp32 grads": 2 + 4 + 12 = 18 bytes).
-    - ``"both"`` (also ``True``): the 16-bit gradient *and* the fp32 buffer, 6Ψ of gradients, 20Ψ in
-      all: the "BF16 w/ FP32 grad acc" column of the Ultra-Scale Playbook (Tazi et al. 2025, Hugging
-      Face, its memory-usage section), for code that casts each micro-batch's bf16 gradient into an
-      fp32 sum.
-
-    In ``"fp32"`` precision the gradients already are fp32, so the option is refused there. Not
-    counted: temporary buffers and allocator fragmentation.
-
-    ``n_tensors``: PyTorch's ``Adam``/``AdamW`` also keeps a scalar fp32 ``step`` tensor for every
-    parameter tensor, 4 bytes each. ``n_tensors=0`` reproduces the paper; ``n_tensors=
-    len(list(model.parameters()))`` gives the bytes ``torch.optim.AdamW`` actually allocates. These
-    4·n_tensors bytes are added to the optimizer **unsharded**: when every tensor is split across
-    the ranks (ZeRO's flat partition, FSDP's per-parameter shards) each rank keeps a step counter
-    for every tensor it holds a slice of. Schemes that hand out whole tensors keep fewer; the
-    difference is a few kilobytes.
-
-    Returns a :class:`TrainingMemory` in bytes with ``activations=0``.
-    """
-    _require_count("num_params", num_params)
-    require_positive(dp=dp)
-    _choice("zero", zero, ZERO_STAGES)
-    _choice("precision", precision, tuple(_STATE_BYTES))
-    if isinstance(n_tensors, bool) or not isinstance(n_tensors, int) or n_tensors < 0:
-        raise ValueError(
-            f"n_tensors must be a non-negative integer (the number of parameter tensors), got {n_tensors!r}"
-        )
-    _check_grad_accum(fp32_grad_accum, precision)
-
-    p, g, o = (b * num_params for b in _STATE_BYTES[precision])
-    accum = _grad_accum_name(fp32_grad_accum)
-    if accum:
-        g = GRAD_ACCUM[accum] * num_params
-    if zero >= 1:
-        o /= dp
-    if zero >= 2:
-        g /= dp
-    if zero >= 3:
-        p /= dp
-    return TrainingMemory(params=float(p), grads=float(g), optimizer=float(o + 4 * n_tensors))
-
-
-# ---- activations (Korthikanti et al. 2022) -----------------------------------------------------
-def activation_bytes_per_layer(
-    *,
-    seq_len: int,
-    micro_batch: int,
-    hidden: int,
-    heads: int,
-    tp: int = 1,
-    sequence_parallel: bool = False,
-    recompute: str = "none",
-) -> float:
-    """Bytes of activations one GPT-style transformer layer saves for backward, per tensor-parallel rank.
-
-    Korthikanti et al. 2022 (arXiv:2205.05198), Table 2, with s = ``seq_len``, b = ``micro_batch``,
-    h = ``hidden``, a = ``heads``, t = ``tp`` (16-bit activations, 1-byte dropout masks):
-
-    ==============================================  =========================
-    no parallelism                                  sbh(34 + 5as/h)
-    tensor parallel                                 sbh(10 + 24/t + 5as/(ht))
-    tensor + sequence parallel                      sbh(34/t + 5as/(ht))
-    tensor parallel + selective recomputation       sbh(10 + 24/t)
-    tensor + sequence parallel + selective recomp.  sbh(34/t)
-    full recomputation                              sbh · 2
-    ==============================================  =========================
-
-    Selective recomputation drops the attention-score term 5as/h (softmax input and output,
-    dropout mask and output: 5as²b bytes). Full recomputation keeps only each layer's 16-bit input,
-    2sbh, and we return exactly the paper's ``2sbh`` whatever ``tp`` and ``sequence_parallel`` are.
-    (With sequence parallelism Megatron-LM stores that input sharded along the sequence, 2sbh/t; the
-    table does not make that distinction, and we follow the table.) With ``tp=1`` every row
-    reduces to the no-parallelism one, so ``sequence_parallel`` changes nothing there.
-
-    These constants describe the paper's GPT block (LayerNorm, GeLU, dropout). Our Llama-style model
-    saves a different amount: see ``playbook.theory.activations.model_activation_bytes``.
-    """
-    require_positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp)
-    require_divides("tp", tp, "heads", heads)
-    _choice("recompute", recompute, RECOMPUTE)
-    if not isinstance(sequence_parallel, bool):
-        raise ValueError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
-
-    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
-    sbh = s * b * h
-    if recompute == "full":
-        return float(2 * sbh)
-    # the attention-score term 5as/h · sbh = 5·a·s²·b, split over the t ranks' heads
-    scores = 0.0 if recompute == "selective" else 5 * a * s * s * b / t
-    if sequence_parallel:
-        return sbh * 34 / t + scores
-    return sbh * (10 + 24 / t) + scores
 
 
 # ---- training: one rank ------------------------------------------------------------------------
@@ -317,8 +125,6 @@ def training_memory(
         raise ValueError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
     split = {name: d for name, d in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)) if d != 1}
     if len(split) > 1:  # every degree together: each stage from its ranks' local shapes
-        from playbook.theory.stages import layout_stage_memory, most_loaded_stage
-
         _check_grad_accum(fp32_grad_accum, precision)
         stages = layout_stage_memory(
             cfg,
@@ -340,7 +146,6 @@ def training_memory(
         return stages[most_loaded_stage(stages)].memory
 
     _check_grad_accum(fp32_grad_accum, precision)
-    from playbook.theory.stages import activation_bytes, most_loaded_stage, pipeline_stage_memory  # lazily: no cycles
 
     dtype_bytes = 2 if precision == "mixed" else 4
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
@@ -351,15 +156,11 @@ def training_memory(
         )
         return stages[most_loaded_stage(stages)].memory
     if tp > 1:  # Megatron TP (+ SP): matrices split 1/t, norms replicated; exact activations of our TP model
-        from playbook.theory.tp import check_tp, params_per_rank, tp_model_activation_bytes
-
         check_tp(cfg, tp, seq_len=seq_len, sequence_parallel=sequence_parallel)
         held = params_per_rank(cfg, tp)
         state = model_state_bytes(held["split"] + held["replicated"], **common)
         acts = tp_model_activation_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, attention=attention, **sizes)
     elif cp > 1:  # ring attention: weights replicated, every activation at s/cp tokens
-        from playbook.theory.cp import check_layout, cp_activation_bytes
-
         state = model_state_bytes(cfg.num_params(), **common)
         if attention == "flash":  # a fused ring kernel: the flash block at s/cp tokens
             check_layout(seq_len, cp, zigzag=False)
@@ -367,8 +168,6 @@ def training_memory(
         else:
             acts = cp_activation_bytes(cfg, cp=cp, variant="ring", **sizes)
     elif ep > 1:  # routed experts split over ep ranks (DeepSpeed-MoE); activations at even routing
-        from playbook.theory.moe import moe_model_state_bytes
-
         state = moe_model_state_bytes(cfg, ep=ep, **common)
         acts = activation_bytes(cfg, **sizes, attention=attention)
     else:
@@ -447,8 +246,6 @@ def inference_memory(
         )
 
     if ep > 1:
-        from playbook.theory.moe import inference_weight_bytes
-
         weights = inference_weight_bytes(cfg, ep=ep, tp=tp, pp=pp, dtype_bytes=nbytes)
     else:
         weights = cfg.num_params() * nbytes / (tp * pp)

@@ -24,7 +24,11 @@ import random
 from dataclasses import dataclass
 
 from playbook.config import ModelConfig, divisors, require_positive
-from playbook.theory.memory import TrainingMemory, model_state_bytes
+from playbook.theory.comm import sent_bytes
+from playbook.theory.activations import _check, block_activation_bytes, check_attention, model_activation_breakdown
+from playbook.theory.inventory import local, ours_block, view
+from playbook.theory.inventory import moe_mlp_terms as moe_mlp_activation_terms
+from playbook.theory.model_state import TrainingMemory, model_state_bytes
 
 
 # ---- validation --------------------------------------------------------------------------------
@@ -255,8 +259,6 @@ def step_comm_bytes(cfg: ModelConfig, n: int, ep: int, mode: str, tokens_per_ran
     all-reduce of the dense gradients over n ranks, of the expert gradients (+ one flag per tensor)
     over the n/ep replicas, and of (loss, aux) for reporting. ``mode="tp"``: tensor-parallel
     experts' all-gathers and reduce-scatters of T_local·n·h rows instead (forward and backward)."""
-    from playbook.theory.comm import sent_bytes
-
     p = params_per_rank(cfg, ep if mode == "ep" else 1)
     reduce = sent_bytes("all_reduce", 4 * p["dense"], n) + sent_bytes("all_reduce", 8, n)
     if mode == "ep":
@@ -374,54 +376,6 @@ def load_entropy(counts: list[int]) -> float:
 
 
 # ---- activations: the exact count for our MoE layer, given its routing ------------------------
-def moe_mlp_activation_terms(
-    cfg: ModelConfig,
-    *,
-    tokens: int,
-    slots: int,
-    rows: int,
-    shared_tokens: int | None = None,
-    dtype_bytes: int = 4,
-    expert_split: int = 1,
-    gathered: bool = False,
-) -> dict[str, int]:
-    """Bytes ``playbook.moe.MoEMLP`` (and its parallel versions) saves for backward in one layer,
-    read from its code. It depends on the routing, so it takes the counts:
-
-    - ``tokens`` T routed here (all gathered tokens for tensor-parallel experts),
-    - ``slots`` S kept slots this rank's tokens send out (their gates and results come back here),
-    - ``rows`` R rows this rank's experts process (= S on one process; what arrives under EP),
-    - ``expert_split``: tp when each expert's width is split, ``gathered``: the router input is a
-      gathered copy (tensor-parallel experts) rather than the MLP norm's output (counted in the block).
-
-    The estimate in ``playbook.theory.activations._moe_mlp_terms`` assumes S = R = k·T and no
-    index tensors; the difference is the int64 ids, the gate bookkeeping and the gated copy.
-    """
-    T, S, R, E, k, h, B = tokens, slots, rows, cfg.n_experts, cfg.top_k, cfg.hidden, dtype_bytes
-    fe = cfg.expert_ffn_hidden
-    terms = {
-        "router probabilities (softmax output)": T * E * B,
-        "top-k expert ids (int64)": T * k * 8,
-        "aux loss: expert fractions f": E * B,
-        "kept slots: token ids (int64)": S * 8,
-        "kept slots: order by expert (int64)": S * 8,
-        "kept slots: gates": S * B,
-        "expert outputs back home (scaled by gate)": S * h * B,
-        "gated outputs (index_add source)": S * h * B,
-        "expert inputs": R * h * B,
-        "expert SwiGLU tensors (4 per row)": 4 * R * (fe // expert_split) * B,
-    }
-    if k > 1:
-        terms |= {"top-k probabilities (renormalised)": T * k * B, "their sum": T * B}
-    if gathered:
-        terms["gathered tokens (router input)"] = T * h * B
-    if cfg.n_shared_experts:
-        terms["shared experts' SwiGLU tensors"] = (
-            4 * (T if shared_tokens is None else shared_tokens) * fe * cfg.n_shared_experts * B
-        )
-    return terms
-
-
 def moe_block_activation_bytes(
     cfg: ModelConfig,
     *,
@@ -442,18 +396,14 @@ def moe_block_activation_bytes(
     ``recompute="full"`` keeps the block input only, as for a dense block; ``"selective"``
     recomputes attention and leaves the MLP terms as they are. ``attention="flash"``: a fused
     kernel's attention core (``theory.activations``, Dao et al. 2022)."""
-    from playbook.theory.activations import block_activation_breakdown
-
-    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
-    block = block_activation_breakdown(cfg, **sizes, moe=True, attention=attention)
-    if recompute == "full":
-        return sum(block.values())
-    rest = sum(v for k, v in block.items() if "(estimate)" not in k)
-    T = micro_batch * seq_len
-    slots = cfg.top_k * T
-    return rest + sum(
-        moe_mlp_activation_terms(cfg, tokens=T, slots=slots, rows=slots, dtype_bytes=dtype_bytes).values()
+    _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
+    check_attention(attention)
+    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
+    slots = cfg.top_k * micro_batch * seq_len
+    terms = moe_mlp_activation_terms(
+        cfg, tokens=micro_batch * seq_len, slots=slots, rows=slots, dtype_bytes=dtype_bytes
     )
+    return sum(view(ours_block(cfg, x, core=attention, moe=terms), recompute).values())
 
 
 def rank_rows(counts_by_rank: list[list[int]], capacity: int | None, rank: int, ep: int) -> tuple[int, int]:
@@ -481,15 +431,13 @@ def model_activation_bytes_moe(
     """Exact bytes saved by one forward of our MoE GPT on ``rank``, given each MoE layer's routing
     (``layers[i]`` has ``counts_by_rank``, ``capacity`` and ``tokens``, as in ``RoutingStats``).
     ``mode="tp"``: tensor-parallel experts over ``tp`` ranks (tokens gathered, widths split)."""
-    from playbook.theory.activations import block_activation_breakdown, model_activation_breakdown
-
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
     parts = model_activation_breakdown(cfg, **sizes)
-    dense_block = sum(block_activation_breakdown(cfg, **sizes).values())
-    moe_rest = sum(v for k, v in block_activation_breakdown(cfg, **sizes, moe=True).items() if "(estimate)" not in k)
+    dense_block = block_activation_bytes(cfg, **sizes)
     total = sum(v for k, v in parts.items() if k != "blocks") + (cfg.n_layers - cfg.n_moe_layers) * dense_block
-    local = micro_batch * seq_len
+    x, local_tokens = local(cfg, **sizes), micro_batch * seq_len
     for layer in layers:
+        routed = None
         if mode == "tp":
             S = sum(sum(r) for r in kept_counts(layer["counts_by_rank"], layer["capacity"]))
             terms = moe_mlp_activation_terms(
@@ -497,15 +445,15 @@ def model_activation_bytes_moe(
                 tokens=layer["tokens"],
                 slots=S,
                 rows=S,
-                shared_tokens=local,
+                shared_tokens=local_tokens,
                 dtype_bytes=dtype_bytes,
                 expert_split=tp,
                 gathered=tp > 1,
             )
             if tp > 1 and not cfg.n_shared_experts:  # the norm output feeds only the gather: nobody saves it
-                terms["mlp norm output (not saved: only gathered)"] = -local * cfg.hidden * dtype_bytes
+                routed = 0
         else:
             S, R = rank_rows(layer["counts_by_rank"], layer["capacity"], rank, ep)
-            terms = moe_mlp_activation_terms(cfg, tokens=local, slots=S, rows=R, dtype_bytes=dtype_bytes)
-        total += moe_rest + sum(terms.values())
+            terms = moe_mlp_activation_terms(cfg, tokens=local_tokens, slots=S, rows=R, dtype_bytes=dtype_bytes)
+        total += sum(view(ours_block(cfg, x, moe=terms, routed=routed)).values())
     return total

@@ -27,15 +27,17 @@ minus the s² term under selective recomputation (``tests/test_prod_activations.
 
 Recomputation: "selective" reruns the attention core (flash: the kernel, so its log-sum-exp is
 not kept; eager: the s² tensors); "full" keeps only each layer's input, s'·b·h·B/t (with SP the
-input is already the shard; the paper's table writes 2sbh for every t). No torch.
+input is already the shard; the paper's table writes 2sbh for every t). The tensors are the
+production kernel set of the one inventory (``theory.inventory.production_block``), viewed as
+``theory.activations``' exact counts are (``theory.inventory.view``). No torch.
 """
 
 from __future__ import annotations
 
 from playbook.config import ModelConfig
+from playbook.theory.inventory import production_block, view
 
 ACTIVATION_MODELS = ("production", "ours")
-STAT_BYTES = 4  # fp32 norm statistics and flash log-sum-exp
 INDEX_BYTES = 8  # int64 token ids and labels
 
 
@@ -68,50 +70,9 @@ def production_block_breakdown(
     and shared expert copy."""
     if recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute must be one of none, selective, full; got {recompute!r}")
-    sp = tp > 1 if sequence_parallel is None else sequence_parallel
-    t, s, b, h, B = tp, seq_len // cp, micro_batch, cfg.hidden, dtype_bytes
-    a, g, d, f = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden
-    sbh = s * b * h * B
-    rep = sbh / t if sp else sbh  # a tensor outside the tensor-parallel regions
-    if recompute == "full":
-        return {"layer input (kept for recomputation)": rep}
-    stats = STAT_BYTES * s * b / (t if sp else 1) if norm == "rmsnorm" else 0.0
-    out = {"attn norm: input": rep, "attn norm: statistics": stats, "attn: qkv input (norm output)": rep}
-    if attention == "flash":
-        out |= {
-            "attn: q": s * b * a * d * B / t,
-            "attn: k, v (kv heads)": 2 * s * b * g * d * B / t,
-        }
-        if recompute == "none":
-            out["attn: log-sum-exp (fp32)"] = STAT_BYTES * s * b * a / t
-    else:  # eager: Q and K for QKᵀ, V for the product with the probabilities
-        out |= {"attn: q, k": 2 * s * b * a * d * B / t, "attn: v": s * b * a * d * B / t}
-        if recompute == "none":
-            out["attn: softmax output"] = a * s * s * b * B / t
-            if dropout:
-                out |= {"attn: dropout mask": a * s * s * b / t, "attn: dropout output": a * s * s * b * B / t}
-    out["attn: output (o_proj input)"] = s * b * a * d * B / t
-    if dropout:
-        out["attn: residual dropout mask"] = s * b * h / (t if sp else 1)
-    out |= {"mlp norm: input": rep, "mlp norm: statistics": stats, "mlp: fc1 input (norm output)": rep}
-    if moe:
-        k, fe, shared = cfg.top_k, cfg.expert_ffn_hidden, cfg.n_shared_experts
-        out |= {
-            "moe: router probabilities": s * b * cfg.n_experts * B / (t if sp else 1),
-            "moe: dispatched tokens": s * b * k * h * B / t,
-            "moe: expert fc1 output": 2 * s * b * (k + shared) * fe * B / t,
-            "moe: expert SwiGLU output": s * b * (k + shared) * fe * B / t,
-        }
-    elif mlp == "swiglu":
-        out |= {
-            "mlp: fc1 output (gate, up)": 2 * s * b * f * B / t,
-            "mlp: SwiGLU output (fc2 input)": s * b * f * B / t,
-        }
-    else:  # GeLU: its input and output
-        out |= {"mlp: GeLU input": s * b * f * B / t, "mlp: GeLU output": s * b * f * B / t}
-    if dropout:
-        out["mlp: dropout mask"] = s * b * h / (t if sp else 1)
-    return out
+    kernels = dict(attention=attention, mlp=mlp, norm=norm, dropout=dropout, moe=moe)
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, sequence_parallel=sequence_parallel)
+    return view(production_block(cfg, **sizes, dtype_bytes=dtype_bytes, **kernels), recompute)
 
 
 def production_block_bytes(cfg: ModelConfig, **kw) -> float:

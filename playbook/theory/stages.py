@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from playbook.config import ModelConfig
-from playbook.theory.memory import TrainingMemory, model_state_bytes
+from playbook.theory.local_activations import block_bytes, end_activations
+from playbook.theory.model_state import TrainingMemory, model_state_bytes
 
 
 def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
@@ -45,25 +46,12 @@ def layer_activation_bytes(
     attention: str = "eager",
 ) -> list[int]:
     """Bytes each of the ``cfg.n_layers`` blocks saves for one micro-batch, in layer order."""
-    from playbook.theory.activations import block_activation_bytes
-    from playbook.theory.moe import moe_block_activation_bytes
-
     sizes = dict(
         seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention
     )
-    dense = block_activation_bytes(cfg, **sizes)
-    moe = moe_block_activation_bytes(cfg, **sizes) if cfg.is_moe else 0
+    dense = block_bytes(cfg, **sizes)
+    moe = block_bytes(cfg, True, **sizes) if cfg.is_moe else 0
     return [moe if is_moe_layer(cfg, i) else dense for i in range(cfg.n_layers)]
-
-
-def _ends(cfg: ModelConfig, **sizes) -> tuple[int, int]:
-    """Activation bytes outside the blocks: (first stage: the int64 tokens; last stage: final norm,
-    log-probabilities, int64 targets, the loss's total_weight)."""
-    from playbook.theory.activations import model_activation_breakdown
-
-    parts = model_activation_breakdown(cfg, **sizes)
-    first = parts["tokens (int64)"]
-    return first, sum(parts.values()) - parts["blocks"] - first
 
 
 def activation_bytes(
@@ -79,7 +67,7 @@ def activation_bytes(
     plus tokens, final norm, log-probabilities and the loss. For a dense config this equals
     ``theory.activations.model_activation_bytes``; for MoE it uses the exact even-routing count."""
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
-    return sum(layer_activation_bytes(cfg, **sizes, attention=attention)) + sum(_ends(cfg, **sizes))
+    return sum(layer_activation_bytes(cfg, **sizes, attention=attention)) + sum(end_activations(cfg, **sizes))
 
 
 @dataclass(frozen=True)
@@ -132,7 +120,7 @@ def pipeline_stage_memory(
     dtype_bytes = 2 if precision == "mixed" else 4
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
     per_layer = layer_activation_bytes(cfg, **sizes, attention=attention)
-    first_extra, last_extra = _ends(cfg, **sizes)
+    first_extra, last_extra = end_activations(cfg, **sizes)
     table = cfg.vocab_size * cfg.hidden
     out = []
     for i, layers in enumerate(stage_layers(cfg.n_layers, pp)):
@@ -193,97 +181,6 @@ def _stage_params(cfg: ModelConfig, layers: range, *, tp: int, ep: int, first: b
     return dense, experts
 
 
-def _block_activations(
-    cfg: ModelConfig,
-    layer: int,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    cp: int,
-    sequence_parallel: bool,
-    dtype_bytes: int,
-    recompute: str,
-    attention: str = "eager",
-    variant: str = "ring",
-) -> int:
-    """Bytes one block saves for one micro-batch on one rank, at s/cp tokens: our TP model's exact
-    count (``theory.tp``), ring CP's (``theory.cp``), or the plain block's; an MoE block at even
-    routing (``theory.moe``). TP with CP: TP's block with CP's attention core
-    (``theory.local_activations.tp_cp_block_bytes``; with recomputation, TP's block at s/cp tokens, an
-    estimate); TP with MoE is not modelled. ``attention="flash"``: the block (TP's or the plain
-    one) at s/cp tokens with a fused kernel's core, whose log-sum-exp is [b, a/t, s/cp] fp32; our
-    ring kernel's own count (``theory.cp``, a second copy of its output and RoPE tables at explicit
-    positions) is eager's. ``variant``: the CP attention core (ring, all-gather, Ulysses; ``theory.cp``)."""
-    sizes = dict(micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention)
-    ours = attention == "eager" and recompute == "none"  # our ring kernel's exact count applies
-    if is_moe_layer(cfg, layer):
-        if tp > 1:
-            raise NotImplementedError("tensor parallelism inside MoE layers is not modelled; use ep (and tp=1) for MoE")
-        from playbook.theory.moe import moe_block_activation_bytes
-
-        return moe_block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
-    if tp > 1 and cp > 1 and ours:
-        from playbook.theory.local_activations import tp_cp_block_bytes
-
-        return tp_cp_block_bytes(
-            cfg,
-            seq_len=seq_len,
-            micro_batch=micro_batch,
-            tp=tp,
-            cp=cp,
-            variant=variant,
-            sequence_parallel=sequence_parallel,
-            dtype_bytes=dtype_bytes,
-        )
-    if tp > 1:
-        from playbook.theory.tp import tp_block_activation_breakdown
-
-        parts = tp_block_activation_breakdown(
-            cfg, seq_len=seq_len // cp, tp=tp, sequence_parallel=sequence_parallel, **sizes
-        )
-        return sum(parts.values())
-    if cp > 1 and ours:
-        from playbook.theory.cp import cp_block_activation_breakdown
-
-        parts = cp_block_activation_breakdown(
-            cfg, seq_len=seq_len, micro_batch=micro_batch, cp=cp, variant=variant, dtype_bytes=dtype_bytes
-        )
-        return sum(parts.values())
-    from playbook.theory.activations import block_activation_bytes
-
-    return block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
-
-
-def end_activations(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int = 1,
-    sequence_parallel: bool = False,
-    dtype_bytes: int = 4,
-    recompute: str = "none",
-) -> tuple[int, int]:
-    """Bytes saved outside the blocks for one micro-batch of ``seq_len`` tokens on one rank: (the
-    first stage's embedding inputs, the last stage's final norm, head and loss). Under TP, our
-    vocab-parallel embedding and head (``theory.tp``); else :func:`_ends`."""
-    if tp == 1:
-        return _ends(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
-    from playbook.theory.tp import tp_model_activation_breakdown
-
-    parts = tp_model_activation_breakdown(
-        cfg,
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        dtype_bytes=dtype_bytes,
-    )
-    first = next(v for k, v in parts.items() if k.startswith("embedding"))
-    return first, sum(parts.values()) - parts["blocks"] - first
-
-
 def layout_stage_memory(
     cfg: ModelConfig,
     *,
@@ -324,13 +221,12 @@ def layout_stage_memory(
     # A block's bytes depend on the layer only through dense or MoE, and a stage's model state only on
     # its layer counts and ends: count each once (a 126-layer model over 128 stages repeats them).
     n_moe = _moe_layers_in(cfg, range(cfg.n_layers))
-    first_of_kind = {
-        kind: j for kind, j in ((False, 0), (True, cfg.n_dense_layers)) if (n_moe if kind else cfg.n_layers - n_moe)
-    }
+    kinds = [moe for moe in (False, True) if (n_moe if moe else cfg.n_layers - n_moe)]
+    variant = "ring" if attention == "eager" and recompute == "none" else None  # our ring kernel, or a fused one
     block = {
-        moe: _block_activations(
+        moe: block_bytes(
             cfg,
-            j,
+            moe,
             seq_len=seq_len,
             micro_batch=micro_batch,
             tp=tp,
@@ -339,8 +235,9 @@ def layout_stage_memory(
             dtype_bytes=dtype_bytes,
             recompute=recompute,
             attention=attention,
+            variant=variant,
         )
-        for moe, j in first_of_kind.items()
+        for moe in kinds
     }
     common = dict(zero=zero, precision=precision, fp32_grad_accum=fp32_grad_accum)
     states: dict[tuple, tuple] = {}

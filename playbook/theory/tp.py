@@ -43,278 +43,28 @@ Units: bytes; seconds; FLOP/s. Pure arithmetic, fast enough for every slider mov
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+from playbook.config import ModelConfig
+from playbook.theory.inventory import INDEX_BYTES, MASK_BYTES, local, ours_block, ours_ends, view
+from playbook.theory.model_state import RECOMPUTE, TrainingMemory, model_state_bytes
+from playbook.theory.tp_comm import (
+    Collective,
+    layer_comm,
+    layer_comm_seconds,
+    layer_flops,
+    layer_seconds,
+    layer_summary,
+    op_counts,
+    step_collectives,
+    summarize,
+)
+from playbook.theory.tp_layout import _split_sizes, check_tp, matrix_shards, params_per_rank, valid_tp
 
-from playbook.config import Hardware, ModelConfig, divisors, require_positive
-from playbook.theory.activations import attention_core, flash_lse_bytes
-from playbook.theory.comm import collective_seconds, sent_bytes
-from playbook.theory.memory import RECOMPUTE, TrainingMemory, model_state_bytes
-
-INDEX_BYTES = 8  # int64 token ids and targets
-MASK_BYTES = 1  # torch.bool
-
-
-# ---- what t may be -----------------------------------------------------------------------------
-def valid_tp(cfg: ModelConfig) -> list[int]:
-    """Degrees that split every sharded dimension evenly: divisors of heads, KV heads, ffn and vocab."""
-    return [t for t in divisors(cfg.n_heads) if all(n % t == 0 for n in _split_sizes(cfg).values())]
-
-
-def _split_sizes(cfg: ModelConfig) -> dict[str, int]:
-    return {
-        "n_heads": cfg.n_heads,
-        "n_kv_heads": cfg.kv_heads,
-        "ffn_hidden": cfg.ffn_hidden,
-        "vocab_size": cfg.vocab_size,
-    }
-
-
-def check_tp(
-    cfg: ModelConfig, tp: int, *, seq_len: int | None = None, sequence_parallel: bool = False, regather: bool = False
-) -> None:
-    """Raise ``ValueError`` unless ``tp`` splits heads, KV heads (no replicated KV heads here), ffn and
-    vocabulary evenly, and (with sequence parallelism) the sequence; the message lists valid values."""
-    require_positive(tp=tp)
-    if regather and not sequence_parallel:
-        raise ValueError("regather saves sequence shards, so it needs sequence_parallel=True")
-    for name, size in _split_sizes(cfg).items():
-        if size % tp:
-            valid = ", ".join(map(str, valid_tp(cfg)))
-            raise ValueError(f"tp={tp} does not divide {name}={size}; try tp in {{{valid}}}")
-    if sequence_parallel and seq_len is not None and seq_len % tp:
-        raise ValueError(
-            f"sequence parallelism splits the sequence: tp={tp} does not divide seq_len={seq_len}; "
-            f"use a seq_len that is a multiple of {tp}, or tp in {{{', '.join(map(str, divisors(seq_len)))}}}"
-        )
-
-
-# ---- weights -----------------------------------------------------------------------------------
-def params_per_rank(cfg: ModelConfig, tp: int) -> dict[str, int]:
-    """Parameters one rank holds: ``split`` (1/t of every sharded matrix) and ``replicated`` (norms).
-    ``split + replicated`` with tp=1 is ``cfg.num_params()``."""
-    check_tp(cfg, tp)
-    replicated = (2 * cfg.n_layers + 1) * cfg.hidden
-    return {"split": (cfg.num_params() - replicated) // tp, "replicated": replicated}
-
-
-def matrix_shards(cfg: ModelConfig, tp: int) -> list[dict]:
-    """Every weight of one layer and around the layers: its full shape [out, in], how it is split
-    (``"rows"``: by output channel / vocabulary row, ``"cols"``: by input channel, ``None``:
-    replicated) and the shape one rank holds. The data behind the shard diagram."""
-    check_tp(cfg, tp)
-    h, a, g, d, f, V = cfg.hidden, cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden, cfg.vocab_size
-    mats = [
-        ("tok_emb", (V, h), "rows", "vocabulary rows"),
-        ("q_proj", (a * d, h), "rows", "query heads"),
-        ("k_proj", (g * d, h), "rows", "key/value heads"),
-        ("v_proj", (g * d, h), "rows", "key/value heads"),
-        ("o_proj", (h, a * d), "cols", "query heads"),
-        ("gate_proj", (f, h), "rows", "ffn channels"),
-        ("up_proj", (f, h), "rows", "ffn channels"),
-        ("down_proj", (h, f), "cols", "ffn channels"),
-        ("lm_head", (V, h), "rows", "vocabulary rows"),
-        ("norms", (2 * cfg.n_layers + 1, h), None, "replicated"),
-    ]
-    out = []
-    for name, (rows, cols), split, by in mats:
-        local = (rows // tp, cols) if split == "rows" else (rows, cols // tp) if split == "cols" else (rows, cols)
-        out.append({"name": name, "shape": (rows, cols), "split": split, "by": by, "local": local})
-    return out
-
-
-# ---- communication -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Collective:
-    """One collective call on one rank: where (region), when (phase), what (op), and its buffer S
-    (bytes; the full gathered size for all-gather and reduce-scatter) and bytes sent (ring)."""
-
-    region: str  # "embedding", "layer0.attn", "layer0.mlp", ..., "head", "loss", "grad sync"
-    phase: str  # "forward" | "backward" | "step"
-    op: str  # "all_reduce" | "all_gather" | "reduce_scatter"
-    bytes: int
-    sent_bytes: float
-
-
-def step_collectives(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    sequence_parallel: bool = False,
-    regather: bool = False,
-    recompute: str = "none",
-    dtype_bytes: int = 4,
-) -> list[Collective]:
-    """Every collective one rank issues in one training step of our TP model, in order (module
-    docstring). ``regather``: each region's backward all-gathers its input's shard once more.
-    ``recompute="full"``: in backward, each block's forward runs again (phase "recompute") as far
-    as the tensors backward needs, i.e. up to its MLP's input: its last collective is not repeated
-    (non-reentrant ``torch.utils.checkpoint`` stops early)."""
-    check_tp(cfg, tp, seq_len=seq_len, sequence_parallel=sequence_parallel, regather=regather)
-    b, s, h, B, t = micro_batch, seq_len, cfg.hidden, dtype_bytes, tp
-    act = B * b * s * h  # one [b, s, h] activation
-    if t == 1:
-        return []
-    sp = sequence_parallel
-
-    def c(region, phase, op, size):
-        return Collective(region, phase, op, size, sent_bytes(op, size, t))
-
-    enter = "all_gather" if sp else None  # f is the identity forward: no collective
-    enter_back = "reduce_scatter" if sp else "all_reduce"
-    leave = "reduce_scatter" if sp else "all_reduce"
-    leave_back = "all_gather" if sp else None
-    out = [c("embedding", "forward", leave, act)]
-    for i in range(cfg.n_layers):
-        for part in ("attn", "mlp"):
-            if enter:
-                out.append(c(f"layer{i}.{part}", "forward", enter, act))
-            out.append(c(f"layer{i}.{part}", "forward", leave, act))
-    if enter:
-        out.append(c("head", "forward", enter, act))
-    out += [c("loss", "forward", "all_reduce", 4 * b * s), c("loss", "forward", "all_reduce", 2 * 4 * b * s)]
-    # backward: the conjugates, in reverse order (the loss's backward needs no communication)
-    again = [("all_gather", act)] if regather else []
-    out += [c("head", "backward", op, size) for op, size in again + [(enter_back, act)]]
-    for i in reversed(range(cfg.n_layers)):
-        for part in ("mlp", "attn"):
-            if leave_back:
-                out.append(c(f"layer{i}.{part}", "backward", leave_back, act))
-            if part == "mlp" and recompute == "full":
-                redo = [(f"layer{i}.attn", enter), (f"layer{i}.attn", leave), (f"layer{i}.mlp", enter)]
-                out += [c(region, "recompute", op, act) for region, op in redo if op]
-            out += [c(f"layer{i}.{part}", "backward", op, size) for op, size in again + [(enter_back, act)]]
-    if leave_back:
-        out.append(c("embedding", "backward", leave_back, act))
-    if sp:  # replicated norm weights saw s/t tokens each: sum their gradients (fp32 parameters)
-        out.append(c("grad sync", "step", "all_reduce", 4 * (2 * cfg.n_layers + 1) * h))
-    return out
-
-
-def summarize(collectives, *, by=("phase", "op")) -> dict[tuple, dict[str, float]]:
-    """Count, buffer bytes and bytes sent, grouped by the given fields of each :class:`Collective`
-    (or of each dict with the same keys, as measured)."""
-    get = (lambda x, k: x[k]) if collectives and isinstance(collectives[0], dict) else getattr
-    out: dict[tuple, dict[str, float]] = {}
-    for x in collectives:
-        key = tuple(get(x, k) for k in by)
-        row = out.setdefault(key, {"count": 0, "bytes": 0, "sent_bytes": 0.0})
-        row["count"] += 1
-        row["bytes"] += get(x, "bytes")
-        row["sent_bytes"] += get(x, "sent_bytes")
-    return out
-
-
-def layer_summary(collectives, layer: int = 0) -> dict[tuple, dict[str, float]]:
-    """:func:`summarize` of one layer's collectives (its attention and MLP regions), by (phase, op);
-    predicted :class:`Collective` objects or measured dicts alike."""
-    region = lambda x: x["region"] if isinstance(x, dict) else x.region  # noqa: E731
-    return summarize([x for x in collectives if region(x).startswith(f"layer{layer}.")])
-
-
-def layer_comm(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    sequence_parallel: bool = False,
-    regather: bool = False,
-    recompute: str = "none",
-    dtype_bytes: int = 4,
-) -> dict[str, dict[str, int | float]]:
-    """One transformer layer, forward and backward: ``{"forward": {op: count, ..., "sent_bytes": x}, ...}``
-    (and "recompute" with ``recompute="full"``). TP: 2 all-reduces each way, 4·B·bsh(t−1)/t bytes sent each way."""
-    sizes = dict(
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        regather=regather,
-        recompute=recompute,
-        dtype_bytes=dtype_bytes,
-    )
-    layer = [x for x in step_collectives(cfg, **sizes) if x.region.startswith("layer0.")]
-    out = {"forward": {"sent_bytes": 0.0}, "backward": {"sent_bytes": 0.0}}
-    for x in layer:
-        out.setdefault(x.phase, {"sent_bytes": 0.0})
-        out[x.phase][x.op] = out[x.phase].get(x.op, 0) + 1
-        out[x.phase]["sent_bytes"] += x.sent_bytes
-    return out
-
-
-def layer_comm_seconds(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    hardware: Hardware,
-    sequence_parallel: bool = False,
-    regather: bool = False,
-    dtype_bytes: int = 2,
-    latency: float = 5e-6,
-    bandwidth: float | None = None,
-) -> float:
-    """Predicted seconds of communication per layer, forward + backward (alpha-beta model,
-    ``theory.comm.collective_seconds``), collectives not overlapped. The link is ``hardware``'s
-    intra-node one while the t ranks fit in one node (``devices_per_node``), its inter-node one
-    beyond (which is why TP stays inside a node); ``bandwidth`` (bytes/s) overrides both."""
-    sizes = dict(
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        regather=regather,
-        dtype_bytes=dtype_bytes,
-    )
-    layer = [x for x in step_collectives(cfg, **sizes) if x.region.startswith("layer0.")]
-    if bandwidth is None:
-        bandwidth = hardware.intra_node_bandwidth if tp <= hardware.devices_per_node else hardware.inter_node_bandwidth
-    return sum(collective_seconds(x.op, x.bytes, tp, bandwidth, latency) for x in layer)
-
-
-def layer_flops(cfg: ModelConfig, *, seq_len: int, micro_batch: int) -> float:
-    """Matmul FLOPs of one layer, forward + backward (3× forward), whole layer (divide by t per rank):
-    2·tokens·(weights of the layer) for the projections plus 2·2·b·a·s²·d for q·kᵀ and probs·v."""
-    tokens = micro_batch * seq_len
-    weights = cfg.attention_params() + cfg.dense_mlp_params()
-    forward = 2 * tokens * weights + 4 * micro_batch * cfg.n_heads * seq_len * seq_len * cfg.dim_head
-    return 3.0 * forward
-
-
-def layer_seconds(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    hardware: Hardware,
-    flops_per_s: float,
-    sequence_parallel: bool = False,
-    regather: bool = False,
-    dtype_bytes: int = 2,
-    bandwidth: float | None = None,
-) -> dict[str, float]:
-    """One layer, forward + backward, on one of t ranks: ``compute`` = layer FLOPs / t at
-    ``flops_per_s`` (what a matmul of the local size achieves: measured, or peak × an efficiency),
-    ``comm`` = :func:`layer_comm_seconds` (not overlapped). TP pays while the compute it removes
-    exceeds the communication it adds."""
-    compute = layer_flops(cfg, seq_len=seq_len, micro_batch=micro_batch) / tp / flops_per_s
-    comm = layer_comm_seconds(
-        cfg,
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        tp=tp,
-        hardware=hardware,
-        sequence_parallel=sequence_parallel,
-        regather=regather,
-        dtype_bytes=dtype_bytes,
-        bandwidth=bandwidth,
-    )
-    return {"tp": tp, "compute": compute, "comm": comm, "total": compute + comm}
+__all__ = [
+    "INDEX_BYTES", "MASK_BYTES", "Collective", "_split_sizes", "check_tp", "layer_comm", "layer_comm_seconds",
+    "layer_flops", "layer_seconds", "layer_summary", "matrix_shards", "op_counts", "params_per_rank",
+    "step_collectives", "summarize", "tp_block_activation_breakdown", "tp_model_activation_breakdown",
+    "tp_model_activation_bytes", "tp_training_memory", "valid_tp",
+]  # fmt: skip
 
 
 # ---- activations -------------------------------------------------------------------------------
@@ -348,51 +98,11 @@ def tp_block_activation_breakdown(
     check_tp(cfg, tp, seq_len=seq_len, sequence_parallel=sequence_parallel, regather=regather)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(map(repr, RECOMPUTE))}; got {recompute!r}")
-    core, lse = attention_core(recompute, attention)
-    b, s, h, B, t = micro_batch, seq_len, cfg.hidden, dtype_bytes, tp
-    a, g, d, f = cfg.n_heads // t, cfg.kv_heads // t, cfg.dim_head, cfg.ffn_hidden // t  # this rank's share
-    sn = s // t if sequence_parallel else s  # tokens the norms see
-    if recompute == "full":
-        return {"block input (kept for recomputation)": b * sn * h * B}
-    terms = {}
-    for part in ("attn", "mlp"):
-        terms |= {
-            f"{part} norm: input": b * sn * h * B,
-            f"{part} norm: inv_rms": b * sn * B,
-            f"{part} norm: x * inv_rms": b * sn * h * B,
-            **(
-                {f"{part} region input (sequence shard)": b * sn * h * B}
-                if regather
-                else {f"{part} region input ({'all-gathered' if sequence_parallel else 'norm output'})": b * s * h * B}
-            ),
-        }
-        if part == "attn" and core == "selective":
-            terms |= {
-                "q (kept for recomputation, a/t heads)": b * a * s * d * B,
-                "k (kept, g/t heads)": b * g * s * d * B,
-                "v (kept, g/t heads)": b * g * s * d * B,
-                **(
-                    {"log-sum-exp (fp32, flash kernel, a/t heads)": flash_lse_bytes(seq_len=s, micro_batch=b, heads=a)}
-                    if lse
-                    else {}
-                ),
-                "attention output (o_proj input)": b * s * a * d * B,
-            }
-        elif part == "attn":
-            terms |= {
-                "q (a/t heads)": b * a * s * d * B,
-                "k repeated (a/t heads)": b * a * s * d * B,
-                "causal mask (bool)": s * s * MASK_BYTES,
-                "attention probabilities (a/t heads)": b * a * s * s * B,
-                "v repeated (a/t heads)": b * a * s * d * B,
-                "attention output (o_proj input)": b * s * a * d * B,
-            }
-    return terms | {
-        "gate_proj output (f/t)": b * s * f * B,
-        "silu(gate) (f/t)": b * s * f * B,
-        "up_proj output (f/t)": b * s * f * B,
-        "silu(gate) * up (f/t)": b * s * f * B,
-    }
+    if attention not in ("eager", "flash"):
+        raise ValueError(f"attention must be one of 'eager', 'flash'; got {attention!r}")
+    sizes = dict(tp=tp, sequence_parallel=sequence_parallel, regather=regather, dtype_bytes=dtype_bytes)
+    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, **sizes)
+    return view(ours_block(cfg, x, core=attention), recompute)
 
 
 def tp_model_activation_breakdown(
@@ -422,16 +132,10 @@ def tp_model_activation_breakdown(
         dtype_bytes=dtype_bytes,
     )
     block = sum(tp_block_activation_breakdown(cfg, **sizes, attention=attention).values())
-    b, s, h, B, V = micro_batch, seq_len, cfg.hidden, dtype_bytes, cfg.vocab_size
-    sn = s // tp if sequence_parallel else s
-    return {
-        "embedding: local ids (int64) and mask (bool)": b * s * (INDEX_BYTES + MASK_BYTES),
-        "blocks": cfg.n_layers * block,
-        "final norm": (2 * b * sn * h + b * sn) * B,
-        "head input": b * (sn if regather else s) * h * B,
-        "softmax over V/t (fp32)": b * s * (V // tp) * 4,
-        "targets (int64)": b * s * INDEX_BYTES,
-    }
+    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
+              regather=regather, dtype_bytes=dtype_bytes)  # fmt: skip
+    first, last = ours_ends(cfg, x, tp=tp)
+    return first | {"blocks": cfg.n_layers * block} | last
 
 
 def tp_model_activation_bytes(cfg: ModelConfig, **sizes) -> int:
@@ -468,8 +172,3 @@ def tp_training_memory(
         dtype_bytes=4 if precision == "fp32" else 2,
     )
     return TrainingMemory(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=float(acts))
-
-
-def op_counts(collectives) -> Counter:
-    """How many of each op: ``Counter({"all_reduce": 4, ...})``."""
-    return Counter(x.op if isinstance(x, Collective) else x["op"] for x in collectives)
