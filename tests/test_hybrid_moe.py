@@ -10,6 +10,7 @@ from playbook.parallel import hybrid_moe
 from playbook.parallel.hybrid import Plan, train_hybrid
 from playbook.parallel.hybrid_run import comm_table, merge
 from playbook.parallel.parity import assert_parity, float_floor
+from playbook.parallel.pp import PipelineSetup
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
 
@@ -114,10 +115,50 @@ def test_an_moe_sequence_that_tp_cannot_split_is_refused_before_ranks_start():
         Plan(ParallelDims(tp=2)).check(TrainSetup(model="gpt-tiny-moe", seq_len=33))
 
 
-def test_moe_with_virtual_stages_is_refused_before_ranks_start():
-    """An MoE stage is predicted for one equal chunk per pipeline rank (``theory.hybrid_moe``)."""
-    with pytest.raises(ValueError, match="one equal chunk per pipeline rank"):
-        Plan(ParallelDims(dp=2, pp=2), schedule="interleaved", microbatches=4).check(MOE)
+DEEPER = PipelineSetup(model="gpt-tiny-moe", n_layers=3)  # 3 MoE layers: no pp > 1 divides them
+CHUNKED = [
+    ("pp2 interleaved, v=2", Plan(ParallelDims(pp=2), schedule="interleaved", microbatches=2), MOE, 2),
+    ("pp2 over 3 layers (unequal stages)", Plan(ParallelDims(pp=2), microbatches=2), DEEPER, 2),
+    (
+        "dp2×pp2×ep2 interleaved over 3 layers (unequal virtual stages)",
+        Plan(ParallelDims(dp=2, pp=2, ep=2), schedule="interleaved", microbatches=2),
+        DEEPER,
+        4,
+    ),
+    (
+        "ZeRO-1 in dp2×pp2×ep2, interleaved",
+        Plan(ParallelDims(dp=2, pp=2, ep=2), schedule="interleaved", microbatches=2, zero=1),
+        MOE,
+        4,
+    ),
+]
+
+
+@pytest.mark.parametrize("name, plan, setup, world", CHUNKED, ids=[c[0] for c in CHUNKED])
+def test_moe_stages_follow_the_chunks_of_any_schedule(request, name, plan, setup, world):
+    """A rank's MoE stage is the pieces of its chunks (``theory.rank_params.chunk_ranges``): v
+    virtual stages, equal or not; its routing is played F by F, chunk by chunk
+    (``theory.hybrid_moe.stage_activation_bytes``)."""
+    check(request.getfixturevalue(f"ranks{world}"), setup, plan)
+
+
+def test_moe_on_the_v_runs_with_its_activations_not_predicted(ranks2):
+    """ZB-V splits the backward: what W keeps of an MoE layer from B until W is not modelled
+    (as for ZB-H1), so the activations are None; parity, bytes and the model state are checked."""
+    plan = Plan(ParallelDims(pp=2), schedule="zb-v", microbatches=2)
+    answers = ranks2.run(train_hybrid, MOE, plan)
+    single, floor = hybrid_moe.reference(MOE, plan)
+    assert_parity(compare(merge(answers, 1), single), MOE, str(plan.dims), floor=floor or float_floor(MOE))
+    for row in comm_table(answers, MOE, plan):
+        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
+        predicted, measured = row["memory"]["predicted"], row["memory"]["measured"]
+        assert predicted.pop("activations") is None
+        assert all(measured[k] == v for k, v in predicted.items()), row["rank"]
+
+
+def test_more_stages_than_layers_is_refused_before_ranks_start():
+    with pytest.raises(ValueError, match="pp=3 is more stages than the model's 2 layers"):
+        Plan(ParallelDims(pp=3), microbatches=3).check(MOE)
 
 
 ZERO_WITH_MOE = [

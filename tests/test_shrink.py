@@ -72,9 +72,11 @@ def test_expert_parallelism_borrows_ranks_and_moe_keeps_to_dp_and_ep():
     assert any("recompute=full is not replayed" in n for n in s.notes)
     # MoE composes with tp and pp now: every axis kept (the hybrid's one table, ``theory.composition``)
     assert shrink(lay(dp=8, tp=8, ep=8), model=mixtral).dims == ParallelDims(dp=2, tp=2, ep=2)
-    in_pp = shrink(lay(dp=8, pp=8, schedule="interleaved", v=2), model=mixtral)
-    assert in_pp.dims == ParallelDims(dp=2, pp=2) and (in_pp.schedule, in_pp.virtual_stages) == ("1f1b", 1)
-    assert any("one chunk per pipeline rank" in n for n in in_pp.notes)
+    in_pp = shrink(lay(dp=8, pp=8, schedule="interleaved", v=2), model=mixtral)  # MoE stages follow the chunks
+    assert in_pp.dims == ParallelDims(dp=2, pp=2) and (in_pp.schedule, in_pp.virtual_stages) == ("interleaved", 2)
+    on_v = shrink(lay(dp=8, pp=8, schedule="zb-v", v=2), model=mixtral)
+    assert (on_v.schedule, on_v.virtual_stages) == ("1f1b", 1)
+    assert any("split backward are not predicted" in n for n in on_v.notes)
 
 
 @pytest.mark.parametrize(

@@ -74,7 +74,7 @@ Attention kernel (``attention=``, Dao et al. 2022, *FlashAttention*, arXiv:2205.
   [b, a, s]; backward recomputes the scores block by block from them, so no [s, s] tensor is ever
   saved. Korthikanti et al. 2022 (§5) reach the same with "selective" recomputation of the
   attention core, and the count is exactly that one plus the statistics: flash =
-  selective + 4·b·a·s bytes per block (``flash_lse_bytes``; the output, a view, is the o_proj input
+  selective + 4·b·a·s bytes per block (the inventory tags the statistics "core"; the output, a view, is the o_proj input
   already counted). With recompute="selective" the kernel itself is rerun in backward, so its
   log-sum-exp is not kept either: flash + selective = selective; "full" is unchanged.
   For plain multi-head attention (g = a): eager − flash = b·a·s²·B + s² − 4·b·a·s.
@@ -99,6 +99,7 @@ from playbook.config import ModelConfig
 from playbook.theory.inventory import CORES, INDEX_BYTES, LSE_BYTES, MASK_BYTES, RECOMPUTE_MODES, local, ours_block
 from playbook.theory.inventory import ours_ends, view
 from playbook.theory.korthikanti import activation_bytes_per_layer
+from playbook.theory.moe_inventory import moe_estimate
 
 ATTENTION_KERNELS = CORES[:2]  # "eager" (our model's), "flash" (a fused kernel)
 __all__ = ["ATTENTION_KERNELS", "INDEX_BYTES", "LSE_BYTES", "MASK_BYTES", "RECOMPUTE_MODES"]
@@ -135,7 +136,7 @@ def block_activation_breakdown(
     _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
     check_attention(attention)
     x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
-    return view(ours_block(cfg, x, core=attention, moe="estimate" if moe else None), recompute)
+    return view(ours_block(cfg, x, core=attention, moe=moe_estimate(cfg, x) if moe else None), recompute)
 
 
 def block_activation_bytes(
@@ -166,7 +167,7 @@ def model_activation_breakdown(
 ) -> dict[str, int]:
     """Bytes saved for backward by the whole model and its loss, by part: tokens, all blocks,
     final norm, log-probabilities, targets, nll_loss's total_weight. Mixture-of-experts layers use
-    the estimate of ``theory.inventory``; multi-head latent attention is counted as if it were GQA.
+    the estimate of ``theory.moe_inventory``; multi-head latent attention is counted as if it were GQA.
     ``attention`` changes the blocks only (module docstring)."""
     sizes = dict(
         seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention

@@ -48,11 +48,6 @@ def refusal(
             "reduce-scatter; use --zero 0 with a tied preset, or an untied one",
         ),
         (
-            cfg.is_moe and d.pp > 1 and (v > 1 or cfg.n_layers % d.pp),
-            f"layout {d}: an MoE model's stage is predicted for one equal chunk per pipeline rank (not "
-            "written yet for more); use 1f1b, gpipe or zb-h1 with pp dividing n_layers",
-        ),
-        (
             cfg.is_moe and d.tp > 1 and seq_len is not None and (seq_len // d.cp) % d.tp,
             f"each tp rank routes its slice of an MoE layer's sequence, and tp={d.tp} does not divide "
             f"the {(seq_len or 0) // d.cp} tokens per cp rank; use a seq_len that is a multiple of cp·tp={d.cp * d.tp}",

@@ -37,28 +37,18 @@ from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
 from playbook.theory.cp import comm_bytes_per_layer
-from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axis, stage_state_bytes
+from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axis
 from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
 from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer
 from playbook.theory.hybrid_zero import data_axis, flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.moe import alltoall_bytes_from_routing
-from playbook.theory.schedules import V_SCHEDULES, equal_partition, is_split, make_schedule
+from playbook.theory.rank_params import blocks_in, chunk_ranges, rank_units
+from playbook.theory.schedules import is_split, make_schedule
 from playbook.theory.tp import step_collectives
 
 FP32 = 4
-
-
-def chunk_ranges(cfg: ModelConfig, pp: int, stage: int, schedule: str = "1f1b", v: int = 1) -> list[tuple[int, int]]:
-    """The piece ranges [start, end) of the ``v`` virtual stages pipeline rank ``stage`` holds
-    (``theory.pipeline.stage_ranges`` of pp·v stages; piece 0 the embedding, 1..L the blocks, L+1
-    the head), placed as the schedule places them: chunk c is stage c·pp + stage (Narayanan et al.
-    2021, §2.2.2), or on the V, stages ``stage`` and 2·pp − 1 − ``stage`` (Qi et al. 2023, §6)."""
-    ranges = equal_partition(cfg.n_layers, pp * v)
-    if schedule in V_SCHEDULES:
-        return [ranges[stage], ranges[2 * pp - 1 - stage]]
-    return [ranges[c * pp + stage] for c in range(v)]
 
 
 def tied_stage_ranks(cfg: ModelConfig, pp: int, schedule: str = "1f1b", v: int = 1) -> tuple[int, int]:
@@ -66,29 +56,6 @@ def tied_stage_ranks(cfg: ModelConfig, pp: int, schedule: str = "1f1b", v: int =
     or (0, 0) on the V, whose rank 0 holds the first and the last stage."""
     holds = [{i for a, b in chunk_ranges(cfg, pp, r, schedule, v) for i in range(a, b)} for r in range(pp)]
     return next(r for r in range(pp) if 0 in holds[r]), next(r for r in range(pp) if cfg.n_layers + 1 in holds[r])
-
-
-def _blocks(cfg: ModelConfig, ranges: list[tuple[int, int]]) -> list[int]:
-    """The block indices among the pieces of ``ranges`` (piece i + 1 is block i)."""
-    return sorted(i - 1 for start, end in ranges for i in range(start, end) if 1 <= i <= cfg.n_layers)
-
-
-def local_units(cfg: ModelConfig, dims: ParallelDims, stage: int = 0, ranges=None) -> list[tuple[str, int, int]]:
-    """This rank's parameters by unit, as (name, split elements, replicated elements) under TP:
-    the embedding (first stage), each block of its chunks (``ranges``, default: pipeline stage
-    ``stage`` of pp equal ones), the final norm and head (last stage). Split matrices hold 1/tp;
-    norms are whole on every tensor-parallel rank. A tied head on the embedding's rank adds no weight."""
-    t, h = dims.tp, cfg.hidden
-    ranges = ranges if ranges is not None else chunk_ranges(cfg, dims.pp, stage)
-    pieces = {i for start, end in ranges for i in range(start, end)}
-    units = []
-    if 0 in pieces:
-        units.append(("embed", cfg.vocab_size * h // t, 0))
-    for i in _blocks(cfg, ranges):
-        units.append((f"block{i}", (cfg.layer_params() - 2 * h) // t, 2 * h))
-    if cfg.n_layers + 1 in pieces:
-        units.append(("head", 0 if cfg.tie_embeddings and 0 in pieces else cfg.vocab_size * h // t, h))
-    return units
 
 
 def comm_per_axis(
@@ -113,7 +80,8 @@ def comm_per_axis(
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
     ranges = chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages)
-    pieces, blocks = {i for start, end in ranges for i in range(start, end)}, _blocks(cfg, ranges)
+    pieces, blocks = {i for start, end in ranges for i in range(start, end)}, blocks_in(cfg, ranges)
+    units = rank_units(cfg, dims, ranges)
     out: dict[str, float] = {}
 
     def add(axis, value):
@@ -137,10 +105,9 @@ def comm_per_axis(
         if cfg.is_moe:
             sizes = dict(rows=rows, seq_len=seq_len, sequence_parallel=sequence_parallel)
             mb = microbatches if dims.pp > 1 else 1
-            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=mb, flags=not zero, **sizes))
+            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=mb, flags=not zero, ranges=ranges, **sizes))
         if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
-            replicated = sum(rep for _, _, rep in local_units(cfg, dims, ranges=ranges))
-            add("tp", sent_bytes("all_reduce", FP32 * replicated, dims.tp))
+            add("tp", sent_bytes("all_reduce", FP32 * sum(u.norms for u in units), dims.tp))
         if sequence_parallel and dims.pp > 1 and is_split(schedule):  # W replays each row-parallel exit's
             # backward (``pp_executor``: autograd.grad of the module's output, one node deep): under SP the
             # reduce-scatter's all-gather again, o_proj and down_proj, per block and micro-batch
@@ -159,23 +126,22 @@ def comm_per_axis(
         sends = [a for a in plan.actions[stage] if a.kind.startswith("send") and a.peer != stage]
         add("pp", len(sends) * message)
     n = dims.dp * dims.cp
-    units = local_units(cfg, dims, ranges=ranges)
     mb = microbatches if dims.pp > 1 else 1
     if zero and n > 1:  # flat units, dense over dp×cp and routed experts over their replicas
         gathers = 1 if dims.pp > 1 else None  # ZeRO-3 in a pipeline: gathered once a step (``parallel.zero_pipeline``)
         for axis, sent in zero_comm(flat_units(cfg, dims, ranges), zero, weight_gathers=gathers).items():
             add(replica_axis(dims, rank, data_axis(dims)) if axis == "ep_replica" else axis, sent)
         if cfg.is_moe:  # the routing counts still travel over the data ranks
-            add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb, dense=False)["data"])
+            add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb, dense=False, ranges=ranges)["data"])
     elif cfg.is_moe:  # routing counts and dense gradients over dp×cp
-        add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb)["data"])
+        add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb, ranges=ranges)["data"])
     elif n > 1:
-        add(data_axis(dims), sent_bytes("all_reduce", FP32 * sum(split + rep for _, split, rep in units), n))
+        add(data_axis(dims), sent_bytes("all_reduce", FP32 * sum(u.numel for u in units), n))
     first, last = tied_stage_ranks(cfg, dims.pp, schedule, virtual_stages) if cfg.tie_embeddings else (0, 0)
     if first != last and stage in (first, last):  # the embedding group's sum of the two copies' gradients
         add("embed", sent_bytes("all_reduce", FP32 * cfg.vocab_size * cfg.hidden // dims.tp, 2))
     if cfg.is_moe and not zero:  # the experts over their replicas (ep = 1: every rank holds every expert)
-        add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1)["replica"])
+        add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1, ranges=ranges)["replica"])
     if routing is not None and dims.ep > 1:
         mine = [for_tp_rank(step, dims, rank) for step in routing]  # this tp index's ep ranks
         per_step = alltoall_bytes_from_routing(mine, dims.ep, cfg.hidden)  # [step][data rank]
@@ -209,15 +175,20 @@ def memory_per_rank(
     by micro-batch; without it its activations are None."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
+    ranges = chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages)
+    units = rank_units(cfg, dims, ranges)
+    if zero:
+        state = zero_memory(flat_units(cfg, dims, ranges), zero)
+    else:
+        numel = sum(u.numel for u in units)
+        tensors = sum(u.tensors for u in units)
+        state = {"params": FP32 * numel, "grads": FP32 * numel, "optimizer": 2 * FP32 * numel + 4 * tensors}
     if cfg.is_moe:
         acts = None
         if routing is not None:
             sizes = dict(rows=rows, seq_len=seq_len, schedule=schedule, microbatches=microbatches)
-            layout = dict(sequence_parallel=sequence_parallel, cp_variant=cp_variant)
+            layout = dict(sequence_parallel=sequence_parallel, cp_variant=cp_variant, virtual_stages=virtual_stages)
             acts = moe_stage_activations(cfg, dims, stage, rank=rank, forwards=routing, **sizes, **layout)
-        state = stage_state_bytes(cfg, dims, stage)
-        if zero:
-            state = zero_memory(flat_units(cfg, dims, chunk_ranges(cfg, dims.pp, stage)), zero)
         return {**state, "activations": acts}
     acts = stage_activation_bytes(
         cfg,
@@ -232,15 +203,4 @@ def memory_per_rank(
         virtual_stages=virtual_stages,
         recompute=recompute,
     )
-    ranges = chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages)
-    units = local_units(cfg, dims, ranges=ranges)
-    if zero:
-        return zero_memory(flat_units(cfg, dims, ranges), zero) | {"activations": acts}
-    numel = sum(split + rep for _, split, rep in units)
-    tensors = sum(1 if name == "embed" else (2 if split else 1) if name == "head" else 9 for name, split, _ in units)
-    return {
-        "params": FP32 * numel,
-        "grads": FP32 * numel,
-        "optimizer": 2 * FP32 * numel + 4 * tensors,
-        "activations": acts,
-    }
+    return {**state, "activations": acts}

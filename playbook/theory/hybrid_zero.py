@@ -20,6 +20,7 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.rank_params import rank_units
 from playbook.theory.zero import padded
 
 FP32 = 4
@@ -34,24 +35,16 @@ def data_axis(dims: ParallelDims) -> str:
 def flat_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int]]) -> list[tuple[str, int, int, str]]:
     """This rank's flat units as (name, numel, group size N, axis) for the pieces of its pipeline
     chunks ``ranges`` ([start, end) each; piece 0 the embedding, 1..L the blocks, L + 1 the head;
-    ``theory.hybrid.chunk_ranges``): the embedding, each block (1/tp of its matrices, norms whole;
-    an MoE block's router and shared experts whole) then its E/ep routed experts, the final norm and head."""
-    t, h, n = dims.tp, cfg.hidden, dims.dp * dims.cp
-    dense_axis = data_axis(dims)
+    ``theory.rank_params.chunk_ranges``): its units (``theory.rank_params.rank_units``: the
+    embedding, each block with 1/tp of its matrices, norms whole, an MoE block's router and shared
+    experts whole, then its E/ep routed experts; the final norm and head), the routed experts over
+    their replicas, every other unit over dp×cp."""
+    n, dense_axis = dims.dp * dims.cp, data_axis(dims)
     expert_axis = "ep_replica" if dims.ep > 1 else dense_axis
-    pieces = sorted({i for start, end in ranges for i in range(start, end)})
-    units = [("embed", cfg.vocab_size * h // t, n, dense_axis)] if 0 in pieces else []
-    for i in (piece - 1 for piece in pieces if 1 <= piece <= cfg.n_layers):
-        if cfg.is_moe and i >= cfg.n_dense_layers:
-            routed = 3 * h * cfg.expert_ffn_hidden * cfg.n_experts
-            replicated = 2 * h + cfg.moe_mlp_params() - routed  # norms, router, shared experts
-            units.append((f"block{i}", cfg.attention_params() // t + replicated, n, dense_axis))
-            units.append((f"block{i}.experts", routed // dims.ep, n // dims.ep, expert_axis))
-        else:
-            units.append((f"block{i}", (cfg.layer_params() - 2 * h) // t + 2 * h, n, dense_axis))
-    if cfg.n_layers + 1 in pieces:
-        units.append(("head", cfg.vocab_size * h // t + h, n, dense_axis))
-    return units
+    return [
+        (u.name, u.numel, n // dims.ep, expert_axis) if u.experts else (u.name, u.numel, n, dense_axis)
+        for u in rank_units(cfg, dims, ranges)
+    ]
 
 
 def zero_comm(units: list[tuple[str, int, int, str]], zero: int, weight_gathers: int | None = None) -> dict[str, float]:

@@ -4,8 +4,7 @@ rank sees; every activation count in ``theory/`` is a view of it.
 A rank of any layout sees one block as local shapes (:class:`Local`, :func:`local`): b sequences of
 s = seq/cp tokens inside the parallel regions, sn tokens outside them (s/tp under sequence
 parallelism), a/tp query and g/tp key/value heads of d, f/tp MLP channels, B bytes per element.
-The block is a list of :class:`Tensor` s, each saved by a kernel, and each tagged with when it is
-kept (Korthikanti et al. 2022, *Reducing Activation Recomputation in Large Transformer Models*,
+The block is a list of :class:`Tensor` s, each tagged with when it is kept (Korthikanti et al. 2022,
 arXiv:2205.05198, §4-5; Chen et al. 2016, arXiv:1604.06174, for full recomputation):
 
     "always"  kept without recomputation and under selective recomputation
@@ -15,16 +14,13 @@ arXiv:2205.05198, §4-5; Chen et al. 2016, arXiv:1604.06174, for full recomputat
 
 :func:`view` turns the list into {name: bytes} for a recomputation mode. Two kernel sets build it:
 
-- :func:`ours_block`: OUR GPT's kernels (``playbook/model.py`` and its parallel versions), op by op,
-  measured to the byte in the tests: RMSNorm saving its input, 1/rms, x/rms and output; an attention
-  core that is eager (mask and [s, s] probabilities), flash (Dao et al. 2022, arXiv:2205.14135: q,
-  k, v and an fp32 log-sum-exp), or context parallelism's ring, all-gather or Ulysses core
-  (``theory.cp``); SwiGLU's four tensors, or a mixture of experts' (:func:`moe_mlp_terms`).
-- :func:`production_block`: Megatron-LM / Transformer Engine kernels (``theory.prod_activations``):
-  fused RMSNorm (input, fp32 statistics), SP-sharded saved region inputs, flash attention, fused
-  SwiGLU; with switches for Korthikanti et al.'s GPT-3 block (LayerNorm, GeLU, dropout).
+- :func:`ours_block`: OUR GPT's kernels (``playbook/model.py`` and its parallel versions), measured to
+  the byte in the tests: RMSNorm (input, 1/rms, x/rms, output); an eager, flash (Dao et al. 2022,
+  arXiv:2205.14135) or context-parallel core (``theory.cp``); SwiGLU's four tensors or an MoE's (``theory.moe_inventory``).
+- :func:`production_block`: Megatron-LM / Transformer Engine kernels (``theory.prod_activations``),
+  with switches for Korthikanti et al.'s GPT-3 block (LayerNorm, GeLU, dropout).
 
-Pure arithmetic, no torch, and no import of another ``theory`` module: the lowest layer.
+Pure arithmetic, no torch, no import of another ``theory`` module: the lowest layer.
 """
 
 from __future__ import annotations
@@ -156,72 +152,18 @@ def _core(x: Local, core: str, causal: bool) -> list[Tensor]:
     return [rope] + [Tensor(n, v, "core") for n, v in out] + rerun
 
 
-def _moe_estimate(cfg: ModelConfig, x: Local) -> dict[str, int]:
-    """An ESTIMATE for a mixture-of-experts MLP when no routing is given: the router's probabilities
-    (b·s·E), each token's copy dispatched to its top_k experts (b·s·k·h), the four SwiGLU tensors of
-    every routed and shared expert (4·b·s·(k + shared)·f_e), and the k combine weights per token."""
-    b, s, B, k = x.b, x.s, x.B, cfg.top_k
-    return {
-        "router probabilities (estimate)": b * s * cfg.n_experts * B,
-        "tokens dispatched to experts (estimate)": b * s * k * x.h * B,
-        "expert SwiGLU tensors (estimate)": 4 * b * s * (k + cfg.n_shared_experts) * cfg.expert_ffn_hidden * B,
-        "combine weights (estimate)": b * s * k * B,
-    }
-
-
-def moe_mlp_terms(
-    cfg: ModelConfig,
-    *,
-    tokens: int,
-    slots: int,
-    rows: int,
-    shared_tokens: int | None = None,
-    dtype_bytes: int = 4,
-    expert_split: int = 1,
-    gathered: bool = False,
-) -> dict[str, int]:
-    """Bytes ``playbook.moe.MoEMLP`` (and its parallel versions) saves for backward in one layer,
-    read from its code. It depends on the routing, so it takes the counts: ``tokens`` T routed here
-    (all gathered tokens for tensor-parallel experts), ``slots`` S kept slots this rank's tokens send
-    out (their gates and results come back here), ``rows`` R rows this rank's experts process (= S
-    on one process; what arrives under EP), ``expert_split`` (tp when each expert's width is split),
-    ``gathered`` (the router input is a gathered copy, for tensor-parallel experts). The estimate
-    (:func:`_moe_estimate`) assumes S = R = k·T and no index tensors."""
-    T, S, R, E, k, h, B = tokens, slots, rows, cfg.n_experts, cfg.top_k, cfg.hidden, dtype_bytes
-    terms = {
-        "router probabilities (softmax output)": T * E * B,
-        "top-k expert ids (int64)": T * k * INDEX_BYTES,
-        "aux loss: expert fractions f": E * B,
-        "kept slots: token ids (int64)": S * INDEX_BYTES,
-        "kept slots: order by expert (int64)": S * INDEX_BYTES,
-        "kept slots: gates": S * B,
-        "expert outputs back home (scaled by gate)": S * h * B,
-        "gated outputs (index_add source)": S * h * B,
-        "expert inputs": R * h * B,
-        "expert SwiGLU tensors (4 per row)": 4 * R * (cfg.expert_ffn_hidden // expert_split) * B,
-    }
-    if k > 1:
-        terms |= {"top-k probabilities (renormalised)": T * k * B, "their sum": T * B}
-    if gathered:
-        terms["gathered tokens (router input)"] = T * h * B
-    if cfg.n_shared_experts:
-        shared = T if shared_tokens is None else shared_tokens
-        terms["shared experts' SwiGLU tensors"] = 4 * shared * cfg.expert_ffn_hidden * cfg.n_shared_experts * B
-    return terms
-
-
 def ours_block(
     cfg: ModelConfig,
     x: Local,
     *,
     core: str = "eager",
     causal: bool = True,
-    moe: str | dict | None = None,
+    moe: dict | None = None,
     routed: int | None = None,
 ) -> list[Tensor]:
     """Every tensor one block of our GPT saves on a rank with local shapes ``x``, in forward order.
-    ``core``: the attention kernel (module docstring). ``moe``: None (SwiGLU), "estimate"
-    (:func:`_moe_estimate`), or a mixture of experts' exact terms (:func:`moe_mlp_terms`);
+    ``core``: the attention kernel (module docstring). ``moe``: None (SwiGLU), or a mixture of
+    experts' MLP tensors ({name: bytes}: ``theory.moe_inventory``, an estimate or the exact count);
     ``routed``: the tokens its router reads on this rank (1/tp of the region's under TP, with no
     gathered region input saved), which sets the MLP norm's saved output to routed·h."""
     b, s, h, B, f = x.b, x.s, x.h, x.B, x.f
@@ -235,8 +177,7 @@ def ours_block(
     if moe is None:
         names = ("gate_proj output", "silu(gate)", "up_proj output", "silu(gate) * up (down_proj input)")
         return out + [Tensor(name, b * s * f * B) for name in names]
-    terms = _moe_estimate(cfg, x) if moe == "estimate" else moe
-    return out + [Tensor(name, n) for name, n in terms.items()]
+    return out + [Tensor(name, n) for name, n in moe.items()]
 
 
 def ours_ends(cfg: ModelConfig, x: Local, *, tp: int | None = None) -> tuple[dict, dict]:

@@ -19,87 +19,40 @@ data-parallel degree of the dense parts (the expert-parallel group lives inside 
 
 from __future__ import annotations
 
-import math
-import random
-from dataclasses import dataclass
-
 from playbook.config import ModelConfig, divisors, require_positive
 from playbook.theory.comm import sent_bytes
 from playbook.theory.activations import _check, block_activation_bytes, check_attention, model_activation_breakdown
 from playbook.theory.inventory import local, ours_block, view
-from playbook.theory.inventory import moe_mlp_terms as moe_mlp_activation_terms
+from playbook.theory.moe_inventory import moe_mlp_terms as moe_mlp_activation_terms
 from playbook.theory.model_state import TrainingMemory, model_state_bytes
+from playbook.theory.moe_capacity import (
+    SimulatedRouting,
+    aux_loss_value,
+    check_capacity_factor,
+    check_ep,
+    check_routing,
+    expert_capacity,
+    imbalance,
+    kept_counts,
+    load_entropy,
+    rank_rows,
+    simulate_routing,
+)
+from playbook.theory.moe_comm import (
+    alltoall_bytes_from_routing,
+    alltoall_bytes_per_step,
+    alltoall_rows,
+    routing_report,
+    tp_experts_bytes_per_step,
+    uniform_alltoall_bytes,
+)
 
-
-# ---- validation --------------------------------------------------------------------------------
-def check_capacity_factor(capacity_factor) -> None:
-    """``None`` means no dropping; otherwise a positive number."""
-    if capacity_factor is None:
-        return
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) or not capacity_factor > 0:
-        raise ValueError(
-            f"capacity_factor must be > 0 (1.0: each expert takes its even share of tokens; 1.25 is the "
-            f"Switch Transformer's choice), or None for no dropping; got {capacity_factor!r}"
-        )
-
-
-def check_routing(n_experts: int, top_k: int) -> None:
-    require_positive(n_experts=n_experts, top_k=top_k)
-    if top_k > n_experts:
-        raise ValueError(
-            f"top_k={top_k} exceeds n_experts={n_experts}: a token cannot pick more experts than there are; "
-            f"try top_k in 1..{n_experts}"
-        )
-
-
-def check_ep(n_experts: int, ep: int, dp: int | None = None) -> None:
-    """ep must divide the experts (every rank holds the same number) and, when given, the dp degree."""
-    require_positive(ep=ep)
-    if n_experts % ep:
-        raise ValueError(
-            f"ep={ep} does not divide n_experts={n_experts}: every expert-parallel rank must hold the same "
-            f"number of experts; try ep in {{{', '.join(map(str, divisors(n_experts)))}}}"
-        )
-    if dp is not None and dp % ep:
-        good = [d for d in divisors(dp) if n_experts % d == 0]
-        raise ValueError(
-            f"ep={ep} does not divide dp={dp}: the expert-parallel group is carved out of the data-parallel "
-            f"ranks; try ep in {{{', '.join(map(str, good))}}}"
-        )
-
-
-# ---- capacity and the aux loss -----------------------------------------------------------------
-def expert_capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float | None) -> int | None:
-    """Slots per expert: ceil(k · T / E · capacity_factor) (Switch §2.2 for k=1; GShard for k=2).
-
-    ``None`` (no capacity factor) means no limit: nothing is dropped."""
-    check_capacity_factor(capacity_factor)
-    if capacity_factor is None:
-        return None
-    exact = top_k * tokens * capacity_factor / n_experts
-    return max(1, math.ceil(round(exact, 9)))  # round first: 1.1 · 40 must be 44, not 45
-
-
-def aux_loss_value(counts: list[int], mean_probs: list[float], top_k: int, alpha: float) -> float:
-    """The Switch load-balancing loss α · E · Σᵢ fᵢ · Pᵢ (Switch eq. 4), fᵢ = counts/(k·T) the
-    fraction of routing slots sent to expert i, Pᵢ the mean router probability of expert i.
-    Perfectly uniform routing (fᵢ = Pᵢ = 1/E) gives exactly α."""
-    E = len(counts)
-    total = sum(counts)
-    return alpha * E * sum(c / total * p for c, p in zip(counts, mean_probs))
-
-
-def kept_counts(counts_by_rank: list[list[int]], capacity: int | None) -> list[list[int]]:
-    """Slots each data rank keeps per expert under a global capacity, first come first served in
-    global-batch order (rank 0's tokens first): keep = clamp(C − offset, 0, count), offset = the
-    slots earlier ranks sent to the same expert."""
-    if capacity is None:
-        return [list(row) for row in counts_by_rank]
-    out, offset = [], [0] * len(counts_by_rank[0])
-    for row in counts_by_rank:
-        out.append([max(0, min(c, capacity - o)) for c, o in zip(row, offset)])
-        offset = [o + c for o, c in zip(offset, row)]
-    return out
+__all__ = [  # the routing arithmetic and the all-to-all bytes live below this module, read through it
+    "SimulatedRouting", "aux_loss_value", "check_capacity_factor", "check_ep", "check_routing", "expert_capacity",
+    "imbalance", "kept_counts", "load_entropy", "rank_rows", "simulate_routing", "alltoall_bytes_from_routing",
+    "alltoall_bytes_per_step", "alltoall_rows", "routing_report", "tp_experts_bytes_per_step",
+    "uniform_alltoall_bytes", "moe_mlp_activation_terms",
+]  # fmt: skip
 
 
 # ---- parameters and model state ----------------------------------------------------------------
@@ -195,64 +148,6 @@ def total_vs_active(cfg: ModelConfig) -> dict[str, float]:
     }
 
 
-# ---- communication -----------------------------------------------------------------------------
-def alltoall_rows(kept: list[list[int]], ep: int) -> list[dict[str, int]]:
-    """Rows (tokens) each rank sends in the dispatch and in the combine all-to-all of one MoE layer.
-
-    ``kept[r][e]``: slots data-rank r keeps for expert e. Ranks form EP groups of ``ep``
-    consecutive ranks; member i of a group owns experts [i·E/ep, (i+1)·E/ep). Dispatch: rank r
-    sends every kept slot whose expert lives on another member of its group; combine: it sends
-    back every row it received from another member."""
-    n, E = len(kept), len(kept[0])
-    per = E // ep
-    out = []
-    for r in range(n):
-        group0, me = r - r % ep, r % ep
-        mine = range(me * per, (me + 1) * per)
-        dispatch = sum(c for e, c in enumerate(kept[r]) if e not in mine)
-        combine = sum(kept[s][e] for s in range(group0, group0 + ep) if s != r for e in mine)
-        out.append({"dispatch": dispatch, "combine": combine})
-    return out
-
-
-def alltoall_bytes_per_step(kept: list[list[int]], ep: int, hidden: int, dtype_bytes: int = 4) -> list[float]:
-    """Bytes each rank sends through all-to-all in one training step of one MoE layer: forward
-    dispatch + forward combine, and backward, where each all-to-all runs again with its splits
-    swapped (the gradient of the combine goes out as the dispatch came in, and vice versa):
-    2 · (dispatch + combine) · h · bytes."""
-    return [2.0 * (r["dispatch"] + r["combine"]) * hidden * dtype_bytes for r in alltoall_rows(kept, ep)]
-
-
-def uniform_alltoall_bytes(tokens_per_rank: int, top_k: int, ep: int, hidden: int, dtype_bytes: int = 4) -> float:
-    """Expected bytes per rank per all-to-all under perfectly even routing and no drops:
-    k · T_local · h · bytes · (ep − 1)/ep (each slot leaves the rank unless its expert is local)."""
-    return top_k * tokens_per_rank * hidden * dtype_bytes * (ep - 1) / ep
-
-
-def tp_experts_bytes_per_step(tokens_per_rank: int, tp: int, hidden: int, dtype_bytes: int = 4) -> float:
-    """Tensor parallelism inside each expert (the contrast): tokens are all-gathered over the tp
-    ranks and the partial outputs reduce-scattered back; backward swaps the two. Each is a ring
-    collective of T_local · tp · h elements: 4 · T_local · tp · h · bytes · (tp − 1)/tp per step.
-    Against EP's 4 · k · T_local · h · bytes · (ep − 1)/ep under even routing: a ratio of k / tp."""
-    return 4 * tokens_per_rank * tp * hidden * dtype_bytes * (tp - 1) / tp
-
-
-def alltoall_bytes_from_routing(
-    routing: list[list[dict]], ep: int, hidden: int, dtype_bytes: int = 4
-) -> list[list[float]]:
-    """[step][rank] bytes sent through all-to-all by every MoE layer together, from the routing
-    counts alone (``routing[step][layer]`` with ``counts_by_rank`` and ``capacity``)."""
-    out = []
-    for layers in routing:
-        per_rank = [0.0] * len(layers[0]["counts_by_rank"])
-        for layer in layers:
-            kept = kept_counts(layer["counts_by_rank"], layer["capacity"])
-            for r, b in enumerate(alltoall_bytes_per_step(kept, ep, hidden, dtype_bytes)):
-                per_rank[r] += b
-        out.append(per_rank)
-    return out
-
-
 def step_comm_bytes(cfg: ModelConfig, n: int, ep: int, mode: str, tokens_per_rank: int) -> dict[str, float]:
     """Bytes per rank per training step of ``playbook.parallel.ep`` that do not depend on the
     routing, by collective (fp32): the counts all-gather (int64, forward only), the one-bucket
@@ -276,103 +171,6 @@ def step_comm_bytes(cfg: ModelConfig, n: int, ep: int, mode: str, tokens_per_ran
         "reduce_scatter_single": 2 * sent_bytes("reduce_scatter", S, n),
         "all_reduce": reduce,
     }
-
-
-def routing_report(
-    routing: list[list[dict]],
-    ce: list[float],
-    ep: int,
-    hidden: int,
-    measured_bytes: list[list[float]],
-    seconds: list[list[float]],
-) -> dict:
-    """The ``routing`` block of ``playbook run ep --json``: per step and MoE layer, tokens per
-    expert, kept, dropped, imbalance, entropies, aux loss, load per EP rank; per step the
-    all-to-all bytes per rank predicted from the counts beside those measured, and the time."""
-    per = len(routing[0][0]["counts"]) // ep
-    predicted = alltoall_bytes_from_routing(routing, ep, hidden)
-    steps = []
-    for s, layers in enumerate(routing):
-        rows = [
-            {
-                "tokens_per_expert": L["counts"],
-                "kept_per_expert": L["kept"],
-                "capacity": L["capacity"],
-                "dropped": L["dropped"],
-                "imbalance": imbalance(L["counts"]),
-                "load_entropy": load_entropy(L["counts"]),
-                "router_entropy": L["router_entropy"],
-                "aux": L["aux"],
-                "load_per_rank": [sum(L["kept"][i * per : (i + 1) * per]) for i in range(ep)],
-            }
-            for L in layers
-        ]
-        steps.append(
-            {
-                "layers": rows,
-                "ce": ce[s],
-                "alltoall_bytes_per_rank": {"predicted": predicted[s], "measured": measured_bytes[s]},
-                "alltoall_seconds_per_rank": seconds[s],
-            }
-        )
-    return {"ep": ep, "steps": steps}
-
-
-# ---- a routing model for the widget ------------------------------------------------------------
-@dataclass(frozen=True)
-class SimulatedRouting:
-    counts: list[list[int]]  # [step][expert] slots routed (before drops)
-    kept: list[list[int]]  # [step][expert] slots kept
-    capacity: int | None
-    tokens: int
-
-
-def simulate_routing(
-    *,
-    n_experts: int,
-    top_k: int,
-    tokens: int,
-    capacity_factor: float | None,
-    skew: float = 0.0,
-    steps: int = 10,
-    seed: int = 0,
-) -> SimulatedRouting:
-    """Route ``tokens`` random tokens for ``steps`` steps: router logits ~ N(0, 1) plus a bias of
-    ``skew`` · (E−1−i)/(E−1) for expert i (skew 0: even on average; larger: expert 0 popular),
-    top-k of the logits, then capacity in token order. A stand-in for a router, for intuition."""
-    check_routing(n_experts, top_k)
-    check_capacity_factor(capacity_factor)
-    require_positive(tokens=tokens, steps=steps)
-    rng = random.Random(seed)
-    bias = [skew * (n_experts - 1 - i) / max(n_experts - 1, 1) for i in range(n_experts)]
-    cap = expert_capacity(tokens, n_experts, top_k, capacity_factor)
-    counts, kept = [], []
-    for _ in range(steps):
-        c, kc = [0] * n_experts, [0] * n_experts
-        for _t in range(tokens):
-            logits = [rng.gauss(0.0, 1.0) + b for b in bias]
-            for e in sorted(range(n_experts), key=lambda i: -logits[i])[:top_k]:
-                c[e] += 1
-                if cap is None or kc[e] < cap:
-                    kc[e] += 1
-        counts.append(c)
-        kept.append(kc)
-    return SimulatedRouting(counts, kept, cap, tokens)
-
-
-def imbalance(counts: list[int]) -> float:
-    """max load / mean load (1.0 = perfectly balanced): the slowest expert sets the step time."""
-    mean = sum(counts) / len(counts)
-    return max(counts) / mean if mean else 1.0
-
-
-def load_entropy(counts: list[int]) -> float:
-    """Entropy of the load distribution over experts, normalised by log E (1.0 = even)."""
-    total = sum(counts)
-    if total == 0 or len(counts) < 2:
-        return 1.0
-    h = -sum(c / total * math.log(c / total) for c in counts if c)
-    return h / math.log(len(counts))
 
 
 # ---- activations: the exact count for our MoE layer, given its routing ------------------------
@@ -404,16 +202,6 @@ def moe_block_activation_bytes(
         cfg, tokens=micro_batch * seq_len, slots=slots, rows=slots, dtype_bytes=dtype_bytes
     )
     return sum(view(ours_block(cfg, x, core=attention, moe=terms), recompute).values())
-
-
-def rank_rows(counts_by_rank: list[list[int]], capacity: int | None, rank: int, ep: int) -> tuple[int, int]:
-    """(S, R) for ``rank``: slots its tokens keep, rows its experts receive (EP groups of ep)."""
-    kept = kept_counts(counts_by_rank, capacity)
-    E = len(kept[0])
-    per, g0, me = E // ep, rank - rank % ep, rank % ep
-    S = sum(kept[rank])
-    R = sum(kept[s][e] for s in range(g0, g0 + ep) for e in range(me * per, (me + 1) * per))
-    return S, R
 
 
 def model_activation_bytes_moe(
