@@ -5,14 +5,17 @@ head and loss. A virtual stage is a contiguous range of pieces; rank r holds the
 stages ``schedule.stage(r, c)`` (``playbook.theory.schedules``). From the ranges follow, exactly:
 the activation bytes autograd saves for one micro-batch of a chunk (``chunk_activation_bytes``,
 built on ``playbook.theory.activations``), and a rank's memory by category in fp32 with AdamW
-(``predicted_memory``: parameters, gradients, optimizer state, and the schedule's peak of held
-activations, ``held_bytes``), and with a split backward (ZB-H1) the smaller part one micro-batch
-keeps from B until W (``chunk_w_bytes``). ``playbook.measure.held`` measures the same bytes on real ranks.
+(``predicted_memory``: its parameters, ``theory.rank_params``, gradients, optimizer state, and
+the schedule's peak of held activations, ``held_bytes``), and with a split backward (ZB-H1) the
+smaller part one micro-batch keeps from B until W (``chunk_w_bytes``). ``playbook.measure.held`` measures the same bytes on real ranks.
 """
 
 from __future__ import annotations
 
+from playbook.dims import ParallelDims
 from playbook.theory.activations import INDEX_BYTES, block_activation_bytes
+from playbook.theory.inventory import local, ours_ends
+from playbook.theory.rank_params import rank_units
 from playbook.theory.schedules import Schedule, equal_partition, held_bytes
 
 
@@ -32,19 +35,14 @@ def stage_ranges(cfg, n_stages: int, partition=None) -> list[tuple[int, int]]:
 
 
 def chunk_activation_bytes(cfg, start: int, end: int, micro_batch: int, seq_len: int, dtype_bytes: int = 4) -> int:
-    """Predicted bytes autograd saves for one micro-batch on pieces [start, end)
-    (``playbook.theory.activations``: tokens, blocks, final norm, log-probabilities, targets)."""
-    b, s, h, V, B = micro_batch, seq_len, cfg.hidden, cfg.vocab_size, dtype_bytes
+    """Predicted bytes autograd saves for one micro-batch on pieces [start, end): its blocks
+    (``playbook.theory.activations``) and, on the end pieces, what the one inventory keeps outside
+    the blocks (``theory.inventory.ours_ends``: tokens; final norm, log-probabilities, targets)."""
     L = cfg.n_layers
     n_blocks = max(0, min(end, L + 1) - max(start, 1))
-    total = n_blocks * block_activation_bytes(cfg, seq_len=s, micro_batch=b, dtype_bytes=B)
-    if start == 0:
-        total += b * s * INDEX_BYTES  # token ids, saved by the embedding
-    if end == L + 2:
-        total += (
-            (3 * b * s * h + b * s) * B + b * s * V * B + b * s * INDEX_BYTES + B
-        )  # norm, log-probs, targets, total_weight
-    return total
+    total = n_blocks * block_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
+    first, last = ours_ends(cfg, local(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes))
+    return total + (start == 0) * sum(first.values()) + (end == L + 2) * sum(last.values())
 
 
 def chunk_w_bytes(cfg, start: int, end: int, micro_batch: int, seq_len: int, dtype_bytes: int = 4) -> int:
@@ -76,18 +74,11 @@ def predicted_memory(setup, schedule: Schedule, rank: int = 0, partition=None) -
     """Bytes on ``rank`` for a ``TrainSetup`` in fp32 with AdamW: its chunks' parameters, as many
     gradient bytes, two moments plus a 4-byte step counter per tensor; activations: the schedule's
     peak (``held_bytes``)."""
-    cfg, L = setup.config(), setup.config().n_layers
+    cfg = setup.config()
     ranges = stage_ranges(cfg, schedule.n_stages, partition)
     mine = [ranges[schedule.stage(rank, c)] for c in range(schedule.v)]
-    n_params = n_tensors = 0
-    for start, end in mine:
-        blocks = max(0, min(end, L + 1) - max(start, 1))
-        n_params += blocks * cfg.layer_params()
-        n_tensors += 9 * blocks
-        if start == 0:
-            n_params, n_tensors = n_params + cfg.vocab_size * cfg.hidden, n_tensors + 1
-        if end == L + 2:
-            n_params, n_tensors = n_params + cfg.hidden + cfg.vocab_size * cfg.hidden, n_tensors + 2
+    units = rank_units(cfg, ParallelDims(pp=schedule.p), mine)  # the one list of a rank's parameters
+    n_params, n_tensors = sum(u.numel for u in units), sum(u.tensors for u in units)
     b = setup.global_batch // schedule.m
     per_chunk = [
         [chunk_activation_bytes(cfg, *ranges[schedule.stage(r, c)], b, setup.seq_len) for c in range(schedule.v)]
