@@ -131,29 +131,29 @@ CHUNKED = [
         MOE,
         4,
     ),
+    ("pp2 on the V (ZB-V)", Plan(ParallelDims(pp=2), schedule="zb-v", microbatches=2), MOE, 2),
+    (
+        "dp2×pp2×ep2 on the V: rank 0 holds no MoE layer",
+        Plan(ParallelDims(dp=2, pp=2, ep=2), schedule="zb-v", microbatches=2),
+        MOE,
+        4,
+    ),
+    (
+        "dp2×pp2×ep2 ZB-H1 over 3 layers",
+        Plan(ParallelDims(dp=2, pp=2, ep=2), schedule="zb-h1", microbatches=2),
+        DEEPER,
+        4,
+    ),
+    ("tp2×pp2 on the V (W on the kept graph)", Plan(ParallelDims(tp=2, pp=2), schedule="zb-v", microbatches=2), MOE, 4),
 ]
 
 
 @pytest.mark.parametrize("name, plan, setup, world", CHUNKED, ids=[c[0] for c in CHUNKED])
 def test_moe_stages_follow_the_chunks_of_any_schedule(request, name, plan, setup, world):
     """A rank's MoE stage is the pieces of its chunks (``theory.rank_params.chunk_ranges``): v
-    virtual stages, equal or not; its routing is played F by F, chunk by chunk
-    (``theory.hybrid_moe.stage_activation_bytes``)."""
+    virtual stages, equal or not; its routing is played F by F, chunk by chunk, and a split
+    backward keeps each MoE layer's W part from B to W (``theory.hybrid_moe``)."""
     check(request.getfixturevalue(f"ranks{world}"), setup, plan)
-
-
-def test_moe_on_the_v_runs_with_its_activations_not_predicted(ranks2):
-    """ZB-V splits the backward: what W keeps of an MoE layer from B until W is not modelled
-    (as for ZB-H1), so the activations are None; parity, bytes and the model state are checked."""
-    plan = Plan(ParallelDims(pp=2), schedule="zb-v", microbatches=2)
-    answers = ranks2.run(train_hybrid, MOE, plan)
-    single, floor = hybrid_moe.reference(MOE, plan)
-    assert_parity(compare(merge(answers, 1), single), MOE, str(plan.dims), floor=floor or float_floor(MOE))
-    for row in comm_table(answers, MOE, plan):
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
-        predicted, measured = row["memory"]["predicted"], row["memory"]["measured"]
-        assert predicted.pop("activations") is None
-        assert all(measured[k] == v for k, v in predicted.items()), row["rank"]
 
 
 def test_more_stages_than_layers_is_refused_before_ranks_start():

@@ -142,7 +142,7 @@ def comm_per_axis(
         add("embed", sent_bytes("all_reduce", FP32 * cfg.vocab_size * cfg.hidden // dims.tp, 2))
     if cfg.is_moe and not zero:  # the experts over their replicas (ep = 1: every rank holds every expert)
         add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1, ranges=ranges)["replica"])
-    if routing is not None and dims.ep > 1:
+    if routing is not None and dims.ep > 1 and any(routing):  # a rank without MoE layers sends none
         mine = [for_tp_rank(step, dims, rank) for step in routing]  # this tp index's ep ranks
         per_step = alltoall_bytes_from_routing(mine, dims.ep, cfg.hidden)  # [step][data rank]
         add("ep", sum(s[dims.data_index(rank)] for s in per_step) / len(per_step))

@@ -19,6 +19,7 @@ from playbook.theory.comm import sent_bytes
 from playbook.theory.inventory import local, ours_block, view
 from playbook.theory.local_activations import activation_pieces
 from playbook.theory.moe import moe_mlp_activation_terms, rank_rows
+from playbook.theory.pipeline import chunk_w_bytes
 from playbook.theory.rank_params import blocks_in, chunk_ranges, is_moe_block, rank_units
 from playbook.theory.schedules import make_schedule
 
@@ -148,6 +149,21 @@ def moe_block_bytes(
     return sum(view(ours_block(cfg, x, core=core, moe=terms, routed=tokens if dims.tp > 1 else None)).values())
 
 
+def moe_block_w_bytes(
+    cfg: ModelConfig, dims: ParallelDims, *, rank: int, micro_batch: int, seq_len: int, layer: dict
+) -> int:
+    """Bytes one MoE block keeps from B until W under a split backward without TP (ZB-H1, ZB-V; Qi
+    et al. 2023, arXiv:2401.10241, §2), as ``parallel.pp_executor`` keeps them: each linear's input
+    and output gradient, once per storage (``theory.pipeline.chunk_w_bytes``). Outside the MLP,
+    the dense block's T·(7h + 2·a·d + 2·g·d); the MLP: the router's logits gradient T·E, the R rows
+    its experts received and their gradient (one [R, h] buffer each), their down-projections'
+    inputs and the gate's and up's output gradients (3·R·f_e), at T = b·s/cp tokens."""
+    T, h, fe = micro_batch * seq_len // dims.cp, cfg.hidden, cfg.expert_ffn_hidden
+    a, g, d = cfg.n_heads, cfg.kv_heads, cfg.dim_head
+    _, R = rank_rows(layer["counts_by_rank"], layer["capacity"], dims.data_index(rank), dims.ep)
+    return FP32 * (T * (7 * h + 2 * a * d + 2 * g * d) + T * cfg.n_experts + 2 * R * h + 3 * R * fe)
+
+
 def stage_activation_bytes(
     cfg: ModelConfig,
     dims: ParallelDims,
@@ -167,7 +183,8 @@ def stage_activation_bytes(
     routing of that forward, the head), each B frees them; pp = 1: the one forward. ``forwards``:
     the first step's routing of this rank's MoE layers, in the order they ran (``RoutingStats.as_dict``:
     ``counts_by_rank``, ``capacity``). ``layout``: ``sequence_parallel``, ``cp_variant``. A split
-    backward (ZB-H1, ZB-V): None, what W keeps of an MoE layer from B until W is not modelled."""
+    backward (ZB-H1, ZB-V) keeps, from B until W, what W needs (:func:`moe_block_w_bytes` and
+    ``theory.pipeline.chunk_w_bytes``; with TP layers the whole graph); shared experts: None."""
     pp, L = dims.pp, cfg.n_layers
     m, v = (microbatches, virtual_stages) if pp > 1 else (1, 1)
     b = rows // m
@@ -185,16 +202,33 @@ def stage_activation_bytes(
     if pp == 1:
         return fixed[0] + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in forwards[: per_f[0]])
     plan = make_schedule(schedule, pp, m, v)
-    if plan.split_backward:  # what W keeps of an MoE layer from B until W is not counted here
+    split = plan.split_backward
+    if split and cfg.n_shared_experts:  # what W keeps of a shared expert is not counted here
         return None
+    dense, s_local = cfg.replace(n_experts=0, top_k=0, n_dense_layers=0), seq_len // dims.cp
+    w_block = chunk_w_bytes(dense, 1, 2, b, s_local)  # one dense block's W part
+    w_fixed = [
+        chunk_w_bytes(dense, start, end, b, s_local) - moe_layers_in(cfg, [(start, end)]) * w_block
+        for start, end in ranges
+    ]
     now = peak = 0
-    held: dict[tuple[int, int], int] = {}
+    held: dict[tuple[int, int], tuple[int, int]] = {}  # (micro-batch, chunk) -> (its bytes, its W part)
     for a in plan.compute(stage):
+        key = a.mb, a.chunk
         if a.kind == "F":
             layers, forwards = forwards[: per_f[a.chunk]], forwards[per_f[a.chunk] :]
-            held[a.mb, a.chunk] = fixed[a.chunk] + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in layers)
-            now += held[a.mb, a.chunk]
+            whole = fixed[a.chunk] + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in layers)
+            w = whole if dims.tp > 1 else w_fixed[a.chunk]  # TP layers: W runs on the kept graph
+            if dims.tp == 1 and split:
+                w += sum(
+                    moe_block_w_bytes(cfg, dims, rank=rank, micro_batch=b, seq_len=seq_len, layer=f) for f in layers
+                )
+            held[key] = (whole, w)
+            now += whole
+        elif a.kind == "B":
+            whole, w = held[key] if split else held.pop(key)
+            now += w - whole if split else -whole
         else:
-            now -= held.pop((a.mb, a.chunk))
+            now -= held.pop(key)[1]
         peak = max(peak, now)
     return peak

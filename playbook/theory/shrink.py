@@ -15,8 +15,7 @@ The rules (each change is written into ``Shrunk.notes`` with its reason):
   ep (which borrows ranks from dp·cp) is kept at 2 of ``gpt-tiny-moe``'s 4 experts;
 - k kept axes need 2**k ranks (ep adds none): more than ``max_ranks`` is refused;
 - what ``playbook run hybrid`` refuses (``theory.composition``, the one table it checks too) is
-  refused here, unless the caller names an axis to leave out (``drop``); an MoE candidate's V
-  schedule is replayed as 1F1B (its activations under a split backward are not predicted);
+  refused here, unless the caller names an axis to leave out (``drop``);
 - the ZeRO stage is kept (dense units over dp×cp, routed experts over their replicas), except none
   where dp·cp = 1 (nothing to shard over); sequence parallelism (the planner assumes it with every
   tp > 1) is kept with tp;
@@ -36,7 +35,6 @@ from playbook.dims import ParallelDims
 from playbook.theory.composition import refusal
 from playbook.theory.hybrid import comm_per_axis, memory_per_rank
 from playbook.theory.planner import Candidate, Layout, Plan
-from playbook.theory.schedules import V_SCHEDULES
 
 SMALL = {False: "gpt-tiny", True: "gpt-tiny-moe"}
 SEQ_LEN, ROWS = 32, 2  # tokens per sequence and rows per micro-batch of the replay
@@ -156,9 +154,6 @@ def shrink(
     zero, sp = _zero_and_sp(lay.zero, dims, notes)
     m = 2 * dims.pp if dims.pp > 1 else None
     schedule, v = (lay.schedule, 2 if lay.v > 1 else 1) if m else ("1f1b", 1)
-    if moe and schedule in V_SCHEDULES:  # what W keeps of an MoE layer from B to W is not predicted
-        notes.append(f"{lay.schedule} → 1f1b: an MoE layer's activations under a split backward are not predicted")
-        schedule, v = "1f1b", 1
     if m:
         notes.append(f"micro-batches {lay.microbatches} → {m}: m ≥ pp fills the 1F1B pipeline")
     if m and lay.v > 2:
