@@ -26,8 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
 from playbook.theory.local_activations import block_bytes, end_activations
 from playbook.theory.model_state import TrainingMemory, model_state_bytes
+from playbook.theory.rank_params import rank_units
 
 
 def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
@@ -121,18 +123,12 @@ def pipeline_stage_memory(
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute)
     per_layer = layer_activation_bytes(cfg, **sizes, attention=attention)
     first_extra, last_extra = end_activations(cfg, **sizes)
-    table = cfg.vocab_size * cfg.hidden
     out = []
     for i, layers in enumerate(stage_layers(cfg.n_layers, pp)):
         moe = sum(is_moe_layer(cfg, j) for j in layers)
-        params = moe * cfg.layer_params(moe=True) + (len(layers) - moe) * cfg.layer_params(moe=False)
-        acts = sum(per_layer[j] for j in layers)
-        if i == 0:
-            params += table
-            acts += first_extra
-        if i == pp - 1:
-            params += cfg.hidden + table  # final norm and head (a second copy of a tied table)
-            acts += last_extra
+        pieces = (layers.start + 1 - (i == 0), layers.stop + 1 + (i == pp - 1))  # + embedding, + head
+        params = sum(u.numel for u in rank_units(cfg, ParallelDims(), [pieces]))  # a tied head: a copy
+        acts = sum(per_layer[j] for j in layers) + (i == 0) * first_extra + (i == pp - 1) * last_extra
         state = model_state_bytes(
             params, dp=dp, zero=zero, precision=precision, n_tensors=n_tensors, fp32_grad_accum=fp32_grad_accum
         )
