@@ -628,3 +628,31 @@ def test_chapter0_pipeline_cuts_weights_not_peak_activations(pp):
     alone, piped = training_memory(cfg, **sizes), training_memory(cfg, **sizes, pp=pp)
     assert piped.activations > 0.98 * alone.activations
     assert piped.params < 1.1 * alone.params / pp
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+def test_every_view_reads_the_one_inventory(recompute, attention):
+    """Tensor parallelism at tp=1 and the rank's view at tp=cp=1 are the plain block tensor for tensor
+    (``theory.inventory``: one list, viewed per recomputation mode), and context parallelism's ring
+    core under "selective" keeps RoPE's tables and the core's inputs, as ``parallel.hybrid_recompute``
+    checkpoints it."""
+    from playbook.dims import ParallelDims
+    from playbook.theory.activations import block_activation_breakdown
+    from playbook.theory.inventory import view
+    from playbook.theory.local_activations import activation_pieces, block_bytes
+    from playbook.theory.tp import tp_block_activation_breakdown
+
+    cfg, sizes = ModelConfig.preset("gpt-tiny"), dict(seq_len=32, micro_batch=2, recompute=recompute)
+    plain = block_activation_breakdown(cfg, **sizes, attention=attention)
+    assert tp_block_activation_breakdown(cfg, **sizes, tp=1, attention=attention) == plain
+    assert block_bytes(cfg, **sizes, attention=attention) == sum(plain.values())
+    if attention == "eager":
+        piece = activation_pieces(cfg, ParallelDims(), seq_len=32, micro_batch=2, recompute=recompute)["block"]
+        assert piece == sum(plain.values())
+    ring = activation_pieces(cfg, ParallelDims(cp=2), seq_len=32, micro_batch=2, recompute="selective")["block"]
+    b, s, h, f, a, g, d = 2, 16, cfg.hidden, cfg.ffn_hidden, cfg.n_heads, cfg.kv_heads, cfg.dim_head
+    outside = 4 * (b * s * (6 * h + 2 + a * d + 4 * f) + 4 * s * d)  # norms, o_proj input, MLP, RoPE tables
+    assert ring == outside + 4 * b * s * (a + 2 * g) * d  # + q, k, v: the checkpoint's inputs
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        view([], "some")
