@@ -67,7 +67,7 @@ class PipelineZero(Zero):
         for u in self.units:
             self._sum_first(u, u.flat_grad)
             u.reduce_scatter(u.flat_grad)
-            u.opt_param.grad = u.flat_grad[u.lo : u.hi] / u.divide  # [shard], its own storage (÷ 1 in the hybrid: a sum)
+            u.opt_param.grad = u.flat_grad[u.lo : u.hi] / u.divide  # [shard], own storage; ÷ 1: a sum
             for p in u.parameters():
                 p.grad = None
             del u.flat_grad  # the whole gradient goes: 1/N of it is held until the next step
