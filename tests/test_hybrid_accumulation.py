@@ -20,6 +20,7 @@ CASES = [
     ("ZeRO-3 dp2 m2", DENSE, Plan(ParallelDims(dp=2), zero=3, microbatches=2), 2),
     ("ZeRO-2 dp2 m2", DENSE, Plan(ParallelDims(dp=2), zero=2, microbatches=2), 2),
     ("MoE dp2 m2", MOE, Plan(ParallelDims(dp=2), microbatches=2), 2),
+    ("MoE ZeRO-3 dp4×ep2 m2", MOE, Plan(ParallelDims(dp=4, ep=2), zero=3, microbatches=2), 4),
     ("tp2×cp2 with SP, m2", DENSE, Plan(ParallelDims(tp=2, cp=2), sequence_parallel=True, microbatches=2), 4),
 ]
 
