@@ -104,8 +104,7 @@ def comm_per_axis(
                 add("tp", col.sent_bytes)
         if cfg.is_moe:
             sizes = dict(rows=rows, seq_len=seq_len, sequence_parallel=sequence_parallel)
-            mb = microbatches if dims.pp > 1 else 1
-            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=mb, flags=not zero, ranges=ranges, **sizes))
+            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=microbatches, flags=not zero, ranges=ranges, **sizes))
         if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
             add("tp", sent_bytes("all_reduce", FP32 * sum(u.norms for u in units), dims.tp))
         if sequence_parallel and dims.pp > 1 and is_split(schedule):  # W replays each row-parallel exit's
@@ -126,9 +125,9 @@ def comm_per_axis(
         sends = [a for a in plan.actions[stage] if a.kind.startswith("send") and a.peer != stage]
         add("pp", len(sends) * message)
     n = dims.dp * dims.cp
-    mb = microbatches if dims.pp > 1 else 1
+    mb = microbatches  # pp = 1 too: its m micro-batches are gradient accumulation
     if zero and n > 1:  # flat units, dense over dp×cp and routed experts over their replicas
-        gathers = 1 if dims.pp > 1 else None  # ZeRO-3 in a pipeline: gathered once a step (``parallel.zero_pipeline``)
+        gathers = 1 if dims.pp > 1 or microbatches > 1 else None  # ZeRO-3 over micro-batches: gathered once a step
         for axis, sent in zero_comm(flat_units(cfg, dims, ranges), zero, weight_gathers=gathers).items():
             add(replica_axis(dims, rank, data_axis(dims)) if axis == "ep_replica" else axis, sent)
         if cfg.is_moe:  # the routing counts still travel over the data ranks

@@ -5,7 +5,7 @@ equal or not): the embedding, the blocks (in an MoE block: norms, attention, the
 experts, and E/ep routed experts), the final norm and head. Each MoE forward all-gathers the routing counts over the data ranks (8-byte counts, E per
 rank), so a step sends them m times per MoE layer of the stage; the dense gradients are
 all-reduced over dp×cp and the experts' over their replicas, with one "had a gradient" flag per
-expert tensor (``parallel.hybrid.sync_gradients``). The activations depend on the routing of
+expert tensor (``parallel.hybrid_grads``). The activations depend on the routing of
 each micro-batch (``theory.moe.model_activation_bytes_moe``), so the stage's peak is played from
 the schedule with each micro-batch's own bytes, chunk by chunk; a block's are a view of the one
 inventory (``theory.inventory.ours_block``) at the rank's local shapes. fp32, no torch.
@@ -180,13 +180,15 @@ def stage_activation_bytes(
 ) -> int | None:
     """Activation bytes at the step's peak on ``rank`` of pipeline stage ``stage``: each F of the
     schedule adds its micro-batch's bytes on that chunk (the embedding, the chunk's blocks with the
-    routing of that forward, the head), each B frees them; pp = 1: the one forward. ``forwards``:
-    the first step's routing of this rank's MoE layers, in the order they ran (``RoutingStats.as_dict``:
-    ``counts_by_rank``, ``capacity``). ``layout``: ``sequence_parallel``, ``cp_variant``. A split
-    backward (ZB-H1, ZB-V) keeps, from B until W, what W needs (:func:`moe_block_w_bytes` and
-    ``theory.pipeline.chunk_w_bytes``; with TP layers the whole graph); shared experts: None."""
+    routing of that forward, the head), each B frees them (pp = 1: 1F1B of one stage, gradient
+    accumulation). ``forwards``: the first step's routing of this rank's MoE layers, in the order
+    they ran (``RoutingStats.as_dict``: ``counts_by_rank``, ``capacity``). ``layout``:
+    ``sequence_parallel``, ``cp_variant``. A split backward (ZB-H1, ZB-V) keeps, from B until W,
+    what W needs (:func:`moe_block_w_bytes` and ``theory.pipeline.chunk_w_bytes``; with TP layers
+    the whole graph); shared experts: None."""
     pp, L = dims.pp, cfg.n_layers
-    m, v = (microbatches, virtual_stages) if pp > 1 else (1, 1)
+    m, v = microbatches, virtual_stages if pp > 1 else 1  # pp = 1: gradient accumulation
+    schedule = schedule if pp > 1 else "1f1b"
     b = rows // m
     piece = activation_pieces(cfg.replace(n_experts=0, top_k=0), dims, seq_len=seq_len, micro_batch=b, **layout)
     ranges = chunk_ranges(cfg, pp, stage, schedule, v)
@@ -199,8 +201,6 @@ def stage_activation_bytes(
     per_f = [moe_layers_in(cfg, [rg]) for rg in ranges]  # MoE forwards of one F on each chunk
     forwards = for_tp_rank(forwards, dims, rank)
     sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len, **layout)
-    if pp == 1:
-        return fixed[0] + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in forwards[: per_f[0]])
     plan = make_schedule(schedule, pp, m, v)
     split = plan.split_backward
     if split and cfg.n_shared_experts:  # what W keeps of a shared expert is not counted here
