@@ -656,3 +656,20 @@ def test_every_view_reads_the_one_inventory(recompute, attention):
     assert ring == outside + 4 * b * s * (a + 2 * g) * d  # + q, k, v: the checkpoint's inputs
     with pytest.raises(ValueError, match="recompute must be one of"):
         view([], "some")
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_an_moe_block_under_tp_at_even_routing_is_the_hybrids_exact_count(sp):
+    """``training_memory``'s MoE block under tp (every degree together, ``theory.local_activations``)
+    is the count the hybrid checks to the byte on real ranks (``theory.hybrid_moe.moe_block_bytes``)
+    for routing that sends k·T/E slots to every expert: each tp rank routes its 32 of the 64 tokens."""
+    from playbook.dims import ParallelDims
+    from playbook.theory.hybrid_moe import moe_block_bytes
+    from playbook.theory.local_activations import block_bytes
+
+    cfg = ModelConfig.preset("gpt-tiny-moe")
+    even = {"counts_by_rank": [[2 * 32 // 4] * 4], "capacity": None}  # k·T/E slots per expert, one data rank
+    exact = moe_block_bytes(
+        cfg, ParallelDims(tp=2), rank=0, micro_batch=2, seq_len=32, layer=even, sequence_parallel=sp
+    )
+    assert block_bytes(cfg, True, seq_len=32, micro_batch=2, tp=2, sequence_parallel=sp) == exact

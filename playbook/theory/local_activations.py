@@ -19,7 +19,7 @@ from playbook.dims import ParallelDims
 from playbook.theory.activations import _check, check_attention
 from playbook.theory.hybrid_recompute import positions_bytes
 from playbook.theory.inventory import local, ours_block, ours_ends, view
-from playbook.theory.moe import moe_block_activation_bytes
+from playbook.theory.moe_inventory import moe_mlp_terms
 from playbook.theory.pipeline import chunk_w_bytes
 from playbook.theory.schedules import equal_partition, held_bytes, make_schedule
 from playbook.theory.tp_layout import check_tp
@@ -46,16 +46,13 @@ def block_bytes(
     a/tp heads, f/tp channels. ``variant``: the CP attention core (ring, all-gather, Ulysses;
     ``theory.cp``); None: the ``attention`` kernel at s/cp tokens instead, a fused ring kernel
     (what ``training_memory`` assumes whenever it counts flash attention or recomputation).
-    ``moe``: an MoE block at even routing (``theory.moe``); TP inside MoE layers is not modelled here."""
-    if moe:
-        if tp > 1:
-            raise NotImplementedError("tensor parallelism inside MoE layers is not modelled; use ep (and tp=1) for MoE")
-        sizes = dict(micro_batch=micro_batch, dtype_bytes=dtype_bytes, recompute=recompute, attention=attention)
-        return moe_block_activation_bytes(cfg, seq_len=seq_len // cp, **sizes)
-    core = variant if cp > 1 and variant is not None else attention
+    ``moe``: an MoE block at even routing (S = R = k·T, ``theory.moe``) behind the ``attention``
+    kernel; under TP as our runtime splits it (``parallel.tp_moe``): each tp rank routes its 1/tp
+    of the tokens through a whole router and whole experts, and saves no gathered region input."""
+    core = variant if cp > 1 and variant is not None and not moe else attention
     if tp > 1:
         check_tp(cfg, tp, seq_len=seq_len // cp, sequence_parallel=sequence_parallel)
-    if cp > 1 and variant is not None:
+    if core in CP_CORES or (cp > 1 and variant is not None and not moe):
         if variant not in CP_CORES:
             raise ValueError(f"variant must be one of {', '.join(CP_CORES)}; got {variant!r}")
         if seq_len % cp:
@@ -65,7 +62,12 @@ def block_bytes(
     _check(cfg, seq_len // cp, micro_batch, dtype_bytes, recompute)
     x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
               dtype_bytes=dtype_bytes)  # fmt: skip
-    return sum(view(ours_block(cfg, x, core=core), recompute).values())
+    terms = routed = None
+    if moe:
+        routed = micro_batch * (seq_len // cp) // tp  # tokens this rank routes
+        slots = cfg.top_k * routed
+        terms = moe_mlp_terms(cfg, tokens=routed, slots=slots, rows=slots, dtype_bytes=dtype_bytes)
+    return sum(view(ours_block(cfg, x, core=core, moe=terms, routed=routed if tp > 1 else None), recompute).values())
 
 
 def end_activations(
