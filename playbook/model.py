@@ -137,7 +137,7 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [b, s, heads*head_dim], k and v [b, s, kv_heads*head_dim]. Tensor parallelism replaces
-        this with column-parallel shards entered once (``playbook.parallel.tp``)."""
+        this with column-parallel shards entered once (``playbook.parallel.tp.model``)."""
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -145,7 +145,7 @@ def test_pp_reports_its_point_to_point_bytes_predicted_and_measured(capsys, extr
 
 
 def test_ep_refuses_zero_experts_and_reports_what_it_trained(capsys):
-    from playbook.parallel.ep_run import moe_config
+    from playbook.parallel.ep.run import moe_config
     from playbook.parallel.training import TrainSetup
 
     for experts, top_k in ((0, None), (None, 0)):  # 0 is falsy: `x or preset` once ran the preset's value

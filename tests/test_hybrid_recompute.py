@@ -1,5 +1,5 @@
 """Activation recomputation in hybrid layouts on real ranks (``Plan.recompute``, applied after TP,
-CP and EP by ``parallel.hybrid_recompute``): each layout against the single process on the same
+CP and EP by ``parallel.hybrid.recompute``): each layout against the single process on the same
 batch (loss, every gradient, parameters after AdamW, within ``parallel.parity``'s bounds), bytes
 per rank per step on every axis measured == predicted, the replayed TP and CP collectives of the
 recomputed forward included, and memory per category measured == predicted to the byte."""
@@ -7,7 +7,7 @@ recomputed forward included, and memory per category measured == predicted to th
 import pytest
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan
+from playbook.parallel.hybrid.parallelize import Plan
 from playbook.parallel.training import TrainSetup
 from tests.test_hybrid import DENSE, check
 
@@ -67,7 +67,7 @@ def test_full_recomputation_in_tp2_cp2_pp2_ring_inside_a_pipeline(ranks8):
 def test_recomputation_saves_activations_and_pays_the_collectives_again(ranks4):
     """Measured against measured: full keeps less than none, and sends more on tp and cp (the
     recomputed forward's all-reduces and K/V blocks, Korthikanti et al. 2022, §5)."""
-    from playbook.parallel.hybrid import train_hybrid
+    from playbook.parallel.hybrid.parallelize import train_hybrid
     from playbook.measure.trace import bytes_by_axis
 
     def run(mode):

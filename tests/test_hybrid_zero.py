@@ -8,7 +8,7 @@ import pytest
 from test_hybrid import DENSE, MOE, check
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan
+from playbook.parallel.hybrid.parallelize import Plan
 
 FOUR = [
     ("ZeRO-1 in dp4×ep2", MOE, Plan(ParallelDims(dp=4, ep=2), zero=1), {"dp", "ep", "ep_replica"}),
@@ -67,7 +67,7 @@ PIPELINE = [(z, s) for z in (1, 2, 3) for s in ("1f1b", "zb-h1")]
 @pytest.mark.parametrize("zero, schedule", PIPELINE, ids=[f"ZeRO-{z} {s}" for z, s in PIPELINE])
 def test_zero_inside_a_pipeline_saves_memory_between_steps_only(ranks4, zero, schedule):
     """dp2×pp2: ZeRO-3 gathers each unit once a step, keeps it through the m micro-batches and
-    reduce-scatters after the last (``parallel.zero_pipeline``). Between steps it holds slices only;
+    reduce-scatters after the last (``parallel.zero.pipeline``). Between steps it holds slices only;
     after the last backward every stage holds whole weights and whole gradients, measured == predicted,
     and ZeRO-3's slice on top: no less than ZeRO-1 at the step's peak."""
     from playbook.theory.hybrid import chunk_ranges

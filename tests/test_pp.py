@@ -11,8 +11,8 @@ from playbook.dims import ParallelDims
 from playbook.measure.held import HeldActivations
 from playbook.measure.pipeline import activation_report, compare_bubble, measured_timeline
 from playbook.model import GPT
-from playbook.parallel.pp import PipelineSetup, merge, native_on_rank, on_rank, run_pp
-from playbook.parallel.pp_executor import Chunk, microbatches, run_step
+from playbook.parallel.pp.pipeline import PipelineSetup, merge, native_on_rank, on_rank, run_pp
+from playbook.parallel.pp.executor import Chunk, microbatches, run_step
 from playbook.parallel.parity import assert_parity
 from playbook.parallel.report import compare
 from playbook.parallel.training import train

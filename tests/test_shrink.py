@@ -93,7 +93,7 @@ def test_layouts_that_cannot_be_shrunk_say_why_in_one_line(layout, kw, words):
 
 def test_every_shrunk_candidate_of_a_real_plan_passes_the_hybrids_checks():
     """The shrink rules restate what ``playbook run hybrid`` composes: ``Plan.check`` must agree."""
-    from playbook.parallel.plan_replay import setup_and_plan
+    from playbook.parallel.hybrid.replay import setup_and_plan
 
     cfg = ModelConfig.preset("llama-3.1-70b")
     planned = plan(cfg, Hardware.preset("h100-sxm"), gpus=64, seq_len=8192, global_batch=512)
@@ -116,7 +116,7 @@ def test_every_shrunk_candidate_of_a_real_plan_passes_the_hybrids_checks():
 
 
 def test_a_shrunk_candidate_on_four_real_ranks_matches_its_prediction_to_the_byte(ranks4):
-    from playbook.parallel.plan_replay import replay
+    from playbook.parallel.hybrid.replay import replay
 
     s = shrink(lay(dp=8, tp=8, zero=3, microbatches=64))  # dp2×tp2 ZeRO-3
     assert s.dims.world == 4
@@ -182,7 +182,7 @@ def test_a_shrunk_moe_candidate_replays_with_its_routing_dependent_numbers_marke
     """ep's all-to-all bytes and a MoE's activations follow from the routing: predicted from the
     run's routing (``before_run`` False), still equal to the measurement; dp's bytes and the weights
     are predicted before the run."""
-    from playbook.parallel.plan_replay import replay
+    from playbook.parallel.hybrid.replay import replay
 
     s = shrink(lay(dp=64, ep=8, microbatches=4), model=ModelConfig.preset("mixtral-8x7b"))
     result = replay(s, cluster=ranks2)
@@ -207,7 +207,7 @@ def test_every_top_20_candidate_shrinks_with_every_axis_and_run_hybrid_accepts_i
     hybrid``'s own parser and check, as a user would type it. cp inside a pipeline and ZeRO over
     dp×cp there used to be refused or dropped here."""
     from playbook.cli import build_parser
-    from playbook.cli_checks import check_numbers
+    from playbook.cli.checks import check_numbers
     from playbook.parallel import get
     from playbook.viz.plan_dashboard import cached_plan
 

@@ -1,5 +1,5 @@
 """What ``playbook run hybrid`` composes: the one table of layout refusals that the hybrid's check
-(``parallel.hybrid.Plan.check``), the planner's shrinker (``theory.shrink``) and the dashboards read.
+(``parallel.hybrid.parallelize.Plan.check``), the planner's shrinker (``theory.shrink``) and the dashboards read.
 
 Every axis composes with every other (data, tensor + sequence, pipeline with virtual stages,
 context, expert; ZeRO 1-3 over dp×cp with routed experts over their replicas; a tied embedding over
@@ -43,7 +43,7 @@ def refusal(
         ),
         (
             zero and cfg.tie_embeddings,
-            "ZeRO with a tied embedding is not composed: parallel.zero's flat units refuse a weight shared "
+            "ZeRO with a tied embedding is not composed: parallel.zero.zero's flat units refuse a weight shared "
             "by the embedding and the head, and the embedding-group sum would have to precede ZeRO's "
             "reduce-scatter; use --zero 0 with a tied preset, or an untied one",
         ),
@@ -69,7 +69,7 @@ def refusal(
         (
             recompute == "full" and d.pp > 1 and is_split(schedule),
             f"recompute=full with {schedule}'s split backward: W needs the insides of every block that full "
-            "recomputation drops (kept from F, or recomputed again per module; ``parallel.hybrid_recompute``). "
+            "recomputation drops (kept from F, or recomputed again per module; ``parallel.hybrid.recompute``). "
             "Use recompute=selective or a 1f1b, interleaved or gpipe schedule",
         ),
     ]

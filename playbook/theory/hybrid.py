@@ -162,7 +162,7 @@ def comm_per_axis(
     units = local_units(cfg, dims, ranges=ranges)
     mb = microbatches if dims.pp > 1 else 1
     if zero and n > 1:  # flat units, dense over dp×cp and routed experts over their replicas
-        gathers = 1 if dims.pp > 1 else None  # ZeRO-3 in a pipeline: gathered once a step (``parallel.zero_pipeline``)
+        gathers = 1 if dims.pp > 1 else None  # ZeRO-3 in a pipeline: gathered once a step (``parallel.zero.pipeline``)
         for axis, sent in zero_comm(flat_units(cfg, dims, ranges), zero, weight_gathers=gathers).items():
             add(replica_axis(dims, rank, data_axis(dims)) if axis == "ep_replica" else axis, sent)
         if cfg.is_moe:  # the routing counts still travel over the data ranks

@@ -5,7 +5,7 @@ attention, the router, the shared experts, and E/ep routed experts), the final n
 stage). Each MoE forward all-gathers the routing counts over the data ranks (8-byte counts, E per
 rank), so a step sends them m times per MoE layer of the stage; the dense gradients are
 all-reduced over dp×cp and the experts' over their replicas, with one "had a gradient" flag per
-expert tensor (``parallel.hybrid.sync_gradients``). The activations depend on the routing of
+expert tensor (``parallel.hybrid.parallelize.sync_gradients``). The activations depend on the routing of
 each micro-batch (``theory.moe.model_activation_bytes_moe``), so the stage's peak is played from
 the schedule with each micro-batch's own bytes. fp32, no torch.
 """
@@ -91,7 +91,7 @@ def tp_axis_bytes(
     microbatches: int,
     flags: bool = True,
 ) -> float:
-    """Bytes a rank of ``stage`` sends per step on tp for its MoE layers (``parallel.tp_moe``): the
+    """Bytes a rank of ``stage`` sends per step on tp for its MoE layers (``parallel.tp.moe``): the
     routing counts of every forward, the MoE gradients summed (with their "had a gradient" flags;
     ``flags=False`` under ZeRO, whose flat gradients always exist), and without SP the tokens'
     all-gather forward and its gradient's backward ([rows, s/cp, h] over the step)."""
@@ -108,7 +108,7 @@ def tp_axis_bytes(
 
 def for_tp_rank(forwards: list[dict], dims: ParallelDims, rank: int) -> list[dict]:
     """The routing as the ep ranks of ``rank``'s tp index see it: ``counts_by_rank`` rows are data
-    rank major, tp minor (``parallel.tp_moe``); keep this tp index's rows, one per data rank."""
+    rank major, tp minor (``parallel.tp.moe``); keep this tp index's rows, one per data rank."""
     if dims.tp == 1:
         return forwards
     t = dims.coords(rank)["tp"]

@@ -2,7 +2,7 @@
 
 Without CP, one block's count under recomputation is tensor parallelism's or the plain block's
 (``theory.tp``, ``theory.activations``, both exact for "selective" and "full"). With CP the rank
-runs a different attention core (``theory.cp``), and ``parallel.hybrid_recompute`` checkpoints it:
+runs a different attention core (``theory.cp``), and ``parallel.hybrid.recompute`` checkpoints it:
 
 - "selective" (Korthikanti et al. 2022, arXiv:2205.05198, §4): the core's own saved tensors (the
   ring's output and log-sum-exp, the all-gather core's repeated K/V, mask and probabilities, or

@@ -1,4 +1,4 @@
-"""ZeRO on a hybrid mesh, exactly as ``parallel.zero`` lays it out: which flat units a rank holds,
+"""ZeRO on a hybrid mesh, exactly as ``parallel.zero.zero`` lays it out: which flat units a rank holds,
 over which group each is sharded, and what that costs in bytes held and bytes sent.
 
 Rajbhandari et al. 2019 (*ZeRO*, arXiv:1910.02054), §5 and §7, per unit of numel elements padded
@@ -83,7 +83,7 @@ def zero_memory(units: list[tuple[str, int, int, str]], zero: int) -> dict[str, 
 
 def pipeline_peak_state(units: list[tuple[str, int, int, str]], zero: int) -> int:
     """Bytes of weights, gradients and AdamW states a pipeline stage holds after its last backward,
-    before the reduction (``parallel.zero_pipeline``): whole flat weights and whole flat gradients
+    before the reduction (``parallel.zero.pipeline``): whole flat weights and whole flat gradients
     for every stage 1-3 (the m micro-batches need both), AdamW's shard, and under ZeRO-3 the slice
     kept between steps on top of the gathered weights. Not less than ZeRO-1's for any stage."""
     shard = sum(padded(numel, n) // n for _, numel, n, _ in units)

@@ -1,0 +1,117 @@
+"""ZeRO's unit: some modules' parameters as one flat buffer, padded so that n ranks own equal slices.
+
+Rajbhandari et al. 2019, *ZeRO* (arXiv:1910.02054), §5: each rank keeps 1/N of the model state.
+``parallel.zero.zero.Zero`` moves the slices; this module only lays them out. A unit belongs to one
+process group, the ranks that hold the same weights: a dense unit shards over ``dp×cp``, a unit of
+routed experts over its replica group ``ep_replica`` (the ranks holding the same experts), so the
+model is never one flat buffer that mixes the two (DeepSpeed-MoE, Rajbhandari et al. 2022, §5.2:
+expert parameters are sharded over the expert-data-parallel group only).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+ROUTED = ".mlp.experts."  # the routed experts' parameter names contain this (``parallel.ep.model.is_expert``)
+
+
+class FlatUnit:
+    """Some modules' parameters as one flat buffer [padded], padded so that n ranks own equal slices.
+
+    ``keep(name)`` chooses which of the modules' parameters the unit holds (all by default);
+    ``group`` is the unit's ZeRO group (None: one rank, no collective) and ``divide`` the divisor
+    of its reduce-scattered gradient sum (the group's size by default; the dp·cp data ranks for
+    routed experts, whose gradient already sums the tokens of their ep group).
+
+    Stages 0-2: ``flat`` holds every weight and the modules' parameters are views into it; the
+    optimizer updates ``opt_param`` (all of ``flat`` for stage 0, this rank's slice otherwise, a view:
+    no copy). Stage 3: only ``opt_param`` (this rank's slice) persists; ``full`` [padded] gets its
+    storage when gathered and loses it when freed, and the modules read views of it.
+    """
+
+    def __init__(self, name: str, modules: list[nn.Module], names: dict, stage: int, group, keep=None, divide=None):
+        self.name, self.stage, self.group = name, stage, group
+        self.n = 1 if group is None else dist.get_world_size(group)
+        self.divide = divide or self.n
+        rank = 0 if group is None else dist.get_rank(group)
+        self.specs = [
+            (m, attr, p.shape, p.numel(), names[id(p)])
+            for mod in modules
+            for m in mod.modules()
+            for attr, p in m.named_parameters(recurse=False)
+            if keep is None or keep(names[id(p)])
+        ]
+        self.numel = sum(s[3] for s in self.specs)
+        self.padded = -(-self.numel // self.n) * self.n
+        self.shard = self.padded // self.n
+        self.lo, self.hi = rank * self.shard, (rank + 1) * self.shard
+        params = [getattr(m, attr) for m, attr, *_ in self.specs]
+        pad = torch.zeros(self.padded - self.numel, device=params[0].device, dtype=params[0].dtype)
+        flat = torch.cat([p.detach().reshape(-1) for p in params] + [pad])  # [padded]
+        if stage <= 2:
+            self.flat = flat
+            for (m, attr, shape, *_), view in zip(self.specs, self.views(flat)):
+                setattr(m, attr, nn.Parameter(view.view(shape)))  # a view of flat: no copy
+            self.opt_param = nn.Parameter(flat if stage == 0 else flat[self.lo : self.hi])  # [padded] or [shard]
+        else:
+            self.opt_param = nn.Parameter(flat[self.lo : self.hi].clone())  # [shard], the only copy kept
+            self.full = torch.empty(self.padded, device=flat.device, dtype=flat.dtype, requires_grad=True)  # [padded]
+            self.full.untyped_storage().resize_(0)
+            for m, attr, *_ in self.specs:
+                del m._parameters[attr]  # the module now reads a plain tensor set by bind()
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """One view per parameter (the padding chunk dropped); one SplitBackward gathers their grads."""
+        return list(torch.split(flat, [s[3] for s in self.specs] + [self.padded - self.numel]))[:-1]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [getattr(m, attr) for m, attr, *_ in self.specs]
+
+    # ---- collectives on the unit's own group (none on one rank) ----
+    def reduce_scatter(self, flat: torch.Tensor) -> None:
+        """flat [padded]: the sum over the group lands in this rank's slice (in place)."""
+        if self.n > 1:
+            dist.reduce_scatter_single(flat[self.lo : self.hi], flat, group=self.group)
+
+    def all_gather(self, out: torch.Tensor, mine: torch.Tensor, async_op: bool = False):
+        """Every rank's slice into ``out`` [padded]; a Work when ``async_op`` (None on one rank)."""
+        if self.n == 1:
+            out.copy_(mine)
+            return None
+        return dist.all_gather_single(out, mine, group=self.group, async_op=async_op)
+
+    # stage 3 only
+    @property
+    def gathered(self) -> bool:
+        return self.full.untyped_storage().nbytes() > 0
+
+    def allocate(self) -> None:
+        self.full.untyped_storage().resize_(self.padded * self.full.element_size())
+
+    def free(self) -> None:
+        self.full.untyped_storage().resize_(0)
+
+    def bind(self) -> None:
+        """Point the modules' weights at views of the gathered buffer (autograd sees them as slices of ``full``)."""
+        for (m, attr, shape, *_), view in zip(self.specs, self.views(self.full)):
+            setattr(m, attr, view.view(shape))
+
+    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {s[4]: v.view(s[2]).clone() for s, v in zip(self.specs, self.views(flat))}
+
+
+def units_of(model: nn.Module, pieces: range | None = None) -> list[tuple[str, int, list[nn.Module], bool]]:
+    """ZeRO's units among the model's pieces ``pieces`` (all by default; a pipeline stage's range
+    otherwise, ``parallel.pp.executor``), as (name, piece, modules, routed): the embedding (piece 0),
+    block i (piece i+1) without its routed experts, then those experts as a unit of their own, the
+    final norm and head (piece L+1)."""
+    L = len(model.blocks)
+    pieces = range(L + 2) if pieces is None else pieces
+    out = [("embed", 0, [model.tok_emb], False)] if 0 in pieces else []
+    for i in (i for i in range(L) if i + 1 in pieces):
+        out.append((f"block{i}", i + 1, [model.blocks[i]], False))
+        if getattr(model.blocks[i].mlp, "n_experts", 0):
+            out.append((f"block{i}.experts", i + 1, [model.blocks[i].mlp.experts], True))
+    return out + ([("head", L + 1, [model.norm, model.lm_head], False)] if L + 1 in pieces else [])
