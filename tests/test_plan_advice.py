@@ -118,7 +118,7 @@ def test_bad_input_one_line_each(capsys, tmp_path):
     line = _one_line_error(capsys, ["plan", "--model", "llama-3.1-8b", "--seq-len", "262144"])
     assert line.endswith("exceeds llama-3.1-8b's max_seq_len 131072; try --seq-len 131072")
     line = _one_line_error(capsys, ["plan", "--model", "llama-3.1-8b", "--gpus", "0"])
-    assert line.endswith("--gpus must be a positive integer, got 0; e.g. --gpus 64")  # cli_checks.LIMITS
+    assert line.endswith("--gpus must be a positive integer, got 0; e.g. --gpus 64")  # cli.checks.LIMITS
 
 
 # ---- every preset and every shipped config.json gets an answer ------------------------------------

@@ -1,4 +1,4 @@
-"""``playbook`` on the command line: ``info``, ``memory`` and ``run STRATEGY`` (``plan`` and ``serve-plan`` in ``cli_plan``, ``calibrate`` in ``cli_calibrate``).
+"""``playbook`` on the command line: the parser, ``info`` and ``memory`` (``run`` in ``cli.run``, ``plan`` and ``serve-plan`` in ``cli.plan``, ``calibrate`` in ``cli.calibrate``).
 
     playbook info
     playbook memory --model llama-3.1-70b --seq-len 4096 --dp 64 --zero 3 [--tp 8 --sequence-parallel] [--json]

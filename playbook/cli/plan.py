@@ -25,7 +25,7 @@ def cmd_serve_plan(args) -> int:
     from playbook.theory.serving import BY_SIZE, RING_STEP, compare_layouts, recommend
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
-    checks = [  # --gpus, --mem-util, --block-size: their ranges are cli_checks.LIMITS
+    checks = [  # --gpus, --mem-util, --block-size: their ranges are cli.checks.LIMITS
         (
             1 <= args.context <= cfg.max_seq_len,
             f"--context {args.context} must be in 1..{cfg.max_seq_len} "
@@ -123,7 +123,7 @@ def _plan_inputs(args) -> tuple[ModelConfig, Hardware]:
             f"name the model: --model NAME (one of {', '.join(ModelConfig.presets())}) or --hf-config "
             "path/to/config.json (examples in data/hf/)"
         )
-    # --top, --gpus, --gpus-per-node, --seq-len, --global-batch: their ranges are cli_checks.LIMITS
+    # --top, --gpus, --gpus-per-node, --seq-len, --global-batch: their ranges are cli.checks.LIMITS
     if args.gpus_per_node is not None and args.gpus_per_node > args.gpus:
         # the same rule as a count that is not whole nodes: the flags must describe one real cluster
         raise BadInput(
