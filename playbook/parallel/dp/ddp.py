@@ -24,7 +24,7 @@ The native counterpart is ``torch.nn.parallel.DistributedDataParallel``: its C++
 hook that issues the same all-reduce through ``torch.distributed`` (and notes each bucket's
 parameters): its bytes and buckets are then measured like ours.
 
-This module holds the three ways of synchronising gradients; ``dp_run`` trains with them on the
+This module holds the three ways of synchronising gradients; ``dp.run`` trains with them on the
 one training loop (``playbook run dp``) and measures the runs.
 """
 

@@ -12,7 +12,7 @@ activation checkpointing at the same point, after TP/EP/CP and before FSDP):
   Korthikanti et al. 2022, §5).
 
 Both use non-reentrant ``torch.utils.checkpoint``, so a pipeline stage calling its blocks one by
-one (``pp_executor.Chunk``) recomputes them as the single process does. The recomputed forward's
+one (``pp.executor.Chunk``) recomputes them as the single process does. The recomputed forward's
 tensors are held by the checkpoint's own saved-tensor hooks, not by the pipeline's counter
 (``measure.held.HeldActivations``): it counts what the forward keeps, never the replay.
 """
@@ -29,7 +29,7 @@ from playbook.model import RECOMPUTE_MODES
 def check_recompute(mode: str) -> None:
     """``mode`` is known. What it composes with is in the hybrid's one table
     (``theory.composition``), for these reasons. A split backward (ZB-H1, ZB-V, DualPipe-V;
-    ``pp_executor``) computes W apart from B: without TP from each linear's input, kept from F (what
+    ``pp.executor``) computes W apart from B: without TP from each linear's input, kept from F (what
     "full" would have dropped), with TP one autograd node deep on the kept graph, where every
     checkpointed block would be recomputed once more per module, its collectives with it. A mixture
     of experts trains correctly under recomputation, but what it saves and replays (routing counts,

@@ -1,5 +1,5 @@
 """``playbook run tp``: tensor parallelism trained on real ranks with the one loop, its collectives
-attributed to layers, and the report against the single process and DTensor (``tp_dtensor.py``).
+attributed to layers, and the report against the single process and DTensor (``tp.native.py``).
 The model itself is ``playbook.parallel.tp.model``.
 """
 

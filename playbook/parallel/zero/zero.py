@@ -20,7 +20,7 @@ slice [r·s, (r+1)·s). Stage 0 (plain data parallelism, one all-reduce per unit
 buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero``.
 
 ``Zero`` is the algorithm (its ``zero_grad`` and ``step`` make it the optimizer of the one training
-loop); ``zero_run`` trains and measures it (``playbook run zero``), ``hybrid_zero`` puts it in a mesh.
+loop); ``zero.run`` trains and measures it (``playbook run zero``), ``hybrid.zero`` puts it in a mesh.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class Zero:
         expert_group=None,
         n_data: int | None = None,
         summed_first: tuple | None = None,
+        summed: bool = False,
     ):
         check_stage(stage)
         check_precision(precision)
@@ -73,11 +74,12 @@ class Zero:
         names = {id(p): name for name, p in model.named_parameters()}
         # routed experts: their own units over the ranks holding the same experts, ``expert_group``, the
         # gradient divided by the dp·cp data ranks ``n_data`` (it already sums their ep group's tokens)
-        n_data, layout = n_data or self.n, self._layout(stage)
+        # ``summed``: each rank's loss is already its share of the global batch's mean (the hybrid's): no division
+        n_data, layout = 1 if summed else (n_data or self.n), self._layout(stage)
         self.units = [
             FlatUnit(name, mods, names, layout, expert_group, lambda k: ROUTED in k, n_data)
             if routed
-            else FlatUnit(name, mods, names, layout, group, lambda k: ROUTED not in k)
+            else FlatUnit(name, mods, names, layout, group, lambda k: ROUTED not in k, 1 if summed else None)
             for name, _, mods, routed in units_of(model, pieces)
         ]
         self._own_slices()
