@@ -62,11 +62,6 @@ def refusal(
             f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})",
         ),
         (
-            recompute != "none" and cfg.is_moe,
-            f"recompute={recompute} with a mixture of experts: the replayed routing and all-to-alls and the saved "
-            "tensors are not predicted yet; use recompute=none with an MoE model, or a dense preset such as gpt-tiny",
-        ),
-        (
             recompute == "full" and d.pp > 1 and is_split(schedule),
             f"recompute=full with {schedule}'s split backward: W needs the insides of every block that full "
             "recomputation drops (kept from F, or recomputed again per module; ``parallel.hybrid_recompute``). "

@@ -14,13 +14,17 @@ runs a different attention core (``theory.cp``), and ``parallel.hybrid_recompute
 
 Either way the core reruns in backward, so its forward exchange is sent a second time
 (:func:`cp_replay_bytes_per_layer`), as Megatron pays TP's collectives again under full
-recomputation (Korthikanti et al. 2022, §5). fp32. No torch.
+recomputation (Korthikanti et al. 2022, §5). A mixture of experts under "full" keeps its block's
+input alone and reruns its routing and all-to-alls (:func:`moe_replay_bytes`; the saved bytes:
+``theory.hybrid_moe.moe_block_bytes``); "selective" recomputes the attention core only, and the
+MoE layer saves what it saves without recomputation. fp32. No torch.
 """
 
 from __future__ import annotations
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
+from playbook.theory.comm import sent_bytes
 
 FP32, INDEX_BYTES = 4, 8
 # a block's saved tensors outside its attention core, by the names ``theory.tp`` and ``theory.cp`` give them
@@ -90,3 +94,25 @@ def cp_replay_bytes_per_layer(
         q = FP32 * micro_batch * local.n_heads * (seq_len // n) * local.dim_head  # [b, a/tp, s/cp, d]
         return (n - 1) / n * (q + kv + (q if recompute == "full" else 0))
     return float((n - 1) * kv)
+
+
+def moe_replay_bytes(
+    cfg: ModelConfig, dims: ParallelDims, *, forwards: int, alltoall: float, recompute: str
+) -> dict[str, float]:
+    """Bytes a rank's MoE layers send again per step under "full" recomputation, by axis ("data" is
+    dp×cp), given its ``forwards`` MoE forwards per step (micro-batches × the stage's MoE layers) and
+    ``alltoall``, the step's all-to-all bytes without recomputation (``theory.moe``: dispatch and
+    combine forward, both again backward). The replay stops at the MoE layer's last saved tensor, its
+    ``index_add`` of the gated rows: the routing counts are all-gathered again (int64 [E] per rank,
+    over tp, then dp×cp), dispatch and combine run again (half of ``alltoall``), but the all-gather
+    of the tokens under TP without SP (after the layer) does not. "selective" replays the attention
+    core only: nothing of the MoE layer."""
+    if recompute != "full":
+        return {}
+    n, t, E = dims.dp * dims.cp, dims.tp, cfg.n_experts
+    out = {"ep": alltoall / 2}
+    if t > 1:
+        out["tp"] = forwards * sent_bytes("all_gather", 8 * E * t, t)
+    if n > 1:
+        out["data"] = forwards * sent_bytes("all_gather", 8 * E * t * n, n)
+    return out
