@@ -54,6 +54,20 @@ CASES += [
 ]
 
 
+CASES += [  # a split backward: B recomputes each block once and keeps W's inputs until W
+    ("full with zb-h1 in dp2×pp2", ParallelDims(dp=2, pp=2), {"schedule": "zb-h1", "microbatches": 4}),
+    ("full zb-v in dp2×pp2", ParallelDims(dp=2, pp=2), {"schedule": "zb-v"}),
+    ("full dualpipe-v in dp2×pp2", ParallelDims(dp=2, pp=2), {"schedule": "dualpipe-v", "microbatches": 4}),
+    ("full with zb-h1 in cp2×pp2 (a peak after B)", ParallelDims(cp=2, pp=2), {"schedule": "zb-h1", "microbatches": 4}),
+    (
+        "full with ZeRO-1 and zb-h1 in dp2×pp2",
+        ParallelDims(dp=2, pp=2),
+        {"schedule": "zb-h1", "microbatches": 4, "zero": 1},
+    ),
+]
+CASES[-5:] = [(name, dims, options | {"recompute": "full"}) for name, dims, options in CASES[-5:]]
+
+
 @pytest.mark.parametrize("name, dims, options", CASES, ids=[c[0] for c in CASES])
 def test_recomputation_on_four_ranks_matches_the_single_process(ranks4, name, dims, options):
     check(ranks4, DENSE, Plan(dims, **options))
@@ -85,8 +99,8 @@ def test_recompute_it_cannot_predict_is_refused_in_one_line_before_ranks_start(c
 
     with pytest.raises(ValueError, match="recompute must be one of none, selective, full"):
         Plan(ParallelDims(dp=2), recompute="some").check(DENSE)
-    with pytest.raises(ValueError, match="recompute=full with zb-h1's split backward"):
-        Plan(ParallelDims(dp=2, pp=2), schedule="zb-h1", microbatches=4, recompute="full").check(DENSE)
+    with pytest.raises(ValueError, match="recompute=full with zb-h1's split backward and tp=2"):
+        Plan(ParallelDims(tp=2, pp=2), schedule="zb-h1", microbatches=4, recompute="full").check(DENSE)
     with pytest.raises(SystemExit):  # argparse's own refusal: its usage and one error line
         main(["run", "hybrid", "--dp", "2", "--recompute", "some"])
     assert "argument --recompute: invalid choice: 'some'" in capsys.readouterr().err

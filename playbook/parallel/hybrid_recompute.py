@@ -46,7 +46,7 @@ def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
     for block in model.blocks:
         block.attn.recompute_core = mode == "selective"
         if mode == "full":
-            block.forward = _checkpointed(block.forward)
+            block.forward, block.checkpointed = _checkpointed(block.forward), True
     return model
 
 

@@ -17,6 +17,11 @@ or an embedding, elementwise or a lookup, replays its forward on its input, one 
 micro-batch between B and W holds ``theory.pipeline.chunk_w_bytes``, not its whole graph. A stage
 with any other parameter-owning module (tensor-parallel layers, whose forward may communicate)
 keeps its graph until W, and W is ``autograd.grad`` of each module's output, one node deep.
+
+Under full recomputation (Chen et al. 2016; ``parallel.hybrid_recompute``) F keeps each block's input
+only, and nothing of the modules inside it: B's ``autograd.grad`` recomputes every block once, and
+the inputs W needs are taken from that recomputation (forward pre-hooks) and kept until W, as
+Megatron-LM's zero-bubble schedules keep them from B (Qi et al. 2023, §2).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.autograd.graph import get_gradient_edge
 
 from playbook.measure.held import HeldActivations
 from playbook.model import RMSNorm
@@ -187,6 +193,18 @@ def run_step(
 _REPLAYED = (nn.Embedding, RMSNorm)  # no matmul and no communication in their forward: W replays it
 
 
+def _recomputed(chunk: nn.Module) -> set:
+    """The modules inside blocks that full recomputation reruns in backward (``parallel.hybrid_recompute``
+    marks them ``checkpointed``): their insides are not kept from F; B recomputes them once and keeps
+    what W needs until W (Qi et al. 2023, §2; Chen et al. 2016)."""
+    return {
+        mod
+        for block in getattr(chunk, "blocks", {}).values()
+        if getattr(block, "checkpointed", False)
+        for mod in block.modules()
+    }
+
+
 def _weight_grads(mod: nn.Module, own: list, x: torch.Tensor, g: torch.Tensor) -> tuple:
     """The parameter gradients of ``mod`` from its input ``x`` and output gradient ``g`` alone."""
     if type(mod) is nn.Linear:  # y = x Wᵀ (+ b): dW = gᵀ x over all rows, db = Σ g
@@ -200,13 +218,18 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
     if kind == "F":
         before = held.now
         captured: list = []  # (module, its parameters, its input, its output), in forward order
-        hooks = []
+        hooks, redone = [], _recomputed(chunk)
         if split:  # remember every module that owns parameters, with its input and output, for B and W
             for mod in chunk.modules():
                 own = list(mod.parameters(recurse=False))
                 if own:
                     hooks.append(
-                        mod.register_forward_hook(lambda mod, a, out, own=own: captured.append((mod, own, a[0], out)))
+                        mod.register_forward_hook(
+                            lambda mod, a, out, own=own: captured.append(
+                                # inside a recomputed block: neither tensor, only where B starts from
+                                (mod, own, None, get_gradient_edge(out)) if mod in redone else (mod, own, a[0], out)
+                            )
+                        )
                     )
         with held.hooks():
             x = tokens if first else st["input"]  # tokens [b, s] or activations [b, s, hidden]
@@ -219,7 +242,7 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
         st["output"], st["captured"] = y, captured
         st["lean"] = all(type(mod) is nn.Linear or type(mod) in _REPLAYED for mod, *_ in captured)
         if split and st["lean"]:  # W's inputs: saved by autograd already, so they add no bytes here
-            st["inputs"] = [held.keep(x) for _, _, x, _ in captured]
+            st["inputs"] = [None if x is None else held.keep(x) for _, _, x, _ in captured]
         log.chunk_bytes.setdefault(c, held.now - before)
     elif kind == "B":
         out, grad_out = st["output"], st.pop("grad_out", None)  # None for the loss: d loss / d loss = 1
@@ -231,14 +254,22 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
         ys = [y for *_, y in st["captured"]]
         inputs = ([] if first else [st["input"]]) + ys
         lean = st["lean"]
+        redone: dict = {}  # module -> its input as this B's recomputation of its block saw it
+        hooks = [
+            mod.register_forward_pre_hook(lambda mod, a: redone.setdefault(mod, a[0])) for mod, *_ in st["captured"]
+        ]
         grads = torch.autograd.grad(out, inputs, grad_out, retain_graph=not lean)  # lean: frees the graph
+        for h in hooks:
+            h.remove()
         if not first:
             st["grad_in"], grads = grads[0], grads[1:]
-        if lean:  # keep what W needs (the inputs, kept at F, and these output gradients); drop the rest
+        if lean:  # keep what W needs (the inputs, kept at F or recomputed here, and the output gradients)
             st["grad_ys"] = [held.keep(g) for g in grads]
+            mods = [mod for mod, *_ in st["captured"]]
             st["captured"] = [(mod, own) for mod, own, *_ in st["captured"]]
             for k in ("output", "input"):
-                st.pop(k, None)
+                st.pop(k, None)  # the graph, and with it the recomputed blocks' inputs, goes first
+            st["inputs"] = [held.keep(redone[mod]) if x is None else x for mod, x in zip(mods, st["inputs"])]
         else:
             st["grad_ys"] = grads
     elif st["lean"]:  # W from each module's input and output gradient alone

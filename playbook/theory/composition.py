@@ -62,10 +62,11 @@ def refusal(
             f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})",
         ),
         (
-            recompute == "full" and d.pp > 1 and is_split(schedule),
-            f"recompute=full with {schedule}'s split backward: W needs the insides of every block that full "
-            "recomputation drops (kept from F, or recomputed again per module; ``parallel.hybrid_recompute``). "
-            "Use recompute=selective or a 1f1b, interleaved or gpipe schedule",
+            recompute == "full" and d.pp > 1 and is_split(schedule) and d.tp > 1,
+            f"recompute=full with {schedule}'s split backward and tp={d.tp}: W of a tensor-parallel layer is "
+            "taken one autograd node deep on the kept graph, which would rerun its recomputed block once per "
+            "module; W from what B recomputed is not written yet for TP layers (``pp_executor``). Use "
+            "recompute=selective, tp=1, or a 1f1b, interleaved or gpipe schedule",
         ),
     ]
     return next((why for broken, why in rules if broken), None)

@@ -116,3 +116,19 @@ def moe_replay_bytes(
     if n > 1:
         out["data"] = forwards * sent_bytes("all_gather", 8 * E * t * n, n)
     return out
+
+
+def held_with_positions(schedule, chunk_bytes, w_bytes, rank: int, once: int, blocks: list[bool]) -> int:
+    """``theory.schedules.held_bytes`` of ``rank``, plus ``once`` (the RoPE positions under "full"
+    with CP, :func:`positions_bytes`) while the forward graph of any micro-batch on a chunk holding
+    blocks (``blocks[c]``) is alive: from its F to its B, or to its W where W needs the whole graph
+    (``w_bytes`` None). Under a split backward a rank may peak after a B with no graph alive."""
+    split, now, peak, live = schedule.split_backward, 0, 0, 0
+    for a in schedule.compute(rank):
+        whole = chunk_bytes[rank][a.chunk]
+        w = (whole if w_bytes is None else w_bytes[rank][a.chunk]) if split else 0
+        now += {"F": whole, "B": w - whole, "W": -w}[a.kind]
+        ends = "W" if split and w_bytes is None else "B"  # where this micro-batch's graph goes
+        live += blocks[a.chunk] * (1 if a.kind == "F" else -1 if a.kind == ends else 0)
+        peak = max(peak, now + once * (live > 0))
+    return peak

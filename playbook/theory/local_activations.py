@@ -100,7 +100,7 @@ def stage_activation_bytes(
         (start == 0) * piece["first"] + n * piece["block"] + (end == L + 2) * piece["last"]
         for (start, end), n in zip(ranges, n_blocks)
     ]
-    from playbook.theory.hybrid_recompute import positions_bytes
+    from playbook.theory.hybrid_recompute import held_with_positions, positions_bytes
 
     once = positions_bytes(dims, seq_len, recompute)  # full recomputation under CP: one storage per rank
     if pp == 1:
@@ -113,8 +113,9 @@ def stage_activation_bytes(
         w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
         w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
     chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
-    holds_blocks = any(n_blocks[plan.stage(stage, c)] for c in range(v))
-    return held_bytes(plan, chunks, w)[stage] + once * holds_blocks
+    if once:  # one storage, held while any forward graph of blocks is (``theory.hybrid_recompute``)
+        return held_with_positions(plan, chunks, w, stage, once, [n_blocks[plan.stage(stage, c)] > 0 for c in range(v)])
+    return held_bytes(plan, chunks, w)[stage]
 
 
 def tp_cp_block_bytes(
