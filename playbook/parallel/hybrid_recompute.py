@@ -30,11 +30,8 @@ from playbook.model import RECOMPUTE_MODES
 
 
 def check_recompute(mode: str) -> None:
-    """``mode`` is known. What it composes with is in the hybrid's one table
-    (``theory.composition``). A split backward (ZB-H1, ZB-V, DualPipe-V; ``pp_executor``) computes W
-    apart from B: without TP from each linear's input, kept from F (what "full" would have dropped),
-    with TP one autograd node deep on the kept graph, where every checkpointed block would be
-    recomputed once more per module, its collectives with it."""
+    """``mode`` is known. Every mode composes with every layout: under a split backward (ZB-H1, ZB-V,
+    DualPipe-V) B recomputes each block once and W takes its inputs from that (``pp_executor``)."""
     if mode not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {mode!r}")
 

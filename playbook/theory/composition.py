@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
-from playbook.theory.schedules import is_split
 
 
 def refusal(
@@ -60,13 +59,6 @@ def refusal(
         (
             d.cp > 1 and cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp,
             f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})",
-        ),
-        (
-            recompute == "full" and d.pp > 1 and is_split(schedule) and d.tp > 1,
-            f"recompute=full with {schedule}'s split backward and tp={d.tp}: W of a tensor-parallel layer is "
-            "taken one autograd node deep on the kept graph, which would rerun its recomputed block once per "
-            "module; W from what B recomputed is not written yet for TP layers (``pp_executor``). Use "
-            "recompute=selective, tp=1, or a 1f1b, interleaved or gpipe schedule",
         ),
     ]
     return next((why for broken, why in rules if broken), None)

@@ -118,17 +118,39 @@ def moe_replay_bytes(
     return out
 
 
-def held_with_positions(schedule, chunk_bytes, w_bytes, rank: int, once: int, blocks: list[bool]) -> int:
+def held_with_positions(
+    schedule, chunk_bytes, w_bytes, rank: int, once: int, blocks: list[bool], graph_until_w: bool = False
+) -> int:
     """``theory.schedules.held_bytes`` of ``rank``, plus ``once`` (the RoPE positions under "full"
     with CP, :func:`positions_bytes`) while the forward graph of any micro-batch on a chunk holding
-    blocks (``blocks[c]``) is alive: from its F to its B, or to its W where W needs the whole graph
-    (``w_bytes`` None). Under a split backward a rank may peak after a B with no graph alive."""
+    blocks (``blocks[c]``) is alive: from its F to its B, or to its W where W needs the graph
+    (``w_bytes`` None, or ``graph_until_w``: TP layers). A split backward may peak after a B with no graph alive."""
     split, now, peak, live = schedule.split_backward, 0, 0, 0
     for a in schedule.compute(rank):
         whole = chunk_bytes[rank][a.chunk]
         w = (whole if w_bytes is None else w_bytes[rank][a.chunk]) if split else 0
         now += {"F": whole, "B": w - whole, "W": -w}[a.kind]
-        ends = "W" if split and w_bytes is None else "B"  # where this micro-batch's graph goes
+        ends = "W" if split and (w_bytes is None or graph_until_w) else "B"  # where this micro-batch's graph goes
         live += blocks[a.chunk] * (1 if a.kind == "F" else -1 if a.kind == ends else 0)
         peak = max(peak, now + once * (live > 0))
     return peak
+
+
+def tp_block_w_bytes(
+    cfg: ModelConfig, dims: ParallelDims, *, seq_len: int, micro_batch: int, sequence_parallel: bool
+) -> int:
+    """Bytes one tensor-parallel block adds from B until W under "full" recomputation with a split
+    backward (``parallel.pp_executor``): its graph stays for the layers outside the blocks, and W
+    takes each layer's input and output gradient from B's recomputation (Qi et al. 2023, §2), one
+    storage each: inputs, the norm outputs (the column layers' input: all-gathered [s, h] under SP),
+    the attention output a·d/t, the residual sum, gate·up f/t (the block's input is the graph's);
+    output gradients, the two norms', o_proj's and down_proj's h each, q, k, v (a + 2g)·d/t, gate and
+    up 2·f/t. Under SP the h-wide tensors of the residual stream hold s/tp tokens. At s/cp tokens."""
+    b, s, h, t = micro_batch, seq_len // dims.cp, cfg.hidden, dims.tp
+    a, g, d, f = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden
+    stream = s // t if sequence_parallel else s  # tokens of the residual stream on this rank
+    inputs = (
+        2 * s * h + s * a * d // t + stream * h + s * f // t
+    )  # norm outputs (gathered), attention, residual, gate·up
+    grads = 4 * stream * h + s * (a + 2 * g) * d // t + 2 * s * f // t
+    return FP32 * b * (inputs + grads)

@@ -79,7 +79,8 @@ def stage_activation_bytes(
     (``theory.pipeline.stage_ranges``), held as the schedule holds them on this rank's chunks
     (``theory.schedules.held_bytes``; pp = 1: the one forward of all rows). A split backward (ZB-H1,
     ZB-V, DualPipe-V) without TP keeps only W's part from B to W (``chunk_w_bytes``, at s/cp tokens);
-    with TP layers, the graph."""
+    with TP layers, the graph (under "full", with W's tensors from B's recomputation:
+    ``theory.hybrid_recompute.tp_block_w_bytes``)."""
     from playbook.theory.schedules import equal_partition, held_bytes
 
     pp, L = dims.pp, cfg.n_layers
@@ -112,9 +113,15 @@ def stage_activation_bytes(
 
         w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
         w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
+    elif plan.split_backward and recompute == "full":  # TP: the graph, and W's tensors from B's recomputation
+        from playbook.theory.hybrid_recompute import tp_block_w_bytes
+
+        more = tp_block_w_bytes(cfg, dims, seq_len=seq_len, micro_batch=b, sequence_parallel=sequence_parallel)
+        w = [[per_stage[plan.stage(r, c)] + n_blocks[plan.stage(r, c)] * more for c in range(v)] for r in range(pp)]
     chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
     if once:  # one storage, held while any forward graph of blocks is (``theory.hybrid_recompute``)
-        return held_with_positions(plan, chunks, w, stage, once, [n_blocks[plan.stage(stage, c)] > 0 for c in range(v)])
+        blocks = [n_blocks[plan.stage(stage, c)] > 0 for c in range(v)]
+        return held_with_positions(plan, chunks, w, stage, once, blocks, graph_until_w=dims.tp > 1)
     return held_bytes(plan, chunks, w)[stage]
 
 
