@@ -232,7 +232,9 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
         lean = st["lean"]
         redone: dict = {}  # module -> its input as this B's recomputation of its block saw it
         hooks = [
-            mod.register_forward_pre_hook(lambda mod, a: redone.setdefault(mod, a[0])) for mod, *_ in st["captured"]
+            mod.register_forward_pre_hook(lambda mod, a: redone.setdefault(mod, a[0]))
+            for mod, _, x, _ in st["captured"]
+            if x is None  # inside a recomputed block
         ]
         grads = torch.autograd.grad(out, inputs, grad_out, retain_graph=not lean)  # lean: frees the graph
         for h in hooks:
