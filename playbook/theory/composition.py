@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
-from playbook.theory.schedules import is_split
 
 
 def refusal(
@@ -60,17 +59,6 @@ def refusal(
         (
             d.cp > 1 and cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp,
             f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})",
-        ),
-        (
-            recompute != "none" and cfg.is_moe,
-            f"recompute={recompute} with a mixture of experts: the replayed routing and all-to-alls and the saved "
-            "tensors are not predicted yet; use recompute=none with an MoE model, or a dense preset such as gpt-tiny",
-        ),
-        (
-            recompute == "full" and d.pp > 1 and is_split(schedule),
-            f"recompute=full with {schedule}'s split backward: W needs the insides of every block that full "
-            "recomputation drops (kept from F, or recomputed again per module; ``parallel.hybrid.recompute``). "
-            "Use recompute=selective or a 1f1b, interleaved or gpipe schedule",
         ),
     ]
     return next((why for broken, why in rules if broken), None)

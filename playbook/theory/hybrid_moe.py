@@ -140,13 +140,15 @@ def moe_block_bytes(
     dense block this layout runs (its attention under cp, ``theory.local_activations``) without
     the SwiGLU's four [b, s/cp, f] tensors, plus the MoE layer's own terms at the b·s/cp tokens
     this rank routes (``theory.moe.moe_mlp_activation_terms``, the slots S it sends and the rows R
-    its experts receive)."""
+    its experts receive). Under "full" recomputation the block keeps its input alone."""
     from playbook.theory.local_activations import activation_pieces
 
     dense = cfg.replace(n_experts=0, top_k=0, n_shared_experts=0, n_dense_layers=0)
     region = micro_batch * seq_len // dims.cp  # tokens of the dense MLP's region (whole sequence under TP)
     tokens = region // dims.tp  # tokens this rank routes
     block = activation_pieces(dense, dims, seq_len=seq_len, micro_batch=micro_batch, **layout)["block"]
+    if layout.get("recompute") == "full":  # the block keeps its input only (``theory.hybrid_recompute``)
+        return block
     block -= 4 * region * (cfg.ffn_hidden // dims.tp) * FP32  # the SwiGLU's four tensors
     if dims.tp > 1:  # TP's region input [b, s/cp, h] is not saved; the router saves its own slice
         block += (tokens - region) * cfg.hidden * FP32
@@ -171,8 +173,9 @@ def stage_activation_bytes(
     adds its micro-batch's bytes (the embedding, the stage's blocks with the routing of that
     micro-batch, the head), each B frees them (pp = 1: 1F1B of one stage). ``forwards``: the first
     step's routing of this rank's MoE layers, in the order they ran (``RoutingStats.as_dict``:
-    ``counts_by_rank``, ``capacity``). ``layout``: ``sequence_parallel``, ``cp_variant``. A split
+    ``counts_by_rank``, ``capacity``). ``layout``: ``sequence_parallel``, ``cp_variant``, ``recompute``. A split
     backward (ZB-H1): None, not modelled for MoE layers."""
+    from playbook.theory.hybrid_recompute import positions_bytes
     from playbook.theory.local_activations import activation_pieces
 
     m = microbatches  # pp = 1: gradient accumulation, 1F1B of one stage
@@ -184,6 +187,7 @@ def stage_activation_bytes(
     per_f = moe_layers_in_stage(cfg, dims.pp, stage)
     forwards = for_tp_rank(forwards, dims, rank)
     sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len, **layout)
+    once = positions_bytes(dims, seq_len, layout.get("recompute", "none"))  # "full" under CP: one storage
     plan = make_schedule(schedule if dims.pp > 1 else "1f1b", dims.pp, m)
     if plan.split_backward:  # what W keeps of an MoE layer from B until W is not counted here
         return None
@@ -197,4 +201,4 @@ def stage_activation_bytes(
         else:
             now -= held.pop(a.mb)
         peak = max(peak, now)
-    return peak
+    return peak + once

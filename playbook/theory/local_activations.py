@@ -79,7 +79,8 @@ def stage_activation_bytes(
     (``theory.pipeline.stage_ranges``), held as the schedule holds them on this rank's chunks
     (``theory.schedules.held_bytes``; pp = 1: one micro-batch's forward, 1F1B of one stage). A split backward (ZB-H1,
     ZB-V, DualPipe-V) without TP keeps only W's part from B to W (``chunk_w_bytes``, at s/cp tokens);
-    with TP layers, the graph."""
+    with TP layers, the graph (under "full", with W's tensors from B's recomputation:
+    ``theory.hybrid_recompute.tp_block_w_bytes``)."""
     from playbook.theory.schedules import equal_partition, held_bytes
 
     pp, L = dims.pp, cfg.n_layers
@@ -100,7 +101,7 @@ def stage_activation_bytes(
         (start == 0) * piece["first"] + n * piece["block"] + (end == L + 2) * piece["last"]
         for (start, end), n in zip(ranges, n_blocks)
     ]
-    from playbook.theory.hybrid_recompute import positions_bytes
+    from playbook.theory.hybrid_recompute import held_with_positions, positions_bytes
 
     once = positions_bytes(dims, seq_len, recompute)  # full recomputation under CP: one storage per rank
     if pp == 1:
@@ -112,9 +113,16 @@ def stage_activation_bytes(
 
         w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
         w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
+    elif plan.split_backward and recompute == "full":  # TP: the graph, and W's tensors from B's recomputation
+        from playbook.theory.hybrid_recompute import tp_block_w_bytes
+
+        more = tp_block_w_bytes(cfg, dims, seq_len=seq_len, micro_batch=b, sequence_parallel=sequence_parallel)
+        w = [[per_stage[plan.stage(r, c)] + n_blocks[plan.stage(r, c)] * more for c in range(v)] for r in range(pp)]
     chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
-    holds_blocks = any(n_blocks[plan.stage(stage, c)] for c in range(v))
-    return held_bytes(plan, chunks, w)[stage] + once * holds_blocks
+    if once:  # one storage, held while any forward graph of blocks is (``theory.hybrid_recompute``)
+        blocks = [n_blocks[plan.stage(stage, c)] > 0 for c in range(v)]
+        return held_with_positions(plan, chunks, w, stage, once, blocks, graph_until_w=dims.tp > 1)
+    return held_bytes(plan, chunks, w)[stage]
 
 
 def tp_cp_block_bytes(

@@ -12,7 +12,10 @@ activation checkpointing at the same point, after TP/EP/CP and before FSDP):
   Korthikanti et al. 2022, §5).
 
 Both use non-reentrant ``torch.utils.checkpoint``, so a pipeline stage calling its blocks one by
-one (``pp.executor.Chunk``) recomputes them as the single process does. The recomputed forward's
+one (``pp.executor.Chunk``) recomputes them as the single process does. In an MoE block "full"
+reruns the routing and the dispatch and combine all-to-alls too (``theory.hybrid_recompute``); the
+replay stops inside the MoE layer, so its forward hooks (``parallel.hybrid.moe``) record each
+forward once. "selective" leaves the MoE layer alone. The recomputed forward's
 tensors are held by the checkpoint's own saved-tensor hooks, not by the pipeline's counter
 (``measure.held.HeldActivations``): it counts what the forward keeps, never the replay.
 """
@@ -21,19 +24,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from playbook.model import RECOMPUTE_MODES
 
 
 def check_recompute(mode: str) -> None:
-    """``mode`` is known. What it composes with is in the hybrid's one table
-    (``theory.composition``), for these reasons. A split backward (ZB-H1, ZB-V, DualPipe-V;
-    ``pp.executor``) computes W apart from B: without TP from each linear's input, kept from F (what
-    "full" would have dropped), with TP one autograd node deep on the kept graph, where every
-    checkpointed block would be recomputed once more per module, its collectives with it. A mixture
-    of experts trains correctly under recomputation, but what it saves and replays (routing counts,
-    all-to-alls) is not predicted yet: refused, so no run reports a prediction that does not hold."""
+    """``mode`` is known. Every mode composes with every layout: under a split backward (ZB-H1, ZB-V,
+    DualPipe-V) B recomputes each block once and W takes its inputs from that (``pp.executor``)."""
     if mode not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {mode!r}")
 
@@ -45,16 +43,21 @@ def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
     for block in model.blocks:
         block.attn.recompute_core = mode == "selective"
         if mode == "full":
-            block.forward = _checkpointed(block.forward)
+            block.forward, block.checkpointed = _checkpointed(block.forward), True
     return model
 
 
 def _checkpointed(forward):
-    """``forward(x, positions)`` that keeps only its inputs and reruns in backward."""
+    """``forward(x, positions)`` that keeps only its inputs and reruns in backward. Early stop is set
+    here, not left to a global setting: the replay ends at the last tensor backward needs, so what
+    it sends again is fixed (``theory.hybrid_recompute``), and in an MoE block it ends inside the
+    MoE layer, before its forward hooks (routing records, the aux loss, ``parallel.hybrid.moe``):
+    they fire once per forward, never for the replay."""
 
     def run(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return forward(x, positions)
-        return checkpoint(forward, x, positions, use_reentrant=False)  # [b, s, h] as the block's own
+        with set_checkpoint_early_stop(True):
+            return checkpoint(forward, x, positions, use_reentrant=False)  # [b, s, h] as the block's own
 
     return run

@@ -18,6 +18,11 @@ or an embedding, elementwise or a lookup, replays its forward on its input, one 
 micro-batch between B and W holds ``theory.pipeline.chunk_w_bytes``, not its whole graph. A stage
 with any other parameter-owning module (tensor-parallel layers, whose forward may communicate)
 keeps its graph until W, and W is ``autograd.grad`` of each module's output, one node deep.
+
+Under full recomputation (Chen et al. 2016; ``parallel.hybrid.recompute``) F keeps each block's input
+only, and nothing of the modules inside it: B's ``autograd.grad`` recomputes every block once, and
+the inputs W needs are taken from that recomputation (forward pre-hooks) and kept until W, as
+Megatron-LM's zero-bubble schedules keep them from B (Qi et al. 2023, §2).
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.autograd.graph import get_gradient_edge
 
 from playbook.measure.held import HeldActivations
-from playbook.model import RMSNorm
+from playbook.parallel.pp.weights import REPLAYED, accumulate, compact, recomputed, weight_grads
 from playbook.theory.schedules import Schedule, Slot
 
 
@@ -191,29 +197,22 @@ def run_step(
     return log
 
 
-_REPLAYED = (nn.Embedding, RMSNorm)  # no matmul and no communication in their forward: W replays it
-
-
-def _weight_grads(mod: nn.Module, own: list, x: torch.Tensor, g: torch.Tensor) -> tuple:
-    """The parameter gradients of ``mod`` from its input ``x`` and output gradient ``g`` alone."""
-    if type(mod) is nn.Linear:  # y = x Wᵀ (+ b): dW = gᵀ x over all rows, db = Σ g
-        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])  # [rows, out], [rows, in]
-        return (g2.T @ x2, *([g2.sum(0)] if mod.bias is not None else []))  # [out, in], [out]
-    with torch.enable_grad():
-        return torch.autograd.grad(mod(x), own, g)
-
-
 def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) -> None:
     if kind == "F":
         before = held.now
         captured: list = []  # (module, its parameters, its input, its output), in forward order
-        hooks = []
+        hooks, redone = [], recomputed(chunk)
         if split:  # remember every module that owns parameters, with its input and output, for B and W
             for mod in chunk.modules():
                 own = list(mod.parameters(recurse=False))
                 if own:
                     hooks.append(
-                        mod.register_forward_hook(lambda mod, a, out, own=own: captured.append((mod, own, a[0], out)))
+                        mod.register_forward_hook(
+                            lambda mod, a, out, own=own: captured.append(
+                                # inside a recomputed block: neither tensor, only where B starts from
+                                (mod, own, None, get_gradient_edge(out)) if mod in redone else (mod, own, a[0], out)
+                            )
+                        )
                     )
         with held.hooks():
             x = tokens if first else st["input"]  # tokens [b, s] or activations [b, s, hidden]
@@ -224,9 +223,9 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
         for h in hooks:
             h.remove()
         st["output"], st["captured"] = y, captured
-        st["lean"] = all(type(mod) is nn.Linear or type(mod) in _REPLAYED for mod, *_ in captured)
+        st["lean"] = all(type(mod) is nn.Linear or type(mod) in REPLAYED for mod, *_ in captured)
         if split and st["lean"]:  # W's inputs: saved by autograd already, so they add no bytes here
-            st["inputs"] = [held.keep(x) for _, _, x, _ in captured]
+            st["inputs"] = [None if x is None else held.keep(x) for _, _, x, _ in captured]
         log.chunk_bytes.setdefault(c, held.now - before)
     elif kind == "B":
         out, grad_out = st["output"], st.pop("grad_out", None)  # None for the loss: d loss / d loss = 1
@@ -238,30 +237,38 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
         ys = [y for *_, y in st["captured"]]
         inputs = ([] if first else [st["input"]]) + ys
         lean = st["lean"]
+        redone: dict = {}  # module -> its input as this B's recomputation of its block saw it
+        hooks = [
+            mod.register_forward_pre_hook(lambda mod, a: redone.setdefault(mod, a[0]))
+            for mod, _, x, _ in st["captured"]
+            if x is None  # inside a recomputed block
+        ]
         grads = torch.autograd.grad(out, inputs, grad_out, retain_graph=not lean)  # lean: frees the graph
+        for h in hooks:
+            h.remove()
         if not first:
             st["grad_in"], grads = grads[0], grads[1:]
-        if lean:  # keep what W needs (the inputs, kept at F, and these output gradients); drop the rest
-            st["grad_ys"] = [held.keep(g) for g in grads]
+        if lean:  # keep what W needs (the inputs, kept at F or recomputed here, and the output gradients)
+            st["grad_ys"] = [held.keep(compact(g)) for g in grads]
+            mods = [mod for mod, *_ in st["captured"]]
             st["captured"] = [(mod, own) for mod, own, *_ in st["captured"]]
             for k in ("output", "input"):
-                st.pop(k, None)
-        else:
-            st["grad_ys"] = grads
+                st.pop(k, None)  # the graph, and with it the recomputed blocks' inputs, goes first
+            st["inputs"] = [held.keep(redone[mod]) if x is None else x for mod, x in zip(mods, st["inputs"])]
+        else:  # the graph stays for W; a module of a recomputed block keeps its recomputed input and output gradient
+            st["grad_ys"] = [
+                g if x is not None else held.keep(compact(g)) for (_, _, x, _), g in zip(st["captured"], grads)
+            ]
+            st["inputs"] = [x if x is not None else held.keep(redone[mod]) for mod, _, x, _ in st["captured"]]
     elif st["lean"]:  # W from each module's input and output gradient alone
         for (mod, own), x, g in zip(st["captured"], st.pop("inputs"), st["grad_ys"]):
-            for p, gp in zip(own, _weight_grads(mod, own, held.unpack(x), held.unpack(g))):
-                _accumulate(p, gp)
-    else:  # W on the kept graph: one node deep per module, its weights only
-        for (_, own, _, y), g in zip(st["captured"], st["grad_ys"]):
-            for p, gp in zip(own, torch.autograd.grad(y, own, g, retain_graph=True)):
-                _accumulate(p, gp)
-
-
-def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
-    """Add ``g`` to ``p.grad`` in place, as autograd does: a grad that is a view of a flat buffer
-    (ZeRO's, ``parallel.zero.zero``) stays one."""
-    if p.grad is None:
-        p.grad = g
-    else:
-        p.grad.add_(g)
+            for p, gp in zip(own, weight_grads(mod, own, held.unpack(x), held.unpack(g))):
+                accumulate(p, gp)
+    else:  # W on the kept graph, one node deep per module, its weights only; in a recomputed block from B's tensors
+        for (mod, own, x, y), xr, g in zip(st["captured"], st.pop("inputs"), st["grad_ys"]):
+            if x is None:
+                grads = weight_grads(mod, own, held.unpack(xr), held.unpack(g))
+            else:
+                grads = torch.autograd.grad(y, own, g, retain_graph=True)
+            for p, gp in zip(own, grads):
+                accumulate(p, gp)
