@@ -190,7 +190,7 @@ def comm_per_axis(
         alltoall = sum(s[dims.data_index(rank)] for s in per_step) / len(per_step)
         add("ep", alltoall)
     if cfg.is_moe:  # "full": each MoE layer's forward reruns in backward (``theory.hybrid_recompute``)
-        forwards = mb * moe_layers_in_stage(cfg, dims.pp, stage)
+        forwards = microbatches * moe_layers_in_stage(cfg, dims.pp, stage)
         for axis, sent in moe_replay_bytes(
             cfg, dims, forwards=forwards, alltoall=alltoall, recompute=recompute
         ).items():
