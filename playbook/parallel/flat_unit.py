@@ -6,6 +6,11 @@ process group, the ranks that hold the same weights: a dense unit shards over ``
 routed experts over its replica group ``ep_replica`` (the ranks holding the same experts), so the
 model is never one flat buffer that mixes the two (DeepSpeed-MoE, Rajbhandari et al. 2022, §5.2:
 expert parameters are sharded over the expert-data-parallel group only).
+
+A weight that two modules hold (a tied embedding: the head's ``lm_head.weight`` *is* the
+embedding's ``tok_emb.weight``) belongs to one unit only, the first that lists it (``taken`` in
+``parallel.zero``); every module holding it (``holders_of``) is re-pointed at that unit's view, so
+both uses keep reading, and accumulating their gradients into, the same slice of one flat buffer.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ class FlatUnit:
     storage when gathered and loses it when freed, and the modules read views of it.
     """
 
-    def __init__(self, name: str, modules: list[nn.Module], names: dict, stage: int, group, keep=None, divide=None):
+    def __init__(
+        self, name: str, modules: list[nn.Module], names: dict, stage: int, group, keep=None, divide=None, holders=None
+    ):
         self.name, self.stage, self.group = name, stage, group
         self.n = 1 if group is None else dist.get_world_size(group)
         self.divide = divide or self.n
@@ -43,6 +50,8 @@ class FlatUnit:
             for attr, p in m.named_parameters(recurse=False)
             if keep is None or keep(names[id(p)])
         ]
+        # every (module, attr) holding each weight: a tied one is read by the embedding and the head
+        self.holders = [(holders or {}).get(id(getattr(m, attr)), [(m, attr)]) for m, attr, *_ in self.specs]
         self.numel = sum(s[3] for s in self.specs)
         self.padded = -(-self.numel // self.n) * self.n
         self.shard = self.padded // self.n
@@ -52,14 +61,16 @@ class FlatUnit:
         flat = torch.cat([p.detach().reshape(-1) for p in params] + [pad])  # [padded]
         if stage <= 2:
             self.flat = flat
-            for (m, attr, shape, *_), view in zip(self.specs, self.views(flat)):
-                setattr(m, attr, nn.Parameter(view.view(shape)))  # a view of flat: no copy
+            for (_, _, shape, *_), held, view in zip(self.specs, self.holders, self.views(flat)):
+                param = nn.Parameter(view.view(shape))  # a view of flat: no copy
+                for m, attr in held:
+                    setattr(m, attr, param)
             self.opt_param = nn.Parameter(flat if stage == 0 else flat[self.lo : self.hi])  # [padded] or [shard]
         else:
             self.opt_param = nn.Parameter(flat[self.lo : self.hi].clone())  # [shard], the only copy kept
             self.full = torch.empty(self.padded, device=flat.device, dtype=flat.dtype, requires_grad=True)  # [padded]
             self.full.untyped_storage().resize_(0)
-            for m, attr, *_ in self.specs:
+            for m, attr in (h for held in self.holders for h in held):
                 del m._parameters[attr]  # the module now reads a plain tensor set by bind()
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -95,11 +106,21 @@ class FlatUnit:
 
     def bind(self) -> None:
         """Point the modules' weights at views of the gathered buffer (autograd sees them as slices of ``full``)."""
-        for (m, attr, shape, *_), view in zip(self.specs, self.views(self.full)):
-            setattr(m, attr, view.view(shape))
+        for (_, _, shape, *_), held, view in zip(self.specs, self.holders, self.views(self.full)):
+            for m, attr in held:
+                setattr(m, attr, view.view(shape))
 
     def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         return {s[4]: v.view(s[2]).clone() for s, v in zip(self.specs, self.views(flat))}
+
+
+def holders_of(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    """id(weight) -> every (module, attribute) of ``model`` that holds it (two for a tied embedding)."""
+    out: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in model.modules():
+        for attr, p in m.named_parameters(recurse=False):
+            out.setdefault(id(p), []).append((m, attr))
+    return out
 
 
 def units_of(model: nn.Module, pieces: range | None = None) -> list[tuple[str, int, list[nn.Module], bool]]:
@@ -115,3 +136,21 @@ def units_of(model: nn.Module, pieces: range | None = None) -> list[tuple[str, i
         if getattr(model.blocks[i].mlp, "n_experts", 0):
             out.append((f"block{i}.experts", i + 1, [model.blocks[i].mlp.experts], True))
     return out + ([("head", L + 1, [model.norm, model.lm_head], False)] if L + 1 in pieces else [])
+
+
+def piece_map(model: nn.Module, pieces: range | None, units: list[FlatUnit]) -> tuple[dict, dict, dict]:
+    """(own, reads, last_read) for ``units`` built from ``units_of(model, pieces)``: piece -> its own
+    units in forward order; piece -> the units its modules read, its own and a tied weight's (the
+    head reads the embedding's unit); unit -> the last piece of the forward that reads it (ZeRO-3
+    frees a unit after that piece's forward)."""
+    own: dict[int, list[int]] = {}
+    piece_of: dict[int, int] = {}  # id(module) -> its piece
+    for k, (_, piece, mods, _) in enumerate(units_of(model, pieces)):
+        own.setdefault(piece, []).append(k)
+        piece_of.update({id(m): piece for mod in mods for m in mod.modules()})
+    reads = {piece: list(ks) for piece, ks in own.items()}
+    for k, u in enumerate(units):
+        for q in sorted({piece_of[id(m)] for held in u.holders for m, _ in held if id(m) in piece_of}):
+            reads[q] += [] if k in reads[q] else [k]
+    last_read = {k: max(q for q, ks in reads.items() if k in ks) for k in range(len(units))}
+    return own, reads, last_read

@@ -17,7 +17,8 @@ The model is cut into *units* (the embedding, each block, the head: ``theory.zer
 a block's routed experts are a unit of their own, sharded over their replicas: ``parallel.flat_unit``),
 each one flat fp32 buffer padded with zeros to a multiple of N so that every rank owns an equal
 slice [r·s, (r+1)·s). Stage 0 (plain data parallelism, one all-reduce per unit) uses the same
-buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero``.
+buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero``. A tied embedding is one
+unit that the head reads too (ZeRO-3 keeps it gathered from the embedding's forward to the head's).
 
 ``Zero`` is the algorithm (its ``zero_grad`` and ``step`` make it the optimizer of the one training
 loop); ``zero_run`` trains and measures it (``playbook run zero``), ``hybrid_zero`` puts it in a mesh.
@@ -35,9 +36,9 @@ from playbook.measure.memory import optimizer_bytes
 from playbook.measure.sharding import storage_bytes, storages
 from playbook.measure.trace import Span
 from playbook.model import GPT
-from playbook.parallel.flat_unit import ROUTED, FlatUnit, units_of
+from playbook.parallel.flat_unit import ROUTED, FlatUnit, holders_of, piece_map, units_of
 from playbook.parallel.mixed import MixedPrecisionAdamW, check_precision
-from playbook.theory.zero import check_stage, check_untied
+from playbook.theory.zero import check_stage
 
 
 class Zero:
@@ -67,26 +68,26 @@ class Zero:
     ):
         check_stage(stage)
         check_precision(precision)
-        check_untied(model.cfg)  # one weight in two units (a tied head) cannot be flattened
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        names = {id(p): name for name, p in model.named_parameters()}
+        names, holders = {id(p): name for name, p in model.named_parameters()}, holders_of(model)
         # routed experts: their own units over the ranks holding the same experts, ``expert_group``, the
         # gradient divided by the dp·cp data ranks ``n_data`` (it already sums their ep group's tokens)
         n_data, layout = n_data or self.n, self._layout(stage)
-        self.units = [
-            FlatUnit(name, mods, names, layout, expert_group, lambda k: ROUTED in k, n_data)
-            if routed
-            else FlatUnit(name, mods, names, layout, group, lambda k: ROUTED not in k)
-            for name, _, mods, routed in units_of(model, pieces)
-        ]
+        self.units: list[FlatUnit] = []
+        taken: set[str] = set()  # a weight two modules hold (a tied embedding) goes in the first unit only
+        for name, _, mods, routed in units_of(model, pieces):
+            keep = lambda k, routed=routed: k not in taken and (ROUTED in k) == routed  # noqa: E731
+            on, divide = (expert_group, n_data) if routed else (group, None)
+            self.units.append(FlatUnit(name, mods, names, layout, on, keep, divide, holders))
+            taken.update(spec[4] for spec in self.units[-1].specs)
+            if layout <= 2:  # the views its modules now hold, under the names of the weights they replace
+                names.update({id(p): spec[4] for p, spec in zip(self.units[-1].parameters(), self.units[-1].specs)})
         self._own_slices()
         # (group, names): gradients summed over ``group`` before any reduction over the data ranks:
         # under sequence parallelism the norms saw s/tp tokens each (Korthikanti et al. 2022, §4.2.2)
         self.summed_first = summed_first
-        self.pieces: dict[int, list[int]] = {}  # piece (embedding, block, head) -> its units, in forward order
-        for k, (_, piece, _, _) in enumerate(units_of(model, pieces)):
-            self.pieces.setdefault(piece, []).append(k)
+        self.pieces, self.reads, self.last_read = piece_map(model, pieces, self.units)
         slices = [u.opt_param for u in self.units]
         self.optimizer = (
             MixedPrecisionAdamW(slices, lr=lr) if precision == "mixed" else torch.optim.AdamW(slices, lr=lr)
@@ -143,18 +144,19 @@ class Zero:
         self._gather_piece(piece)
         if self.prefetch:
             self._gather_piece(piece + 1, async_op=True)  # in flight while this piece computes
-        for k in self.pieces[piece]:
+        for k in self.reads[piece]:
             self.units[k].bind()
         with self._span("forward"):
             out = fn(x)
-        for k in self.pieces[piece]:
-            self.units[k].free()  # autograd keeps views of full; its storage comes back before backward
+        for k in self.reads[piece]:
+            if self.last_read[k] == piece:  # a tied embedding stays gathered until the head has run
+                self.units[k].free()  # autograd keeps views of full; its storage comes back before backward
         self._track()
         out.register_hook(lambda grad, piece=piece: self._before_backward(piece))
         return out
 
     def _gather_piece(self, piece: int, async_op: bool = False) -> None:
-        for k in self.pieces.get(piece, []):
+        for k in self.reads.get(piece, []):
             self._gather(k, async_op)
 
     def _gather(self, k: int, async_op: bool = False) -> None:

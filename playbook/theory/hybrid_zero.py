@@ -35,7 +35,8 @@ def flat_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
     """This rank's flat units as (name, numel, group size N, axis) for the pieces of its pipeline
     chunks ``ranges`` ([start, end) each; piece 0 the embedding, 1..L the blocks, L + 1 the head;
     ``theory.hybrid.chunk_ranges``): the embedding, each block (1/tp of its matrices, norms whole;
-    an MoE block's router and shared experts whole) then its E/ep routed experts, the final norm and head."""
+    an MoE block's router and shared experts whole) then its E/ep routed experts, the final norm and head
+    (the norm only when a tied head's embedding is on this rank: one weight, in the embedding's unit)."""
     t, h, n = dims.tp, cfg.hidden, dims.dp * dims.cp
     dense_axis = data_axis(dims)
     expert_axis = "ep_replica" if dims.ep > 1 else dense_axis
@@ -49,8 +50,9 @@ def flat_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
             units.append((f"block{i}.experts", routed // dims.ep, n // dims.ep, expert_axis))
         else:
             units.append((f"block{i}", (cfg.layer_params() - 2 * h) // t + 2 * h, n, dense_axis))
-    if cfg.n_layers + 1 in pieces:
-        units.append(("head", cfg.vocab_size * h // t + h, n, dense_axis))
+    if cfg.n_layers + 1 in pieces:  # a tied head whose embedding is on this rank is in the embedding's unit
+        tied_here = cfg.tie_embeddings and 0 in pieces
+        units.append(("head", (0 if tied_here else cfg.vocab_size * h // t) + h, n, dense_axis))
     return units
 
 
