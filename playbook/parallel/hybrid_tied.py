@@ -19,6 +19,7 @@ under the single process's name, ``tok_emb.weight``.
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from playbook.measure import trace
@@ -56,9 +57,31 @@ def tie_across_stages(hooks: dict, own, mesh, plan, cfg) -> dict:
 
     def rename(result):
         result = finish(result) if finish is not None else result
-        for tensors in (result.grads, result.params):
-            if "lm_head.weight" in tensors:
-                tensors["tok_emb.weight"] = tensors.pop("lm_head.weight")
-        return result
+        return single_process_names(result)
 
     return hooks | {"sync_grads": sync_tied, "finish": rename}
+
+
+def single_process_names(result):
+    """``result`` with the last stage's copy under the single process's name, ``tok_emb.weight``."""
+    for tensors in (result.grads, result.params):
+        if "lm_head.weight" in tensors:
+            tensors["tok_emb.weight"] = tensors.pop("lm_head.weight")
+    return result
+
+
+def sum_with_peer(grad: torch.Tensor, peer: int, group) -> None:
+    """``grad`` plus the other copy's gradient on ``group`` rank ``peer``, in place on both ranks, where
+    no two-rank group exists (``parallel.pp``'s standalone pipeline): an all-reduce over two ranks is
+    one exchange, each sending S bytes (the ring's 2S(n − 1)/n), and a + b on one rank is b + a, the
+    same float, on the other."""
+    theirs = torch.empty_like(grad)  # [vocab, hidden]
+    peer = dist.get_global_rank(group, peer)
+    with trace.on_axis("embed"):
+        sent = dist.isend(grad.contiguous(), dst=peer, group=group, tag=TIED_TAG)
+        dist.recv(theirs, src=peer, group=group, tag=TIED_TAG)
+        sent.wait()
+    grad += theirs
+
+
+TIED_TAG = 2**30  # above every micro-batch message's tag (``pp_executor._tag``)
