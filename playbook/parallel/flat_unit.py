@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from playbook.moe import moe_layers
+
 ROUTED = ".mlp.experts."  # the routed experts' parameter names contain this (``parallel.ep.is_expert``)
 
 
@@ -80,6 +82,15 @@ class FlatUnit:
     def parameters(self) -> list[torch.Tensor]:
         return [getattr(m, attr) for m, attr, *_ in self.specs]
 
+    def sum_over(self, flat: torch.Tensor, group, names: set[str]) -> None:
+        """The gradients of the parameters ``names`` in ``flat`` [padded] summed over ``group``, in place."""
+        parts = [v for spec, v in zip(self.specs, self.views(flat)) if spec[4] in names]  # views into flat
+        if parts:
+            joined = torch.cat(parts)  # [Σ numel]
+            dist.all_reduce(joined, group=group)
+            for v, y in zip(parts, joined.split([p.numel() for p in parts])):
+                v.copy_(y)
+
     # ---- collectives on the unit's own group (none on one rank) ----
     def reduce_scatter(self, flat: torch.Tensor) -> None:
         """flat [padded]: the sum over the group lands in this rank's slice (in place)."""
@@ -114,6 +125,36 @@ class FlatUnit:
         return {s[4]: v.view(s[2]).clone() for s, v in zip(self.specs, self.views(flat))}
 
 
+def build_units(model: nn.Module, pieces: range | None, stage: int, group, expert_group, n_data: int) -> list[FlatUnit]:
+    """ZeRO's flat units of ``model``'s pieces (``units_of``) laid out for ``stage``: dense ones over
+    ``group``; routed experts over the ranks holding the same experts, ``expert_group``, their gradient
+    divided by the ``n_data`` data ranks (it already sums their ep group's tokens). A weight two modules
+    hold (a tied embedding) goes in the first unit that lists it, and every holder reads its view."""
+    names, holders = {id(p): name for name, p in model.named_parameters()}, holders_of(model)
+    units: list[FlatUnit] = []
+    taken: set[str] = set()
+    for name, _, mods, routed in units_of(model, pieces):
+        keep = lambda k, routed=routed: k not in taken and (ROUTED in k) == routed  # noqa: E731
+        on, divide = (expert_group, n_data) if routed else (group, None)
+        units.append(FlatUnit(name, mods, names, stage, on, keep, divide, holders))
+        taken.update(spec[4] for spec in units[-1].specs)
+        if stage <= 2:  # the views its modules now hold, under the names of the weights they replace
+            names.update({id(p): spec[4] for p, spec in zip(units[-1].parameters(), units[-1].specs)})
+    return units
+
+
+def gather_units(units: list[FlatUnit], slices: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole named tensors from one slice per unit (for parity checks; issues all-gathers)."""
+    out = {}
+    for u, s in zip(units, slices):
+        full = s.detach().clone()
+        if s.numel() != u.padded:
+            full = torch.empty(u.padded, device=s.device, dtype=s.dtype)
+            u.all_gather(full, s.detach().contiguous())
+        out.update(u.split(full))
+    return out
+
+
 def holders_of(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
     """id(weight) -> every (module, attribute) of ``model`` that holds it (two for a tied embedding)."""
     out: dict[int, list[tuple[nn.Module, str]]] = {}
@@ -126,15 +167,15 @@ def holders_of(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
 def units_of(model: nn.Module, pieces: range | None = None) -> list[tuple[str, int, list[nn.Module], bool]]:
     """ZeRO's units among the model's pieces ``pieces`` (all by default; a pipeline stage's range
     otherwise, ``parallel.pp_executor``), as (name, piece, modules, routed): the embedding (piece 0),
-    block i (piece i+1) without its routed experts, then those experts as a unit of their own, the
-    final norm and head (piece L+1)."""
+    block i (piece i+1) without its routed experts, then each of its routed experts as a unit of its
+    own (``Fed``), the final norm and head (piece L+1)."""
     L = len(model.blocks)
     pieces = range(L + 2) if pieces is None else pieces
     out = [("embed", 0, [model.tok_emb], False)] if 0 in pieces else []
     for i in (i for i in range(L) if i + 1 in pieces):
         out.append((f"block{i}", i + 1, [model.blocks[i]], False))
-        if getattr(model.blocks[i].mlp, "n_experts", 0):
-            out.append((f"block{i}.experts", i + 1, [model.blocks[i].mlp.experts], True))
+        for e, expert in getattr(model.blocks[i].mlp, "experts", nn.ModuleDict()).named_children():
+            out.append((f"block{i}.expert{e}", i + 1, [expert], True))  # e: the global expert number
     return out + ([("head", L + 1, [model.norm, model.lm_head], False)] if L + 1 in pieces else [])
 
 
@@ -154,3 +195,31 @@ def piece_map(model: nn.Module, pieces: range | None, units: list[FlatUnit]) -> 
             reads[q] += [] if k in reads[q] else [k]
     last_read = {k: max(q for q, ks in reads.items() if k in ks) for k in range(len(units))}
     return own, reads, last_read
+
+
+class Fed:
+    """Which routed experts' units a token reached this step (any forward since ``clear``).
+
+    The single process leaves an expert that no token reached without a gradient, and AdamW then
+    leaves it alone: no weight decay, no moment update, no step counted (Loshchilov & Hutter 2019's
+    update runs per parameter with a gradient). ZeRO's flat unit would instead hold zeros, which AdamW
+    applies. So each routed expert is a unit of its own, and ``Zero`` drops its sharded gradient where
+    no token reached it. Every rank knows that from the routing counts the MoE layer already shares
+    over the data ranks (``stats.kept``, global), so the replicas agree without sending anything."""
+
+    def __init__(self, model: nn.Module, pieces: range | None):
+        expert = {id(m): (layer, int(e)) for layer in moe_layers(model) for e, m in layer.experts.named_children()}
+        self.of = {k: expert[id(mods[0])] for k, (*_, mods, routed) in enumerate(units_of(model, pieces)) if routed}
+        self.reached: dict[int, set[int]] = {}  # id(layer) -> the global experts a token reached
+        for layer in {id(layer): layer for layer, _ in self.of.values()}.values():
+            layer.register_forward_hook(self._record)
+
+    def _record(self, layer, _inputs, _output) -> None:
+        self.reached.setdefault(id(layer), set()).update(e for e, kept in enumerate(layer.stats.kept) if kept)
+
+    def starved(self, k: int) -> bool:
+        """Unit k is a routed expert that no token reached since ``clear``."""
+        return k in self.of and self.of[k][1] not in self.reached.get(id(self.of[k][0]), ())
+
+    def clear(self) -> None:
+        self.reached.clear()

@@ -1,16 +1,16 @@
 """Step 5 of ``parallelize`` with ZeRO: the optimizer sharded over the ranks that hold the same
 dense weights, ``dp×cp`` (CP is data parallelism over tokens for everything but attention, so its
 ranks hold replicas too; torchtitan shards FSDP over dp×cp alike), tensor parallelism inside (each tp
-rank shards its own slices), and inside a pipeline over this stage's units only. A block's routed
-experts are a unit of their own, sharded over the ``ep_replica`` ranks that hold the same experts
-(none when ep = dp·cp), their gradient divided by dp·cp as the dense one is: the all-to-all already
+rank shards its own slices), and inside a pipeline over this stage's units only. Each routed
+expert is a unit of its own, sharded over the ``ep_replica`` ranks that hold the same experts
+(none when ep = dp·cp), its gradient divided by dp·cp as the dense one is: the all-to-all already
 summed it over the tokens of the ep group (DeepSpeed-MoE, Rajbhandari et al. 2022, §5.2; DeepSeek-V3
-trains with ZeRO-1 under EP, DeepSeek-AI 2024, arXiv:2412.19437, §3.2). A routed expert that received no token in a
-step has a zero gradient in its flat unit, which AdamW still applies (weight decay, moments), where
-the single process leaves a gradient-less expert untouched; and under ZeRO-2/3 a replica whose
-local experts all received none would wait for a reduce-scatter its peers never start. Our runs
-route tokens to every expert each step (their parity checks would show otherwise). There ZeRO-2
-reduces on the last micro-batch, as torchtitan's FSDP does under PP: the m micro-batches sum into a
+trains with ZeRO-1 under EP, DeepSeek-AI 2024, arXiv:2412.19437, §3.2). An expert that no token
+reached in a step keeps no gradient, so AdamW leaves it alone as the single process's does (not a
+zero gradient, which AdamW would apply: weight decay, moments, a step counted); and the experts'
+units are reduced after backward in unit order at every stage, so that a replica whose expert got
+no token still joins the reduce-scatter of one that did (``parallel.flat_unit.Fed``). In a
+pipeline ZeRO-2 reduces on the last micro-batch, as torchtitan's FSDP does under PP: the m micro-batches sum into a
 whole flat gradient (ZeRO-1's), reduce-scattered once per step, after which only this rank's slice
 is kept, so it holds ZeRO-1's gradient bytes at the step's peak and saves them only between steps;
 ZeRO-3 there gathers its weights once a step and frees them after the last micro-batch
