@@ -144,9 +144,10 @@ def build_units(model: nn.Module, pieces: range | None, stage: int, group, exper
 
 
 def gather_units(units: list[FlatUnit], slices: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Whole named tensors from one slice per unit (for parity checks; issues all-gathers)."""
+    """Whole named tensors from one slice per unit (for parity checks; issues all-gathers). A None
+    slice (the gradient of an expert no token reached, on every rank alike) names nothing, as in one process."""
     out = {}
-    for u, s in zip(units, slices):
+    for u, s in ((u, s) for u, s in zip(units, slices) if s is not None):
         full = s.detach().clone()
         if s.numel() != u.padded:
             full = torch.empty(u.padded, device=s.device, dtype=s.dtype)

@@ -61,7 +61,7 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
         memory["state_after_backward"] = sum(zero.held().values())
         zero.sync()
         if not first:  # the first step's gradient slices, after the reduce-scatter
-            first.extend(u.opt_param.grad.clone() for u in zero.units)
+            first.extend(None if u.opt_param.grad is None else u.opt_param.grad.clone() for u in zero.units)
             memory["grads"] = zero.held()["grads"]
 
     def finish(result):

@@ -45,7 +45,7 @@ def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True, precis
     def sync(_):
         zero.sync()
         if not first:  # the first step's gradient slices, after the reduce-scatter
-            first.extend(u.opt_param.grad.clone() for u in zero.units)
+            first.extend(None if u.opt_param.grad is None else u.opt_param.grad.clone() for u in zero.units)
 
     result = train_sharded(
         ctx,
