@@ -89,6 +89,7 @@ def test_zero_holds_the_tied_weight_in_the_embeddings_unit_only(ranks2, plan):
 
 ZERO_FOUR = [
     Plan(ParallelDims(dp=2, pp=2), zero=1),
+    Plan(ParallelDims(dp=2, pp=2), zero=2),
     Plan(ParallelDims(dp=2, pp=2), zero=3),
     Plan(ParallelDims(dp=2, tp=2), zero=1, sequence_parallel=True),
     Plan(ParallelDims(dp=2, pp=2), zero=1, schedule="zb-v", microbatches=2),  # rank 0: both ends, one unit
@@ -99,7 +100,14 @@ ZERO_FOUR = [
 @pytest.mark.parametrize(
     "plan",
     ZERO_FOUR,
-    ids=["ZeRO-1 dp2×pp2", "ZeRO-3 dp2×pp2", "ZeRO-1 dp2×tp2 SP", "ZeRO-1 dp2×pp2 zb-v", "ZeRO-3 dp2×pp2 zb-v"],
+    ids=[
+        "ZeRO-1 dp2×pp2",
+        "ZeRO-2 dp2×pp2",
+        "ZeRO-3 dp2×pp2",
+        "ZeRO-1 dp2×tp2 SP",
+        "ZeRO-1 dp2×pp2 zb-v",
+        "ZeRO-3 dp2×pp2 zb-v",
+    ],
 )
 def test_zero_composes_with_the_embedding_group(ranks4, plan):
     """The two copies summed over the embedding group before ZeRO's reduce-scatter over dp: the
@@ -108,6 +116,15 @@ def test_zero_composes_with_the_embedding_group(ranks4, plan):
     embed = {row["rank"]: row["measured"].get("embed", 0) for row in comm_table(answers, TIED, plan)}
     across = plan.dims.pp > 1 and plan.schedule != "zb-v"
     assert embed == {r: 4 * 64 * 64 // plan.dims.tp if across else 0 for r in embed}
+
+
+def test_zero_with_tp_pp_and_sp_sums_each_tp_shard_of_the_copies(ranks8):
+    """dp2×tp2×pp2 with SP and ZeRO-1: each tp rank's [vocab/tp, hidden] rows summed over its own
+    embedding group, then reduce-scattered over dp."""
+    plan = Plan(ParallelDims(dp=2, tp=2, pp=2), zero=1, sequence_parallel=True)
+    answers = check(ranks8, plan)
+    embed = [row["measured"].get("embed", 0) for row in comm_table(answers, TIED, plan)]
+    assert embed == [4 * 64 * 64 // 2] * 8
 
 
 def test_run_zero_refuses_a_tied_preset_in_one_line_before_ranks_start():
