@@ -174,9 +174,14 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))  # [batch, seq, hidden]
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in nats. logits [batch, seq, vocab], targets [batch, seq] int64."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, over: int | None = None) -> torch.Tensor:
+    """Next-token cross-entropy in nats: the mean over these tokens, or (``over``) their sum divided
+    by ``over`` tokens, a parallel rank's share of the global batch's mean (``parallel.hybrid_pp``).
+    logits [batch, seq, vocab], targets [batch, seq] int64."""
+    flat = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # [tokens, vocab], [tokens]
+    if over is None:
+        return F.cross_entropy(*flat)
+    return F.cross_entropy(*flat, reduction="sum") / over
 
 
 class GPT(nn.Module):
@@ -283,11 +288,12 @@ class GPT(nn.Module):
             return logits
         return logits, self.loss(logits, targets)
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The training loss of a forward's logits: ``lm_loss``, plus the experts' balancing loss."""
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, over: int | None = None) -> torch.Tensor:
+        """The training loss of a forward's logits: ``lm_loss`` (``over``: see there), plus the
+        experts' balancing loss."""
         if self.cfg.is_moe:
-            return lm_loss(logits, targets) + self.aux_loss()
-        return lm_loss(logits, targets)
+            return lm_loss(logits, targets, over) + self.aux_loss()
+        return lm_loss(logits, targets, over)
 
     def aux_loss(self) -> torch.Tensor | float:
         """Sum of the MoE layers' load-balancing losses from the last forward (0.0 if dense)."""

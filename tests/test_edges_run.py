@@ -103,7 +103,7 @@ def test_the_memory_advice_names_only_values_the_user_could_type(capsys):
         (["run", "hybrid", "--zero", "3"], "--zero 3 shards over dp×cp, and dp·cp=1 here"),
         (["run", "hybrid", "--zigzag"], "--zigzag balances causal work over cp, and cp=1 here"),
         (["run", "hybrid", "--cp-variant", "ulysses"], "--cp-variant ulysses is context parallelism, and cp=1 here"),
-        (["run", "hybrid", "--microbatches", "2"], "--microbatches feeds a pipeline, and pp=1 here"),
+        (["run", "hybrid", "--microbatches", "3"], "global_batch=8 does not split over dp·microbatches=1·3"),
         (["run", "hybrid", "--sequence-parallel"], "it needs tp > 1"),
         (["plan", "--model", "gpt-tiny", "--gpus", "64", "--gpus-per-node", "1000"], "is more than --gpus 64"),
         (["plan", "--model", "gpt-tiny", "--gpus", "64", "--gpus-per-node", "3"], "not a whole number of nodes"),

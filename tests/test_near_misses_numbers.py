@@ -1,6 +1,6 @@
 """Issue 31: near-misses in the numbers, each a realistic one-line bug no other green test sees.
 
-- the hybrid's reported loss averaged over dp only (or cp only) when cp > 1;
+- the hybrid's reported loss summed over dp only (or cp only) when cp > 1;
 - a rank's expert-group coordinate that forgets cp (``dp % ep`` for ``(dp·cp + cp) % ep``);
 - capacity offsets not clamped at zero: routing so uneven that the earlier data rank alone fills an
   expert leaves the later one a negative quota (wrong kept counts, negative all-to-all splits);
@@ -31,9 +31,10 @@ from playbook.theory import serving
 
 # ---- the hybrid's reported loss, cp > 1 -----------------------------------------------------------
 def test_the_hybrid_reports_the_global_batch_loss_when_cp_splits_the_sequence(ranks4):
-    """dp2×cp2: each rank holds a quarter of the tokens; the loss it reports is the mean over all
-    four (dp×cp). Averaging over dp (or cp) alone doubles it. Only the loss is gated here, so the
-    check stays green on CPUs whose float32 gradients sit near the parity bound."""
+    """dp2×cp2: each rank holds a quarter of the tokens and its share of the loss (Σ of its token
+    losses / the global token count); the loss reported is the sum of all four shares (dp×cp).
+    Summing over dp (or cp) alone halves it. Only the loss is gated here, so the check stays green
+    on CPUs whose float32 gradients sit near the parity bound."""
     setup, plan = TrainSetup(steps=2), Plan(ParallelDims(dp=2, cp=2))
     plan.check(setup)
     ours = merge(ranks4.run(train_hybrid, setup, plan), plan.dims.tp)

@@ -11,8 +11,8 @@ experts and average those gradients among themselves. Each rank's loss is its lo
 plus n × its share of the aux loss; averaging over n gives the global batch's gradients, and an
 expert's gradient, which arrives summed over the n ranks' tokens by the all-to-all, is divided by n.
 The groups are the mesh's (``ParallelDims(dp=n, ep=ep)``: ``ep`` groups of consecutive ranks,
-``ep_replica`` strided by ep, ``dp_cp`` all n), and the gradients are reduced by the hybrid
-mesh's own ``sync_gradients``.
+``ep_replica`` strided by ep, ``dp_cp`` all n), and the gradients are summed by the hybrid
+mesh's own table (``hybrid_grads``), then divided by n: here each rank's loss is its own mean.
 
 Training is ``parallel.training.train`` with hooks: ``sync_grads`` as above, and ``sync_loss``
 (:class:`StepRecord`) reporting the global loss and recording each step's routing and bytes.
@@ -40,7 +40,7 @@ from playbook.dims import ParallelDims
 from playbook.model import build_moe as build
 from playbook.moe import AUX_ALPHA, MoEMLP, moe_layers
 from playbook.parallel.ep_layers import ExpertParallelMoE, TensorParallelExperts
-from playbook.parallel.hybrid import sync_gradients
+from playbook.parallel.hybrid_grads import reduce_gradients
 from playbook.parallel.report import all_finite, max_abs_loss_diff, max_rel_diff, rel_l2_diff
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.moe import (
@@ -49,6 +49,15 @@ from playbook.theory.moe import (
     check_ep,
 )
 from playbook.theory.moe import step_comm_bytes as predicted_comm  # noqa: F401  (the chapter calls it by this name)
+
+
+def sync_gradients(model: nn.Module, mesh, **options) -> None:
+    """The hybrid's sums by parameter class (``hybrid_grads``), then ÷ n: this chapter's ranks each
+    train on the mean of their own rows, so the global mean gradient is the mean of theirs."""
+    reduce_gradients(model, mesh, **options)
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad /= mesh.size("dp_cp")
 
 
 # ---- the model on this rank's mesh -------------------------------------------------------------

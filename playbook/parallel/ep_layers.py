@@ -56,8 +56,12 @@ class ExpertParallelMoE(MoEMLP):
         dist.all_gather_single(out, counts, group=self.data_group)
         return out.view(self.n_data, self.n_experts), self.data_rank  # [n, E]
 
+    n_data_scale = True  # the hybrid sets False: its losses are shares of the global mean, summed
+
     def aux_scale(self) -> float:
-        return float(self.n_data)
+        """× n_data where the data ranks' gradients are averaged (chapter 7's ``parallel.ep``), so that
+        the mean of the n shares is the aux loss; 1 where they are summed (``parallel.hybrid_grads``)."""
+        return float(self.n_data) if self.n_data_scale else 1.0
 
     def run_experts(self, xs, kept_by_rank):
         ep, per, me = self.ep, self.per_rank, self.ep_rank

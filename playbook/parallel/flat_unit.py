@@ -125,17 +125,21 @@ class FlatUnit:
         return {s[4]: v.view(s[2]).clone() for s, v in zip(self.specs, self.views(flat))}
 
 
-def build_units(model: nn.Module, pieces: range | None, stage: int, group, expert_group, n_data: int) -> list[FlatUnit]:
+def build_units(
+    model: nn.Module, pieces: range | None, stage: int, group, expert_group, divides: tuple
+) -> list[FlatUnit]:
     """ZeRO's flat units of ``model``'s pieces (``units_of``) laid out for ``stage``: dense ones over
-    ``group``; routed experts over the ranks holding the same experts, ``expert_group``, their gradient
-    divided by the ``n_data`` data ranks (it already sums their ep group's tokens). A weight two modules
-    hold (a tied embedding) goes in the first unit that lists it, and every holder reads its view."""
+    ``group``; routed experts over the ranks holding the same experts, ``expert_group``; ``divides``:
+    the divisors of the dense and the routed units' reduced gradients (None: the group's size; the
+    data ranks for the experts, whose gradient already sums their ep group's tokens; 1: a sum). A
+    weight two modules hold (a tied embedding) goes in the first unit that lists it, and every holder
+    reads its view."""
     names, holders = {id(p): name for name, p in model.named_parameters()}, holders_of(model)
     units: list[FlatUnit] = []
     taken: set[str] = set()
     for name, _, mods, routed in units_of(model, pieces):
         keep = lambda k, routed=routed: k not in taken and (ROUTED in k) == routed  # noqa: E731
-        on, divide = (expert_group, n_data) if routed else (group, None)
+        on, divide = (expert_group, divides[1]) if routed else (group, divides[0])
         units.append(FlatUnit(name, mods, names, stage, on, keep, divide, holders))
         taken.update(spec[4] for spec in units[-1].specs)
         if stage <= 2:  # the views its modules now hold, under the names of the weights they replace

@@ -14,19 +14,22 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
        full on the blocks as TP, CP and EP left them, before the pipeline cuts them;
     4. pipeline parallelism: this rank's chunk of the (already parallel) model, or its v chunks
        (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
-       and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``;
-    5. data parallelism: gradients averaged over ``dp×cp`` (replicated weights) and over the expert
-       replicas, or ZeRO's sharded optimizer: dense units over ``dp×cp``, routed experts over their
-       replicas (this stage's units, ``hybrid_zero``); a tied embedding's copies on the first and last
-       stage then summed over them (``hybrid_tied``).
+       and the last stage), played by the schedule executor of ``parallel.pp`` over ``pp``: the one
+       driver of every layout, pp = 1 a one-stage pipeline whose m micro-batches are gradient
+       accumulation (``hybrid_pp``);
+    5. data parallelism: every gradient summed over the mesh axes of its parameter's class, one
+       table (``hybrid_grads``), or ZeRO's sharded optimizer: dense units over ``dp×cp``, routed
+       experts over their replicas (this stage's units, ``hybrid_zero``); a tied embedding's copies on
+       the first and last stage then summed over them (``hybrid_tied``).
 
 Why this order: each step changes what the next one sees. TP changes the modules and their
 shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
 are the parameters a rank owns known, and data parallelism (or ZeRO) reduces exactly those.
 
 Every rank reads rows ``dp_i`` of the global batch (split over dp), the tokens of its cp shard,
-and computes the mean loss of what it holds; averaging over ``dp×cp`` gives the gradient of the
-global batch's mean loss, which the single process computes on the whole batch.
+and computes its share of the global batch's loss: Σ of its token losses / the global token count,
+the one division (``hybrid_pp``). Summing the shares' gradients over the ranks that hold a parameter
+gives the gradient of the global batch's mean loss, which the single process computes on the whole batch.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ import torch.distributed as dist
 from playbook.dims import ParallelDims
 from playbook.measure import trace
 from playbook.model import GPT
-from playbook.parallel.comm import all_reduce_flat
+from playbook.parallel.hybrid_grads import reduce_gradients
+from playbook.parallel.hybrid_pp import pipeline_hooks
 from playbook.parallel.hybrid_recompute import apply_recompute, check_recompute
+from playbook.parallel.hybrid_tied import tie_across_stages
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.composition import refusal
 from playbook.theory.schedules import V_SCHEDULES, check_pipeline
@@ -67,6 +72,12 @@ class Plan:
         return self.microbatches or (self.dims.pp if self.dims.pp > 1 else 1)
 
     @property
+    def played_schedule(self) -> str:
+        """The schedule the driver plays: ``schedule``, or at pp = 1 1F1B of one stage (F₀ B₀ F₁ B₁ …:
+        gradient accumulation over the m micro-batches)."""
+        return self.schedule if self.dims.pp > 1 else "1f1b"
+
+    @property
     def v(self) -> int:
         """Chunks per pipeline rank: interleaved 1F1B's v (Narayanan et al. 2021, §2.2.2), 2 for the V
         shapes ZB-V and DualPipe-V (rank 0 holds the first and the last stage), 1 otherwise."""
@@ -85,7 +96,7 @@ class Plan:
             seq_len=setup.seq_len,
             global_batch=setup.global_batch,
             zigzag=self.zigzag,
-            microbatches=self.m if d.pp > 1 else None,
+            microbatches=self.m if self.m > 1 else None,
         )
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
@@ -118,7 +129,8 @@ class Plan:
 def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = None):
     """Apply TP (+SP), the CP attention core, EP and recomputation to ``model`` for this rank of
     ``mesh``, in that order; returns the model to train (a new module for TP, the same one otherwise). The pipeline
-    (step 4) and the gradient reduction (step 5) belong to the training loop: see ``train_hybrid``."""
+    (step 4, ``hybrid_pp``) and the gradient reduction (step 5, ``hybrid_grads``) belong to the
+    training loop: see ``train_hybrid``."""
     d = mesh.dims
     if d.tp > 1:
         from playbook.parallel.tp import TPGPT
@@ -139,48 +151,16 @@ def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = N
     return model
 
 
-# ---- 5: where gradients are reduced ------------------------------------------------------------
-def sync_gradients(model, mesh, sequence_parallel: bool) -> None:
-    """SP: the norms saw s/t tokens each, sum over tp; so did the MoE layers (router, experts) under
-    any tp: sum over tp (``parallel.tp_moe``). Then average over dp×cp in one flat
-    all-reduce; expert weights (their gradient already summed over the tokens that reached them)
-    are summed over their replicas and divided by dp·cp too (``parallel.ep``)."""
-    if sequence_parallel:
-        from playbook.parallel.tp import sync_replicated_grads
-
-        sync_replicated_grads(model, mesh.group("tp"))
-    if mesh.size("tp") > 1:  # MoE layers (if any) saw 1/tp of the tokens: sum over tp
-        from playbook.parallel.tp_moe import sync_over_tp
-
-        sync_over_tp(model, mesh.group("tp"))
-    n = mesh.size("dp_cp")
-    if n == 1:
-        return
-    named = list(model.named_parameters())
-    dense = [p.grad for k, p in named if ".mlp.experts." not in k and p.grad is not None]
-    experts = [p for k, p in named if ".mlp.experts." in k]
-    all_reduce_flat(dense, mesh.group("dp_cp"), divide_by=n)
-    if experts and mesh.size("ep_replica") > 1:  # an expert that got no token here has no grad: zeros + a flag
-        had = torch.tensor([p.grad is not None for p in experts], dtype=torch.float32, device=experts[0].device)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in experts]
-        all_reduce_flat(grads + [had], mesh.group("ep_replica"))
-        for p, g, flag in zip(experts, grads, had):
-            p.grad = g if flag > 0 else None
-    for p in experts:
-        if p.grad is not None:
-            p.grad /= n
-
-
+# ---- the reported loss --------------------------------------------------------------------------
 def global_loss(loss: torch.Tensor, mesh) -> torch.Tensor:
-    """The global batch's loss for reporting, outside the step's accounting (axis "report"): the
-    last stage's loss to every stage, then the mean over dp×cp."""
+    """The global batch's loss for reporting, outside the step's accounting (axis "report"): every
+    rank holds its share (Σ of its token losses / global tokens; the last stage's, and every stage's
+    aux loss), so the sum over the pipeline's stages and over dp×cp."""
     with trace.on_axis("report"):
         loss = loss.clone()
-        if mesh.size("pp") > 1:
-            dist.all_reduce(loss, group=mesh.group("pp"))  # only the last stage holds a non-zero loss
-        if mesh.size("dp_cp") > 1:
-            dist.all_reduce(loss, group=mesh.group("dp_cp"))
-            loss /= mesh.size("dp_cp")
+        for axis in ("pp", "dp_cp"):
+            if mesh.size(axis) > 1:
+                dist.all_reduce(loss, group=mesh.group(axis))
     return loss
 
 
@@ -221,25 +201,12 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
 
     hooks = dict(batch=batch, sync_loss=lambda loss: global_loss(loss, mesh), progress=ctx.progress, device=ctx.device)
     pipeline_logs: list = []
-    if d.pp > 1:
-        from playbook.parallel.hybrid_pp import pipeline_hooks
-
-        model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions)
-        hooks.update(sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
-        hooks.update(more)  # ZeRO's sync_grads, if any, replaces the all-reduce
-        if cfg.tie_embeddings:  # the two copies of the embedding summed over their embedding group
-            from playbook.parallel.hybrid_tied import tie_across_stages
-
-            hooks = tie_across_stages(hooks, model, mesh, plan, cfg)
-    elif plan.zero:
-        from playbook.parallel.hybrid_zero import zero_hooks
-
-        hooks.update(zero_hooks(model, mesh, plan, setup, ctx.tracer, positions))
-    else:
-        if positions is not None:  # RoPE at this rank's global positions
-            forward = model.forward
-            model.forward = lambda tokens, targets=None: forward(tokens, targets, positions=positions)
-        hooks.update(model=model, sync_grads=lambda m: sync_gradients(m, mesh, plan.sequence_parallel))
+    # one driver for every layout: pp = 1 is a one-stage pipeline, its m micro-batches gradient accumulation
+    model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions, ctx.tracer)
+    hooks.update(sync_grads=lambda m: reduce_gradients(m, mesh, plan.sequence_parallel))
+    hooks.update(more)  # ZeRO's sync_grads, if any, replaces the all-reduces
+    if cfg.tie_embeddings:  # the two copies of the embedding summed over their embedding group
+        hooks = tie_across_stages(hooks, model, mesh, plan, cfg)
     routing: list = []
     if cfg.is_moe:  # the routing of every forward, for the predictions; every stage's aux loss
         from playbook.parallel.hybrid_moe import moe_hooks

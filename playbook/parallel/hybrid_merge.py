@@ -50,7 +50,7 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
             rank=a["rank"],
             global_batch=setup.global_batch,
             seq_len=setup.seq_len,
-            schedule=plan.schedule,
+            schedule=plan.played_schedule,
             sequence_parallel=plan.sequence_parallel,
             cp_variant=plan.cp_variant,
             microbatches=plan.m,

@@ -8,8 +8,11 @@ pipeline stage puts its aux loss into the graph at its own output (:class:`AuxIn
 forward; backward passes the output gradient through and gives the aux loss the gradient
 ``1/m``), as Megatron-LM's aux-loss auto-scaler does; the model's loss then leaves it out
 (``aux_loss`` None). Every stage's aux loss so counts once, at the scale of the micro-batch's
-cross-entropy (÷ m), whichever stage the layer sits on. For the reported loss each rank adds the
-aux values of its stage; ``hybrid.global_loss`` sums the stages and averages the data ranks.
+cross-entropy (its tokens over the global batch's: 1/m), whichever stage the layer sits on; each
+rank's share of it is unscaled, the data ranks' shares summing to the micro-batch's aux loss as
+their gradients are summed (``hybrid_grads``). One stage (pp = 1) is the same driver. For the
+reported loss each rank adds the aux values of its stage; ``hybrid.global_loss`` sums the stages and
+the data ranks.
 
 **The reference.** With m micro-batches each MoE layer routes one micro-batch at a time: its
 capacity C = ⌈k·T/E·cf⌉ and its aux loss α·E·Σᵢ fᵢ·Pᵢ are functions of that micro-batch's T
@@ -58,6 +61,8 @@ def parallelize_experts(model, mesh, sequence_parallel: bool) -> None:
         block.mlp = TPExpertParallelMoE(block.mlp, tp_group=mesh.group("tp"), tp=d.tp, tp_rank=mesh.index("tp"), **ep)
         if not sequence_parallel:  # the stream is replicated over tp: route this rank's slice of it
             split_tokens(block.mlp, mesh.group("tp"))
+    for layer in moe_layers(model):  # the loss is each rank's share of the global mean: aux shares unscaled
+        layer.n_data_scale = False
 
 
 class AuxIntoGraph(torch.autograd.Function):
@@ -106,7 +111,7 @@ def moe_hooks(hooks: dict, plan, routing: list, mesh) -> dict:
     (``[step][forward]``); inside a pipeline, every stage's aux loss counted (module docstring);
     the reported loss with the aux shares of every tp rank (each routed 1/tp of the tokens)."""
     stage, d = hooks["model"], plan.dims
-    seen, taken = record_routing(stage), count_aux(stage, plan.m if d.pp > 1 else 1, into_graph=d.pp > 1)
+    seen, taken = record_routing(stage), count_aux(stage, plan.m, into_graph=True)
     sync, report = hooks["sync_grads"], hooks["sync_loss"]
 
     def sync_grads(model):
@@ -124,15 +129,12 @@ def moe_hooks(hooks: dict, plan, routing: list, mesh) -> dict:
             loss = loss + every - mine
         return report(loss)
 
-    out = {"sync_grads": sync_grads, "sync_loss": sync_loss}
-    if d.pp > 1:
-        step = hooks["forward_backward"]
+    step = hooks["forward_backward"]
 
-        def forward_backward(model, tokens, targets):  # the last stage's cross-entropy + this stage's aux
-            return step(model, tokens, targets) + sum(taken)
+    def forward_backward(model, tokens, targets):  # the last stage's cross-entropy + this stage's aux
+        return step(model, tokens, targets) + sum(taken)
 
-        out["forward_backward"] = forward_backward
-    return hooks | out
+    return hooks | {"sync_grads": sync_grads, "sync_loss": sync_loss, "forward_backward": forward_backward}
 
 
 # ---- the single-process reference -------------------------------------------------------------
@@ -170,7 +172,7 @@ def reference(setup: TrainSetup, plan) -> tuple[TrainResult, dict | None]:
     the same micro-batches (module docstring); otherwise ``parity.reference``."""
     from playbook.parallel.parity import reference as plain
 
-    if not (setup.config().is_moe and plan.dims.pp > 1 and plan.m > 1):
+    if not (setup.config().is_moe and plan.m > 1):
         return plain(setup), None
     args = (setup, plan.dims.dp, plan.m)
     single = _accumulated(*args, torch.float32)

@@ -78,8 +78,8 @@ def native_on_rank(ctx, setup: TrainSetup, *, dims: ParallelDims, sequence_paral
     def batch(step):
         return task.batch(step, setup.global_batch, setup.seq_len, mesh.coords["dp"], dims.dp, device=ctx.device)
 
-    def sync_loss(loss):  # the tp ranks agree (loss_parallel); the mean of the dp ranks' means
-        return global_loss(loss.full_tensor() if isinstance(loss, DTensor) else loss, mesh)
+    def sync_loss(loss):  # the tp ranks agree (loss_parallel); FSDP2's ranks each hold their own mean
+        return global_loss((loss.full_tensor() if isinstance(loss, DTensor) else loss) / dims.dp, mesh)
 
     return train(
         setup,

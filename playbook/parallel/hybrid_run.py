@@ -108,7 +108,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--zigzag", action="store_true", help="with --cp: zig-zag causal balance")
     parser.add_argument("--schedule", default="1f1b", choices=[*SCHEDULES, *V_SCHEDULES])
     parser.add_argument(
-        "--microbatches", type=int, default=None, help="with --pp: micro-batches per step (default: pp)"
+        "--microbatches",
+        type=int,
+        default=None,
+        help="micro-batches per step (default: pp); at pp=1, gradient accumulation over them",
     )
     parser.add_argument(
         "--chunks",
@@ -138,10 +141,6 @@ def _idle_flags(dims: ParallelDims, options: dict) -> list[tuple[bool, str]]:
         (
             variant != "ring" and dims.cp == 1,
             f"--cp-variant {variant} is context parallelism, and cp=1 here; add --cp 2",
-        ),
-        (
-            options.get("microbatches") is not None and dims.pp == 1,
-            "--microbatches feeds a pipeline, and pp=1 here; add --pp 2 or drop --microbatches",
         ),
         (
             options.get("virtual_stages") is not None and dims.pp == 1,

@@ -6,7 +6,7 @@ With ``tie_embeddings`` the output head reuses the word embedding, one [vocab, h
 and the head on the last, so both ranks hold a copy: every rank builds the whole model from the
 same seed before the pipeline is cut, so the copies start equal. Each copy's gradient is then only
 its own use (the lookup on the first stage, the projection on the last); after backward, and
-before the gradients are reduced over dp×cp, the two are summed over the two-rank *embedding group*
+before the gradients are summed over dp×cp, the two are summed over the two-rank *embedding group*
 (``axis "embed"``): both copies then hold the single process's gradient, AdamW takes the same step
 on both, and they stay equal. Megatron sums over the embedding group after the data-parallel
 all-reduce; the two sums commute, but ZeRO's reduce-scatter leaves each rank a slice of the flat

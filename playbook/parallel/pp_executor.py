@@ -5,8 +5,9 @@ head and loss; a stage is a contiguous range of pieces (``Chunk``). ``run_step``
 ``Schedule`` objects that the simulator plays (``playbook.theory.schedules``): its actions, in
 order, with ``isend`` (never blocks) and receives that block where the list has them (posted up
 front with ``irecv``, waited on there), tagged by (micro-batch, receiving stage). Each
-micro-batch's loss is divided by m, so the m backward passes add up to the gradient of the global
-batch's mean loss, exactly as the single-process reference computes it.
+micro-batch's loss is the sum of its token losses divided by the global batch's token count, so
+the m backward passes add up to the gradient of the global batch's mean loss, exactly as the
+single-process reference computes it.
 
 ZB-H1 (Qi et al. 2023, arXiv:2401.10241) splits the backward: B = ``torch.autograd.grad`` of the
 stage output w.r.t. the stage input *and* w.r.t. the output of every module that owns parameters
@@ -54,21 +55,27 @@ class Pieces(nn.Module):
 class Chunk(Pieces):
     """The contiguous pieces [start, end) as one stage: calls the model's own ``embed``, ``head``
     and ``loss``, so a tensor-parallel GPT is chunked alike. ``positions`` ([s/cp] int64, None:
-    0..s-1): the RoPE positions of this rank's tokens under context parallelism, given to every block."""
+    0..s-1): the RoPE positions of this rank's tokens under context parallelism, given to every block.
+
+    ``run(piece, fn, x)`` runs each piece (default ``fn(x)``): ZeRO-3 puts its own runner there, which
+    gathers a piece's weights before it and frees them after (``hybrid_zero``). ``over``: the global
+    batch's token count, which the loss divides the sum of this micro-batch's token losses by (None:
+    this micro-batch's tokens times m, the whole batch when one rank reads it all)."""
 
     def __init__(self, model: nn.Module, start: int, end: int, positions: torch.Tensor | None = None):
         super().__init__(model, range(start, end))
         self.start, self.end, self.first, self.last = start, end, start == 0, end == model.cfg.n_layers + 2
         self.embed, self.head, self.loss = model.embed, model.head, model.loss  # bound methods, not modules
-        self.positions = positions
+        self.positions, self.over = positions, None
+        self.run = lambda piece, fn, x: fn(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            x = self.embed(x)  # tokens [b, s] -> [b, s, hidden] (SP: [b, s/tp, hidden])
-        for block in self.blocks.values():
-            x = block(x, self.positions)  # [b, s, hidden] (s: this rank's tokens)
+            x = self.run(0, self.embed, x)  # tokens [b, s] -> [b, s, hidden] (SP: [b, s/tp, hidden])
+        for i, block in self.blocks.items():
+            x = self.run(int(i) + 1, lambda x, block=block: block(x, self.positions), x)  # [b, s, hidden]
         if self.last:
-            x = self.head(x)  # [b, s, vocab]
+            x = self.run(self.end - 1, self.head, x)  # [b, s, vocab]
         return x
 
 
@@ -92,7 +99,7 @@ class StepLog:
     """What one rank saw in one step: compute slots (perf_counter seconds) and held-activation bytes."""
 
     slots: list[Slot] = field(default_factory=list)
-    loss: float = 0.0  # sum of the micro-batch losses / m (last stage only)
+    loss: float = 0.0  # Σ token losses / global tokens over the m micro-batches (last stage only)
     chunk_bytes: dict[int, int] = field(default_factory=dict)  # bytes saved by one F, per chunk
     peak_bytes: int = 0
     sends: list[tuple[int, float, float]] = field(default_factory=list)  # (tag, issued, returned)
@@ -125,7 +132,7 @@ def run_step(
     live: dict[tuple[int, int], dict] = {}  # (mb, chunk) -> input, output, gradients, captured
     mailbox: dict[int, torch.Tensor] = {}  # messages to this same rank (p == 1)
     sends, log = [], StepLog()
-    device = next(chunks[0].parameters()).device
+    device = tokens[0].device  # (a ZeRO-3 chunk has no parameters of its own between pieces)
     span = tracer.span if tracer is not None else (lambda name: contextlib.nullcontext())
 
     def send(t: torch.Tensor, peer: int, tag: int) -> None:
@@ -211,8 +218,8 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
         with held.hooks():
             x = tokens if first else st["input"]  # tokens [b, s] or activations [b, s, hidden]
             y = chunk(x)  # [b, s, hidden] or logits [b, s, vocab]
-            if chunk.last:
-                y = chunk.loss(y, targets) / m  # this micro-batch's share of the global mean loss
+            if chunk.last:  # Σ token losses / global tokens: this micro-batch's share of the global mean
+                y = chunk.loss(y, targets, over=chunk.over or m * targets.numel())
                 log.loss += float(y.detach())
         for h in hooks:
             h.remove()

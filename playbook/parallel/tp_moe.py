@@ -12,10 +12,10 @@ as torchtitan does, because then ep would depend on tp, and the mesh's ep lives 
   :class:`GatherTokens` all-gathers the outputs (its gradient sliced backward).
 
 So the router, the shared and routed experts are replicated parameters fed a sequence-sharded
-input: their gradients are summed over tp (``sync_over_tp``), then over dp×cp as usual. Routing
+input: their gradients are summed over tp, then over dp×cp (``parallel.hybrid_grads``). Routing
 counts are all-gathered over tp, then over dp×cp, so capacity and the Switch aux loss (Fedus et
-al. 2022, §2.2) see the whole batch; the aux share is scaled by dp·cp only, since the gradients are
-averaged over dp×cp and summed over tp.
+al. 2022, §2.2) see the whole batch; each rank's aux share is unscaled, since the gradients are
+summed over tp and dp×cp (``parallel.hybrid_grads``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from playbook.parallel.comm import all_gather, all_reduce_flat
+from playbook.parallel.comm import all_gather
 from playbook.parallel.ep_layers import ExpertParallelMoE
 
 
@@ -67,7 +67,7 @@ def split_tokens(layer: nn.Module, group) -> None:
 class TPExpertParallelMoE(ExpertParallelMoE):
     """:class:`ExpertParallelMoE` whose tokens are also split over ``tp_group``: counts over tp then
     dp×cp (rows ordered data rank major, tp minor: the stage's global rank order), experts over ep
-    among the ranks of the same tp index, aux share × dp·cp."""
+    among the ranks of the same tp index."""
 
     def __init__(self, moe, *, tp_group, tp: int, tp_rank: int, **ep):
         super().__init__(moe, **ep)
@@ -84,24 +84,3 @@ class TPExpertParallelMoE(ExpertParallelMoE):
 
     def run_experts(self, xs, kept_by_rank):
         return super().run_experts(xs, kept_by_rank[self.tp_rank :: self.tp])  # [n, E]: my tp index's ranks
-
-
-def moe_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters of every MoE layer (router, shared and routed experts): replicated over tp,
-    fed 1/tp of the tokens."""
-    from playbook.moe import moe_layers
-
-    return [p for layer in moe_layers(model) for p in layer.parameters()]
-
-
-def sync_over_tp(model: nn.Module, group) -> None:
-    """Sum the MoE parameters' gradients over tp; an expert that got no token on a rank has no
-    gradient there: zeros and a flag travel with the others, and it stays None where no rank had one."""
-    params = moe_parameters(model)
-    if not params:
-        return
-    had = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=params[0].device)
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    all_reduce_flat(grads + [had], group)
-    for p, g, flag in zip(params, grads, had):
-        p.grad = g if flag > 0 else None

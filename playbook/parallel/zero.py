@@ -65,12 +65,15 @@ class Zero:
         expert_group=None,
         n_data: int | None = None,
         summed_first: tuple | None = None,
+        summed: bool = False,
     ):
         check_stage(stage)
         check_precision(precision)
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.units = build_units(model, pieces, self._layout(stage), group, expert_group, n_data or self.n)
+        # ``summed``: each rank's loss is already its share of the global batch's mean (the hybrid's): no division
+        divides = (1, 1) if summed else (None, n_data or self.n)  # (dense units, routed experts' units)
+        self.units = build_units(model, pieces, self._layout(stage), group, expert_group, divides)
         self._own_slices()
         # (group, names): gradients summed over ``group`` before any reduction over the data ranks:
         # under sequence parallelism the norms saw s/tp tokens each (Korthikanti et al. 2022, §4.2.2)
@@ -99,8 +102,8 @@ class Zero:
     def _prepare(self, k: int, u: FlatUnit) -> None:
         """Where unit k's gradient goes: a flat buffer autograd accumulates into (stages 0-1), or hooks
         that reduce-scatter it during backward (2: when its weights' grads are all in; 3: its full buffer's).
-        A routed expert's unit is reduced after backward at every stage (``_reduce_expert``): whether a
-        token reached it is known only then, and each replica must join its reduce-scatter, in unit order."""
+        A routed expert's unit is reduced after backward at every stage (``sync``): whether a token
+        reached it is known only then, and each replica must join its reduce-scatter, in unit order."""
         if self.stage <= 1 or (self.stage == 2 and k in self.fed.of):
             self._flat_grad(u)
         elif self.stage == 2:
@@ -196,9 +199,7 @@ class Zero:
         """Stage 3: unit k's flat gradient is complete: reduce-scatter it, keep our slice, free the rest."""
         unit = self.units[k]
         self._release(k)
-        grad = (
-            unit.full.grad
-        )  # [padded], the sum over this rank's micro-batch (None: a routed expert no token reached here)
+        grad = unit.full.grad  # [padded], the sum over this rank's micro-batch; None: an expert no token reached here
         grad = torch.zeros(unit.padded, dtype=unit.full.dtype, device=unit.full.device) if grad is None else grad
         self._sum_first(unit, grad)
         unit.reduce_scatter(grad)  # in place: slice r gets Σ ranks

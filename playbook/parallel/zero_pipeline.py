@@ -1,6 +1,7 @@
 """ZeRO-2 and ZeRO-3 inside a pipeline: reduce on the last micro-batch, weights gathered once a step.
 
-A pipeline stage runs m micro-batches forward and backward per step, interleaved by its schedule.
+A pipeline stage runs m micro-batches forward and backward per step, interleaved by its schedule
+(one stage with m > 1 too: the hybrid's gradient accumulation at pp = 1, ``hybrid_pp``).
 ZeRO-2's reduce-scatter *during* backward would run m times a step, and ZeRO-3's gather before every
 forward and every backward 2m times. So, as torchtitan does with FSDP under PP (Liang et al. 2024,
 *TorchTitan*: parameters not resharded after forward, gradients reduced on the last micro-batch):
@@ -66,7 +67,7 @@ class PipelineZero(Zero):
         for k, u in enumerate(self.units):
             self._sum_first(u, u.flat_grad)
             u.reduce_scatter(u.flat_grad)
-            u.opt_param.grad = u.flat_grad[u.lo : u.hi] / u.divide  # [shard], its own storage: the mean
+            u.opt_param.grad = u.flat_grad[u.lo : u.hi] / u.divide  # [shard], own storage; ÷ 1: a sum
             u.opt_param.grad = None if self.fed.starved(k) else u.opt_param.grad  # no token reached it
             for p in u.parameters():
                 p.grad = None

@@ -134,8 +134,7 @@ def comm_per_axis(
                 add("tp", col.sent_bytes)
         if cfg.is_moe:
             sizes = dict(rows=rows, seq_len=seq_len, sequence_parallel=sequence_parallel)
-            mb = microbatches if dims.pp > 1 else 1
-            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=mb, flags=not zero, **sizes))
+            add("tp", moe_tp_bytes(cfg, dims, stage, microbatches=microbatches, flags=not zero, **sizes))
         if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
             replicated = sum(rep for _, _, rep in local_units(cfg, dims, ranges=ranges))
             add("tp", sent_bytes("all_reduce", FP32 * replicated, dims.tp))
@@ -160,15 +159,14 @@ def comm_per_axis(
         add("pp", len(sends) * message)
     n = dims.dp * dims.cp
     units = local_units(cfg, dims, ranges=ranges)
-    mb = microbatches if dims.pp > 1 else 1
     if zero and n > 1:  # flat units, dense over dp×cp and routed experts over their replicas
-        gathers = 1 if dims.pp > 1 else None  # ZeRO-3 in a pipeline: gathered once a step (``parallel.zero_pipeline``)
+        gathers = 1 if dims.pp > 1 or microbatches > 1 else None  # ZeRO-3 over micro-batches: gathered once a step
         for axis, sent in zero_comm(flat_units(cfg, dims, ranges), zero, weight_gathers=gathers).items():
             add(replica_axis(dims, rank, data_axis(dims)) if axis == "ep_replica" else axis, sent)
         if cfg.is_moe:  # the routing counts still travel over the data ranks
-            add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb, dense=False)["data"])
+            add(data_axis(dims), data_axis_bytes(cfg, dims, stage, microbatches, dense=False)["data"])
     elif cfg.is_moe:  # routing counts and dense gradients over dp×cp
-        add(data_axis(dims), data_axis_bytes(cfg, dims, stage, mb)["data"])
+        add(data_axis(dims), data_axis_bytes(cfg, dims, stage, microbatches)["data"])
     elif n > 1:
         add(data_axis(dims), sent_bytes("all_reduce", FP32 * sum(split + rep for _, split, rep in units), n))
     first, last = tied_stage_ranks(cfg, dims.pp, schedule, virtual_stages) if cfg.tie_embeddings else (0, 0)

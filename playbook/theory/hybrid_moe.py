@@ -5,7 +5,7 @@ attention, the router, the shared experts, and E/ep routed experts), the final n
 stage). Each MoE forward all-gathers the routing counts over the data ranks (8-byte counts, E per
 rank), so a step sends them m times per MoE layer of the stage; the dense gradients are
 all-reduced over dp×cp and the experts' over their replicas, with one "had a gradient" flag per
-expert tensor (``parallel.hybrid.sync_gradients``). The activations depend on the routing of
+expert tensor (``parallel.hybrid_grads``). The activations depend on the routing of
 each micro-batch (``theory.moe.model_activation_bytes_moe``), so the stage's peak is played from
 the schedule with each micro-batch's own bytes. fp32, no torch.
 """
@@ -169,13 +169,13 @@ def stage_activation_bytes(
 ) -> int | None:
     """Activation bytes at the step's peak on ``rank`` of stage ``stage``: each F of the schedule
     adds its micro-batch's bytes (the embedding, the stage's blocks with the routing of that
-    micro-batch, the head), each B frees them; pp = 1: the one forward. ``forwards``: the first
+    micro-batch, the head), each B frees them (pp = 1: 1F1B of one stage). ``forwards``: the first
     step's routing of this rank's MoE layers, in the order they ran (``RoutingStats.as_dict``:
     ``counts_by_rank``, ``capacity``). ``layout``: ``sequence_parallel``, ``cp_variant``. A split
     backward (ZB-H1): None, not modelled for MoE layers."""
     from playbook.theory.local_activations import activation_pieces
 
-    m = microbatches if dims.pp > 1 else 1
+    m = microbatches  # pp = 1: gradient accumulation, 1F1B of one stage
     b = rows // m
     piece = activation_pieces(cfg.replace(n_experts=0, top_k=0), dims, seq_len=seq_len, micro_batch=b, **layout)
     blocks = stage_blocks(cfg, dims.pp, stage)
@@ -184,9 +184,7 @@ def stage_activation_bytes(
     per_f = moe_layers_in_stage(cfg, dims.pp, stage)
     forwards = for_tp_rank(forwards, dims, rank)
     sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len, **layout)
-    if dims.pp == 1:
-        return fixed + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in forwards[:per_f])
-    plan = make_schedule(schedule, dims.pp, m)
+    plan = make_schedule(schedule if dims.pp > 1 else "1f1b", dims.pp, m)
     if plan.split_backward:  # what W keeps of an MoE layer from B until W is not counted here
         return None
     now = peak = 0

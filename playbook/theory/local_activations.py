@@ -77,13 +77,13 @@ def stage_activation_bytes(
     """Activation bytes at the step's peak on a rank of pipeline stage ``stage`` holding ``rows``
     rows: one micro-batch's pieces (:func:`activation_pieces`) of each of the pp·v virtual stages
     (``theory.pipeline.stage_ranges``), held as the schedule holds them on this rank's chunks
-    (``theory.schedules.held_bytes``; pp = 1: the one forward of all rows). A split backward (ZB-H1,
+    (``theory.schedules.held_bytes``; pp = 1: one micro-batch's forward, 1F1B of one stage). A split backward (ZB-H1,
     ZB-V, DualPipe-V) without TP keeps only W's part from B to W (``chunk_w_bytes``, at s/cp tokens);
     with TP layers, the graph."""
     from playbook.theory.schedules import equal_partition, held_bytes
 
     pp, L = dims.pp, cfg.n_layers
-    b = rows // (microbatches if pp > 1 else 1)
+    b = rows // microbatches  # pp = 1 too: its m micro-batches are gradient accumulation
     piece = activation_pieces(
         cfg,
         dims,
