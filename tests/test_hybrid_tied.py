@@ -76,13 +76,14 @@ def test_only_the_first_and_last_pipeline_ranks_send_on_the_embedding_group():
     assert sent == [4 * 64 * 64, 0, 0, 4 * 64 * 64]
 
 
-ZERO_TWO = [Plan(ParallelDims(dp=2), zero=z) for z in (1, 2, 3)]
+ZERO_TWO = [Plan(ParallelDims(dp=2), zero=z) for z in (1, 2, 3)] + [Plan(ParallelDims(dp=2), zero=3, microbatches=2)]
 
 
-@pytest.mark.parametrize("plan", ZERO_TWO, ids=[f"ZeRO-{p.zero} dp2" for p in ZERO_TWO])
+@pytest.mark.parametrize("plan", ZERO_TWO, ids=[f"ZeRO-{p.zero} dp2 m{p.m}" for p in ZERO_TWO])
 def test_zero_holds_the_tied_weight_in_the_embeddings_unit_only(ranks2, plan):
     """pp = 1: one weight, one unit (the head's unit is its norm only); ZeRO-3 keeps the embedding's
-    unit gathered until the head has read it, so every unit is still gathered twice a step."""
+    unit gathered until the head has read it, so every unit is still gathered twice a step (once
+    with m = 2 micro-batches, gathered for the whole step: ``parallel.zero_pipeline``)."""
     answers = check(ranks2, plan)
     assert all(set(row["measured"]) == {"dp"} for row in comm_table(answers, TIED, plan))
 
