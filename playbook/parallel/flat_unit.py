@@ -8,8 +8,8 @@ model is never one flat buffer that mixes the two (DeepSpeed-MoE, Rajbhandari et
 expert parameters are sharded over the expert-data-parallel group only).
 
 A weight that two modules hold (a tied embedding: the head's ``lm_head.weight`` *is* the
-embedding's ``tok_emb.weight``) belongs to one unit only, the first that lists it (``taken`` in
-``parallel.zero``); every module holding it (``holders_of``) is re-pointed at that unit's view, so
+embedding's ``tok_emb.weight``) belongs to one unit only, the first that lists it (``build_units``);
+every module holding it (``holders_of``) is re-pointed at that unit's view, so
 both uses keep reading, and accumulating their gradients into, the same slice of one flat buffer.
 """
 
