@@ -41,12 +41,6 @@ def refusal(
             "add --dp 2 (or --cp 2) or drop --zero",
         ),
         (
-            zero and cfg.tie_embeddings,
-            "ZeRO with a tied embedding is not composed: parallel.zero.zero's flat units refuse a weight shared "
-            "by the embedding and the head, and the embedding-group sum would have to precede ZeRO's "
-            "reduce-scatter; use --zero 0 with a tied preset, or an untied one",
-        ),
-        (
             cfg.is_moe and d.pp > 1 and (v > 1 or cfg.n_layers % d.pp),
             f"layout {d}: an MoE model's stage is predicted for one equal chunk per pipeline rank (not "
             "written yet for more); use 1f1b, gpipe or zb-h1 with pp dividing n_layers",

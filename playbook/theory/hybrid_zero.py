@@ -9,8 +9,9 @@ weights (twice under stage 3: before the forward and again before the backward).
 
 - a dense unit (embedding, a block without its routed experts, final norm + head) is sharded over
   the dp×cp ranks that hold the same weights, each tp rank sharding its own slices;
-- a block's routed experts are a unit of their own, sharded over the ``ep_replica`` ranks that hold
-  the same experts (dp·cp/ep of them; none when ep = dp·cp: each rank then keeps its whole unit).
+- each routed expert is a unit of its own, sharded over the ``ep_replica`` ranks that hold the same
+  experts (dp·cp/ep of them; none when ep = dp·cp: each rank then keeps its whole unit), so that an
+  expert no token reached can be left to AdamW without a gradient, as in one process.
 
 Pure arithmetic: ``theory.hybrid`` reads it for ``comm_per_axis`` and ``memory_per_rank``.
 """
@@ -35,7 +36,8 @@ def flat_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
     """This rank's flat units as (name, numel, group size N, axis) for the pieces of its pipeline
     chunks ``ranges`` ([start, end) each; piece 0 the embedding, 1..L the blocks, L + 1 the head;
     ``theory.hybrid.chunk_ranges``): the embedding, each block (1/tp of its matrices, norms whole;
-    an MoE block's router and shared experts whole) then its E/ep routed experts, the final norm and head."""
+    an MoE block's router and shared experts whole) then each of its E/ep routed experts, the final norm and head
+    (the norm only when a tied head's embedding is on this rank: one weight, in the embedding's unit)."""
     t, h, n = dims.tp, cfg.hidden, dims.dp * dims.cp
     dense_axis = data_axis(dims)
     expert_axis = "ep_replica" if dims.ep > 1 else dense_axis
@@ -46,11 +48,13 @@ def flat_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
             routed = 3 * h * cfg.expert_ffn_hidden * cfg.n_experts
             replicated = 2 * h + cfg.moe_mlp_params() - routed  # norms, router, shared experts
             units.append((f"block{i}", cfg.attention_params() // t + replicated, n, dense_axis))
-            units.append((f"block{i}.experts", routed // dims.ep, n // dims.ep, expert_axis))
+            for e in range(cfg.n_experts // dims.ep):  # one unit per routed expert (``parallel.zero.flat_unit.Fed``)
+                units.append((f"block{i}.expert{e}", routed // cfg.n_experts, n // dims.ep, expert_axis))
         else:
             units.append((f"block{i}", (cfg.layer_params() - 2 * h) // t + 2 * h, n, dense_axis))
-    if cfg.n_layers + 1 in pieces:
-        units.append(("head", cfg.vocab_size * h // t + h, n, dense_axis))
+    if cfg.n_layers + 1 in pieces:  # a tied head whose embedding is on this rank is in the embedding's unit
+        tied_here = cfg.tie_embeddings and 0 in pieces
+        units.append(("head", (0 if tied_here else cfg.vocab_size * h // t) + h, n, dense_axis))
     return units
 
 

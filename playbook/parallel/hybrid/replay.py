@@ -59,6 +59,7 @@ def setup_and_plan(shrunk: Shrunk, steps: int = 3) -> tuple[TrainSetup, Plan]:
         microbatches=shrunk.microbatches,
         schedule=shrunk.schedule,
         virtual_stages=shrunk.virtual_stages,
+        recompute=shrunk.recompute,
     )
     plan.check(setup)
     return setup, plan

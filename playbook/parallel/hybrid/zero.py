@@ -2,14 +2,14 @@
 that hold the same dense weights, ``dp×cp`` (CP is data parallelism over tokens for everything but
 attention, so its ranks hold replicas too; torchtitan shards FSDP over dp×cp alike), tensor
 parallelism inside (each tp rank shards its own slices), and inside a pipeline over this stage's
-units only. A block's routed experts are a unit of their own, sharded over the ``ep_replica`` ranks
-that hold the same experts (none when ep = dp·cp): the all-to-all already summed their gradient
-over the tokens of the ep group (DeepSpeed-MoE, Rajbhandari et al. 2022, §5.2; DeepSeek-V3 trains
-with ZeRO-1 under EP, DeepSeek-AI 2024, arXiv:2412.19437, §3.2). A routed expert that received no
-token in a step has a zero gradient in its flat unit, which AdamW still applies (weight decay,
-moments), where the single process leaves a gradient-less expert untouched; and under ZeRO-2/3 a
-replica whose local experts all received none would wait for a reduce-scatter its peers never
-start. Our runs route tokens to every expert each step (their parity checks would show otherwise).
+units only. Each routed expert is a unit of its own, sharded over the ``ep_replica`` ranks that hold
+the same experts (none when ep = dp·cp): the all-to-all already summed its gradient over the tokens
+of the ep group (DeepSpeed-MoE, Rajbhandari et al. 2022, §5.2; DeepSeek-V3 trains with ZeRO-1 under
+EP, DeepSeek-AI 2024, arXiv:2412.19437, §3.2). An expert that no token reached in a step keeps no
+gradient, so AdamW leaves it alone as the single process's does (not a zero gradient, which AdamW
+would apply: weight decay, moments, a step counted); and the experts' units are reduced after
+backward in unit order at every stage, so that a replica whose expert got no token still joins the
+reduce-scatter of one that did (``parallel.zero.flat_unit.Fed``).
 
 With one micro-batch on one stage, ``Zero`` runs as chapter 5 built it: ZeRO-2 reduce-scatters each
 unit during backward, ZeRO-3 gathers piece by piece (:func:`piece_runner`). With m > 1 micro-batches
@@ -60,7 +60,7 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
         memory["state_after_backward"] = sum(zero.held().values())
         zero.sync()
         if not first:  # the first step's gradient slices, after the reduce-scatter
-            first.extend(u.opt_param.grad.clone() for u in zero.units)
+            first.extend(None if u.opt_param.grad is None else u.opt_param.grad.clone() for u in zero.units)
             memory["grads"] = zero.held()["grads"]
 
     def finish(result):

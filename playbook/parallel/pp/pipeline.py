@@ -34,6 +34,7 @@ from playbook.measure.held import HeldActivations
 from playbook.measure.memory import gradient_bytes, optimizer_bytes, parameter_bytes
 from playbook.measure.pipeline import activation_report, compare_bubble
 from playbook.model import GPT
+from playbook.parallel.hybrid.tied import single_process_names, sum_with_peer
 from playbook.parallel.pp.executor import Chunk, Pieces, StepLog, check_microbatches, microbatches, run_step
 from playbook.parallel.pp.native import NATIVE, native_limits, native_on_rank
 from playbook.parallel.registry import register
@@ -84,12 +85,8 @@ def on_rank(
     group = group if group is not None else ctx.mesh_for(ParallelDims(pp=ctx.world_size)).group("pp")
     p, rank, cfg = dist.get_world_size(group), dist.get_rank(group), setup.config()
     check_pipeline(p, m, v, name=schedule, n_layers=cfg.n_layers)
-    if cfg.tie_embeddings:
-        raise NotImplementedError(
-            "a tied embedding lives on the first and the last stage, whose gradients would have to be "
-            "summed across them; use an untied preset such as gpt-tiny"
-        )
     plan = make_schedule(schedule, p, m, v)
+    peer = tied_peer(plan, rank, cfg)  # a tied embedding: the rank holding its other copy
     ranges = [stage_ranges(cfg, p * v, partition)[plan.stage(rank, c)] for c in range(v)]
     model = GPT(cfg, seed=setup.seed).to(ctx.device)
     chunks = [Chunk(model, *rg) for rg in ranges]
@@ -106,6 +103,8 @@ def on_rank(
         logs.append(
             run_step(plan, rank, chunks, tokens, targets, shape, group, held, tracer=ctx.tracer, prepost=prepost)
         )
+        if peer is not None:  # the lookup's gradient + the projection's, on both copies (``hybrid_tied``)
+            sum_with_peer((share.tok_emb if hasattr(share, "tok_emb") else share.lm_head).weight.grad, peer, group)
         times.append(time.perf_counter() - t0)
         return torch.tensor(logs[-1].loss, dtype=torch.float64)  # the last stage's loss, exactly; 0 elsewhere
 
@@ -117,6 +116,7 @@ def on_rank(
         forward_backward=forward_backward,
         progress=ctx.progress,
     )
+    result = single_process_names(result) if cfg.tie_embeddings else result
     # by category; parameters, gradients and AdamW state keep the sizes they had after the first step
     memory = {
         "params": parameter_bytes(share),
@@ -134,6 +134,15 @@ def on_rank(
         "memory": memory,
         "ranges": ranges,
     }
+
+
+def tied_peer(plan: Schedule, rank: int, cfg) -> int | None:
+    """With a tied embedding, the pipeline rank holding its other copy (the embedding is on the first
+    stage, the head on the last; Narayanan et al. 2021's embedding group); None if untied, or if this
+    rank holds both (the V of ZB-V and DualPipe-V) or neither."""
+    holder = {plan.stage(r, c): r for r in range(plan.p) for c in range(plan.v)}
+    first, last = holder[0], holder[plan.n_stages - 1]
+    return {first: last, last: first}.get(rank) if cfg.tie_embeddings and first != last else None
 
 
 def merge(answers: list[dict]) -> TrainResult:
@@ -197,9 +206,12 @@ def _on_rank_counting(ctx, setup, **options) -> dict:
 
 def predicted_p2p_bytes(plan: Schedule, setup: TrainSetup, rank: int = 0) -> float:
     """Bytes ``rank`` sends point-to-point per step: one activation (forward) or gradient
-    (backward) of [global_batch/m, seq, hidden] fp32 per send action to another rank."""
-    message = setup.global_batch // plan.m * setup.seq_len * setup.config().hidden * 4
-    return float(sum(message for a in plan.actions[rank] if a.kind.startswith("send") and a.peer != rank))
+    (backward) of [global_batch/m, seq, hidden] fp32 per send action to another rank, and with a
+    tied embedding its copy's [vocab, hidden] gradient to the other end (``tied_peer``)."""
+    cfg = setup.config()
+    message = setup.global_batch // plan.m * setup.seq_len * cfg.hidden * 4
+    tied = 4 * cfg.vocab_size * cfg.hidden if tied_peer(plan, rank, cfg) is not None else 0  # the copy's gradient
+    return float(sum(message for a in plan.actions[rank] if a.kind.startswith("send") and a.peer != rank) + tied)
 
 
 @register(
@@ -228,7 +240,9 @@ def run_pp(
     results = launch(_on_rank_counting, world_size, setup, schedule=schedule, m=microbatches, v=chunks, backend=backend)
     reference = single_process(setup)
     native = None
-    if native_limits(schedule, world_size, microbatches):
+    if setup.config().tie_embeddings:
+        native = {"skipped": "torch.distributed.pipelining's stages do not sum a tied embedding's two copies"}
+    elif native_limits(schedule, world_size, microbatches):
         native = {"skipped": native_limits(schedule, world_size, microbatches)}
     elif not no_native:
         nat = launch(native_on_rank, world_size, setup, schedule=schedule, m=microbatches, v=chunks, backend=backend)

@@ -64,10 +64,11 @@ class PipelineZero(Zero):
 
     def sync(self) -> None:
         """After the last micro-batch: sum, reduce-scatter, keep this rank's slice, drop the rest."""
-        for u in self.units:
+        for k, u in enumerate(self.units):
             self._sum_first(u, u.flat_grad)
             u.reduce_scatter(u.flat_grad)
             u.opt_param.grad = u.flat_grad[u.lo : u.hi] / u.divide  # [shard], own storage; ÷ 1: a sum
+            u.opt_param.grad = None if self.fed.starved(k) else u.opt_param.grad  # no token reached it
             for p in u.parameters():
                 p.grad = None
             del u.flat_grad  # the whole gradient goes: 1/N of it is held until the next step
@@ -82,6 +83,7 @@ class PipelineZero(Zero):
                     dist.all_gather_single(u.flat, u.flat[u.lo : u.hi], group=u.group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self.fed.clear()
         for u in self.units:
             self._flat_grad(u)  # the next step's micro-batches accumulate into a fresh buffer
 

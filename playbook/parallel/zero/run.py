@@ -45,7 +45,7 @@ def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True, precis
     def sync(_):
         zero.sync()
         if not first:  # the first step's gradient slices, after the reduce-scatter
-            first.extend(u.opt_param.grad.clone() for u in zero.units)
+            first.extend(None if u.opt_param.grad is None else u.opt_param.grad.clone() for u in zero.units)
 
     result = train_sharded(
         ctx,
@@ -95,6 +95,11 @@ def run_zero(
 ):
     check_stage(stage)
     check_precision(precision)
+    if setup.config().tie_embeddings:  # the chapter's predictions (``theory.zero.zero_units``) are an untied GPT's
+        raise ValueError(
+            f"{setup.model}: playbook run zero predicts the units of an untied GPT; a tied embedding runs "
+            f"under ZeRO in playbook run hybrid --dp {world_size} --zero {stage}, or use an untied preset such as gpt-tiny"
+        )
     setup.local_batch(world_size)  # the global batch must split over the ranks (clear error otherwise)
     backend = default_backend(world_size) if backend == "auto" else backend
     options = dict(stage=stage, prefetch=prefetch, precision=precision)

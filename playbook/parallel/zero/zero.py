@@ -14,10 +14,11 @@ ranks; ZeRO gives each rank one N-th of it and moves the rest in when needed:
   unit's gather is issued early (prefetch) so that it can overlap compute. Sent: 3S(N-1)/N (1.5×).
 
 The model is cut into *units* (the embedding, each block, the head: ``theory.zero.zero_units``;
-a block's routed experts are a unit of their own, sharded over their replicas: ``parallel.zero.flat_unit``),
+each routed expert is a unit of its own, sharded over its replicas: ``parallel.zero.flat_unit``),
 each one flat fp32 buffer padded with zeros to a multiple of N so that every rank owns an equal
 slice [r·s, (r+1)·s). Stage 0 (plain data parallelism, one all-reduce per unit) uses the same
-buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero``.
+buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero``. A tied embedding is one
+unit that the head reads too (ZeRO-3 keeps it gathered from the embedding's forward to the head's).
 
 ``Zero`` is the algorithm (its ``zero_grad`` and ``step`` make it the optimizer of the one training
 loop); ``zero.run`` trains and measures it (``playbook run zero``), ``hybrid.zero`` puts it in a mesh.
@@ -35,9 +36,9 @@ from playbook.measure.memory import optimizer_bytes
 from playbook.measure.sharding import storage_bytes, storages
 from playbook.measure.trace import Span
 from playbook.model import GPT
-from playbook.parallel.zero.flat_unit import ROUTED, FlatUnit, units_of
+from playbook.parallel.zero.flat_unit import FlatUnit, Fed, build_units, gather_units, piece_map
 from playbook.parallel.mixed import MixedPrecisionAdamW, check_precision
-from playbook.theory.zero import check_stage, check_untied
+from playbook.theory.zero import check_stage
 
 
 class Zero:
@@ -68,27 +69,17 @@ class Zero:
     ):
         check_stage(stage)
         check_precision(precision)
-        check_untied(model.cfg)  # one weight in two units (a tied head) cannot be flattened
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        names = {id(p): name for name, p in model.named_parameters()}
-        # routed experts: their own units over the ranks holding the same experts, ``expert_group``, the
-        # gradient divided by the dp·cp data ranks ``n_data`` (it already sums their ep group's tokens)
         # ``summed``: each rank's loss is already its share of the global batch's mean (the hybrid's): no division
-        n_data, layout = 1 if summed else (n_data or self.n), self._layout(stage)
-        self.units = [
-            FlatUnit(name, mods, names, layout, expert_group, lambda k: ROUTED in k, n_data)
-            if routed
-            else FlatUnit(name, mods, names, layout, group, lambda k: ROUTED not in k, 1 if summed else None)
-            for name, _, mods, routed in units_of(model, pieces)
-        ]
+        divides = (1, 1) if summed else (None, n_data or self.n)  # (dense units, routed experts' units)
+        self.units = build_units(model, pieces, self._layout(stage), group, expert_group, divides)
         self._own_slices()
         # (group, names): gradients summed over ``group`` before any reduction over the data ranks:
         # under sequence parallelism the norms saw s/tp tokens each (Korthikanti et al. 2022, §4.2.2)
         self.summed_first = summed_first
-        self.pieces: dict[int, list[int]] = {}  # piece (embedding, block, head) -> its units, in forward order
-        for k, (_, piece, _, _) in enumerate(units_of(model, pieces)):
-            self.pieces.setdefault(piece, []).append(k)
+        self.pieces, self.reads, self.last_read = piece_map(model, pieces, self.units)
+        self.fed = Fed(model, pieces)  # which routed experts' units a token reached this step
         slices = [u.opt_param for u in self.units]
         self.optimizer = (
             MixedPrecisionAdamW(slices, lr=lr) if precision == "mixed" else torch.optim.AdamW(slices, lr=lr)
@@ -110,14 +101,17 @@ class Zero:
 
     def _prepare(self, k: int, u: FlatUnit) -> None:
         """Where unit k's gradient goes: a flat buffer autograd accumulates into (stages 0-1), or hooks
-        that reduce-scatter it during backward (2: when its weights' grads are all in; 3: its full buffer's)."""
-        if self.stage <= 1:
+        that reduce-scatter it during backward (2: when its weights' grads are all in; 3: its full buffer's).
+        A routed expert's unit is reduced after backward at every stage (``sync``): whether a token
+        reached it is known only then, and each replica must join its reduce-scatter, in unit order."""
+        if self.stage <= 1 or (self.stage == 2 and k in self.fed.of):
             self._flat_grad(u)
         elif self.stage == 2:
             for p in u.parameters():
                 p.register_post_accumulate_grad_hook(lambda p, k=k: self._grad_ready(k))
         else:
-            u.full.register_post_accumulate_grad_hook(lambda full, k=k: self._after_backward(k))
+            done = self._release if k in self.fed.of else self._after_backward
+            u.full.register_post_accumulate_grad_hook(lambda full, k=k: done(k))
 
     def _flat_grad(self, u: FlatUnit) -> None:
         """A zeroed flat gradient [padded] for unit ``u``, its parameters' grads views of it."""
@@ -145,18 +139,19 @@ class Zero:
         self._gather_piece(piece)
         if self.prefetch:
             self._gather_piece(piece + 1, async_op=True)  # in flight while this piece computes
-        for k in self.pieces[piece]:
+        for k in self.reads[piece]:
             self.units[k].bind()
         with self._span("forward"):
             out = fn(x)
-        for k in self.pieces[piece]:
-            self.units[k].free()  # autograd keeps views of full; its storage comes back before backward
+        for k in self.reads[piece]:
+            if self.last_read[k] == piece:  # a tied embedding stays gathered until the head has run
+                self.units[k].free()  # autograd keeps views of full; its storage comes back before backward
         self._track()
         out.register_hook(lambda grad, piece=piece: self._before_backward(piece))
         return out
 
     def _gather_piece(self, piece: int, async_op: bool = False) -> None:
-        for k in self.pieces.get(piece, []):
+        for k in self.reads.get(piece, []):
             self._gather(k, async_op)
 
     def _gather(self, k: int, async_op: bool = False) -> None:
@@ -193,18 +188,23 @@ class Zero:
                 self.bwd_spans[k] = Span(self.rank, "compute", "backward", time.perf_counter())
                 self.tracer.spans.append(self.bwd_spans[k])
 
-    def _after_backward(self, k: int) -> None:
-        """Stage 3: unit k's flat gradient is complete: reduce-scatter it, keep our slice, free the rest."""
-        unit = self.units[k]
+    def _release(self, k: int) -> None:
+        """Stage 3: unit k's backward is done: its weights go (a routed expert keeps its gradient for ``sync``)."""
         if k in self.bwd_spans:
             self.bwd_spans.pop(k).end = time.perf_counter()
         self._track()
-        grad = unit.full.grad  # [padded], the sum over this rank's micro-batch
+        self.units[k].free()
+
+    def _after_backward(self, k: int) -> None:
+        """Stage 3: unit k's flat gradient is complete: reduce-scatter it, keep our slice, free the rest."""
+        unit = self.units[k]
+        self._release(k)
+        grad = unit.full.grad  # [padded], the sum over this rank's micro-batch; None: an expert no token reached here
+        grad = torch.zeros(unit.padded, dtype=unit.full.dtype, device=unit.full.device) if grad is None else grad
         self._sum_first(unit, grad)
         unit.reduce_scatter(grad)  # in place: slice r gets Σ ranks
         unit.opt_param.grad = grad[unit.lo : unit.hi] / unit.divide  # [shard], a new tensor: the mean
         unit.full.grad = None
-        unit.free()
         self._track()
 
     def _grad_ready(self, k: int) -> None:
@@ -224,8 +224,9 @@ class Zero:
             p.grad = None
 
     def sync(self) -> None:
-        """After backward. Stage 0: all-reduce; stage 1: reduce-scatter each unit; 2 and 3: done during backward."""
-        for u in self.units:
+        """After backward. Stage 0: all-reduce; stage 1: reduce-scatter each unit; 2 and 3: done during
+        backward, but for the routed experts' units. An expert no token reached keeps no gradient (``Fed``)."""
+        for k, u in enumerate(self.units):
             if self.stage <= 1:
                 self._sum_first(u, u.flat_grad)
             if self.stage == 0:
@@ -235,18 +236,23 @@ class Zero:
             elif self.stage == 1:
                 u.reduce_scatter(u.flat_grad)
                 u.flat_grad[u.lo : u.hi].div_(u.divide)
+            elif k in self.fed.of:  # a routed expert's unit, reduced now (``_prepare``)
+                self._after_backward(k) if self.stage == 3 else self._reduce_flat(u)
+            if self.fed.starved(k):
+                u.opt_param.grad = None  # AdamW skips it, as the single process's AdamW skips a gradient-less expert
+
+    def _reduce_flat(self, u: FlatUnit) -> None:
+        """Stage 2, a routed expert: its whole flat gradient reduce-scattered; the slice stays, the rest goes."""
+        u.reduce_scatter(u.flat_grad)
+        u.opt_param.grad = u.flat_grad[u.lo : u.hi] / u.divide  # [shard]
+        for p in u.parameters():
+            p.grad = None
+        del u.flat_grad
 
     def _sum_first(self, u: FlatUnit, flat: torch.Tensor) -> None:
         """Sum the gradients of ``summed_first``'s parameters in ``u``'s flat gradient over its group, in place."""
-        if self.summed_first is None:
-            return
-        group, names = self.summed_first
-        parts = [v for spec, v in zip(u.specs, u.views(flat)) if spec[4] in names]  # views into flat
-        if parts:
-            joined = torch.cat(parts)  # [Σ numel]
-            dist.all_reduce(joined, group=group)
-            for v, y in zip(parts, joined.split([p.numel() for p in parts])):
-                v.copy_(y)
+        if self.summed_first is not None:
+            u.sum_over(flat, *self.summed_first)
 
     def step(self) -> None:
         """AdamW on this rank's slices; stages 1-2 then all-gather the updated weights (in place)."""
@@ -259,9 +265,13 @@ class Zero:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients, as an optimizer does (the one loop calls ``zero_grad(set_to_none=True)``);
         stages 0-1 zero their flat gradient buffer instead, which autograd accumulates into."""
-        for u in self.units:
+        self.fed.clear()
+        for k, u in enumerate(self.units):
             if self.stage <= 1:
                 u.flat_grad.zero_()
+                u.opt_param.grad = u.flat_grad if self.stage == 0 else u.flat_grad[u.lo : u.hi]  # after a starved step
+            elif self.stage == 2 and k in self.fed.of:
+                self._flat_grad(u)  # a routed expert's whole gradient, reduced after backward
             else:
                 u.opt_param.grad = None
 
@@ -285,11 +295,4 @@ class Zero:
 
     def gather(self, slices: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Whole named tensors from one slice per unit (for parity checks; issues all-gathers)."""
-        out = {}
-        for u, s in zip(self.units, slices):
-            full = s.detach().clone()
-            if s.numel() != u.padded:
-                full = torch.empty(u.padded, device=s.device, dtype=s.dtype)
-                u.all_gather(full, s.detach().contiguous())
-            out.update(u.split(full))
-        return out
+        return gather_units(self.units, slices)
