@@ -84,4 +84,4 @@ def sum_with_peer(grad: torch.Tensor, peer: int, group) -> None:
     grad += theirs
 
 
-TIED_TAG = 2**30  # above every micro-batch message's tag (``pp_executor._tag``)
+TIED_TAG = 2**30  # above every micro-batch message's tag (``pp.executor._tag``)
