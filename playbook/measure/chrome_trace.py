@@ -10,7 +10,8 @@ this format too. :func:`chrome_trace` turns the tracer's spans (``playbook.measu
   with the bytes, bytes sent, mesh axis, group and dtype in its ``args``;
 - a *flow* (``"ph": "s"`` then ``"f"``) from each send to the receive that took it: the k-th
   message from rank a to rank b with tag t is the k-th receive at b from a with tag t, the order
-  both gloo and NCCL deliver in;
+  both gloo and NCCL deliver in (a ``batch_isend_irecv`` counts each message of its list: a ring
+  step's arrows leave and enter the same slice);
 - an *instant event* (``"ph": "i"``) at every step boundary (compute spans named ``step N``).
 
 The format: Google's "Trace Event Format" document (the JSON Object Format, ``traceEvents``).
@@ -73,16 +74,26 @@ def chrome_trace(spans, *, title: str = "playbook run") -> dict:
         events.append(event)
         if kind == "compute" and name.startswith("step "):
             events.append({"ph": "i", "s": "g", "name": name, "pid": rank, "tid": COMPUTE, "ts": start})
-        peer = _get(s, "peer")
-        if kind == "comm" and peer is not None and name in _SENDS | _RECVS:
-            where = (rank, peer) if name in _SENDS else (peer, rank)  # (from, to)
-            (sends if name in _SENDS else recvs)[where + (_get(s, "tag", 0),)].append(event)
+        for way, peer, tag in _messages(s):
+            where = (rank, peer) if way == "send" else (peer, rank)  # (from, to)
+            (sends if way == "send" else recvs)[where + (tag,)].append(event)
     for flow_id, (key, out, into) in enumerate(
         (key, a, b) for key in sorted(sends) for a, b in zip(sends[key], recvs.get(key, []))
     ):
         events.append(_flow("s", flow_id, out, key))
         events.append(_flow("f", flow_id, into, key))
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+
+
+def _messages(span) -> list[tuple[str, int, int]]:
+    """The point-to-point messages a span carries, as ("send" | "recv", global peer, tag): one for a
+    send or receive, each of its list for a ``batch_isend_irecv`` (a ring step sends and receives)."""
+    if _get(span, "kind") != "comm":
+        return []
+    name, peer = _get(span, "name"), _get(span, "peer")
+    if name in _SENDS | _RECVS and peer is not None:
+        return [("send" if name in _SENDS else "recv", peer, _get(span, "tag", 0))]
+    return [tuple(m) for m in _get(span, "p2p", ()) or ()]
 
 
 def _flow(phase: str, flow_id: int, slice_: dict, key: tuple) -> dict:
