@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from playbook.cli import main
 from playbook.cluster import LAUNCHED_TRACES
-from playbook.measure.chrome_trace import COMM, COMPUTE, chrome_trace
+from playbook.measure.chrome_trace import COMM, COMPUTE, TORCH_TIDS, chrome_trace, write_chrome_trace
 
 BATCH = "batch_isend_irecv"
 REQUIRED = {"X": {"name", "ph", "pid", "tid", "ts", "dur"}, "M": {"name", "ph", "pid", "args"}}
@@ -18,8 +18,8 @@ REQUIRED = {"X": {"name", "ph", "pid", "tid", "ts", "dur"}, "M": {"name", "ph", 
 
 def check_format(trace: dict, spans: list[dict]) -> dict:
     """Every check a viewer relies on; returns the complete events by rank."""
-    events = trace["traceEvents"]
     json.dumps(trace)  # JSON as it stands
+    events = [e for e in trace["traceEvents"] if e.get("tid", 0) < TORCH_TIDS]  # the profiler's: see below
     by_rank = defaultdict(list)
     for e in events:
         assert REQUIRED.get(e["ph"], {"ph", "pid", "ts"}) <= set(e), e
@@ -128,6 +128,40 @@ def test_ranks_write_their_last_call_as_a_trace(ranks2, tmp_path):
     got = check_format(trace, ranks2.last_trace)
     assert len(got["flows"]) == 3  # three messages, three arrows
     assert {f["s"]["name"] for f in got["flows"].values()} == {"message 0→1 tag 7"}
+
+
+def ping_pong_profiled(ctx, path):
+    """ping_pong, with torch.profiler recording rank 0's operators (its Chrome export written to path)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if ctx.rank != 0:
+        return ping_pong(ctx)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        result = ping_pong(ctx)
+    prof.export_chrome_trace(str(path))
+    return result
+
+
+def test_one_ranks_torch_profile_folds_in_on_the_same_clock(ranks2, tmp_path):
+    """The profiler's operators land in rank 0's process, each inside the compute span that ran it
+    (``t * 2`` is an aten::mul inside "compute"): the two clocks agree to within 0.1 ms."""
+    ranks2.run(ping_pong_profiled, tmp_path / "torch.json", progress=False)
+    path = write_chrome_trace(tmp_path / "both.json", ranks2.last_trace, torch_profile=(0, tmp_path / "torch.json"))
+    trace = json.loads(path.read_text())
+    check_format(trace, ranks2.last_trace)  # our spans, as without the profile
+    ops = [e for e in trace["traceEvents"] if e.get("tid", 0) >= TORCH_TIDS and e["ph"] == "X"]
+    assert ops and {e["pid"] for e in ops} == {0}
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert all(names[e["tid"]].startswith("torch.profiler") for e in ops)
+    for tid in {e["tid"] for e in ops}:
+        ts = [e["ts"] for e in ops if e["tid"] == tid]
+        assert ts == sorted(ts)
+    compute = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 0 and e["name"] == "compute"]
+    muls = [e for e in ops if e["name"] == "aten::mul"]  # t * 2 in each compute span (and torch.ones(4) * rank)
+    assert len(compute) == 3
+    for c in compute:
+        inside = [m for m in muls if c["ts"] - 100 <= m["ts"] and m["ts"] + m["dur"] <= c["ts"] + c["dur"] + 100]
+        assert len(inside) == 1, (c, muls)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ this format too. :func:`chrome_trace` turns the tracer's spans (``playbook.measu
   message from rank a to rank b with tag t is the k-th receive at b from a with tag t, the order
   both gloo and NCCL deliver in (a ``batch_isend_irecv`` counts each message of its list: a ring
   step's arrows leave and enter the same slice);
-- an *instant event* (``"ph": "i"``) at every step boundary (compute spans named ``step N``).
+- an *instant event* (``"ph": "i"``) at every step boundary (compute spans named ``step N``);
+- optionally, one rank's ``torch.profiler`` operators beside its spans (:func:`fold_profile`).
 
 The format: Google's "Trace Event Format" document (the JSON Object Format, ``traceEvents``).
 Open the file at https://ui.perfetto.dev (it stays in the browser) or in ``chrome://tracing``.
@@ -21,6 +22,7 @@ Open the file at https://ui.perfetto.dev (it stays in the browser) or in ``chrom
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -42,9 +44,11 @@ def _end(span) -> float:
     return _get(span, "start")
 
 
-def chrome_trace(spans, *, title: str = "playbook run") -> dict:
+def chrome_trace(spans, *, title: str = "playbook run", torch_profile: tuple[int, dict] | None = None) -> dict:
     """The Chrome trace (a JSON-ready dict) of ``spans``: ``Span`` objects or their dicts, of any
-    number of ranks (``ranks.last_trace`` holds every rank's spans of the last call)."""
+    number of ranks (``ranks.last_trace`` holds every rank's spans of the last call).
+    ``torch_profile=(rank, trace)``: fold in what ``torch.profiler`` exported on that rank during
+    the same call (its ``export_chrome_trace`` file, loaded), on the same clock (:func:`fold_profile`)."""
     spans = sorted(spans, key=lambda s: (_get(s, "rank"), _get(s, "start")))
     if not spans:
         return {"traceEvents": [], "displayTimeUnit": "ms", "otherData": {"title": title}}
@@ -82,7 +86,30 @@ def chrome_trace(spans, *, title: str = "playbook run") -> dict:
     ):
         events.append(_flow("s", flow_id, out, key))
         events.append(_flow("f", flow_id, into, key))
+    if torch_profile is not None:
+        events += fold_profile(*torch_profile, t0=t0)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+
+
+TORCH_TIDS = 2  # the profiler's threads of a rank come after its compute and communication threads
+
+
+def fold_profile(rank: int, profile: dict, *, t0: float) -> list[dict]:
+    """The complete events of one rank's ``torch.profiler`` Chrome export, moved onto this file's
+    clock: the profiler stamps µs of wall-clock time after its ``baseTimeNanoseconds``, the tracer
+    ``time.perf_counter()`` seconds (both clocks are shared by every process on one machine; their
+    difference is read here). Each profiler thread becomes a thread of process ``rank``, after the
+    compute and communication threads, named "torch.profiler" (operators, with their own args)."""
+    shift = profile.get("baseTimeNanoseconds", 0) / 1e3 - (time.time() - time.perf_counter()) * 1e6 - t0 * 1e6
+    kept = [e for e in profile.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
+    tids = {tid: TORCH_TIDS + i for i, tid in enumerate(sorted({str(e.get("tid")) for e in kept}))}
+    out = [
+        {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": f"torch.profiler {original}"}}
+        for original, tid in tids.items()
+    ]
+    for e in sorted(kept, key=lambda e: e["ts"]):
+        out.append({**e, "pid": rank, "tid": tids[str(e.get("tid"))], "ts": round(e["ts"] + shift, 3)})
+    return out
 
 
 def _messages(span) -> list[tuple[str, int, int]]:
@@ -112,8 +139,11 @@ def _flow(phase: str, flow_id: int, slice_: dict, key: tuple) -> dict:
     return event
 
 
-def write_chrome_trace(path, spans, *, title: str = "playbook run") -> Path:
-    """Write :func:`chrome_trace` of ``spans`` to ``path`` (JSON); returns the path."""
+def write_chrome_trace(path, spans, *, title: str = "playbook run", torch_profile=None) -> Path:
+    """Write :func:`chrome_trace` of ``spans`` to ``path`` (JSON); returns the path.
+    ``torch_profile=(rank, file)``: fold in that rank's ``torch.profiler`` export (a path or its dict)."""
     path = Path(path)
-    path.write_text(json.dumps(chrome_trace(spans, title=title)))
+    if torch_profile is not None and not isinstance(torch_profile[1], dict):
+        torch_profile = (torch_profile[0], json.loads(Path(torch_profile[1]).read_text()))
+    path.write_text(json.dumps(chrome_trace(spans, title=title, torch_profile=torch_profile)))
     return path
