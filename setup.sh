@@ -83,11 +83,11 @@ fi
 # Its output follows the tests' output; an interrupted run stops it too.
 say "chapters: pytest --nbmake notebooks/ beside the tests (every chapter executed as a course's CI would; each cell within 120 s)"
 nblog="$(mktemp)" nbstart=$(date +%s)
-python -m pytest --nbmake --nbmake-timeout=120 notebooks/ "$@" >"$nblog" 2>&1 &
+python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@" >"$nblog" 2>&1 &   # each chapter's time
 nbpid=$!
 trap 'kill "$nbpid" 2>/dev/null; rm -f "$nblog"' EXIT
 status=0
-python -m pytest tests ${ignore[@]+"${ignore[@]}"} "$@" || status=$?
+python -m pytest tests --durations=15 ${ignore[@]+"${ignore[@]}"} "$@" || status=$?   # the slowest tests, to cut next
 stage_done tests
 nbstatus=0
 wait "$nbpid" || nbstatus=$?
