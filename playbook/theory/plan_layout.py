@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, step_cost, with_schedule
+from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_memory import memory_breakdown
 from playbook.theory.plan_schedule import ENDS
 from playbook.theory.planner import MEM_UTIL, Layout, plan
@@ -84,9 +85,10 @@ def cost_layout(
         overlap=overlap,
         precision=precision,
         mesh_order=mesh_order,
+        grad_bytes=GRAD_REDUCE_BYTES[activations],
     )
     cost = with_schedule(base, pp=lay.pp, microbatches=lay.microbatches, schedule=lay.schedule, v=lay.v)
-    total, budget = sum(memory.values()), hw.memory_bytes * mem_util
+    total, budget = sum(memory.values()), hw.capacity_bytes * mem_util
     out = {
         "layout": str(lay),
         "gpus": gpus,

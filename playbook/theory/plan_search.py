@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.memory import RECOMPUTE, ZERO_STAGES
-from playbook.theory.plan_cost import DEFAULT_OVERLAP, StepCost
+from playbook.theory.plan_cost import DEFAULT_OVERLAP, MESH_ORDERS, StepCost
 from playbook.theory.plan_memory import memory_bytes
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, schedule_options
 
@@ -83,6 +83,8 @@ class Plan:
     schedules: tuple[str, ...] = PLAN_SCHEDULES  # pipeline schedules searched (plan_schedule)
     n_layers: int = 0  # the model's, for the schedules' p·v <= layers
     overlap: str = DEFAULT_OVERLAP  # which axes' communication hides behind compute (plan_cost.OVERLAP_PRESETS)
+    precision: str = "bf16"  # the linear layers' (plan_precision.PRECISIONS)
+    mesh_order: str = MESH_ORDERS[0]  # rank order, fastest axis first (plan_cost.MESH_ORDERS)
     candidates: list[Candidate] = field(default_factory=list)  # fastest first
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
@@ -93,7 +95,8 @@ class Plan:
         entry[0] += 1
 
     def as_dict(self, top: int | None = None) -> dict:
-        keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations overlap device_bytes"
+        keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations overlap precision"
+        keys += " mesh_order device_bytes"
         keys = keys.split() + ["dominated"]
         return {
             **{k: getattr(self, k) for k in keys},
