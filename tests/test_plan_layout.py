@@ -44,25 +44,6 @@ def test_cli_layout_says_whether_it_fits(capsys):
     assert "try --gpus 8" in capsys.readouterr().err
 
 
-def test_llama3_published_layouts_step_time_within_15_percent():
-    """Dubey et al. 2024 (arXiv:2407.21783) Table 4: BF16 MFU 43 % (8,192 GPUs, DP64) and 41 %
-    (16,384 GPUs, DP128) for TP8·PP16 at 8K, 38 % for TP8·CP16·PP16 at 128K (DP8: 16,384 GPUs over
-    TP8·CP16·PP16; the table prints DP4). Counted as §3.3.2 describes the pipeline (one-layer chunks,
-    the embedding and the loss alone on the end chunks: v = 8, ``ends=light``), FSDP sharding the
-    gradients (zero=2, reduced in fp32 per micro-batch), GEMMs slowed by their shapes: the 8K rows
-    within ±15 %. The 128K row overshoots by about a quarter: attention is over half its FLOPs and
-    its kernel's efficiency (causal, ring over cp16) is not modelled; the chapter says so."""
-    cfg = ModelConfig.preset("llama-3.1-405b")
-    runs = [("dp=64 tp=8 pp=16", 8192, 64 * 32, 0.43), ("dp=128 tp=8 pp=16", 8192, 128 * 16, 0.41)]
-    runs.append(("dp=8 tp=8 pp=16 cp=16", 131072, 8 * 16, 0.38))
-    ratios = []
-    for text, seq, batch, published in runs:
-        lay = parse_layout(f"{text} zero=2 schedule=interleaved v=8 ends=light", global_batch=batch)
-        ratios.append(cost_layout(cfg, HW, lay, seq_len=seq, rank=False)["mfu"] / published)
-    assert all(abs(r - 1) <= 0.15 for r in ratios[:2]), ratios
-    assert 1.15 < ratios[2] < 1.35, ratios  # the documented miss
-
-
 def test_llama3_8k_layouts_counted_as_they_ran():
     """§3.3.2 of Dubey et al. 2024: one-layer chunks with the embedding and the output alone on the
     end chunks (v = 8 on pp16, ``test_llama3_light_ends_chunks``), no recomputation, gradients in

@@ -269,3 +269,51 @@ def test_ch07_disaggregation_transfer_against_the_prefill():
         assert (
             near < 0.01 and far < 0.02 and 0.2 < slow < 1 / 3
         )  # "a fraction of a percent", "under two", "a fifth to a third"
+
+
+def test_ch08b_small_matmuls_and_the_published_runs():
+    """Chapter 8b, "Small matmuls run slower" and "Against published runs": the numbers its prose states."""
+    import dataclasses
+
+    from playbook.theory.flops import attention_flops_per_token, flops_per_token
+    from playbook.theory.gemm_efficiency import compute_factor
+    from playbook.theory.plan_layout import cost_layout, parse_layout
+    from playbook.theory.plan_schedule import chunk_layers, layers_held
+    from playbook.theory.plan_validation import llama3_runs, megatron_runs, validate
+    from playbook.theory.planner import MEM_UTIL
+    from playbook.theory.prod_activations import production_block_breakdown
+
+    factors = [compute_factor(LLAMA8, H100, tokens=b * 1024, tp=8, seq_len=1024) for b in (1, 2)]
+    assert [round(f, 3) for f in factors] == [1.22, 1.125] and H100.sms == 132
+    from playbook.config import DATA_DIR
+
+    calibrated = Hardware.preset(str(DATA_DIR / "measurements" / "cpu-2core" / "profile.json"))
+    small = ModelConfig.preset("gpt-small")
+    assert all(compute_factor(small, calibrated, tokens=b * 128, tp=1, seq_len=128) < 1 for b in (1, 2, 4, 8))
+    rows = {r.run: validate(r) for r in megatron_runs() + llama3_runs()}
+    meg = [r for k, r in rows.items() if not k.startswith("405B")]
+    assert sum(abs(r["ratio"] - 1) <= 0.15 for r in meg) == 9 and round(rows["76.1B, 1,024 A100s"]["ratio"], 2) == 1.15
+    assert all(r["fits"] for r in meg) and max(r["rank_of_degrees"] for r in meg) <= 3
+    a100 = Hardware.preset("a100-80gb")
+    flat = dataclasses.replace(a100, sms=0)
+    at_flat = [
+        cost_layout(r.cfg, flat, parse_layout(r.layout, global_batch=r.global_batch), seq_len=r.seq_len, rank=False)
+        for r in megatron_runs()
+    ]
+    ratios = [x["mfu"] / r.published_mfu for x, r in zip(at_flat, megatron_runs())]
+    assert sum(abs(x - 1) > 0.15 for x in ratios) == 4 and round(max(ratios), 2) == 1.24
+    llama = {k: r for k, r in rows.items() if k.startswith("405B")}
+    dp64, dp128, long = llama.values()
+    assert all(abs(r["ratio"] - 1) < 0.02 for r in (dp64, dp128)) and 1.2 < long["ratio"] < 1.3
+    cfg = ModelConfig.preset("llama-3.1-405b")
+    assert attention_flops_per_token(cfg, 131072) / flops_per_token(cfg, 131072) > 0.5
+    assert round(H100.capacity_bytes / 1e9, 1) == 85.5 and H100.capacity_bytes == 81_559 * 2**20
+    assert (
+        round(dp128["margin"] / 1e9, 1) == round(long["margin"] / 1e9, 1) == 1.4
+        and round(dp64["margin"] / 1e9, 1) == -6.0
+    )
+    block = sum(production_block_breakdown(cfg, seq_len=8192, micro_batch=1, tp=8).values())
+    held = layers_held("interleaved", 16, 32, 8, chunk_layers(126, 16, 8, "light"))
+    assert max(held) == held[1] == 141 == 2 * (16 - 1 - 1) + (8 - 1) * 16 + 1
+    state = dp64["memory"] - 141 * block
+    assert int((MEM_UTIL * H100.capacity_bytes - state) // block) == 129

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 
 from playbook.config import Hardware, ModelConfig, require_positive
-from playbook.theory.memory import ATTENTION
+from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_advice import batch_advice, nothing_fits, nothing_plans
 from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
@@ -65,12 +65,15 @@ def plan(
     overlap: str = DEFAULT_OVERLAP,
     precision: str = "bf16",
     mesh_order: str = "tp-cp-dp-pp",
+    zeros: tuple[int, ...] = ZERO_STAGES,
+    recomputes: tuple[str, ...] = RECOMPUTE,
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
     softmax, [b, a, s, s] kept per layer); see ``theory.activations``. ``activations``: "production"
     (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's);
-    ``precision``: "bf16" or "fp8" (``theory.plan_precision``); ``mesh_order``: ``plan_cost.MESH_ORDERS``.
+    ``precision``: "bf16" or "fp8" (``theory.plan_precision``); ``mesh_order``: ``plan_cost.MESH_ORDERS``;
+    ``zeros``, ``recomputes``: the ZeRO stages and recomputation choices searched (a stack's options).
     Raises ``ValueError`` (one line) on bad input, when no layout divides, the global batch splits over
     none, or nothing fits (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
@@ -93,6 +96,9 @@ def plan(
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
     out.overlap, out.precision, out.mesh_order = overlap, precision, mesh_order  # a bad one: the first step costed says
+    if not set(zeros) <= set(ZERO_STAGES) or not set(recomputes) <= set(RECOMPUTE) or not zeros or not recomputes:
+        raise ValueError(f"zeros among {ZERO_STAGES} and recomputes among {RECOMPUTE}; got {zeros}, {recomputes}")
+    out.zeros, out.recomputes = tuple(zeros), tuple(recomputes)
     budget, common = hw.capacity_bytes * mem_util, dict(seq_len=seq_len, gpus_per_node=g)
     timing = dict(
         overlap=overlap, precision=precision, mesh_order=mesh_order, grad_bytes=GRAD_REDUCE_BYTES[activations]
