@@ -35,10 +35,16 @@ def main() -> None:
     args = ap.parse_args()
 
     from playbook.config import Hardware, ModelConfig
-    from playbook.theory import gemm_efficiency, plan_cost, plan_dp, plan_memory, plan_schedule
+    from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_memory, plan_schedule
     from playbook.theory.planner import plan
 
-    caches = (plan_cost._per_token, plan_dp._num_params, plan_memory._ours, plan_schedule.bubble_fraction)
+    caches = (
+        plan_cost._per_token,
+        plan_bytes.dp_groups,
+        plan_bytes.cp_layer,
+        plan_memory._ours,
+        plan_schedule.bubble_fraction,
+    )
     caches += (gemm_efficiency._efficiency, gemm_efficiency._factor)
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)

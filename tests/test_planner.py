@@ -91,7 +91,8 @@ def test_links_follow_the_rank_order():
         seq_len=32,
         gpus_per_node=2,
     ).axes["dp"][0]
-    g = 2 * ALL_PARAMS / 2  # half the weights per tp rank
+    norms = 2 * 2 * 64 + 64  # two per layer and the final one: whole on every tp rank (hybrid_zero.flat_units)
+    g = 2 * ((ALL_PARAMS - norms) / 2 + norms)  # bf16: half the matrices per tp rank, every norm
     assert inside == pytest.approx(g / 1e9 + 2e-6) and across == pytest.approx(g / 1e8 + 2e-5)
 
 

@@ -5,12 +5,12 @@ Compute. Training FLOPs are PaLM's count (``playbook.theory.flops``, Chowdhery e
 arXiv:2204.02311, Appendix B), split evenly over every GPU and run at ``peak_bf16_flops ×
 achievable_flops_fraction`` of the hardware profile, slowed by the GEMMs' shapes
 (``theory.gemm_efficiency``: tile and wave quantization on the profile's SMs and the roofline, or
-``playbook calibrate``'s measured matmul curve), so a micro-batch of 2 can beat 1. Recomputation adds work that MFU does not
-count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs the forward again (a third
+``playbook calibrate``'s measured matmul curve), so a micro-batch of 2 can beat 1. Recomputation
+adds work that MFU does not count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs the forward again (a third
 of the training FLOPs), ``selective`` only attention's two [T, T] matmuls forward.
 
-Communication, with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's
-group uses: inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp,
+Communication: the bytes of ``theory.plan_bytes`` (the functions the shrunk replays verify), timed
+with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's group uses: inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp,
 pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the network card otherwise. What overlaps:
 
 - **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
@@ -19,14 +19,15 @@ pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the netwo
   sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.2), unless
   ``overlap`` hides it (``OVERLAP_PRESETS``: all but 1/t with "megatron-tp").
 - **cp** (ring attention, Liu et al. 2023, arXiv:2310.01889): per layer and micro-batch, cp − 1
-  passes of the local K and V forward and twice that backward (K, V and their gradients); hidden
-  behind attention's own compute except the first pass of each ring.
+  passes of the local K and V forward and twice that backward (K, V and their fp32 gradients), once
+  more when recomputation reruns the core; hidden behind attention's own compute except the first
+  pass of each ring.
 - **ep** (DeepSpeed-MoE, arXiv:2201.05596): an all-to-all to dispatch and one to combine per MoE
   layer forward, as many backward (+2 with full recomputation); exposed, but for what exceeds the
   compute with "deepseek-ep" (which hides pp's sends the same way).
 - **pp** (Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
-  micro-batch between neighbouring stages (v times as many interleaved, twice on a V), point to
-  point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
+  micro-batch and boundary the busiest rank's chunks cross (v times as many interleaved, twice on
+  a V; ``plan_bytes.pp_sends``), point to point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
   (compute and the exposed tp/cp/ep/pp time of the m micro-batches): (p − 1)/m for 1F1B,
   (p − 1)/(v·m) interleaved, (p − 1)/(3m) ZB-H1, simulated for ZB-V and DualPipe-V.
 - **dp**: ``theory.plan_dp`` (ZeRO 0-3; gradients reduced in bf16, or fp32 for the production stack).
@@ -47,7 +48,8 @@ from playbook.theory.flops import attention_flops_per_token, flops_per_token
 from playbook.theory.gemm_efficiency import compute_factor
 from playbook.theory.plan_dp import GRAD_BYTES, dp_seconds, overlapped
 from playbook.theory.plan_precision import FP8_DISPATCH_SHARE, time_factor
-from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
+from playbook.theory.plan_bytes import cp_layer, pp_message_bytes, pp_sends
+from playbook.theory.plan_schedule import bubble_fraction
 
 # Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
 # "megatron-tp". tp: a collective matmul, the all-gather / reduce-scatter cut into t chunks each
@@ -178,11 +180,12 @@ def step_cost(
         axes["tp"] = (comm, overlapped(comm, compute, comm / tp) if "tp" in hidden else comm)
     if cp > 1:
         bw, lat, _ = link(hw, "cp", gpus_per_node, mesh_order, **degrees)
-        kv = 2 * (s // cp) * b * max(cfg.kv_heads / tp, 1) * cfg.dim_head * GRAD_BYTES
-        one = collective_seconds("send", kv, 2, bw, lat)
-        comm = m * layers * 3 * (cp - 1) * one
+        sent, passes, kv = cp_layer(
+            cfg, micro_batch=b, seq_len=s, cp=cp, tp=tp, recompute=recompute, dtype_bytes=GRAD_BYTES
+        )
+        comm = m * layers * (sent / bw + passes * lat)  # each pass one point-to-point step of the ring
         attention = tokens * attention_train / world / rate
-        axes["cp"] = (comm, overlapped(comm, attention, m * layers * one))
+        axes["cp"] = (comm, overlapped(comm, attention, m * layers * collective_seconds("send", kv, 2, bw, lat)))
     if ep > 1 and moe_layers:
         bw, lat, _ = link(hw, "ep", gpus_per_node, mesh_order, **degrees)
         per_layer = 6 if recompute == "full" else 4
@@ -191,7 +194,8 @@ def step_cost(
         axes["ep"] = (comm, overlapped(comm, compute, 0.0) if "ep" in hidden else comm)
     if pp > 1:
         bw, lat, _ = link(hw, "pp", gpus_per_node, mesh_order, **degrees)
-        comm = 2 * m * boundary_crossings(schedule, v) * collective_seconds("send", act / tp, 2, bw, lat)
+        msg = pp_message_bytes(cfg, micro_batch=b, seq_len=s, cp=cp, tp=tp, dtype_bytes=GRAD_BYTES)
+        comm = m * pp_sends(schedule, pp, v) * collective_seconds("send", msg, 2, bw, lat)
         axes["pp"] = (comm, overlapped(comm, compute, 0.0) if "pp" in hidden else comm)
     pipelined = compute + sum(e for _, e in axes.values())
     bubble = pipelined * bubble_fraction(schedule, pp, m, v)
@@ -234,7 +238,7 @@ def with_schedule(base: StepCost, *, pp: int, microbatches: int, schedule: str, 
         return base
     axes = dict(base.axes)
     if "pp" in axes:
-        k = boundary_crossings(schedule, v)
+        k = pp_sends(schedule, pp, v) / pp_sends("1f1b", pp)
         axes["pp"] = (axes["pp"][0] * k, axes["pp"][1] * k)
     pipelined = base.compute + sum(e for a, (_, e) in axes.items() if a != "dp")
     bubble = pipelined * bubble_fraction(schedule, pp, microbatches, v)

@@ -1,6 +1,6 @@
 """The planner's data axis: seconds of the gradient reduction and weight gathers over the dp·cp
-ranks that share weights (expert weights over their dp·cp/ep replicas), and how much of them
-overlaps compute. Used by :mod:`playbook.theory.plan_cost`; pure arithmetic, no torch.
+ranks that share weights (expert weights over their dp·cp/ep replicas; the most loaded stage's flat
+units, ``plan_bytes.dp_groups``), and how much of them overlaps compute. Used by :mod:`playbook.theory.plan_cost`; pure arithmetic, no torch.
 
 - ZeRO 0: one all-reduce, overlapped with the last micro-batch's backward except the last bucket
   (PyTorch DDP, Li et al. 2020, arXiv:2006.15704, buckets of 25 MiB);
@@ -19,35 +19,19 @@ in FP32", Dubey et al. 2024, arXiv:2407.21783, §3.3.2): ``GRAD_REDUCE_BYTES``.
 
 from __future__ import annotations
 
-import functools
-
 from playbook.config import ModelConfig
 from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import BACKWARD_SHARE
+from playbook.theory.plan_bytes import dp_groups
 
 BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
 GRAD_BYTES = 2  # bf16 activations, weights and (our GPT's) gradients on the wire (precision="mixed")
 GRAD_REDUCE_BYTES = {"ours": 2, "production": 4}  # gradient bytes reduced per element, by activation model
 
 
-@functools.lru_cache(maxsize=256)
-def _num_params(cfg: ModelConfig) -> int:
-    return cfg.num_params()
-
-
 def overlapped(comm: float, window: float, floor: float) -> float:
     """Exposed part of ``comm`` hidden behind ``window`` seconds, never less than ``floor`` (<= comm)."""
     return min(comm, max(comm - window, floor))
-
-
-def grad_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) -> list[tuple[float, int]]:
-    """(parameters per rank, group size) whose gradients are averaged: dense weights (1/tp of a
-    stage's, even stages) over dp·cp; routed experts (E/ep per rank) over dp·cp/ep replicas."""
-    experts = cfg.n_moe_layers * cfg.n_experts * 3 * cfg.hidden * cfg.expert_ffn_hidden
-    out = [((_num_params(cfg) - experts) / (tp * pp), dp * cp)]
-    if experts:
-        out.append((experts / (ep * pp), dp * cp // ep))
-    return out
 
 
 def dp_seconds(
@@ -68,8 +52,10 @@ def dp_seconds(
     """(communication, exposed) seconds of the data axis in one step (module docstring)."""
     m = microbatches
     comm = exposed = 0.0
-    for params, n in grad_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep):
-        w, g = params * GRAD_BYTES, params * grad_bytes  # weights gathered, gradients reduced
+    for numel, pad, n in dp_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep):
+        if n == 1:
+            continue
+        w, g = pad * GRAD_BYTES, (numel if zero == 0 else pad) * grad_bytes  # weights gathered, gradients reduced
 
         def t(op, size):
             return collective_seconds(op, size, n, bandwidth, latency)
