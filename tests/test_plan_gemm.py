@@ -11,6 +11,7 @@ import pytest
 
 from playbook.config import DATA_DIR, Hardware, ModelConfig
 from playbook.theory.gemm_efficiency import compute_factor, curve_rate, gemm_efficiency, wave_efficiency
+from playbook.theory.plan_cost import step_cost
 from playbook.theory.planner import plan
 
 H100 = Hardware.preset("h100-sxm")
@@ -52,8 +53,15 @@ def test_a_micro_batch_of_2_beats_1_and_the_planner_takes_it():
     factors = [compute_factor(LLAMA8, H100, tokens=b * 1024, tp=8, seq_len=1024) for b in (1, 2, 4, 8)]
     assert factors == sorted(factors, reverse=True) and factors[0] > factors[1] > 1
     assert round(factors[0], 2) == 1.22 and round(factors[1], 2) == 1.13
-    best = plan(LLAMA8, H100, gpus=8, seq_len=1024, global_batch=64).candidates[0].layout
-    assert best.micro_batch > 1
+    lay = dict(dp=1, tp=8, pp=1, cp=1, ep=1, zero=0, recompute="none", seq_len=1024, gpus_per_node=8)
+    one, two = (step_cost(LLAMA8, H100, micro_batch=b, microbatches=8 // b, **lay) for b in (1, 2))
+    assert two.compute / one.compute == pytest.approx(factors[1] / factors[0]) and two.total < one.total
+    flat = dataclasses.replace(H100, sms=0)  # the flat rate: b buys nothing
+    a, b = (step_cost(LLAMA8, flat, micro_batch=b, microbatches=8 // b, **lay).compute for b in (1, 2))
+    assert a == pytest.approx(b)
+    run = dict(gpus=8, seq_len=2048, global_batch=128)  # 8B on one node: the flat rate picks b = 1, shapes b = 4
+    assert plan(LLAMA8, flat, **run).candidates[0].layout.micro_batch == 1
+    assert plan(LLAMA8, H100, **run).candidates[0].layout.micro_batch == 4
 
 
 def test_the_calibrated_curve_is_read_where_a_profile_carries_one():
