@@ -62,10 +62,12 @@ def cmd_info(args) -> int:
 def cmd_memory(args) -> int:
     from playbook.theory.memory import bytes_to_gb, bytes_to_gib, inference_memory, training_memory
 
-    cfg = ModelConfig.preset(args.model)
+    from playbook.cli_fit import device_fit, memory_model
+
+    cfg = memory_model(args)
     if args.seq_len > cfg.max_seq_len:
         raise BadInput(
-            f"--seq-len {args.seq_len} exceeds {args.model}'s max_seq_len={cfg.max_seq_len}; "
+            f"--seq-len {args.seq_len} exceeds {cfg.name}'s max_seq_len={cfg.max_seq_len}; "
             f"try --seq-len {min(4096, cfg.max_seq_len)} (at most {cfg.max_seq_len})"
         )
     degrees = {
@@ -95,21 +97,28 @@ def cmd_memory(args) -> int:
     serve = inference_memory(
         cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.serve_dtype
     ).as_dict()
+    fit = device_fit(args.hardware, {"training": train["total"], "inference": serve["total"]}, args.mem_util)
     if args.json:
-        report = {"model": args.model, "num_params": cfg.num_params(), "attention": args.attention}
-        report |= {"training": train, "inference": serve}
+        report = {"model": cfg.name, "num_params": cfg.num_params(), "attention": args.attention}
+        report |= {"training": train, "inference": serve, "device": fit}
         if stages:
             report["training_stages"] = [st.as_dict() for st in stages]
         print(json.dumps(report, indent=2))
         return 0
     print(
-        f"{args.model}: {cfg.num_params():,} parameters; per rank, seq_len {args.seq_len}, micro-batch "
+        f"{cfg.name}: {cfg.num_params():,} parameters; per rank, seq_len {args.seq_len}, micro-batch "
         f"{args.micro_batch}, {args.attention} attention"
     )
     for title, budget in (("training (the most loaded rank)", train), ("inference", serve)):
-        print(f"  {title}")
+        what = title.split()[0]
+        verdict = "fits" if fit[what]["fits"] else "does NOT fit"
+        print(f"  {title}: {verdict} {args.hardware}, margin {bytes_to_gb(fit[what]['margin_bytes']):+.2f} GB")
         for k, v in budget.items():
             print(f"    {k:<12} {bytes_to_gb(v):>10.2f} GB {bytes_to_gib(v):>10.2f} GiB")
+    print(
+        f"  {args.hardware}: {args.mem_util:g} × {bytes_to_gb(fit['capacity_bytes']):.1f} GB the device reports "
+        f"= {bytes_to_gb(fit['allowed_bytes']):.1f} GB allowed"
+    )
     if stages:
         print("  training, per pipeline stage (GB per rank): layers, micro-batches in flight, total")
         for st in stages:
@@ -137,7 +146,10 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("memory", help="predicted training and inference memory per rank", formatter_class=_Formatter)
-    p.add_argument("--model", default="llama-3.1-8b", help=f"one of: {', '.join(ModelConfig.presets())}")
+    p.add_argument("--model", help=f"default llama-3.1-8b; one of: {', '.join(ModelConfig.presets())}")
+    p.add_argument("--hf-config", metavar="CONFIG_JSON", help="instead of --model: a Hugging Face config.json")
+    p.add_argument("--hardware", default="h100-sxm", help=f"the device to fit: {', '.join(Hardware.presets())}")
+    p.add_argument("--mem-util", type=float, default=0.9, help="share of the device's memory a rank may fill")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (at most the model's max_seq_len)")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per micro-batch")
     p.add_argument("--dp", type=int, default=1, help="data-parallel degree")

@@ -40,7 +40,7 @@ def one_layout(cfg, hw, args) -> int:
     verdict = "fits" if r["fits"] else "does NOT fit"
     print(
         f"  memory/GPU: {r['memory_total'] / 1e9:.1f} GB ({mem}); {verdict}, margin "
-        f"{r['margin_bytes'] / 1e9:+.1f} GB of {args.mem_util:g} × {hw.memory_bytes / 1e9:.0f} GB"
+        f"{r['margin_bytes'] / 1e9:+.1f} GB of {args.mem_util:g} × {hw.capacity_bytes / 1e9:.1f} GB"
     )
     step = r["step"]
     axes = ", ".join(f"{a} {d['exposed']:.2f}" for a, d in step["axes"].items())
