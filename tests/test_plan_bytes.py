@@ -67,7 +67,7 @@ def test_planner_bytes_per_axis_are_theory_hybrids_on_a_shrunk_candidate(lay):
 def test_planner_bytes_per_axis_match_the_trace_on_real_ranks():
     """dp2×pp2×cp2 ZeRO-1, interleaved, on 8 real ranks: the busiest rank's bytes on cp, pp and the
     data axis, measured, equal what the planner times (at fp32, our ranks' dtype)."""
-    from playbook.parallel.plan_replay import replay
+    from playbook.parallel.hybrid.replay import replay
     from playbook.theory.plan_bytes import busiest, replay_bytes
     from playbook.theory.shrink import shrink
 

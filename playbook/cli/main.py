@@ -62,7 +62,7 @@ def cmd_info(args) -> int:
 def cmd_memory(args) -> int:
     from playbook.theory.memory import bytes_to_gb, bytes_to_gib, inference_memory, training_memory
 
-    from playbook.cli_fit import device_fit, memory_model
+    from playbook.cli.fit import device_fit, memory_model
 
     cfg = memory_model(args)
     if args.seq_len > cfg.max_seq_len:

@@ -4,7 +4,7 @@ whether the most loaded rank's bytes fit the share of the device's memory the pl
 
 from __future__ import annotations
 
-from playbook.cli_checks import BadInput
+from playbook.cli.checks import BadInput
 from playbook.config import Hardware, ModelConfig
 
 DEFAULT_MODEL = "llama-3.1-8b"
