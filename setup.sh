@@ -2,7 +2,7 @@
 # Set up a virtual environment (once) and then either open the notebooks or run every test.
 #
 #   ./setup.sh lab [ARGS...]    JupyterLab on the chapters (the main job; ARGS go to jupyter lab)
-#   ./setup.sh test [ARGS...]   lint, then every test (the chapters in a browser, the book), then pytest --nbmake notebooks/
+#   ./setup.sh test [ARGS...]   lint, then every test (the chapters in a browser, the book) and, beside them, pytest --nbmake notebooks/
 #   ./setup.sh book             run every chapter and build the static book in build/book/ (no kernel to read it)
 #
 # Without a GPU it installs PyTorch's CPU build first, so pip does not pull a multi-GB CUDA build.
@@ -65,7 +65,7 @@ browser="$(python -c 'import sys; sys.path.insert(0, "tests"); from browser.conf
 # In tests/, each chapter is executed once: by Run All in JupyterLab when a browser is here (tests/browser fails
 # on any error output, a cell left unrun or a timeout, and checks every widget), which keeps the executed copy
 # in build/executed/; tests/test_book.py then builds the book from those copies (else it executes the chapters).
-# Then nbmake executes every chapter once more, as a course that adopts them does in its own CI.
+# nbmake executes every chapter once more, as a course that adopts them does in its own CI.
 if [ -z "$browser" ]; then
   say "tests: pytest over tests/: every chapter in JupyterLab under headless Chromium, then the book built from those runs"
   ignore=()
@@ -76,16 +76,25 @@ else
   say "tests: pytest over tests/ (tests/test_book.py executes every chapter); browser tests skipped: $browser"
   ignore=(--ignore=tests/browser)
 fi
+# What a course that adopts the chapters runs in its own CI: every chapter executed by nbmake, each cell
+# within 120 s on a 2-core machine. ARGS go here too (a -k that selects no chapter is fine: exit 5).
+# It runs beside the tests, not after them: the browser pass spends much of its time waiting on Chromium
+# and on a kernel, and nbmake's kernels fill that time (on 2 cores the CI is minutes shorter this way).
+# Its output follows the tests' output; an interrupted run stops it too.
+say "chapters: pytest --nbmake notebooks/ beside the tests (every chapter executed as a course's CI would; each cell within 120 s)"
+nblog="$(mktemp)" nbstart=$(date +%s)
+python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@" >"$nblog" 2>&1 &   # each chapter's time
+nbpid=$!
+trap 'kill "$nbpid" 2>/dev/null; rm -f "$nblog"' EXIT
 status=0
-python -m pytest tests ${ignore[@]+"${ignore[@]}"} "$@" || status=$?
+python -m pytest tests --durations=15 ${ignore[@]+"${ignore[@]}"} "$@" || status=$?   # the slowest tests, to cut next
 stage_done tests
-if [ "$status" = 0 ]; then
-  # What a course that adopts the chapters runs in its own CI: every chapter executed by nbmake, each
-  # cell within 120 s on a 2-core machine. ARGS go here too (a -k that selects no chapter is fine: exit 5).
-  say "chapters: pytest --nbmake notebooks/ (every chapter executed as a course's CI would; each cell within 120 s)"
-  python -m pytest --nbmake --nbmake-timeout=120 notebooks/ "$@" || status=$?
-  [ "$status" = 5 ] && status=0
-  stage_done nbmake
-fi
+nbstatus=0
+wait "$nbpid" || nbstatus=$?
+say "chapters: pytest --nbmake notebooks/ (started with the tests, $(( $(date +%s) - nbstart )) s):"
+cat "$nblog"
+[ "$nbstatus" = 5 ] && nbstatus=0
+[ "$status" = 0 ] && status=$nbstatus
+stage_done "nbmake after the tests"
 say "stage times: $stages (load average now $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown))"
 exit "$status"

@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     from playbook.cluster import Ranks
     from playbook.dims import ParallelDims
-    from playbook.parallel.hybrid import Plan
+    from playbook.parallel.hybrid.parallelize import Plan
     from playbook.parallel.training import TrainSetup
 
     setup = TrainSetup(steps=args.steps)

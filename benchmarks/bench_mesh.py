@@ -31,7 +31,7 @@ def build(ctx, dims):
 def timed_steps(ctx, setup, plan):
     import time
 
-    from playbook.parallel.hybrid import train_hybrid
+    from playbook.parallel.hybrid.parallelize import train_hybrid
 
     t0 = time.perf_counter()
     out = train_hybrid(ctx, setup, plan)
@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     from playbook.cluster import Ranks
     from playbook.dims import ParallelDims
-    from playbook.parallel.hybrid import Plan
+    from playbook.parallel.hybrid.parallelize import Plan
     from playbook.parallel.training import TrainSetup
 
     out = {"load_before": os.getloadavg()[0]}

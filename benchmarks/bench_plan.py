@@ -1,10 +1,10 @@
 """The planner, timed: the whole search for Llama-3.1-405B on 16,384 H100s (goal: under 2 s on 2 cores).
 
-    python benchmarks/bench_plan.py [--repeats 3] [--json]
+    python benchmarks/bench_plan.py [--repeats 5] [--overlap megatron-tp] [--json]
 
 Runs ``playbook.theory.planner.plan`` ``--repeats`` times in this process, every schedule (v
 searched) and the chosen overlap preset, with the planner's caches cleared before each run (every
-run does the same work) and reports the median and the spread of
+run does the same work, the GEMM-efficiency tables included) and reports the median and the spread of
 wall time, the median CPU time of this process (what the search costs whatever else the machine
 runs), and the 1-minute load average it was measured under. The goal lives here, never in a timed test.
 """
@@ -22,7 +22,7 @@ GOAL_S = 2.0
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--model", default="llama-3.1-405b")
     ap.add_argument("--gpus", type=int, default=16384)
     ap.add_argument("--hardware", default="h100-sxm")
@@ -35,10 +35,17 @@ def main() -> None:
     args = ap.parse_args()
 
     from playbook.config import Hardware, ModelConfig
-    from playbook.theory import plan_cost, plan_memory, plan_schedule
+    from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_memory, plan_schedule
     from playbook.theory.planner import plan
 
-    caches = (plan_cost._per_token, plan_cost._num_params, plan_memory._ours, plan_schedule.bubble_fraction)
+    caches = (
+        plan_cost._per_token,
+        plan_bytes.dp_groups,
+        plan_bytes.cp_layer,
+        plan_memory._ours,
+        plan_schedule.bubble_fraction,
+    )
+    caches += (gemm_efficiency._efficiency, gemm_efficiency._factor)
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     times, cpu, result = [], [], None

@@ -4,7 +4,7 @@
     python benchmarks/bench_pp.py --p 4 --layers 8 --m 8 --global-batch 32
     python benchmarks/bench_pp.py --p 4 --layers 8 --m 8 --global-batch 32 --schedules zb-v,dualpipe-v --no-native
 
-Both run the same chunks (``playbook.parallel.pp_executor.Chunk``) on the same data; the step time is the
+Both run the same chunks (``playbook.parallel.pp.executor.Chunk``) on the same data; the step time is the
 median over the steps after the first (which pays one-off costs: torch's shape inference,
 allocator warm-up), averaged over ranks. Also prints each of ours' predicted and measured bubble and
 their ratio (the pipeline issue's goal: within 10% on an idle machine), with the load average before
@@ -20,7 +20,7 @@ import statistics
 
 from playbook.cluster import Ranks
 from playbook.measure.pipeline import compare_bubble
-from playbook.parallel.pp import PipelineSetup, native_on_rank, on_rank
+from playbook.parallel.pp.pipeline import PipelineSetup, native_on_rank, on_rank
 from playbook.theory.schedules import make_schedule
 
 

@@ -7,7 +7,7 @@ For each t and with/without sequence parallelism, on one persistent set of t glo
 our ``TPGPT`` (sliced from the reference) and DTensor's ``parallelize_module`` version, run 2
 warm-up steps, then time ``--steps`` AdamW steps (a barrier before and after; the slowest rank's
 time). Also the single process (one thread, like a rank) as the baseline. ``--matmul`` adds the
-local-matmul throughput sweep of the chapter (``parallel.tp.matmul_throughput``) at this model's
+local-matmul throughput sweep of the chapter (``parallel.tp.model.matmul_throughput``) at this model's
 sizes. Timings on a shared CPU machine are noisy (±30%); run it twice.
 """
 
@@ -26,7 +26,7 @@ def step_time(ctx, setup, kind: str, sequence_parallel: bool, steps: int) -> flo
     import torch.distributed as dist
 
     from playbook.model import GPT
-    from playbook.parallel.tp import TPGPT, sync_replicated_grads
+    from playbook.parallel.tp.model import TPGPT, sync_replicated_grads
 
     ref = GPT(setup.config(), seed=setup.seed).to(ctx.device)
     if kind == "ours":
@@ -36,7 +36,7 @@ def step_time(ctx, setup, kind: str, sequence_parallel: bool, steps: int) -> flo
     else:
         from torch.distributed.tensor.parallel import loss_parallel
 
-        from playbook.parallel.tp_dtensor import dtensor_gpt
+        from playbook.parallel.tp.native import dtensor_gpt
 
         model = dtensor_gpt(ref, ctx.group, ctx.device.type, sequence_parallel=sequence_parallel)
         context, after = loss_parallel, None
@@ -102,7 +102,7 @@ def main() -> None:
                     rows.append({"tp": t, "sp": sp, "kind": kind, "seconds": max(per_rank)})
     out = {"setup": setup.as_dict(), "step_times": rows}
     if args.matmul:
-        from playbook.parallel.tp import matmul_throughput
+        from playbook.parallel.tp.model import matmul_throughput
 
         cfg = setup.config()
         out["matmul"] = matmul_throughput(

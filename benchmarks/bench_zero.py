@@ -54,8 +54,8 @@ def bench_rank(ctx, setup: TrainSetup, which: str, steps: int):
 
     from playbook.measure.sharding import held_bytes
     from playbook.model import GPT
-    from playbook.parallel.fsdp2 import shard_model
-    from playbook.parallel.zero import Zero
+    from playbook.parallel.zero.fsdp2 import shard_model
+    from playbook.parallel.zero.zero import Zero
 
     torch.manual_seed(0)
     model = GPT(setup.config(), seed=setup.seed).to(ctx.device)

@@ -261,9 +261,12 @@ class Hardware:
     intra_node_latency: float = 5e-6  # seconds per ring step inside a node (alpha of the alpha-beta model)
     inter_node_latency: float = 5e-6  # seconds per ring step between nodes
     achievable_flops_fraction: float = 0.5  # share of peak_bf16_flops the matmul-bound compute reaches
+    sms: int = 0  # streaming multiprocessors (AMD: compute units): the waves of a GEMM (theory.gemm_efficiency)
+    reported_memory_bytes: float = 0.0  # the total the driver reports (nvidia-smi); 0: memory_bytes (capacity_bytes)
     planning_source: str = field(default="", compare=False)  # where the three planning numbers come from
     # written by ``playbook calibrate`` (playbook.measure.calibrate); empty for datasheet profiles
     collectives: dict = field(default_factory=dict, compare=False)  # op -> {alpha, beta, points, ...}
+    matmul: list = field(default_factory=list, compare=False)  # [{size, flops_per_s}]: square matmuls measured
     load_average: dict = field(default_factory=dict, compare=False)  # os.getloadavg() before/after
     date: str = field(default="", compare=False)  # when it was measured (UTC, ISO 8601)
 
@@ -282,9 +285,15 @@ class Hardware:
         where = f"hardware profile {str(path)!r}"
         require_keys(where, raw, HARDWARE_REQUIRED, "hardware profile")
         check_fields(where, raw, HARDWARE_LIMITS, sep=": ")
-        check_types(where, raw, {"collectives": dict, "load_average": dict, "date": str, "source": str})
+        check_types(where, raw, {"collectives": dict, "matmul": list, "load_average": dict, "date": str, "source": str})
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in fields and k != "name"}, name=name)
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Device memory as the driver reports it when the profile knows it (an "80 GB" H100 reports
+        81,559 MiB), else ``memory_bytes`` as the datasheet quotes it: what the planner fills."""
+        return self.reported_memory_bytes or self.memory_bytes
 
     @staticmethod
     def presets() -> list[str]:

@@ -137,7 +137,7 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [b, s, heads*head_dim], k and v [b, s, kv_heads*head_dim]. Tensor parallelism replaces
-        this with column-parallel shards entered once (``playbook.parallel.tp``)."""
+        this with column-parallel shards entered once (``playbook.parallel.tp.model``)."""
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -176,7 +176,7 @@ class Block(nn.Module):
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, over: int | None = None) -> torch.Tensor:
     """Next-token cross-entropy in nats: the mean over these tokens, or (``over``) their sum divided
-    by ``over`` tokens, a parallel rank's share of the global batch's mean (``parallel.hybrid_pp``).
+    by ``over`` tokens, a parallel rank's share of the global batch's mean (``parallel.hybrid.pipeline``).
     logits [batch, seq, vocab], targets [batch, seq] int64."""
     flat = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # [tokens, vocab], [tokens]
     if over is None:

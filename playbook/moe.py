@@ -25,7 +25,7 @@
 
 Written to be split: the layer asks three overridable questions — how many tokens the whole batch
 has and what earlier ranks routed (``exchange_counts``), and who runs the experts
-(``run_experts``) — so that ``playbook.parallel.ep`` changes only those and computes every other
+(``run_experts``) — so that ``playbook.parallel.ep.model`` changes only those and computes every other
 number with this code. ``capacity`` and the aux loss are therefore global (over the whole global
 batch) on any number of ranks, and EP drops exactly the tokens this single process drops.
 """

@@ -9,15 +9,17 @@ import torch
 import torch.distributed as dist
 
 from playbook.cli import main
-from playbook.measure.chrome_trace import COMM, COMPUTE, chrome_trace
+from playbook.cluster import LAUNCHED_TRACES
+from playbook.measure.chrome_trace import COMM, COMPUTE, TORCH_TIDS, chrome_trace, write_chrome_trace
 
+BATCH = "batch_isend_irecv"
 REQUIRED = {"X": {"name", "ph", "pid", "tid", "ts", "dur"}, "M": {"name", "ph", "pid", "args"}}
 
 
 def check_format(trace: dict, spans: list[dict]) -> dict:
     """Every check a viewer relies on; returns the complete events by rank."""
-    events = trace["traceEvents"]
     json.dumps(trace)  # JSON as it stands
+    events = [e for e in trace["traceEvents"] if e.get("tid", 0) < TORCH_TIDS]  # the profiler's: see below
     by_rank = defaultdict(list)
     for e in events:
         assert REQUIRED.get(e["ph"], {"ph", "pid", "ts"}) <= set(e), e
@@ -50,7 +52,7 @@ def check_format(trace: dict, spans: list[dict]) -> dict:
                 for x in by_rank[point["pid"]]
             )
 
-        assert inside(start, {"send", "isend"}) and inside(finish, {"recv", "irecv"}), arrow
+        assert inside(start, {"send", "isend", BATCH}) and inside(finish, {"recv", "irecv", BATCH}), arrow
     return {"by_rank": by_rank, "flows": flows}
 
 
@@ -74,8 +76,40 @@ def test_a_synthetic_exchange_pairs_the_kth_send_with_the_kth_receive():
     assert chrome_trace([])["traceEvents"] == []
 
 
+def test_a_batch_of_sends_and_receives_gets_an_arrow_per_message():
+    """A ring step (``batch_isend_irecv``: send to the next rank, receive from the previous) on 3
+    ranks: 3 messages, each arrow from the sender's batch slice to the receiver's."""
+    spans = [
+        {"rank": r, "kind": "comm", "name": BATCH, "start": 1.0 + r / 10, "end": 1.5 + r / 10,
+         "p2p": [["send", (r + 1) % 3, 0], ["recv", (r - 1) % 3, 0]]}
+        for r in range(3)
+    ]  # fmt: skip
+    got = check_format(chrome_trace(spans), spans)
+    pairs = {(f["s"]["pid"], f["f"]["pid"]) for f in got["flows"].values()}
+    assert pairs == {(0, 1), (1, 2), (2, 0)}
+
+
+def ring_steps(ctx):
+    from playbook.parallel.comm import ring_pass
+
+    t = torch.full((8,), float(ctx.rank))
+    for _ in range(ctx.world_size):  # around the ring once: every rank's block comes back to it
+        t, works = ring_pass(t, ctx.group)
+        for w in works:
+            w.wait()
+    return t[0].item()
+
+
+def test_ring_passes_on_ranks_are_traced_with_their_peers(ranks4, tmp_path):
+    assert ranks4.run(ring_steps, progress=False) == [0.0, 1.0, 2.0, 3.0]
+    trace = json.loads(ranks4.write_trace(tmp_path / "ring.json").read_text())
+    got = check_format(trace, ranks4.last_trace)
+    assert len(got["flows"]) == 4 * 4  # 4 steps, each rank sends once per step
+    assert {(f["s"]["pid"], f["f"]["pid"]) for f in got["flows"].values()} == {(0, 1), (1, 2), (2, 3), (3, 0)}
+
+
 def ping_pong(ctx):
-    t = torch.ones(4) * ctx.rank
+    t = torch.full((4,), float(ctx.rank))  # no aten::mul outside the compute spans
     for _ in range(3):
         with ctx.tracer.span("compute"):
             t = t * 2
@@ -96,6 +130,40 @@ def test_ranks_write_their_last_call_as_a_trace(ranks2, tmp_path):
     assert {f["s"]["name"] for f in got["flows"].values()} == {"message 0→1 tag 7"}
 
 
+def ping_pong_profiled(ctx, path):
+    """ping_pong, with torch.profiler recording rank 0's operators (its Chrome export written to path)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if ctx.rank != 0:
+        return ping_pong(ctx)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        result = ping_pong(ctx)
+    prof.export_chrome_trace(str(path))
+    return result
+
+
+def test_one_ranks_torch_profile_folds_in_on_the_same_clock(ranks2, tmp_path):
+    """The profiler's operators land in rank 0's process, each inside the compute span that ran it
+    (``t * 2`` is an aten::mul inside "compute"): the two clocks agree to within 0.1 ms."""
+    ranks2.run(ping_pong_profiled, tmp_path / "torch.json", progress=False)
+    path = write_chrome_trace(tmp_path / "both.json", ranks2.last_trace, torch_profile=(0, tmp_path / "torch.json"))
+    trace = json.loads(path.read_text())
+    check_format(trace, ranks2.last_trace)  # our spans, as without the profile
+    ops = [e for e in trace["traceEvents"] if e.get("tid", 0) >= TORCH_TIDS and e["ph"] == "X"]
+    assert ops and {e["pid"] for e in ops} == {0}
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert all(names[e["tid"]].startswith("torch.profiler") for e in ops)
+    for tid in {e["tid"] for e in ops}:
+        ts = [e["ts"] for e in ops if e["tid"] == tid]
+        assert ts == sorted(ts)
+    compute = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 0 and e["name"] == "compute"]
+    muls = [e for e in ops if e["name"] == "aten::mul"]  # t * 2, once in each compute span
+    assert len(compute) == 3 and len(muls) == 3
+    for c in compute:
+        inside = [m for m in muls if c["ts"] - 100 <= m["ts"] and m["ts"] + m["dur"] <= c["ts"] + c["dur"] + 100]
+        assert len(inside) == 1, (c, muls)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -109,6 +177,7 @@ def test_playbook_run_writes_a_timeline_with_one_row_per_rank(argv, tmp_path, ca
     assert main([*argv, "--trace", str(path)]) == 0
     assert f"written to {path}" in capsys.readouterr().err
     trace = json.loads(path.read_text())
+    check_format(trace, LAUNCHED_TRACES[0])  # the spans the file was written from, every one present
     xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     world = 2 if argv[1] == "pp" else 4
     assert {e["pid"] for e in xs} == set(range(world))

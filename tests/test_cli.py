@@ -41,6 +41,26 @@ def test_memory_command_prints_json(capsys):
     assert report["training"]["params"] == 2 * 70_553_706_496  # mixed precision, no sharding
 
 
+def test_memory_command_says_whether_a_layout_fits_the_device(capsys):
+    """``--hardware``: the most loaded rank against 90 % of what the device reports (an H100's
+    81,559 MiB); ``--hf-config`` instead of a preset. 70B at 1K tokens: ZeRO-3 over 64 fits, one rank not."""
+    from playbook.config import DATA_DIR
+
+    base = ["memory", "--model", "llama-3.1-70b", "--seq-len", "1024", "--json"]
+    code, out, _ = run_cli(capsys, *base, "--dp", "64", "--zero", "3", "--hardware", "h100-sxm")
+    report = json.loads(out)
+    device, total = report["device"], report["training"]["total"]
+    assert code == 0 and device["capacity_bytes"] == 81_559 * 2**20
+    assert device["training"] == {"fits": True, "margin_bytes": 0.9 * 81_559 * 2**20 - total}
+    code, out, _ = run_cli(capsys, *base)
+    assert code == 0 and json.loads(out)["device"]["training"]["fits"] is False
+    code, out, _ = run_cli(capsys, "memory", "--hf-config", str(DATA_DIR / "hf" / "Qwen2-7B.json"), "--hardware", "l4")
+    assert code == 0 and out.startswith("Qwen2-7B: 7,615,616,512 parameters")
+    assert "training (the most loaded rank): does NOT fit l4" in out and "inference: fits l4" in out
+    code, _, err = run_cli(capsys, "memory", "--model", "gpt-tiny", "--hf-config", "x.json")
+    assert code == 2 and err.count("\n") == 1 and "both name the model; give one of them" in err
+
+
 def test_memory_command_fp32_grad_accum(capsys):
     # Llama 3.1 70B, 70,553,706,496 parameters: the fp32 buffer adds 4 bytes each to the 2-byte grads,
     # sharded over dp=8 under ZeRO-2 like the gradients: (2 + 4) · Ψ / 8
@@ -145,7 +165,7 @@ def test_pp_reports_its_point_to_point_bytes_predicted_and_measured(capsys, extr
 
 
 def test_ep_refuses_zero_experts_and_reports_what_it_trained(capsys):
-    from playbook.parallel.ep_run import moe_config
+    from playbook.parallel.ep.run import moe_config
     from playbook.parallel.training import TrainSetup
 
     for experts, top_k in ((0, None), (None, 0)):  # 0 is falsy: `x or preset` once ran the preset's value

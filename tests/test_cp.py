@@ -9,7 +9,7 @@ import torch
 
 from playbook.cli import main
 from playbook.config import ModelConfig
-from playbook.parallel.cp import check, on_rank, predicted_memory, run_cp, train_cp
+from playbook.parallel.cp.model import check, on_rank, predicted_memory, run_cp, train_cp
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup, train
 from playbook.parallel.parity import assert_parity, floor_of
@@ -110,7 +110,7 @@ def test_bad_layouts_are_refused_before_any_rank_starts(setup, n, variant, zigza
 # ---- attention alone, on real ranks --------------------------------------------------------------
 def _attention_parity(ctx, cases):
     """Every case on this rank: max abs error of output and of dq, dk, dv against full attention (fp64)."""
-    from playbook.parallel.ring_attention import VARIANTS, attention
+    from playbook.parallel.cp.ring_attention import VARIANTS, attention
     from playbook.theory.cp import shard_positions
 
     errors = []
@@ -154,7 +154,7 @@ def test_attention_parity_every_variant(n, ranks2, ranks4):
 def _ring_on_large_scores(ctx, zigzag, causal):
     """Ring attention in float64 on scores around 1000 (q·kᵀ/√d = 1000 + O(1)): exp(1000) overflows
     float64 (max ~709), so only a log-sum-exp merge that subtracts the running max survives."""
-    from playbook.parallel.ring_attention import attention, ring_attention
+    from playbook.parallel.cp.ring_attention import attention, ring_attention
     from playbook.theory.cp import shard_positions
 
     gen = torch.Generator().manual_seed(2)
@@ -189,7 +189,7 @@ def test_ring_attention_in_float64_on_scores_near_1000(zigzag, causal, ranks2):
 
 def _ring_in_bf16(ctx, b, s):
     """One forward and backward of ring attention on bf16 shards, TINY's head layout (4 heads, 2 kv, d 16)."""
-    from playbook.parallel.ring_attention import ring_attention
+    from playbook.parallel.cp.ring_attention import ring_attention
 
     gen = torch.Generator().manual_seed(3)
     sl = s // ctx.world_size

@@ -9,7 +9,7 @@ import pytest
 import torch.distributed.distributed_c10d as c10d
 
 from playbook.parallel.parity import assert_parity, reference
-from playbook.parallel.pp import PipelineSetup, merge, native_on_rank
+from playbook.parallel.pp.pipeline import PipelineSetup, merge, native_on_rank
 from playbook.parallel.report import compare
 
 TINY = PipelineSetup(model="gpt-tiny", steps=2, global_batch=8, seq_len=16)

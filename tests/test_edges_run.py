@@ -85,7 +85,7 @@ def test_the_first_error_is_the_real_one(capsys, argv, expected):
 
 
 def test_the_memory_advice_names_only_values_the_user_could_type(capsys):
-    from playbook.cli_checks import check_fits
+    from playbook.cli.checks import check_fits
 
     class Args:
         model, global_batch, seq_len, world_size = "gpt-tiny", 10**6 + 1, 32, 2

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from playbook.parallel import ep as E
-from playbook.parallel import ep_run as R
+from playbook.parallel.ep import model as E
+from playbook.parallel.ep import run as R
 from playbook.parallel.parity import assert_parity, floor_of
 from playbook.parallel.report import failures
 from playbook.parallel.training import TrainSetup
@@ -125,7 +125,7 @@ def test_our_all_to_all_matches_pytorch_and_one_process(ranks4):
 
 def test_a_missing_division_of_expert_gradients_is_caught(ranks2):
     def wrong(ctx, setup, cfg):
-        import playbook.parallel.ep as ep
+        import playbook.parallel.ep.model as ep
 
         right = ep.sync_gradients
 
@@ -203,7 +203,7 @@ def test_cli_json_has_the_routing_block():
 def _silent_expert(silent: int):
     """While active, ``train_moe`` builds models whose routers score expert ``silent`` 1e4 lower (it
     never makes the top-k, on any rank), and every AdamW it creates is kept in ``seen``."""
-    import playbook.parallel.ep as ep
+    import playbook.parallel.ep.model as ep
     from playbook.moe import moe_layers
 
     seen, real_build, real_adamw = {}, ep.build, torch.optim.AdamW

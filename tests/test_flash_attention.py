@@ -148,7 +148,7 @@ def test_planner_fits_a_layout_eager_attention_rejects():
 
     cfg, h100 = ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm")
     lay = Layout(dp=8, tp=8, pp=1, cp=1, ep=1, zero=3, micro_batch=1, microbatches=64, recompute="none")
-    budget = MEM_UTIL * h100.memory_bytes
+    budget = MEM_UTIL * h100.capacity_bytes
     eager, flash = memory_bytes(cfg, lay, 8192, "eager", "ours"), memory_bytes(cfg, lay, 8192, "flash", "ours")
     assert flash <= budget < eager
     s, t = 8192, 8

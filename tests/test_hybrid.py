@@ -7,8 +7,8 @@ import pytest
 
 from playbook.cluster import RankTimeout
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan, train_hybrid
-from playbook.parallel.hybrid_run import comm_table, merge, reference
+from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
+from playbook.parallel.hybrid.run import comm_table, merge, reference
 from playbook.parallel.parity import assert_parity, bounds
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
@@ -215,7 +215,7 @@ def test_memory_is_predicted_for_every_layout(name, setup, plan, axes):
 
 
 def test_summary_reads_as_a_table(ranks4):
-    from playbook.parallel.hybrid_run import HybridReport
+    from playbook.parallel.hybrid.run import HybridReport
 
     setup, plan = DENSE, Plan(ParallelDims(tp=2, cp=2))
     answers = ranks4.run(train_hybrid, setup, plan)

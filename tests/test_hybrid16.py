@@ -8,8 +8,8 @@ memory per category of every rank measured == predicted to the byte."""
 import pytest
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan, train_hybrid
-from playbook.parallel.hybrid_run import comm_table, merge, reference
+from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
+from playbook.parallel.hybrid.run import comm_table, merge, reference
 from playbook.parallel.parity import assert_parity
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
@@ -38,7 +38,7 @@ def test_the_405b_plan_shrinks_to_this_layout_with_its_schedule_and_replays_exac
     (two chunks per rank, the V): shrunk, the replay keeps every axis and the schedule, and runs on
     these 16 ranks with every byte and memory category as predicted."""
     from playbook.config import ModelConfig
-    from playbook.parallel.plan_replay import replay
+    from playbook.parallel.hybrid.replay import replay
     from playbook.theory.shrink import shrink
     from playbook.viz.plan_dashboard import cached_plan
 

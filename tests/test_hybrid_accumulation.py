@@ -1,9 +1,9 @@
 """pp = 1 with m > 1 micro-batches: gradient accumulation through the hybrid's one pipeline driver
-(``parallel.hybrid_pp``: 1F1B of one stage, F₀ B₀ F₁ B₁ …), against the single process on the same
+(``parallel.hybrid.pipeline``: 1F1B of one stage, F₀ B₀ F₁ B₁ …), against the single process on the same
 global batch (``check``: loss, every gradient, parameters after AdamW within the parity gate), bytes
 per axis measured == predicted and memory per category to the byte. The activations are one
 micro-batch's: they scale with b/m. ZeRO-3 keeps its weights gathered across the micro-batches and
-reduces on the last one, as torchtitan does with FSDP under PP (``parallel.zero_pipeline``)."""
+reduces on the last one, as torchtitan does with FSDP under PP (``parallel.zero.pipeline``)."""
 
 import json
 
@@ -12,7 +12,7 @@ from test_hybrid import DENSE, MOE, check
 from test_hybrid_moe import check as check_moe
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan
+from playbook.parallel.hybrid.parallelize import Plan
 from playbook.theory.hybrid import memory_per_rank
 
 CASES = [
@@ -27,7 +27,7 @@ CASES = [
 
 @pytest.mark.parametrize("name, setup, plan, world", CASES, ids=[c[0] for c in CASES])
 def test_gradient_accumulation_at_pp1_matches_the_single_process(request, name, setup, plan, world):
-    # an MoE model against the single process that routes the same m micro-batches (``hybrid_moe.reference``)
+    # an MoE model against the single process that routes the same m micro-batches (``hybrid.moe.reference``)
     (check_moe if setup.config().is_moe else check)(request.getfixturevalue(f"ranks{world}"), setup, plan)
 
 

@@ -1,4 +1,4 @@
-"""The one gradient-reduction table (``parallel.hybrid_grads``): every parameter's class, and the
+"""The one gradient-reduction table (``parallel.hybrid.grads``): every parameter's class, and the
 mesh axes its gradient is summed over. Its classes on a real TP shard, and the layout the table
 fixed: ZeRO with an MoE model under tp without sequence parallelism, whose router and experts see
 1/tp of the tokens each and were reduced over dp alone (gradients 86% off the single process)."""
@@ -7,8 +7,8 @@ import pytest
 from test_hybrid_moe import MOE, check
 
 from playbook.dims import ParallelDims
-from playbook.parallel import hybrid_grads as G
-from playbook.parallel.hybrid import Plan
+from playbook.parallel.hybrid import grads as G
+from playbook.parallel.hybrid.parallelize import Plan
 
 
 def test_the_table_has_one_row_per_class_with_its_axes():
@@ -26,8 +26,8 @@ def _classes(ctx, sequence_parallel):
     import torch.distributed as dist
 
     from playbook.model import build_moe
-    from playbook.parallel.hybrid_grads import classes
-    from playbook.parallel.tp import TPGPT
+    from playbook.parallel.hybrid.grads import classes
+    from playbook.parallel.tp.model import TPGPT
 
     model = TPGPT(build_moe(MOE.config(), 0), dist.group.WORLD, sequence_parallel=sequence_parallel)
     return {name: c.name for name, c in classes(model, 2, sequence_parallel).items()}

@@ -1,16 +1,16 @@
 """A mixture of experts inside the hybrid's pipeline, on real ranks: every stage's aux loss counted,
-against the single process that routes the same m micro-batches (``parallel.hybrid_moe``): loss,
+against the single process that routes the same m micro-batches (``parallel.hybrid.moe``): loss,
 every gradient and parameters after 3 AdamW steps within max(1e-5, 3 x the float floor; 10 x for parameters), bytes
 per rank per step on every axis measured == predicted, memory per category to the byte."""
 
 import pytest
 
 from playbook.dims import ParallelDims
-from playbook.parallel import hybrid_moe
-from playbook.parallel.hybrid import Plan, train_hybrid
-from playbook.parallel.hybrid_run import comm_table, merge
+from playbook.parallel.hybrid import moe as hybrid_moe
+from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
+from playbook.parallel.hybrid.run import comm_table, merge
 from playbook.parallel.parity import assert_parity, float_floor
-from playbook.parallel.pp import PipelineSetup
+from playbook.parallel.pp.pipeline import PipelineSetup
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
 
@@ -60,14 +60,14 @@ def test_moe_in_a_pipeline_with_data_and_expert_parallelism(ranks4, dims, used):
 )
 def test_moe_under_context_parallelism_routes_on_the_counts_of_every_shard(ranks4, dims, used):
     """Each cp rank routes the tokens of its shard; the counts are all-gathered over dp×cp, so the
-    capacity and the aux loss are the global batch's, as under dp (``parallel.hybrid_moe``)."""
+    capacity and the aux loss are the global batch's, as under dp (``parallel.hybrid.moe``)."""
     answers, _ = check(ranks4, MOE, Plan(dims))
     assert axes(answers) == used
 
 
 def test_moe_under_tp2_routes_each_ranks_sequence_slice(ranks2):
     """tp2: the router and the experts replicated, each tp rank routing its half of the sequence
-    (``parallel.tp_moe``); their gradients summed over tp. Without that sum (broken on purpose)
+    (``parallel.tp.moe``); their gradients summed over tp. Without that sum (broken on purpose)
     the router's gradient is half the single process's."""
     answers, _ = check(ranks2, MOE, Plan(ParallelDims(tp=2)))
     assert axes(answers) == {"tp"}

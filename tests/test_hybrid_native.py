@@ -6,9 +6,9 @@ relative L2 per tensor."""
 import pytest
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan, train_hybrid
-from playbook.parallel.hybrid_native import check_native, native_on_rank
-from playbook.parallel.hybrid_run import merge, reference
+from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
+from playbook.parallel.hybrid.native import check_native, native_on_rank
+from playbook.parallel.hybrid.run import merge, reference
 from playbook.parallel.parity import assert_parity, bounds
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup

@@ -1,5 +1,5 @@
 """Activation recomputation in hybrid layouts on real ranks (``Plan.recompute``, applied after TP,
-CP and EP by ``parallel.hybrid_recompute``): each layout against the single process on the same
+CP and EP by ``parallel.hybrid.recompute``): each layout against the single process on the same
 batch (loss, every gradient, parameters after AdamW, within ``parallel.parity``'s bounds), bytes
 per rank per step on every axis measured == predicted, the replayed TP and CP collectives of the
 recomputed forward included, and memory per category measured == predicted to the byte."""
@@ -7,8 +7,7 @@ recomputed forward included, and memory per category measured == predicted to th
 import pytest
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan
-from playbook.parallel.training import TrainSetup
+from playbook.parallel.hybrid.parallelize import Plan
 from tests.test_hybrid import DENSE, check
 
 FOUR = [
@@ -55,19 +54,38 @@ CASES += [
 ]
 
 
+CASES += [  # a split backward: B recomputes each block once and keeps W's inputs until W
+    ("full with zb-h1 in dp2×pp2", ParallelDims(dp=2, pp=2), {"schedule": "zb-h1", "microbatches": 4}),
+    ("full zb-v in dp2×pp2", ParallelDims(dp=2, pp=2), {"schedule": "zb-v"}),
+    ("full dualpipe-v in dp2×pp2", ParallelDims(dp=2, pp=2), {"schedule": "dualpipe-v", "microbatches": 4}),
+    ("full with zb-h1 in cp2×pp2 (a peak after B)", ParallelDims(cp=2, pp=2), {"schedule": "zb-h1", "microbatches": 4}),
+    (
+        "full with ZeRO-1 and zb-h1 in dp2×pp2",
+        ParallelDims(dp=2, pp=2),
+        {"schedule": "zb-h1", "microbatches": 4, "zero": 1},
+    ),
+]
+CASES += [  # with TP: the graph stays for W, and W's tensors inside the blocks come from B's recomputation
+    ("full with zb-h1 in tp2×pp2", ParallelDims(tp=2, pp=2), {"schedule": "zb-h1", "microbatches": 4}),
+    ("full zb-v in tp2×pp2 with SP", ParallelDims(tp=2, pp=2), {"schedule": "zb-v", "sequence_parallel": True}),
+]
+CASES[-7:] = [(name, dims, options | {"recompute": "full"}) for name, dims, options in CASES[-7:]]
+
+
 @pytest.mark.parametrize("name, dims, options", CASES, ids=[c[0] for c in CASES])
 def test_recomputation_on_four_ranks_matches_the_single_process(ranks4, name, dims, options):
     check(ranks4, DENSE, Plan(dims, **options))
 
 
-def test_full_recomputation_in_tp2_cp2_pp2_ring_inside_a_pipeline(ranks8):
-    check(ranks8, DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2), recompute="full"))
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_full_recomputation_in_tp2_cp2_pp2_ring_inside_a_pipeline(ranks8, schedule):
+    check(ranks8, DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2), schedule=schedule, recompute="full"))
 
 
 def test_recomputation_saves_activations_and_pays_the_collectives_again(ranks4):
     """Measured against measured: full keeps less than none, and sends more on tp and cp (the
     recomputed forward's all-reduces and K/V blocks, Korthikanti et al. 2022, §5)."""
-    from playbook.parallel.hybrid import train_hybrid
+    from playbook.parallel.hybrid.parallelize import train_hybrid
     from playbook.measure.trace import bytes_by_axis
 
     def run(mode):
@@ -86,10 +104,6 @@ def test_recompute_it_cannot_predict_is_refused_in_one_line_before_ranks_start(c
 
     with pytest.raises(ValueError, match="recompute must be one of none, selective, full"):
         Plan(ParallelDims(dp=2), recompute="some").check(DENSE)
-    with pytest.raises(ValueError, match="recompute=full with zb-h1's split backward"):
-        Plan(ParallelDims(dp=2, pp=2), schedule="zb-h1", microbatches=4, recompute="full").check(DENSE)
-    with pytest.raises(ValueError, match="recompute=selective with a mixture of experts"):
-        Plan(ParallelDims(dp=2, ep=2), recompute="selective").check(TrainSetup(model="gpt-tiny-moe"))
     with pytest.raises(SystemExit):  # argparse's own refusal: its usage and one error line
         main(["run", "hybrid", "--dp", "2", "--recompute", "some"])
     assert "argument --recompute: invalid choice: 'some'" in capsys.readouterr().err

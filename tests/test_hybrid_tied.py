@@ -3,14 +3,16 @@ Narayanan et al. 2021): the first and the last stage each hold a copy of the wor
 their gradients are summed over the two ranks after backward. Against one process on the same
 global batch (loss, every gradient, parameters after 3 AdamW steps within ``parallel.parity``'s
 bounds), bytes per axis of every rank measured == predicted with the embedding group's all-reduce
-counted (``theory.hybrid``), memory per category to the byte, and the two copies bit-for-bit equal."""
+counted (``theory.hybrid``), memory per category to the byte, and the two copies bit-for-bit equal.
+Under ZeRO (Rajbhandari et al. 2020) the tied weight is one flat unit's (the embedding's) where a rank
+holds both ends, and the embedding group's sum precedes the reduce-scatter where it does not."""
 
 import pytest
 import torch
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan, train_hybrid
-from playbook.parallel.hybrid_run import comm_table, merge, reference
+from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
+from playbook.parallel.hybrid.run import comm_table, merge, reference
 from playbook.parallel.parity import assert_parity
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
@@ -74,6 +76,60 @@ def test_only_the_first_and_last_pipeline_ranks_send_on_the_embedding_group():
     assert sent == [4 * 64 * 64, 0, 0, 4 * 64 * 64]
 
 
-def test_zero_with_a_tied_embedding_is_refused_in_one_line_before_ranks_start():
-    with pytest.raises(ValueError, match="ZeRO with a tied embedding is not composed"):
-        Plan(ParallelDims(dp=2, pp=2), zero=1).check(TIED)
+ZERO_TWO = [Plan(ParallelDims(dp=2), zero=z) for z in (1, 2, 3)] + [Plan(ParallelDims(dp=2), zero=3, microbatches=2)]
+
+
+@pytest.mark.parametrize("plan", ZERO_TWO, ids=[f"ZeRO-{p.zero} dp2 m{p.m}" for p in ZERO_TWO])
+def test_zero_holds_the_tied_weight_in_the_embeddings_unit_only(ranks2, plan):
+    """pp = 1: one weight, one unit (the head's unit is its norm only); ZeRO-3 keeps the embedding's
+    unit gathered until the head has read it, so every unit is still gathered twice a step (once
+    with m = 2 micro-batches, gathered for the whole step: ``parallel.zero.pipeline``)."""
+    answers = check(ranks2, plan)
+    assert all(set(row["measured"]) == {"dp"} for row in comm_table(answers, TIED, plan))
+
+
+ZERO_FOUR = [
+    Plan(ParallelDims(dp=2, pp=2), zero=1),
+    Plan(ParallelDims(dp=2, pp=2), zero=2),
+    Plan(ParallelDims(dp=2, pp=2), zero=3),
+    Plan(ParallelDims(dp=2, tp=2), zero=1, sequence_parallel=True),
+    Plan(ParallelDims(dp=2, pp=2), zero=1, schedule="zb-v", microbatches=2),  # rank 0: both ends, one unit
+    Plan(ParallelDims(dp=2, pp=2), zero=3, schedule="zb-v", microbatches=2),
+]
+
+
+@pytest.mark.parametrize(
+    "plan",
+    ZERO_FOUR,
+    ids=[
+        "ZeRO-1 dp2×pp2",
+        "ZeRO-2 dp2×pp2",
+        "ZeRO-3 dp2×pp2",
+        "ZeRO-1 dp2×tp2 SP",
+        "ZeRO-1 dp2×pp2 zb-v",
+        "ZeRO-3 dp2×pp2 zb-v",
+    ],
+)
+def test_zero_composes_with_the_embedding_group(ranks4, plan):
+    """The two copies summed over the embedding group before ZeRO's reduce-scatter over dp: the
+    bytes on ``embed`` are the same [vocab/tp, hidden] all-reduce as without ZeRO."""
+    answers = check(ranks4, plan)
+    embed = {row["rank"]: row["measured"].get("embed", 0) for row in comm_table(answers, TIED, plan)}
+    across = plan.dims.pp > 1 and plan.schedule != "zb-v"
+    assert embed == {r: 4 * 64 * 64 // plan.dims.tp if across else 0 for r in embed}
+
+
+def test_zero_with_tp_pp_and_sp_sums_each_tp_shard_of_the_copies(ranks8):
+    """dp2×tp2×pp2 with SP and ZeRO-1: each tp rank's [vocab/tp, hidden] rows summed over its own
+    embedding group, then reduce-scattered over dp."""
+    plan = Plan(ParallelDims(dp=2, tp=2, pp=2), zero=1, sequence_parallel=True)
+    answers = check(ranks8, plan)
+    embed = [row["measured"].get("embed", 0) for row in comm_table(answers, TIED, plan)]
+    assert embed == [4 * 64 * 64 // 2] * 8
+
+
+def test_run_zero_refuses_a_tied_preset_in_one_line_before_ranks_start():
+    from playbook.parallel.zero.run import run_zero
+
+    with pytest.raises(ValueError, match="playbook run hybrid --dp 2 --zero 1"):
+        run_zero(TIED, world_size=2, stage=1)

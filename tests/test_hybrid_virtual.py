@@ -7,10 +7,10 @@ memory per category of every rank measured == predicted."""
 import pytest
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan, train_hybrid
-from playbook.parallel.hybrid_run import comm_table, merge, reference
+from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
+from playbook.parallel.hybrid.run import comm_table, merge, reference
 from playbook.parallel.parity import assert_parity
-from playbook.parallel.pp import PipelineSetup
+from playbook.parallel.pp.pipeline import PipelineSetup
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
 from playbook.theory.hybrid import chunk_ranges
@@ -86,7 +86,7 @@ def test_bad_chunks_are_refused_before_any_rank_starts(plan, words):
 
 def test_run_hybrid_takes_the_schedules_and_chunks_on_its_command_line(capsys):
     from playbook.cli import build_parser, main
-    from playbook.cli_checks import check_numbers
+    from playbook.cli.checks import check_numbers
     from playbook.parallel import get
 
     for line in ("--pp 2 --schedule zb-v --microbatches 2", "--pp 2 --schedule interleaved --chunks 2"):
@@ -111,7 +111,7 @@ def test_run_hybrid_accepts_the_torchrun_line_plan_prints_for_its_top_candidates
     v=8 and zb-h1; 405B's 126 layers in 4 to 64 unequal stages), through ``run hybrid``'s parser and
     check, as torchrun would start it. The only refusals left are ZeRO's (named in one line)."""
     from playbook.cli import build_parser
-    from playbook.cli_checks import check_numbers
+    from playbook.cli.checks import check_numbers
     from playbook.parallel import get
     from playbook.theory.plan_launch import torchrun_command
     from playbook.viz.plan_dashboard import cached_plan

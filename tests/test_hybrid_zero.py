@@ -8,7 +8,8 @@ import pytest
 from test_hybrid import DENSE, MOE, check
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan
+from playbook.parallel.hybrid.parallelize import Plan
+from playbook.parallel.training import TrainSetup
 
 FOUR = [
     ("ZeRO-1 in dp4×ep2", MOE, Plan(ParallelDims(dp=4, ep=2), zero=1), {"dp", "ep", "ep_replica"}),
@@ -67,7 +68,7 @@ PIPELINE = [(z, s) for z in (1, 2, 3) for s in ("1f1b", "zb-h1")]
 @pytest.mark.parametrize("zero, schedule", PIPELINE, ids=[f"ZeRO-{z} {s}" for z, s in PIPELINE])
 def test_zero_inside_a_pipeline_saves_memory_between_steps_only(ranks4, zero, schedule):
     """dp2×pp2: ZeRO-3 gathers each unit once a step, keeps it through the m micro-batches and
-    reduce-scatters after the last (``parallel.zero_pipeline``). Between steps it holds slices only;
+    reduce-scatters after the last (``parallel.zero.pipeline``). Between steps it holds slices only;
     after the last backward every stage holds whole weights and whole gradients, measured == predicted,
     and ZeRO-3's slice on top: no less than ZeRO-1 at the step's peak."""
     from playbook.theory.hybrid import chunk_ranges
@@ -81,3 +82,43 @@ def test_zero_inside_a_pipeline_saves_memory_between_steps_only(ranks4, zero, sc
         units = flat_units(DENSE.config(), plan.dims, chunk_ranges(DENSE.config(), 2, stage))
         assert a["result"].memory["state_after_backward"] == pipeline_peak_state(units, zero), a["rank"]
     assert pipeline_peak_state(units, 3) > pipeline_peak_state(units, 2) == pipeline_peak_state(units, 1)
+
+
+# A routed expert that no token reaches: 4 tokens per row, seeds where the single process routes none
+# to an expert in step 1 (of 3), every expert fed in steps 0 and 2 (its AdamW state exists; step 2's
+# bias correction sees the skipped step). The single process leaves it without gradient, so AdamW
+# does not touch it; ZeRO must do the same. In dp4×ep2 (seed 43) some expert is also fed on one
+# replica and not on the other (steps 0 and 1): neither may wait on a reduce-scatter the other never joins.
+STARVED = [
+    (z, TrainSetup(model="gpt-tiny-moe", global_batch=n, seq_len=4, seed=seed), Plan(ParallelDims(dp=n, ep=2), zero=z))
+    for n, seed in ((2, 9), (4, 43))
+    for z in (1, 2, 3)
+]
+
+
+@pytest.mark.parametrize("zero, setup, plan", STARVED, ids=[f"ZeRO-{z} {p.dims} seed {s.seed}" for z, s, p in STARVED])
+def test_an_expert_no_token_reaches_is_left_alone_as_the_single_process_leaves_it(ranks2, ranks4, zero, setup, plan):
+    answers, _ = check(ranks2 if plan.dims.world == 2 else ranks4, setup, plan)
+    routing = next(a["routing"] for a in answers)  # [step][forward]: the counts of every data rank
+    assert [any(0 in f["kept"] for f in step) for step in routing] == [False, True, False]
+    if plan.dims.ep < plan.dims.dp:  # the replicas of an expert: ep groups of data ranks, {0, 1} and {2, 3}
+        fed = [
+            [[sum(f["counts_by_rank"][r][e] for r in g) > 0 for g in ((0, 1), (2, 3))] for e in range(4)]
+            for f in routing[1]
+        ]
+        assert any(a != b for layer in fed for a, b in layer)  # fed on one replica only
+
+
+def test_an_expert_no_token_reaches_is_left_alone_by_a_pipelines_zero(ranks4):
+    """``PipelineZero`` (ZeRO-3 gathered once a step, reduced after the last micro-batch) leaves it
+    alone too; against the single process that routes the same micro-batches (``test_hybrid_moe``)."""
+    from test_hybrid_moe import check as check_micro_batched
+
+    setup = TrainSetup(model="gpt-tiny-moe", global_batch=4, seq_len=4, seed=66)  # starved in step 1
+    answers, _ = check_micro_batched(ranks4, setup, Plan(ParallelDims(dp=2, pp=2, ep=2), zero=3))
+    # each stage holds one MoE layer: an expert starved in a step is 0 in every micro-batch's forward
+    starved = [
+        any(any(all(f["kept"][e] == 0 for f in a["routing"][step]) for e in range(4)) for a in answers)
+        for step in range(setup.steps)
+    ]
+    assert starved == [False, True, False]

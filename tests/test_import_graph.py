@@ -107,8 +107,8 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 
 def test_the_graph_sees_lazy_imports():
     graph = import_graph()
-    assert "playbook.parallel.training" in graph["playbook.parallel.tp_dtensor"]  # a top-level import
-    assert "playbook.parallel.tp" in graph["playbook.parallel.hybrid"]  # inside parallelize()
+    assert "playbook.parallel.training" in graph["playbook.parallel.tp.native"]  # a top-level import
+    assert "playbook.parallel.tp.model" in graph["playbook.parallel.hybrid.parallelize"]  # inside parallelize()
 
 
 def test_no_import_cycle_but_the_known_ones_and_every_known_one_still_exists():

@@ -13,7 +13,7 @@ from playbook.cluster import Ranks
 from playbook.measure.collectives import measured_comm
 from playbook.model import GPT
 from playbook.parallel import TrainSetup, train
-from playbook.parallel.dp_run import on_rank, run_dp
+from playbook.parallel.dp.run import on_rank, run_dp
 from playbook.theory.dp import predicted_comm
 from playbook.parallel.mixed import MixedPrecisionAdamW, predicted_memory, train_mixed
 from playbook.theory.activations import model_activation_bytes
@@ -175,7 +175,7 @@ def test_zero_mixed_memory_and_bytes_are_zero_s_and_loss_tracks_fp32(stage, fp32
     and gradients (2Ψ, /N from stage 2), the 12Ψ of fp32 master + moments /N from stage 1, plus one
     4-byte AdamW step counter per unit (embedding, each block, head); every collective moves bf16.
     gpt-tiny's units split evenly over 2 ranks, so there is no padding to add."""
-    from playbook.parallel.zero_run import run_zero
+    from playbook.parallel.zero.run import run_zero
 
     n, units = 2, SETUP.config().n_layers + 2
     report = run_zero(SETUP, world_size=n, stage=stage, precision="mixed")

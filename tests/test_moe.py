@@ -10,7 +10,7 @@ from playbook.measure.memory import SavedActivations
 from playbook.model import GPT
 from playbook.model import build_moe as build
 from playbook.moe import MoEMLP, configure, slot_positions, top_k_gating
-from playbook.parallel.ep import train_moe
+from playbook.parallel.ep.model import train_moe
 from playbook.parallel.training import TrainSetup, train
 from playbook.theory import moe as T
 

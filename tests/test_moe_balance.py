@@ -9,8 +9,8 @@ import torch
 
 from playbook.model import build_moe as build
 from playbook.moe import configure, moe_layers, top_k_gating
-from playbook.parallel import ep as E
-from playbook.parallel import ep_run as R
+from playbook.parallel.ep import model as E
+from playbook.parallel.ep import run as R
 from playbook.parallel.parity import assert_parity, floor_of
 from playbook.parallel.registry import names
 from playbook.parallel.training import TrainSetup

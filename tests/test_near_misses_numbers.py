@@ -18,9 +18,9 @@ import torch.distributed as dist
 
 from playbook.config import Hardware, ModelConfig
 from playbook.dims import ParallelDims
-from playbook.parallel import ep as E
-from playbook.parallel.hybrid import Plan, train_hybrid
-from playbook.parallel.hybrid_run import merge
+from playbook.parallel.ep import model as E
+from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
+from playbook.parallel.hybrid.run import merge
 from playbook.parallel.parity import assert_parity, bounds, floor_of, reference
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup

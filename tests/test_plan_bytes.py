@@ -1,5 +1,7 @@
-"""The planner's tp collectives against ``theory.tp.step_collectives``, the count the shrunk replays
-measure on real ranks (chapter 8b §2): one number from two sources, compared on a shrunk layout."""
+"""The planner's bytes per axis against the functions the shrunk replays verify and against a replay
+on real ranks (chapter 8b §2): tp's collectives per layer against ``theory.tp.step_collectives``; cp,
+pp and dp (``theory.plan_bytes``, what ``plan_cost`` times) against ``theory.hybrid.comm_per_axis``
+and a trace measured on 8 ranks: one number from one source, compared on a shrunk layout."""
 
 import pytest
 
@@ -24,3 +26,55 @@ def test_planner_tp_collectives_per_layer_match_the_replays(recompute):
     assert count == TP_COLLECTIVES_PER_LAYER[recompute] - (recompute == "full")
     sent = sum(row["sent_bytes"] for row in summary.values())
     assert sent == pytest.approx(count * sent_bytes("all_gather", act, t))  # what plan_cost's ring times
+
+
+# ---- cp, pp and dp: the planner's counts beside theory.hybrid and a replay -------------------------
+def _big(**kw):
+    from playbook.theory.plan_search import Layout
+
+    base = dict(dp=8, tp=1, pp=1, cp=1, ep=1, zero=0, micro_batch=1, microbatches=16, recompute="none")
+    return Layout(**(base | kw))
+
+
+@pytest.mark.parametrize(
+    "lay",
+    [
+        _big(cp=4, zero=1, microbatches=1),
+        _big(pp=4),
+        _big(pp=4, zero=1, schedule="interleaved", v=2),
+        _big(dp=4, tp=2, pp=4, zero=1),
+        _big(tp=4, cp=2, zero=1, microbatches=1),
+        _big(pp=4, zero=1, schedule="zb-v", v=2),
+    ],
+    ids=str,
+)
+def test_planner_bytes_per_axis_are_theory_hybrids_on_a_shrunk_candidate(lay):
+    """cp (ring K/V and fp32 gradients), pp (the busiest rank's sends) and dp (the most loaded stage's
+    flat units, ZeRO 0 and 1) as ``plan_cost`` counts them equal ``theory.hybrid.comm_per_axis`` to the
+    byte. One difference, named: a V puts the embedding and the head on rank 0, and the planner times
+    the data axis of a 1F1B stage."""
+    from playbook.theory.plan_bytes import busiest, replay_bytes
+    from playbook.theory.shrink import shrink
+
+    small = shrink(lay)
+    planner, hybrid = replay_bytes(small), busiest([r["bytes"] for r in small.predict()])
+    hybrid.pop("tp", None)  # tp: the count per layer above
+    if small.schedule == "zb-v":
+        assert planner.pop("dp") < hybrid.pop("dp")
+    assert planner == hybrid
+
+
+def test_planner_bytes_per_axis_match_the_trace_on_real_ranks():
+    """dp2×pp2×cp2 ZeRO-1, interleaved, on 8 real ranks: the busiest rank's bytes on cp, pp and the
+    data axis, measured, equal what the planner times (at fp32, our ranks' dtype)."""
+    from playbook.parallel.hybrid.replay import replay
+    from playbook.theory.plan_bytes import busiest, replay_bytes
+    from playbook.theory.shrink import shrink
+
+    small = shrink(_big(pp=4, cp=2, zero=1, schedule="interleaved", v=2))
+    run = replay(small)
+    measured = [
+        {r["key"]: r["measured"] for r in run.rows if r["what"] == "bytes sent" and r["rank"] == rank}
+        for rank in range(small.dims.world)
+    ]
+    assert run.exact and replay_bytes(small) == busiest(measured) == {"cp": 98304, "pp": 98304, "dp": 302208}

@@ -19,7 +19,7 @@ def test_a_candidate_costed_alone_matches_the_search_and_ranks_where_it_sat():
         c = p.candidates[i]
         r = cost_layout(CFG, HW, c.layout, seq_len=4096)
         assert r["memory_total"] == pytest.approx(c.memory) and r["step"]["total"] == pytest.approx(c.cost.total)
-        assert r["fits"] and r["margin_bytes"] == pytest.approx(0.9 * HW.memory_bytes - c.memory)
+        assert r["fits"] and r["margin_bytes"] == pytest.approx(0.9 * HW.capacity_bytes - c.memory)
         assert r["rank"] == 1 + sum(x.cost.total < c.cost.total for x in p.candidates) and r["of"] == len(p.candidates)
         assert r["rank"] <= i + 1
 
@@ -44,22 +44,6 @@ def test_cli_layout_says_whether_it_fits(capsys):
     assert "try --gpus 8" in capsys.readouterr().err
 
 
-def test_llama3_published_layouts_step_time_within_15_percent():
-    """Dubey et al. 2024 (arXiv:2407.21783) Table 4: BF16 MFU 43 % (8,192 GPUs, DP64) and 41 %
-    (16,384 GPUs, DP128) for TP8·PP16 at 8K, 38 % for TP8·CP16·PP16 at 128K (DP8: 16,384 GPUs over
-    TP8·CP16·PP16; the table prints DP4). Interleaved v=2 and zero=2 are our assumptions (§3.3.2 names
-    an interleaved schedule and FSDP sharding gradients and optimizer state, not v in words). Counted
-    with the v = 8 its chunk layout implies, predicted MFU is 1.14-1.26x published (chapter 8b): the
-    time model runs every FLOP at one rate. The published layouts do NOT fit 90 % of 80 GB."""
-    cfg = ModelConfig.preset("llama-3.1-405b")
-    runs = [("dp=64 tp=8 pp=16", 8192, 64 * 32, 0.43), ("dp=128 tp=8 pp=16", 8192, 128 * 16, 0.41)]
-    runs.append(("dp=8 tp=8 pp=16 cp=16", 131072, 8 * 16, 0.38))
-    for text, seq, batch, published in runs:
-        lay = parse_layout(f"{text} zero=2 schedule=interleaved v=2", global_batch=batch)
-        r = cost_layout(cfg, HW, lay, seq_len=seq, rank=False)
-        assert abs(r["mfu"] / published - 1) <= 0.15, (text, r["mfu"])
-
-
 def test_llama3_8k_layouts_counted_as_they_ran():
     """§3.3.2 of Dubey et al. 2024: one-layer chunks with the embedding and the output alone on the
     end chunks (v = 8 on pp16, ``test_llama3_light_ends_chunks``), no recomputation, gradients in
@@ -75,8 +59,11 @@ def test_llama3_8k_layouts_counted_as_they_ran():
         mem, ours = r["memory_bytes"], memory_breakdown(cfg, even, 8192, activations="ours")
         assert mem["activations"] == pytest.approx(held * block)
         assert mem["grads"] == pytest.approx(2 * ours["grads"]) and mem["params"] == ours["params"]
-        assert not r["fits"]  # neither fits 90 % of 80 GB: the chapter says by how much
-    assert r["memory_total"] < HW.memory_bytes < mem["params"] + mem["optimizer"] + mem["grads"] + 141 * block
+        # 90 % of the 81,559 MiB nvidia-smi reports: DP128 fits (1.4 GB to spare), DP64 does not (rank 1
+        # holds 141 layer-micro-batches; the chapter says by how much)
+        assert r["fits"] == (dp == 128)
+    assert r["memory_total"] < 0.9 * HW.capacity_bytes < mem["params"] + mem["optimizer"] + mem["grads"] + 141 * block
+    assert HW.capacity_bytes == 81_559 * 2**20
     z3 = dataclasses.replace(even, zero=3)  # FSDP's sharded fp32 gradient is ZeRO's 16Ψ/Nd count
     assert memory_breakdown(cfg, z3, 8192)["grads"] == memory_breakdown(cfg, z3, 8192, activations="ours")["grads"]
     with pytest.raises(ValueError, match="ends=light is counted with production activations"):

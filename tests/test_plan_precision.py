@@ -45,6 +45,10 @@ def test_a_device_without_fp8_is_refused_in_one_line():
         plan(cfg, H100, gpus=8, seq_len=4096, global_batch=64, precision="fp4")
     fast, slow = (plan(cfg, H100, gpus=8, seq_len=4096, global_batch=64, precision=p) for p in ("fp8", "bf16"))
     assert fast.candidates[0].cost.total < slow.candidates[0].cost.total
+    recorded = plan(cfg, H100, gpus=8, seq_len=4096, global_batch=64, precision="fp8", mesh_order="tp-cp-pp-dp")
+    assert {k: recorded.as_dict()[k] for k in ("precision", "mesh_order")} == dict(
+        precision="fp8", mesh_order="tp-cp-pp-dp"
+    )
 
 
 def test_mesh_order_decides_which_axis_crosses_nodes():

@@ -11,8 +11,8 @@ from playbook.dims import ParallelDims
 from playbook.measure.held import HeldActivations
 from playbook.measure.pipeline import activation_report, compare_bubble, measured_timeline
 from playbook.model import GPT
-from playbook.parallel.pp import PipelineSetup, merge, native_on_rank, on_rank, run_pp
-from playbook.parallel.pp_executor import Chunk, microbatches, run_step
+from playbook.parallel.pp.pipeline import PipelineSetup, merge, native_on_rank, on_rank, run_pp
+from playbook.parallel.pp.executor import Chunk, microbatches, run_step
 from playbook.parallel.parity import assert_parity
 from playbook.parallel.report import compare
 from playbook.parallel.training import train
@@ -267,3 +267,20 @@ def test_bad_input_is_refused_before_any_rank_starts(kwargs, message):
     with pytest.raises(ValueError) as err:
         run_pp(TINY, backend="gloo", **kwargs)
     assert message in str(err.value)
+
+
+TIED = PipelineSetup(model="gpt-tiny-tied", steps=3, global_batch=8, seq_len=16)
+
+
+@pytest.mark.parametrize("name, v, m", [("1f1b", 1, 4), ("interleaved", 2, 4), ("zb-v", 2, 2)])
+def test_a_tied_embedding_is_summed_over_its_first_and_last_stage(ranks2, name, v, m):
+    """The lookup's gradient (first stage) and the projection's (last) summed on both copies, one
+    exchange of [vocab, hidden] each way; on the V rank 0 holds both and nothing more is sent."""
+    results = ranks2.run(on_rank, TIED, schedule=name, m=m, v=v, progress=False)
+    check_parity(merge(results), TIED)
+    assert all("lm_head.weight" not in r["params"] for r in results)  # reported under tok_emb.weight
+    tied = [s for s in ranks2.last_trace if s["kind"] == "comm" and s["axis"] == "embed"]
+    sends = [s for s in tied if s["name"] == "isend"]
+    assert len(sends) == (0 if name == "zb-v" else 2 * TIED.steps) and all(s["bytes"] == 4 * 64 * 64 for s in sends)
+    if name != "zb-v":  # the two copies stay bit-for-bit equal
+        assert torch.equal(results[0]["params"]["tok_emb.weight"], results[1]["params"]["tok_emb.weight"])

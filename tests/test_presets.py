@@ -156,10 +156,14 @@ def test_expected_hardware_profiles_exist():
 @pytest.mark.parametrize("name", Hardware.presets())
 def test_every_hardware_profile_loads(name):
     raw = json.loads((HARDWARE_DIR / f"{name}.json").read_text())
-    measured_only = {"collectives", "load_average", "date"}  # what `playbook calibrate` adds to a profile
+    measured_only = {"collectives", "load_average", "date", "matmul"}  # what `playbook calibrate` adds to a profile
     fp8_only = {"peak_fp8_flops", "fp8_source"}  # read by theory.plan_precision, not Hardware; both or neither
-    assert set(raw) - fp8_only == {f.name for f in dataclasses.fields(Hardware)} - {"name"} - measured_only
-    assert len(fp8_only & set(raw)) in (0, 2)
+    # a GPU's SM count and its driver-reported memory: each with its source, both or neither
+    cited = ({"sms", "sms_source"}, {"reported_memory_bytes", "reported_memory_source"})
+    optional = fp8_only.union(*cited)
+    fields = {f.name for f in dataclasses.fields(Hardware)} - {"name"} - measured_only
+    assert set(raw) - optional == fields - optional
+    assert len(fp8_only & set(raw)) in (0, 2) and all(len(pair & set(raw)) in (0, 2) for pair in cited)
     hw = Hardware.preset(name)
     assert hw.name == name
     for key in HARDWARE_NUMBERS:

@@ -177,10 +177,18 @@ def test_ch08b_the_70b_winner_and_its_memory():
         round(memory_bytes(LLAMA70, dataclasses.replace(best.layout, zero=z), 8192, activations="ours") / 1e9, 1)
         for z in (0, 1, 2)
     ]
-    assert gb == [183.6, 82.7, 65.9] and round(0.9 * H100.memory_bytes / 1e9) == 72
+    assert gb == [183.6, 82.7, 65.9] and round(0.9 * H100.capacity_bytes / 1e9, 1) == 77.0
+    assert H100.capacity_bytes == 81_559 * 2**20 and round(H100.capacity_bytes / 1e9, 1) == 85.5
     dp, cp = best.cost.axes["dp"], best.cost.axes["cp"]
-    assert round(dp[0]) == 18 and round(dp[1], 2) == 0.04 and round(cp[0], 1) == 1.3
-    assert round(best.cost.compute) == 58
+    assert round(dp[0]) == 19 and round(dp[1], 2) == 0.04 and round(cp[0], 1) == 1.7
+    from playbook.theory.plan_bytes import busiest, replay_bytes
+    from playbook.theory.shrink import first_shrinkable
+
+    _, small = first_shrinkable(p, max_ranks=4)  # §2's replay: the data axis is cp itself
+    assert small.dims.dp == 1 and small.dims.cp == 2 and small.dims.tp == 1
+    assert replay_bytes(small) == busiest([r["bytes"] for r in small.predict()])
+    computes = [c.cost.compute for c in p.candidates[:8]]
+    assert (round(min(computes), 1), round(max(computes), 1)) == (59.1, 59.5)
     tp = {str(c.layout): c.cost.axes.get("tp", (0, 0))[1] for c in p.candidates[:8]}
     assert all(4.9 < v < 5.4 for k, v in tp.items() if "tp4" in k)
     assert all(1.6 < v < 1.8 for k, v in tp.items() if "tp2" in k)
@@ -190,13 +198,22 @@ def test_ch08b_405b_at_llama_3_scale():
     from playbook.viz.plan_dashboard import cached_plan
 
     p = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048, "ours", ("1f1b",), "none")
-    two, five = p.candidates[1], p.candidates[4]
-    assert (two.layout.tp, two.layout.pp, two.layout.microbatches) == (8, 16, 128)
-    assert (five.layout.tp, five.layout.pp, five.layout.microbatches) == (4, 32, 128)
-    assert round(two.cost.axes["tp"][1], 1) == 0.7 and round(five.cost.axes["tp"][1], 2) == 0.27
-    assert all(0.6 <= round(c.cost.bubble, 1) <= 0.7 for c in p.candidates[:4])
-    published = next(c for c in p.candidates if c.layout.degrees == dict(dp=128, tp=8, pp=16, cp=1, ep=1))
-    assert published.layout.recompute == "full" and published.layout.microbatches == 16
+    one, four = p.candidates[0], p.candidates[4]
+    assert (one.layout.dp, one.layout.tp, one.layout.pp, one.layout.cp, one.layout.microbatches) == (16, 4, 32, 8, 128)
+    assert (four.layout.dp, four.layout.tp, four.layout.pp, four.layout.cp, four.layout.microbatches) == (
+        16,
+        8,
+        16,
+        8,
+        128,
+    )
+    assert round(four.cost.axes["tp"][1], 2) == 0.71 and round(one.cost.axes["tp"][1], 2) == 0.27
+    assert round(one.cost.compute, 2) == 5.12 and round(four.cost.compute, 2) == 5.33
+    assert round(one.cost.bubble, 2) == 1.32 and round(four.cost.bubble, 2) == 0.73
+    index = next(i for i, c in enumerate(p.candidates) if c.layout.degrees == dict(dp=128, tp=8, pp=16, cp=1, ep=1))
+    published = p.candidates[index].layout
+    assert published.recompute == "full" and published.microbatches == 16
+    assert (index + 1, len(p.candidates)) == (98, 242)
 
 
 def test_ch08_question_3_a_decode_all_reduce_is_latency_bound():
@@ -258,3 +275,51 @@ def test_ch07_disaggregation_transfer_against_the_prefill():
         assert (
             near < 0.01 and far < 0.02 and 0.2 < slow < 1 / 3
         )  # "a fraction of a percent", "under two", "a fifth to a third"
+
+
+def test_ch08b_small_matmuls_and_the_published_runs():
+    """Chapter 8b, "Small matmuls run slower" and "Against published runs": the numbers its prose states."""
+    import dataclasses
+
+    from playbook.theory.flops import attention_flops_per_token, flops_per_token
+    from playbook.theory.gemm_efficiency import compute_factor
+    from playbook.theory.plan_layout import cost_layout, parse_layout
+    from playbook.theory.plan_schedule import chunk_layers, layers_held
+    from playbook.theory.plan_validation import llama3_runs, megatron_runs, validate
+    from playbook.theory.planner import MEM_UTIL
+    from playbook.theory.prod_activations import production_block_breakdown
+
+    factors = [compute_factor(LLAMA8, H100, tokens=b * 1024, tp=8, seq_len=1024) for b in (1, 2)]
+    assert [round(f, 3) for f in factors] == [1.22, 1.125] and H100.sms == 132
+    from playbook.config import DATA_DIR
+
+    calibrated = Hardware.preset(str(DATA_DIR / "measurements" / "cpu-2core" / "profile.json"))
+    small = ModelConfig.preset("gpt-small")
+    assert all(compute_factor(small, calibrated, tokens=b * 128, tp=1, seq_len=128) < 1 for b in (1, 2, 4, 8))
+    rows = {r.run: validate(r) for r in megatron_runs() + llama3_runs()}
+    meg = [r for k, r in rows.items() if not k.startswith("405B")]
+    assert sum(abs(r["ratio"] - 1) <= 0.15 for r in meg) == 9 and round(rows["76.1B, 1,024 A100s"]["ratio"], 2) == 1.15
+    assert all(r["fits"] for r in meg) and max(r["rank_of_degrees"] for r in meg) <= 3
+    a100 = Hardware.preset("a100-80gb")
+    flat = dataclasses.replace(a100, sms=0)
+    at_flat = [
+        cost_layout(r.cfg, flat, parse_layout(r.layout, global_batch=r.global_batch), seq_len=r.seq_len, rank=False)
+        for r in megatron_runs()
+    ]
+    ratios = [x["mfu"] / r.published_mfu for x, r in zip(at_flat, megatron_runs())]
+    assert sum(abs(x - 1) > 0.15 for x in ratios) == 4 and round(max(ratios), 2) == 1.24
+    llama = {k: r for k, r in rows.items() if k.startswith("405B")}
+    dp64, dp128, long = llama.values()
+    assert all(abs(r["ratio"] - 1) < 0.05 for r in (dp64, dp128)) and 1.2 < long["ratio"] < 1.3
+    cfg = ModelConfig.preset("llama-3.1-405b")
+    assert attention_flops_per_token(cfg, 131072) / flops_per_token(cfg, 131072) > 0.5
+    assert round(H100.capacity_bytes / 1e9, 1) == 85.5 and H100.capacity_bytes == 81_559 * 2**20
+    assert (
+        round(dp128["margin"] / 1e9, 1) == round(long["margin"] / 1e9, 1) == 1.4
+        and round(dp64["margin"] / 1e9, 1) == -6.0
+    )
+    block = sum(production_block_breakdown(cfg, seq_len=8192, micro_batch=1, tp=8).values())
+    held = layers_held("interleaved", 16, 32, 8, chunk_layers(126, 16, 8, "light"))
+    assert max(held) == held[1] == 141 == 2 * (16 - 1 - 1) + (8 - 1) * 16 + 1
+    state = dp64["memory"] - 141 * block
+    assert int((MEM_UTIL * H100.capacity_bytes - state) // block) == 129

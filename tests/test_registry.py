@@ -25,7 +25,11 @@ def test_every_registered_strategy_has_the_one_shape(name):
 
 
 def test_the_module_table_lists_every_module_that_registers_a_strategy():
-    registering = {p.stem for p in PARALLEL.glob("*.py") if re.search(r"^@register\(", p.read_text(), flags=re.M)}
+    registering = {
+        ".".join(p.relative_to(PARALLEL).with_suffix("").parts)
+        for p in PARALLEL.rglob("*.py")
+        if re.search(r"^@register\(", p.read_text(), flags=re.M)
+    }
     assert registering == set(STRATEGY_MODULES.values())
 
 
@@ -51,5 +55,5 @@ def test_listing_the_strategies_imports_none_of_them():
         "print([m for m in sys.modules if m.startswith('playbook.parallel.') and m != 'playbook.parallel.registry'])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['playbook.parallel.report', 'playbook.parallel.training']" or "dp_run" not in out
-    assert not any(m in out for m in ("dp_run", "zero_run", "hybrid", "tp", "'playbook.parallel.pp'"))
+    imported = set(eval(out.strip()))  # a list of module names
+    assert imported <= {"playbook.parallel.report", "playbook.parallel.training"}, imported

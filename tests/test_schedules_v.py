@@ -2,7 +2,7 @@
 
 import pytest
 
-from playbook.parallel.pp_native import native_orders
+from playbook.parallel.pp.native import native_orders
 from playbook.theory.schedules import Costs, check_pipeline, closed_form, in_flight, make_schedule, simulate, validate
 from playbook.theory.schedules_v import v_orders
 

@@ -43,7 +43,7 @@ def test_serve_plan_table_names_the_recommendation(capsys):
     "argv, message",
     [
         (["--context", "0"], "--context 0 must be in 1..131072"),
-        (["--mem-util", "1.5"], "--mem-util must be greater than 0 and at most 1, got 1.5"),  # cli_checks.LIMITS
+        (["--mem-util", "1.5"], "--mem-util must be greater than 0 and at most 1, got 1.5"),  # cli.checks.LIMITS
         (["--gpus", "0"], "--gpus must be a positive integer"),
         (["--model", "llama-3.1-405b", "--gpus", "4"], "does not fit 4 × h100-sxm"),
     ],

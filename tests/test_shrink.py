@@ -9,8 +9,12 @@ import pytest
 from playbook.config import Hardware, ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.planner import Layout, plan
+from playbook.theory.composition import refusal
 from playbook.theory.shrink import first_shrinkable, shrink
 from playbook.parallel.report import GATED
+
+
+TINY_MOE = ModelConfig.preset("gpt-tiny-moe")
 
 
 def lay(**kw) -> Layout:
@@ -69,13 +73,28 @@ def test_expert_parallelism_borrows_ranks_and_moe_keeps_to_dp_and_ep():
     s = shrink(lay(dp=64, ep=8, recompute="full"), model=mixtral)
     assert (s.model, s.dims, s.dims.world) == ("gpt-tiny-moe", ParallelDims(dp=2, ep=2), 2)
     assert s.zero == 1 and not any("ZeRO" in n for n in s.notes)  # ZeRO-1 with EP, as DeepSeek-V3 trains
-    assert any("recompute=full is not replayed" in n for n in s.notes)
+    # the MoE recomputation is replayed where the one table composes it, else replayed as none, said why
+    assert s.recompute == ("none" if refusal(TINY_MOE, s.dims, recompute="full") else "full")
+    assert (s.recompute == "none") == any(n.startswith("recompute=full → none: ") for n in s.notes)
     # MoE composes with tp and pp now: every axis kept (the hybrid's one table, ``theory.composition``)
     assert shrink(lay(dp=8, tp=8, ep=8), model=mixtral).dims == ParallelDims(dp=2, tp=2, ep=2)
     in_pp = shrink(lay(dp=8, pp=8, schedule="interleaved", v=2), model=mixtral)  # MoE stages follow the chunks
     assert in_pp.dims == ParallelDims(dp=2, pp=2) and (in_pp.schedule, in_pp.virtual_stages) == ("interleaved", 2)
     on_v = shrink(lay(dp=8, pp=8, schedule="zb-v", v=2), model=mixtral)
     assert (on_v.schedule, on_v.virtual_stages) == ("zb-v", 2)
+
+
+def test_recomputation_is_replayed_or_lightened_as_the_one_table_says():
+    """The planned mode is kept where ``playbook run hybrid`` composes it; otherwise the next lighter
+    one it does (full → selective → none), the refusal quoted in a note and the mode in the command."""
+    kept = shrink(lay(dp=8, tp=8, pp=8, recompute="full"))
+    assert kept.recompute == "full" and kept.command().split("--recompute ")[1].startswith("full ")
+    assert shrink(lay(dp=8, tp=8, recompute="selective")).recompute == "selective"
+    split = shrink(lay(dp=8, pp=8, schedule="zb-h1", recompute="full"))
+    table = refusal(ModelConfig.preset("gpt-tiny"), split.dims, zero=1, v=1, recompute="full", schedule="zb-h1")
+    assert split.recompute == ("selective" if table else "full")
+    assert bool(table) == any(n == f"recompute=full → selective: {table}" for n in split.notes)
+    assert "--recompute" not in shrink(lay(dp=8, tp=8)).command()
 
 
 @pytest.mark.parametrize(
@@ -94,7 +113,7 @@ def test_layouts_that_cannot_be_shrunk_say_why_in_one_line(layout, kw, words):
 
 def test_every_shrunk_candidate_of_a_real_plan_passes_the_hybrids_checks():
     """The shrink rules restate what ``playbook run hybrid`` composes: ``Plan.check`` must agree."""
-    from playbook.parallel.plan_replay import setup_and_plan
+    from playbook.parallel.hybrid.replay import setup_and_plan
 
     cfg = ModelConfig.preset("llama-3.1-70b")
     planned = plan(cfg, Hardware.preset("h100-sxm"), gpus=64, seq_len=8192, global_batch=512)
@@ -117,7 +136,7 @@ def test_every_shrunk_candidate_of_a_real_plan_passes_the_hybrids_checks():
 
 
 def test_a_shrunk_candidate_on_four_real_ranks_matches_its_prediction_to_the_byte(ranks4):
-    from playbook.parallel.plan_replay import replay
+    from playbook.parallel.hybrid.replay import replay
 
     s = shrink(lay(dp=8, tp=8, zero=3, microbatches=64))  # dp2×tp2 ZeRO-3
     assert s.dims.world == 4
@@ -139,6 +158,24 @@ def test_a_shrunk_candidate_on_four_real_ranks_matches_its_prediction_to_the_byt
     assert result.parity["within_bounds"] is True and set(result.parity["bounds"]) == set(GATED), result.parity
     with pytest.raises(ValueError, match=r"needs 2 ranks, the cluster has 4; pass ranks\(2\)"):
         replay(shrink(lay(dp=8, zero=0)), cluster=ranks4)
+
+
+def test_a_shrunk_candidate_with_full_recomputation_replays_it_on_four_real_ranks(ranks4):
+    """tp2×pp2 with SP and recompute=full: the recomputed forward sends its TP collectives again and
+    the stages keep only each block's input; both predicted before the run, both measured."""
+    from dataclasses import replace
+
+    from playbook.parallel.hybrid.replay import replay
+
+    s = shrink(lay(tp=8, pp=8, zero=0, recompute="full"))
+    assert (s.dims, s.recompute, s.sequence_parallel) == (ParallelDims(tp=2, pp=2), "full", True)
+    kept_all = replace(s, recompute="none").predict()
+    for full, none in zip(s.predict(), kept_all):  # what recomputation changes, in the prediction itself
+        assert full["bytes"]["tp"] > none["bytes"]["tp"]
+        assert full["memory"]["activations"] < none["memory"]["activations"]
+    result = replay(s, cluster=ranks4)
+    assert result.exact and all(r["before_run"] for r in result.rows), [r for r in result.rows if not r["before_run"]]
+    assert result.parity["within_bounds"] is True, result.parity
 
 
 def test_playbook_plan_prints_a_runnable_replay_and_runs_it_with_replay(capsys):
@@ -183,7 +220,7 @@ def test_a_shrunk_moe_candidate_replays_with_its_routing_dependent_numbers_marke
     """ep's all-to-all bytes and a MoE's activations follow from the routing: predicted from the
     run's routing (``before_run`` False), still equal to the measurement; dp's bytes and the weights
     are predicted before the run."""
-    from playbook.parallel.plan_replay import replay
+    from playbook.parallel.hybrid.replay import replay
 
     s = shrink(lay(dp=64, ep=8, microbatches=4), model=ModelConfig.preset("mixtral-8x7b"))
     result = replay(s, cluster=ranks2)
@@ -208,7 +245,7 @@ def test_every_top_20_candidate_shrinks_with_every_axis_and_run_hybrid_accepts_i
     hybrid``'s own parser and check, as a user would type it. cp inside a pipeline and ZeRO over
     dp×cp there used to be refused or dropped here."""
     from playbook.cli import build_parser
-    from playbook.cli_checks import check_numbers
+    from playbook.cli.checks import check_numbers
     from playbook.parallel import get
     from playbook.viz.plan_dashboard import cached_plan
 
@@ -220,6 +257,8 @@ def test_every_top_20_candidate_shrinks_with_every_axis_and_run_hybrid_accepts_i
             a for a, v in c.layout.degrees.items() if v > 1
         }
         assert bool(s.zero) == bool(c.layout.zero and s.dims.dp * s.dims.cp > 1), (c.layout, s)
+        lighter = [n for n in s.notes if n.startswith(f"recompute={c.layout.recompute} → {s.recompute}: ")]
+        assert s.recompute == c.layout.recompute or lighter, (c.layout, s)  # carried, or lightened and said why
         args = build_parser(strategies=True).parse_args(s.command().split()[1:])
         check_numbers(args)
         get("hybrid").check(args)  # raises the one-line refusal if run hybrid would not run it

@@ -22,8 +22,8 @@ from playbook.parallel.comm import (
     ReduceFromModelParallelRegion,
     ReduceScatterToSequenceParallelRegion,
 )
-from playbook.parallel.tp import TPGPT, VocabParallelCrossEntropy, matmul_throughput, unshard
-from playbook.parallel.tp_run import gather_result, on_rank, run_tp, train_loop
+from playbook.parallel.tp.model import TPGPT, VocabParallelCrossEntropy, matmul_throughput, unshard
+from playbook.parallel.tp.run import gather_result, on_rank, run_tp, train_loop
 from playbook.parallel.training import TrainSetup, train
 from playbook.parallel.parity import assert_parity as check
 from playbook.theory.activations import block_activation_bytes
@@ -173,7 +173,7 @@ TIED = ModelConfig(
 
 
 def _one_step_grads(ctx, cfg, sp, regather):
-    from playbook.parallel.tp import shard_dims
+    from playbook.parallel.tp.model import shard_dims
 
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(cfg.vocab_size, (4, 16), generator=gen)
@@ -255,7 +255,7 @@ def test_dtensor_matches_single_process(t, sp, request):
 
 
 def _sp_without_grad_sync(ctx, setup):
-    from playbook.parallel.tp import shard_dims
+    from playbook.parallel.tp.model import shard_dims
 
     model = TPGPT(GPT(setup.config(), seed=setup.seed), ctx.group, sequence_parallel=True)
     result = train_loop(model, setup, ctx.device)  # forgets to sum the norm weights' gradients

@@ -8,12 +8,13 @@ import pytest
 from playbook.cli import main
 from playbook.cluster import Ranks
 from playbook.config import ModelConfig
-from playbook.parallel import fsdp2, zero_run
+from playbook.parallel.zero import fsdp2
+from playbook.parallel.zero import run as zero_run
 from playbook.parallel.parity import assert_parity
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup, train
 from playbook.measure.trace import op_family as op_name
-from playbook.parallel.sharded import MOMENTS
+from playbook.parallel.zero.sharded import MOMENTS
 from playbook.theory.sharded import fsdp2_comm_per_step, predicted_memory
 from playbook.theory.memory import training_memory
 from playbook.theory.zero import (

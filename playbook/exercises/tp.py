@@ -9,7 +9,7 @@ Two conjugate operators make it exact forward and backward:
     g = all-reduce forward, identity backward   (after the row-parallel linear)
 
 Write ``tp_mlp(x, w1, w2, group)`` with ``f(x, group, label)`` and ``g(x, group, label)`` (from
-``playbook.parallel.tp``, re-exported here); ``w1`` [H, F] and ``w2``
+``playbook.parallel.tp.model``, re-exported here); ``w1`` [H, F] and ``w2``
 [F, H] are the full weights (the same on every rank): slice your shard. One all-reduce of [B, H]
 forward, one backward, each 2·B·H·4·(t−1)/t bytes per rank.
 """

@@ -50,7 +50,7 @@ class HeldActivations:
 
     def keep(self, t: torch.Tensor):
         """Count ``t`` as held until the returned ticket is dropped (``ticket.tensor`` reads it): what
-        a split backward keeps from B until W once the graph is freed (``parallel.pp_executor``).
+        a split backward keeps from B until W once the graph is freed (``parallel.pp.executor``).
         A storage autograd already saved is not counted twice."""
         return self.pack(t)
 

@@ -1,6 +1,6 @@
 """Measure: what a pipeline run did, beside what the schedule predicts.
 
-From the per-step logs of ``playbook.parallel.pp.on_rank`` (``StepLog``: compute slots, message
+From the per-step logs of ``playbook.parallel.pp.pipeline.on_rank`` (``StepLog``: compute slots, message
 times, held-activation bytes): the measured timeline and its bubble (both definitions of
 ``playbook.theory.schedules.DEFINITIONS``), the per-stage costs that make the simulator's
 prediction, and the peak of held activations next to ``playbook.theory.pipeline``'s count. And
@@ -16,7 +16,7 @@ import time
 import torch
 
 from playbook.model import GPT, lm_loss
-from playbook.parallel.pp_executor import Chunk
+from playbook.parallel.pp.executor import Chunk
 from playbook.theory.pipeline import chunk_activation_bytes, chunk_w_bytes
 from playbook.theory.schedules import DEFINITIONS, Costs, Schedule, Slot, Timeline, held_bytes, simulate
 

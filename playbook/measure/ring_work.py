@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from playbook.dims import ParallelDims
-from playbook.parallel.ring_attention import VARIANTS
+from playbook.parallel.cp.ring_attention import VARIANTS
 
 
 def ring_work_on_rank(

@@ -40,11 +40,11 @@ MARGIN = 0.25  # beyond this relative error the table says why
 def _args(name: str, setup, n: int, options: dict) -> tuple[tuple, dict]:
     """Positional and keyword arguments of the strategy's rank function for this case."""
     if name == "ep":
-        from playbook.parallel.ep_run import moe_config
+        from playbook.parallel.ep.run import moe_config
 
         return (setup, moe_config(setup, None, None)), {"mode": "ep", "ep": n}
     if name == "hybrid":
-        from playbook.parallel.hybrid import Plan
+        from playbook.parallel.hybrid.parallelize import Plan
         from playbook.parallel.mesh import ParallelDims
 
         return (setup, Plan(ParallelDims(**options))), {}
@@ -55,7 +55,7 @@ def predicted_bytes(name: str, setup, n: int, options: dict) -> dict[str, float]
     """Bytes one rank sends per step by collective family, from the strategy's theory (None: none per op)."""
     cfg = setup.config()
     if name == "dp":
-        from playbook.parallel.dp_run import DEFAULT_BUCKET_MB
+        from playbook.parallel.dp.run import DEFAULT_BUCKET_MB
         from playbook.theory.buckets import bucket_cap_bytes
         from playbook.theory.dp import predicted_comm
 

@@ -50,6 +50,7 @@ class Span:
     axis: str = ""  # the mesh axis the group belongs to ("tp", "dp", ...; see ``label_groups``)
     peer: int | None = None  # point-to-point: the global rank sent to (send) or received from (recv)
     tag: int = 0  # point-to-point: the message tag (a send and its receive carry the same)
+    p2p: tuple = ()  # batch_isend_irecv: each message as ("send" | "recv", global peer, tag), in order
 
     @property
     def duration(self) -> float:
@@ -334,6 +335,9 @@ def _wrap(op: str, fn):
         span = Span(tracer.rank, "comm", op, time.perf_counter(), None, S, sent, n, name, dtype, axis=axis)
         if op in _P2P_PEER:
             span.peer, span.tag = _peer(op, args, kwargs, group)
+        elif op == "batch_isend_irecv":
+            ops = args[0] if args else kwargs["p2p_op_list"]
+            span.p2p = tuple(("send" if "send" in o.op.__name__ else "recv", o.peer, o.tag) for o in ops)
         tracer.spans.append(span)
         is_async = op in _ASYNC_ALWAYS or kwargs.get("async_op", False)
         if not is_async:

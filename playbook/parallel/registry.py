@@ -28,14 +28,14 @@ from typing import Callable
 # name -> module of playbook/parallel/ that registers it
 STRATEGY_MODULES = {
     "single": "single",
-    "dp": "dp_run",
-    "zero": "zero_run",
-    "fsdp2": "fsdp2",
-    "tp": "tp_run",
-    "pp": "pp",
-    "cp": "cp",
-    "ep": "ep_run",
-    "hybrid": "hybrid_run",
+    "dp": "dp.run",
+    "zero": "zero.run",
+    "fsdp2": "zero.fsdp2",
+    "tp": "tp.run",
+    "pp": "pp.pipeline",
+    "cp": "cp.model",
+    "ep": "ep.run",
+    "hybrid": "hybrid.run",
     "serve": "serve",
 }
 

@@ -48,7 +48,7 @@ def build(ctx, cfg: ModelConfig, seed: int, dims: ParallelDims):
     ref = _reference_model(cfg, seed)
     if dims.tp == 1:
         return ref, mesh
-    from playbook.parallel.tp import TPGPT
+    from playbook.parallel.tp.model import TPGPT
 
     return TPGPT(ref, mesh.group("tp")).eval(), mesh
 

@@ -3,7 +3,7 @@
 The ranks form ``ParallelDims(dp=n, ep=n)``: every rank holds the dense weights (attention, router,
 embedding, head) and E/n experts of each MoE layer, and decodes its own rows of the prompts (row i on
 rank i mod n) with a contiguous KV cache (``serve.generate.greedy``). The model is built exactly as
-the hybrid mesh builds it (``parallel.hybrid.parallelize``: ``ExpertParallelMoE`` over the mesh's
+the hybrid mesh builds it (``parallel.hybrid.parallelize.parallelize``: ``ExpertParallelMoE`` over the mesh's
 ``ep`` group, counts over ``dp_cp``), with no capacity limit, so no token is dropped and each
 token meets the same experts as in one process (DeepSpeed-MoE inference, Rajbhandari et al. 2022,
 arXiv:2201.05596, §5). Every forward of every MoE layer costs each rank one all-gather of the
@@ -36,7 +36,7 @@ def check(cfg: ModelConfig, *, ep: int, rows: int) -> None:
 def build(ctx, cfg: ModelConfig, seed: int, ep: int):
     """The single-process MoE model (no capacity limit) with its experts split over this rank's ep group."""
     from playbook.model import build_moe
-    from playbook.parallel.hybrid import Plan, parallelize
+    from playbook.parallel.hybrid.parallelize import Plan, parallelize
 
     dims = ParallelDims(dp=ep, ep=ep)
     mesh = ctx.mesh_for(dims)

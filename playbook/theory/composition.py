@@ -1,5 +1,5 @@
 """What ``playbook run hybrid`` composes: the one table of layout refusals that the hybrid's check
-(``parallel.hybrid.Plan.check``), the planner's shrinker (``theory.shrink``) and the dashboards read.
+(``parallel.hybrid.parallelize.Plan.check``), the planner's shrinker (``theory.shrink``) and the dashboards read.
 
 Every axis composes with every other (data, tensor + sequence, pipeline with virtual stages,
 context, expert; ZeRO 1-3 over dp×cp with routed experts over their replicas; a tied embedding over
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
-from playbook.theory.schedules import is_split
 
 
 def refusal(
@@ -42,12 +41,6 @@ def refusal(
             "add --dp 2 (or --cp 2) or drop --zero",
         ),
         (
-            zero and cfg.tie_embeddings,
-            "ZeRO with a tied embedding is not composed: parallel.zero's flat units refuse a weight shared "
-            "by the embedding and the head, and the embedding-group sum would have to precede ZeRO's "
-            "reduce-scatter; use --zero 0 with a tied preset, or an untied one",
-        ),
-        (
             cfg.is_moe and d.tp > 1 and seq_len is not None and (seq_len // d.cp) % d.tp,
             f"each tp rank routes its slice of an MoE layer's sequence, and tp={d.tp} does not divide "
             f"the {(seq_len or 0) // d.cp} tokens per cp rank; use a seq_len that is a multiple of cp·tp={d.cp * d.tp}",
@@ -55,17 +48,6 @@ def refusal(
         (
             d.cp > 1 and cp_variant == "ulysses" and (cfg.kv_heads // d.tp) % d.cp,
             f"Ulysses over cp={d.cp} needs cp to divide the kv heads per tp rank ({cfg.kv_heads // d.tp})",
-        ),
-        (
-            recompute != "none" and cfg.is_moe,
-            f"recompute={recompute} with a mixture of experts: the replayed routing and all-to-alls and the saved "
-            "tensors are not predicted yet; use recompute=none with an MoE model, or a dense preset such as gpt-tiny",
-        ),
-        (
-            recompute == "full" and d.pp > 1 and is_split(schedule),
-            f"recompute=full with {schedule}'s split backward: W needs the insides of every block that full "
-            "recomputation drops (kept from F, or recomputed again per module; ``parallel.hybrid_recompute``). "
-            "Use recompute=selective or a 1f1b, interleaved or gpipe schedule",
         ),
     ]
     return next((why for broken, why in rules if broken), None)

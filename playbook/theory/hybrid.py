@@ -26,7 +26,8 @@ split over tp instead) and its activations, micro-batch by micro-batch from the 
 
 With activation recomputation (``recompute``) the recomputed forward sends again what it sent:
 TP's collectives up to each block's MLP input under "full" (``theory.tp``, phase "recompute") and
-CP's forward exchange once more per layer under either mode (``theory.hybrid_recompute``).
+CP's forward exchange once more per layer under either mode, and under "full" an MoE layer's
+routing counts and all-to-alls (``theory.hybrid_recompute``).
 
 Sizes in bytes (fp32). The loss reported to the user is not counted: it travels outside the step.
 """
@@ -37,10 +38,10 @@ from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
 from playbook.theory.cp import comm_bytes_per_layer
-from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, replica_axis
+from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, moe_layers_in, replica_axis
 from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
-from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer
+from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer, moe_replay_bytes
 from playbook.theory.hybrid_zero import data_axis, flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
 from playbook.theory.moe import alltoall_bytes_from_routing
@@ -108,7 +109,7 @@ def comm_per_axis(
         if sequence_parallel:  # the norms of this stage saw s/tp tokens each: their gradients summed over tp
             add("tp", sent_bytes("all_reduce", FP32 * sum(u.norms for u in units), dims.tp))
         if sequence_parallel and dims.pp > 1 and is_split(schedule):  # W replays each row-parallel exit's
-            # backward (``pp_executor``: autograd.grad of the module's output, one node deep): under SP the
+            # backward (``pp.executor``: autograd.grad of the module's output, one node deep): under SP the
             # reduce-scatter's all-gather again, o_proj and down_proj, per block and micro-batch
             exit_grad = FP32 * (rows // microbatches) * (seq_len // dims.cp) * cfg.hidden  # [b/m, s/cp, h]
             add("tp", 2 * len(blocks) * microbatches * sent_bytes("all_gather", exit_grad, dims.tp))
@@ -141,10 +142,18 @@ def comm_per_axis(
         add("embed", sent_bytes("all_reduce", FP32 * cfg.vocab_size * cfg.hidden // dims.tp, 2))
     if cfg.is_moe and not zero:  # the experts over their replicas (ep = 1: every rank holds every expert)
         add(replica_axis(dims, rank, data_axis(dims)), data_axis_bytes(cfg, dims, stage, 1, ranges=ranges)["replica"])
+    alltoall = 0.0
     if routing is not None and dims.ep > 1 and any(routing):  # a rank without MoE layers sends none
         mine = [for_tp_rank(step, dims, rank) for step in routing]  # this tp index's ep ranks
         per_step = alltoall_bytes_from_routing(mine, dims.ep, cfg.hidden)  # [step][data rank]
-        add("ep", sum(s[dims.data_index(rank)] for s in per_step) / len(per_step))
+        alltoall = sum(s[dims.data_index(rank)] for s in per_step) / len(per_step)
+        add("ep", alltoall)
+    if cfg.is_moe:  # "full": each MoE layer's forward reruns in backward (``theory.hybrid_recompute``)
+        forwards = microbatches * moe_layers_in(cfg, ranges)
+        for axis, sent in moe_replay_bytes(
+            cfg, dims, forwards=forwards, alltoall=alltoall, recompute=recompute
+        ).items():
+            add(data_axis(dims) if axis == "data" else axis, sent)
     return out
 
 
@@ -186,7 +195,8 @@ def memory_per_rank(
         acts = None
         if routing is not None:
             sizes = dict(rows=rows, seq_len=seq_len, schedule=schedule, microbatches=microbatches)
-            layout = dict(sequence_parallel=sequence_parallel, cp_variant=cp_variant, virtual_stages=virtual_stages)
+            layout = dict(sequence_parallel=sequence_parallel, cp_variant=cp_variant, recompute=recompute)
+            layout |= dict(virtual_stages=virtual_stages)
             acts = moe_stage_activations(cfg, dims, stage, rank=rank, forwards=routing, **sizes, **layout)
         return {**state, "activations": acts}
     acts = stage_activation_bytes(

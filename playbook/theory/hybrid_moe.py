@@ -5,7 +5,7 @@ equal or not): the embedding, the blocks (in an MoE block: norms, attention, the
 experts, and E/ep routed experts), the final norm and head. Each MoE forward all-gathers the routing counts over the data ranks (8-byte counts, E per
 rank), so a step sends them m times per MoE layer of the stage; the dense gradients are
 all-reduced over dp×cp and the experts' over their replicas, with one "had a gradient" flag per
-expert tensor (``parallel.hybrid_grads``). The activations depend on the routing of
+expert tensor (``parallel.hybrid.grads``). The activations depend on the routing of
 each micro-batch (``theory.moe.model_activation_bytes_moe``), so the stage's peak is played from
 the schedule with each micro-batch's own bytes, chunk by chunk; a block's are a view of the one
 inventory (``theory.inventory.ours_block``) at the rank's local shapes. fp32, no torch.
@@ -16,6 +16,7 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.hybrid_recompute import positions_bytes
 from playbook.theory.inventory import local, ours_block, view
 from playbook.theory.local_activations import activation_pieces
 from playbook.theory.moe import moe_mlp_activation_terms, rank_rows
@@ -81,7 +82,7 @@ def tp_axis_bytes(
     ranges=None,
 ) -> float:
     """Bytes a rank of ``stage`` (its chunks ``ranges``) sends per step on tp for its MoE layers
-    (``parallel.tp_moe``): the routing counts of every forward, the MoE gradients summed (with their
+    (``parallel.tp.moe``): the routing counts of every forward, the MoE gradients summed (with their
     "had a gradient" flags; ``flags=False`` under ZeRO, whose flat gradients always exist), and
     without SP the tokens' all-gather forward and its gradient's backward ([rows, s/cp, h] over the step)."""
     if dims.tp == 1:
@@ -98,7 +99,7 @@ def tp_axis_bytes(
 
 def for_tp_rank(forwards: list[dict], dims: ParallelDims, rank: int) -> list[dict]:
     """The routing as the ep ranks of ``rank``'s tp index see it: ``counts_by_rank`` rows are data
-    rank major, tp minor (``parallel.tp_moe``); keep this tp index's rows, one per data rank."""
+    rank major, tp minor (``parallel.tp.moe``); keep this tp index's rows, one per data rank."""
     if dims.tp == 1:
         return forwards
     t = dims.coords(rank)["tp"]
@@ -134,26 +135,29 @@ def moe_block_bytes(
     layer: dict,
     sequence_parallel: bool = False,
     cp_variant: str = "ring",
+    recompute: str = "none",
 ) -> int:
     """Bytes one MoE block saves on ``rank`` for one micro-batch with the routing ``layer``: the
     inventory's block at this layout's local shapes (its attention under cp) with the MoE layer's
     terms in place of the SwiGLU's (``theory.moe.moe_mlp_activation_terms``) at the b·s/(cp·tp)
     tokens this rank routes, the slots S it sends and the rows R its experts receive. Under TP the
-    region's gathered input is not saved: the router saves its own slice of the tokens."""
+    region's gathered input is not saved: the router saves its own slice of the tokens. Viewed under
+    ``recompute`` ("full": the block keeps its input alone, ``theory.hybrid_recompute``)."""
     tokens = micro_batch * seq_len // dims.cp // dims.tp  # tokens this rank routes
     S, R = rank_rows(layer["counts_by_rank"], layer["capacity"], dims.data_index(rank), dims.ep)
     terms = moe_mlp_activation_terms(cfg, tokens=tokens, slots=S, rows=R)
     x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=dims.tp, cp=dims.cp,
               sequence_parallel=sequence_parallel, dtype_bytes=FP32)  # fmt: skip
     core = cp_variant if dims.cp > 1 else "eager"
-    return sum(view(ours_block(cfg, x, core=core, moe=terms, routed=tokens if dims.tp > 1 else None)).values())
+    block = ours_block(cfg, x, core=core, moe=terms, routed=tokens if dims.tp > 1 else None)
+    return sum(view(block, recompute).values())
 
 
 def moe_block_w_bytes(
     cfg: ModelConfig, dims: ParallelDims, *, rank: int, micro_batch: int, seq_len: int, layer: dict
 ) -> int:
     """Bytes one MoE block keeps from B until W under a split backward without TP (ZB-H1, ZB-V; Qi
-    et al. 2023, arXiv:2401.10241, §2), as ``parallel.pp_executor`` keeps them: each linear's input
+    et al. 2023, arXiv:2401.10241, §2), as ``parallel.pp.executor`` keeps them: each linear's input
     and output gradient, once per storage (``theory.pipeline.chunk_w_bytes``). Outside the MLP,
     the dense block's T·(7h + 2·a·d + 2·g·d); the MLP: the router's logits gradient T·E, the R rows
     its experts received and their gradient (one [R, h] buffer each), their down-projections'
@@ -183,9 +187,9 @@ def stage_activation_bytes(
     routing of that forward, the head), each B frees them (pp = 1: 1F1B of one stage, gradient
     accumulation). ``forwards``: the first step's routing of this rank's MoE layers, in the order
     they ran (``RoutingStats.as_dict``: ``counts_by_rank``, ``capacity``). ``layout``:
-    ``sequence_parallel``, ``cp_variant``. A split backward (ZB-H1, ZB-V) keeps, from B until W,
-    what W needs (:func:`moe_block_w_bytes` and ``theory.pipeline.chunk_w_bytes``; with TP layers
-    the whole graph); shared experts: None."""
+    ``sequence_parallel``, ``cp_variant``, ``recompute``. A split backward (ZB-H1, ZB-V) keeps,
+    from B until W, what W needs (:func:`moe_block_w_bytes` and ``theory.pipeline.chunk_w_bytes``;
+    with TP layers the whole graph); with recomputation or shared experts there: None."""
     pp, L = dims.pp, cfg.n_layers
     m, v = microbatches, virtual_stages if pp > 1 else 1  # pp = 1: gradient accumulation
     schedule = schedule if pp > 1 else "1f1b"
@@ -201,9 +205,10 @@ def stage_activation_bytes(
     per_f = [moe_layers_in(cfg, [rg]) for rg in ranges]  # MoE forwards of one F on each chunk
     forwards = for_tp_rank(forwards, dims, rank)
     sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len, **layout)
+    once = positions_bytes(dims, seq_len, layout.get("recompute", "none"))  # "full" under CP: one storage
     plan = make_schedule(schedule, pp, m, v)
     split = plan.split_backward
-    if split and cfg.n_shared_experts:  # what W keeps of a shared expert is not counted here
+    if split and (cfg.n_shared_experts or layout.get("recompute", "none") != "none"):  # W's part: not counted
         return None
     dense, s_local = cfg.replace(n_experts=0, top_k=0, n_dense_layers=0), seq_len // dims.cp
     w_block = chunk_w_bytes(dense, 1, 2, b, s_local)  # one dense block's W part
@@ -231,4 +236,4 @@ def stage_activation_bytes(
         else:
             now -= held.pop(key)[1]
         peak = max(peak, now)
-    return peak
+    return peak + once

@@ -2,7 +2,7 @@
 
 Without CP, one block's count under recomputation is tensor parallelism's or the plain block's
 (``theory.tp``, ``theory.activations``, both exact for "selective" and "full"). With CP the rank
-runs a different attention core (``theory.cp``), and ``parallel.hybrid_recompute`` checkpoints it:
+runs a different attention core (``theory.cp``), and ``parallel.hybrid.recompute`` checkpoints it:
 
 - "selective" (Korthikanti et al. 2022, arXiv:2205.05198, §4): the core's own saved tensors (the
   ring's output and log-sum-exp, the all-gather core's repeated K/V, mask and probabilities, or
@@ -14,13 +14,17 @@ runs a different attention core (``theory.cp``), and ``parallel.hybrid_recompute
 
 Either way the core reruns in backward, so its forward exchange is sent a second time
 (:func:`cp_replay_bytes_per_layer`), as Megatron pays TP's collectives again under full
-recomputation (Korthikanti et al. 2022, §5). fp32. No torch.
+recomputation (Korthikanti et al. 2022, §5). A mixture of experts under "full" keeps its block's
+input alone and reruns its routing and all-to-alls (:func:`moe_replay_bytes`; the saved bytes:
+``theory.hybrid_moe.moe_block_bytes``); "selective" recomputes the attention core only, and the
+MoE layer saves what it saves without recomputation. fp32. No torch.
 """
 
 from __future__ import annotations
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
+from playbook.theory.comm import sent_bytes
 
 FP32, INDEX_BYTES = 4, 8
 # a block's saved tensors outside its attention core, by the names ``theory.tp`` and ``theory.cp`` give them
@@ -90,3 +94,63 @@ def cp_replay_bytes_per_layer(
         q = FP32 * micro_batch * local.n_heads * (seq_len // n) * local.dim_head  # [b, a/tp, s/cp, d]
         return (n - 1) / n * (q + kv + (q if recompute == "full" else 0))
     return float((n - 1) * kv)
+
+
+def moe_replay_bytes(
+    cfg: ModelConfig, dims: ParallelDims, *, forwards: int, alltoall: float, recompute: str
+) -> dict[str, float]:
+    """Bytes a rank's MoE layers send again per step under "full" recomputation, by axis ("data" is
+    dp×cp), given its ``forwards`` MoE forwards per step (micro-batches × the stage's MoE layers) and
+    ``alltoall``, the step's all-to-all bytes without recomputation (``theory.moe``: dispatch and
+    combine forward, both again backward). The replay stops at the MoE layer's last saved tensor, its
+    ``index_add`` of the gated rows: the routing counts are all-gathered again (int64 [E] per rank,
+    over tp, then dp×cp), dispatch and combine run again (half of ``alltoall``), but the all-gather
+    of the tokens under TP without SP (after the layer) does not. "selective" replays the attention
+    core only: nothing of the MoE layer."""
+    if recompute != "full":
+        return {}
+    n, t, E = dims.dp * dims.cp, dims.tp, cfg.n_experts
+    out = {"ep": alltoall / 2}
+    if t > 1:
+        out["tp"] = forwards * sent_bytes("all_gather", 8 * E * t, t)
+    if n > 1:
+        out["data"] = forwards * sent_bytes("all_gather", 8 * E * t * n, n)
+    return out
+
+
+def held_with_positions(
+    schedule, chunk_bytes, w_bytes, rank: int, once: int, blocks: list[bool], graph_until_w: bool = False
+) -> int:
+    """``theory.schedules.held_bytes`` of ``rank``, plus ``once`` (the RoPE positions under "full"
+    with CP, :func:`positions_bytes`) while the forward graph of any micro-batch on a chunk holding
+    blocks (``blocks[c]``) is alive: from its F to its B, or to its W where W needs the graph
+    (``w_bytes`` None, or ``graph_until_w``: TP layers). A split backward may peak after a B with no graph alive."""
+    split, now, peak, live = schedule.split_backward, 0, 0, 0
+    for a in schedule.compute(rank):
+        whole = chunk_bytes[rank][a.chunk]
+        w = (whole if w_bytes is None else w_bytes[rank][a.chunk]) if split else 0
+        now += {"F": whole, "B": w - whole, "W": -w}[a.kind]
+        ends = "W" if split and (w_bytes is None or graph_until_w) else "B"  # where this micro-batch's graph goes
+        live += blocks[a.chunk] * (1 if a.kind == "F" else -1 if a.kind == ends else 0)
+        peak = max(peak, now + once * (live > 0))
+    return peak
+
+
+def tp_block_w_bytes(
+    cfg: ModelConfig, dims: ParallelDims, *, seq_len: int, micro_batch: int, sequence_parallel: bool
+) -> int:
+    """Bytes one tensor-parallel block adds from B until W under "full" recomputation with a split
+    backward (``parallel.pp.executor``): its graph stays for the layers outside the blocks, and W
+    takes each layer's input and output gradient from B's recomputation (Qi et al. 2023, §2), one
+    storage each: inputs, the norm outputs (the column layers' input: all-gathered [s, h] under SP),
+    the attention output a·d/t, the residual sum, gate·up f/t (the block's input is the graph's);
+    output gradients, the two norms', o_proj's and down_proj's h each, q, k, v (a + 2g)·d/t, gate and
+    up 2·f/t. Under SP the h-wide tensors of the residual stream hold s/tp tokens. At s/cp tokens."""
+    b, s, h, t = micro_batch, seq_len // dims.cp, cfg.hidden, dims.tp
+    a, g, d, f = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden
+    stream = s // t if sequence_parallel else s  # tokens of the residual stream on this rank
+    inputs = (
+        2 * s * h + s * a * d // t + stream * h + s * f // t
+    )  # norm outputs (gathered), attention, residual, gate·up
+    grads = 4 * stream * h + s * (a + 2 * g) * d // t + 2 * s * f // t
+    return FP32 * b * (inputs + grads)

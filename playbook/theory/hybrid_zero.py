@@ -1,4 +1,4 @@
-"""ZeRO on a hybrid mesh, exactly as ``parallel.zero`` lays it out: which flat units a rank holds,
+"""ZeRO on a hybrid mesh, exactly as ``parallel.zero.zero`` lays it out: which flat units a rank holds,
 over which group each is sharded, and what that costs in bytes held and bytes sent.
 
 Rajbhandari et al. 2019 (*ZeRO*, arXiv:1910.02054), §5 and §7, per unit of numel elements padded
@@ -9,8 +9,9 @@ weights (twice under stage 3: before the forward and again before the backward).
 
 - a dense unit (embedding, a block without its routed experts, final norm + head) is sharded over
   the dp×cp ranks that hold the same weights, each tp rank sharding its own slices;
-- a block's routed experts are a unit of their own, sharded over the ``ep_replica`` ranks that hold
-  the same experts (dp·cp/ep of them; none when ep = dp·cp: each rank then keeps its whole unit).
+- each routed expert is a unit of its own, sharded over the ``ep_replica`` ranks that hold the same
+  experts (dp·cp/ep of them; none when ep = dp·cp: each rank then keeps its whole unit), so that an
+  expert no token reached can be left to AdamW without a gradient, as in one process.
 
 Pure arithmetic: ``theory.hybrid`` reads it for ``comm_per_axis`` and ``memory_per_rank``.
 """
@@ -37,8 +38,9 @@ def flat_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
     chunks ``ranges`` ([start, end) each; piece 0 the embedding, 1..L the blocks, L + 1 the head;
     ``theory.rank_params.chunk_ranges``): its units (``theory.rank_params.rank_units``: the
     embedding, each block with 1/tp of its matrices, norms whole, an MoE block's router and shared
-    experts whole, then its E/ep routed experts; the final norm and head), the routed experts over
-    their replicas, every other unit over dp×cp."""
+    experts whole, then each of its E/ep routed experts, one unit each (``parallel.zero.flat_unit.Fed``);
+    the final norm and head, the norm only when a tied head's embedding is on this rank: one weight,
+    in the embedding's unit), the routed experts over their replicas, every other unit over dp×cp."""
     n, dense_axis = dims.dp * dims.cp, data_axis(dims)
     expert_axis = "ep_replica" if dims.ep > 1 else dense_axis
     return [
@@ -76,7 +78,7 @@ def zero_memory(units: list[tuple[str, int, int, str]], zero: int) -> dict[str, 
 
 def pipeline_peak_state(units: list[tuple[str, int, int, str]], zero: int) -> int:
     """Bytes of weights, gradients and AdamW states a pipeline stage holds after its last backward,
-    before the reduction (``parallel.zero_pipeline``): whole flat weights and whole flat gradients
+    before the reduction (``parallel.zero.pipeline``): whole flat weights and whole flat gradients
     for every stage 1-3 (the m micro-batches need both), AdamW's shard, and under ZeRO-3 the slice
     kept between steps on top of the gathered weights. Not less than ZeRO-1's for any stage."""
     shard = sum(padded(numel, n) // n for _, numel, n, _ in units)

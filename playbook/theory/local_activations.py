@@ -17,7 +17,7 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.activations import _check, check_attention
-from playbook.theory.hybrid_recompute import positions_bytes
+from playbook.theory.hybrid_recompute import held_with_positions, positions_bytes, tp_block_w_bytes
 from playbook.theory.inventory import local, ours_block, ours_ends, view
 from playbook.theory.moe_inventory import moe_mlp_terms
 from playbook.theory.pipeline import chunk_w_bytes
@@ -47,7 +47,7 @@ def block_bytes(
     ``theory.cp``); None: the ``attention`` kernel at s/cp tokens instead, a fused ring kernel
     (what ``training_memory`` assumes whenever it counts flash attention or recomputation).
     ``moe``: an MoE block at even routing (S = R = k·T, ``theory.moe``) behind the ``attention``
-    kernel; under TP as our runtime splits it (``parallel.tp_moe``): each tp rank routes its 1/tp
+    kernel; under TP as our runtime splits it (``parallel.tp.moe``): each tp rank routes its 1/tp
     of the tokens through a whole router and whole experts, and saves no gathered region input."""
     core = variant if cp > 1 and variant is not None and not moe else attention
     if tp > 1:
@@ -105,7 +105,7 @@ def activation_pieces(
 ) -> dict[str, int]:
     """Bytes one micro-batch of a dense model saves on one rank, by piece: "first" (the embedding's
     inputs), "block" (one block), "last" (final norm, head, loss), from the shapes the rank sees.
-    Under CP with recomputation, ``parallel.hybrid_recompute`` checkpoints the CP core: "selective"
+    Under CP with recomputation, ``parallel.hybrid.recompute`` checkpoints the CP core: "selective"
     keeps its inputs (q, k, v at this rank's heads), "full" the block's input (``theory.hybrid_recompute``).
     Every layout reads these: a stage is its pieces, a pipeline holds the schedule's micro-batches of them."""
     sizes = dict(micro_batch=micro_batch, tp=dims.tp, sequence_parallel=sequence_parallel)
@@ -134,7 +134,8 @@ def stage_activation_bytes(
     (``theory.pipeline.stage_ranges``), held as the schedule holds them on this rank's chunks
     (``theory.schedules.held_bytes``; pp = 1: one micro-batch's forward, 1F1B of one stage). A split backward (ZB-H1,
     ZB-V, DualPipe-V) without TP keeps only W's part from B to W (``chunk_w_bytes``, at s/cp tokens);
-    with TP layers, the graph."""
+    with TP layers, the graph (under "full", with W's tensors from B's recomputation:
+    ``theory.hybrid_recompute.tp_block_w_bytes``)."""
     pp, L = dims.pp, cfg.n_layers
     b = rows // microbatches  # pp = 1 too: its m micro-batches are gradient accumulation
     piece = activation_pieces(
@@ -161,9 +162,14 @@ def stage_activation_bytes(
     if plan.split_backward and dims.tp == 1:
         w_stage = [chunk_w_bytes(cfg, *rg, b, seq_len // dims.cp) for rg in ranges]
         w = [[w_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
+    elif plan.split_backward and recompute == "full":  # TP: the graph, and W's tensors from B's recomputation
+        more = tp_block_w_bytes(cfg, dims, seq_len=seq_len, micro_batch=b, sequence_parallel=sequence_parallel)
+        w = [[per_stage[plan.stage(r, c)] + n_blocks[plan.stage(r, c)] * more for c in range(v)] for r in range(pp)]
     chunks = [[per_stage[plan.stage(r, c)] for c in range(v)] for r in range(pp)]
-    holds_blocks = any(n_blocks[plan.stage(stage, c)] for c in range(v))
-    return held_bytes(plan, chunks, w)[stage] + once * holds_blocks
+    if once:  # one storage, held while any forward graph of blocks is (``theory.hybrid_recompute``)
+        blocks = [n_blocks[plan.stage(stage, c)] > 0 for c in range(v)]
+        return held_with_positions(plan, chunks, w, stage, once, blocks, graph_until_w=dims.tp > 1)
+    return held_bytes(plan, chunks, w)[stage]
 
 
 def tp_cp_block_bytes(

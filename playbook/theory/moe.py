@@ -149,7 +149,7 @@ def total_vs_active(cfg: ModelConfig) -> dict[str, float]:
 
 
 def step_comm_bytes(cfg: ModelConfig, n: int, ep: int, mode: str, tokens_per_rank: int) -> dict[str, float]:
-    """Bytes per rank per training step of ``playbook.parallel.ep`` that do not depend on the
+    """Bytes per rank per training step of ``playbook.parallel.ep.model`` that do not depend on the
     routing, by collective (fp32): the counts all-gather (int64, forward only), the one-bucket
     all-reduce of the dense gradients over n ranks, of the expert gradients (+ one flag per tensor)
     over the n/ep replicas, and of (loss, aux) for reporting. ``mode="tp"``: tensor-parallel

@@ -91,7 +91,7 @@ def nothing_fits(
 ) -> str:
     """One line: the least memory found, what it already uses, and what would make a layout fit."""
     need, where = smallest
-    budget = hw.memory_bytes * mem_util
+    budget = hw.capacity_bytes * mem_util
     common = dict(gpus_per_node=gpus_per_node, global_batch=global_batch, attention=attention, activations=activations)
     hints = []
     for k in GPU_FACTORS:
@@ -112,6 +112,6 @@ def nothing_fits(
     recompute = "full recomputation" if where.endswith(" full") else "the recomputation it allows"
     return (
         f"nothing fits: the least memory a layout of {gpus} GPUs needs is {need / 1e9:.1f} GB per GPU ({where}: "
-        f"{recompute}, the largest ZeRO stage, micro-batch 1) of a {hw.memory_bytes / 1e9:.0f} GB device at "
+        f"{recompute}, the largest ZeRO stage, micro-batch 1) of a {hw.capacity_bytes / 1e9:.1f} GB device at "
         f"{mem_util:g} use; it would fit with {' or '.join(hints)}"
     )

@@ -3,12 +3,14 @@ and the pipeline bubble (pure arithmetic, no torch). Used by :mod:`playbook.theo
 
 Compute. Training FLOPs are PaLM's count (``playbook.theory.flops``, Chowdhery et al. 2022,
 arXiv:2204.02311, Appendix B), split evenly over every GPU and run at ``peak_bf16_flops ×
-achievable_flops_fraction`` of the hardware profile. Recomputation adds work that MFU does not
-count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs the forward again (a third
+achievable_flops_fraction`` of the hardware profile, slowed by the GEMMs' shapes
+(``theory.gemm_efficiency``: tile and wave quantization on the profile's SMs and the roofline, or
+``playbook calibrate``'s measured matmul curve), so a micro-batch of 2 can beat 1. Recomputation
+adds work that MFU does not count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs the forward again (a third
 of the training FLOPs), ``selective`` only attention's two [T, T] matmuls forward.
 
-Communication, with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's
-group uses: inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp,
+Communication: the bytes of ``theory.plan_bytes`` (the functions the shrunk replays verify), timed
+with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's group uses: inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp,
 pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the network card otherwise. What overlaps:
 
 - **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
@@ -17,27 +19,21 @@ pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the netwo
   sits between two matmuls that need it (Narayanan et al. 2021, arXiv:2104.04473, §3.2), unless
   ``overlap`` hides it (``OVERLAP_PRESETS``: all but 1/t with "megatron-tp").
 - **cp** (ring attention, Liu et al. 2023, arXiv:2310.01889): per layer and micro-batch, cp − 1
-  passes of the local K and V forward and twice that backward (K, V and their gradients); hidden
-  behind attention's own compute except the first pass of each ring.
+  passes of the local K and V forward and twice that backward (K, V and their fp32 gradients), once
+  more when recomputation reruns the core; hidden behind attention's own compute except the first
+  pass of each ring.
 - **ep** (DeepSpeed-MoE, arXiv:2201.05596): an all-to-all to dispatch and one to combine per MoE
   layer forward, as many backward (+2 with full recomputation); exposed, but for what exceeds the
   compute with "deepseek-ep" (which hides pp's sends the same way).
 - **pp** (Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
-  micro-batch between neighbouring stages (v times as many interleaved, twice on a V), point to
-  point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
+  micro-batch and boundary the busiest rank's chunks cross (v times as many interleaved, twice on
+  a V; ``plan_bytes.pp_sends``), point to point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
   (compute and the exposed tp/cp/ep/pp time of the m micro-batches): (p − 1)/m for 1F1B,
   (p − 1)/(v·m) interleaved, (p − 1)/(3m) ZB-H1, simulated for ZB-V and DualPipe-V.
-- **dp** over the dp·cp ranks that share weights (expert weights over their dp·cp/ep replicas),
-  bf16 gradients: ZeRO 0 one all-reduce, overlapped with the last micro-batch's backward except
-  the last bucket (PyTorch DDP, Li et al. 2020, arXiv:2006.15704, buckets of 25 MiB); ZeRO 1 a
-  reduce-scatter so overlapped plus the all-gather of updated weights, overlapped with the next
-  forward except its first bucket (Megatron-LM's overlapped parameter gather); ZeRO 2 a
-  reduce-scatter after every micro-batch's backward (the gradient is sharded, so accumulation
-  cannot wait); ZeRO 3 also gathers the weights before every forward and backward, prefetched
-  behind the micro-batch's compute (Rajbhandari et al. 2019, arXiv:1910.02054, §5, §7).
+- **dp**: ``theory.plan_dp`` (ZeRO 0-3; gradients reduced in bf16, or fp32 for the production stack).
 
-Not modelled: kernels' efficiency as a function of shapes (a larger micro-batch is not faster
-here), imbalance between stages, stragglers, optimizer step time.
+Not modelled: attention's kernel efficiency by shape, imbalance between stages, stragglers,
+optimizer step time.
 """
 
 from __future__ import annotations
@@ -48,9 +44,12 @@ from dataclasses import dataclass, field
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.comm import collective_seconds
-from playbook.theory.flops import BACKWARD_SHARE, attention_flops_per_token, flops_per_token
+from playbook.theory.flops import attention_flops_per_token, flops_per_token
+from playbook.theory.gemm_efficiency import compute_factor
+from playbook.theory.plan_dp import GRAD_BYTES, dp_seconds, overlapped
 from playbook.theory.plan_precision import FP8_DISPATCH_SHARE, time_factor
-from playbook.theory.plan_schedule import boundary_crossings, bubble_fraction
+from playbook.theory.plan_bytes import cp_layer, pp_message_bytes, pp_sends
+from playbook.theory.plan_schedule import bubble_fraction
 
 # Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
 # "megatron-tp". tp: a collective matmul, the all-gather / reduce-scatter cut into t chunks each
@@ -68,8 +67,6 @@ MESH_ORDERS = ("tp-cp-dp-pp", "tp-cp-pp-dp")
 # tp + SP per layer and micro-batch: all-gather + reduce-scatter around attention and the MLP, forward and back;
 # Megatron's full recomputation reruns the forward (+4), our replay's stops before the MLP's last (11, theory.tp).
 TP_COLLECTIVES_PER_LAYER = {"none": 8, "selective": 8, "full": 12}
-BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
-GRAD_BYTES = 2  # bf16 gradients and weights on the wire (precision="mixed")
 
 
 @functools.lru_cache(maxsize=256)
@@ -82,11 +79,6 @@ def _per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float, float, flo
         attention_flops_per_token(cfg, seq_len),
         attention_flops_per_token(cfg, seq_len, training=False),
     )
-
-
-@functools.lru_cache(maxsize=256)
-def _num_params(cfg: ModelConfig) -> int:
-    return cfg.num_params()
 
 
 @dataclass(frozen=True)
@@ -139,11 +131,6 @@ def link(
     return hw.inter_node_bandwidth, hw.inter_node_latency, "inter"
 
 
-def _overlapped(comm: float, window: float, floor: float) -> float:
-    """Exposed part of ``comm`` hidden behind ``window`` seconds, never less than ``floor`` (<= comm)."""
-    return min(comm, max(comm - window, floor))
-
-
 def step_cost(
     cfg: ModelConfig,
     hw: Hardware,
@@ -164,9 +151,11 @@ def step_cost(
     overlap: str = "none",
     precision: str = "bf16",
     mesh_order: str = MESH_ORDERS[0],
+    grad_bytes: int = GRAD_BYTES,
 ) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring);
-    ``precision="fp8"``: the linear layers at the FP8 peak, ep's dispatch in FP8 (``plan_precision``)."""
+    ``precision="fp8"``: the linear layers at the FP8 peak, ep's dispatch in FP8 (``plan_precision``);
+    ``grad_bytes``: bytes per gradient element dp reduces (``plan_dp.GRAD_REDUCE_BYTES``)."""
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
     hidden = OVERLAP_PRESETS[overlap]
@@ -176,7 +165,8 @@ def step_cost(
     model_flops = tokens * train
     extra = {"none": 0.0, "full": forward, "selective": attention_forward}[recompute]
     rate = hw.peak_bf16_flops * hw.achievable_flops_fraction
-    compute = (model_flops + tokens * extra) / world / rate * time_factor(cfg, hw, s, precision)
+    shapes = compute_factor(cfg, hw, tokens=b * s // cp, tp=tp, ep=ep, seq_len=s)  # small GEMMs run slower
+    compute = (model_flops + tokens * extra) / world / rate * time_factor(cfg, hw, s, precision) * shapes
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     layers = math.ceil(cfg.n_layers / pp)
     moe_layers = math.ceil(cfg.n_moe_layers / pp)
@@ -187,36 +177,32 @@ def step_cost(
         per_layer = TP_COLLECTIVES_PER_LAYER[recompute]
         one = collective_seconds("all_gather", act, tp, bw, lat)
         comm = m * layers * per_layer * one
-        axes["tp"] = (comm, _overlapped(comm, compute, comm / tp) if "tp" in hidden else comm)
+        axes["tp"] = (comm, overlapped(comm, compute, comm / tp) if "tp" in hidden else comm)
     if cp > 1:
         bw, lat, _ = link(hw, "cp", gpus_per_node, mesh_order, **degrees)
-        kv = 2 * (s // cp) * b * max(cfg.kv_heads / tp, 1) * cfg.dim_head * GRAD_BYTES
-        one = collective_seconds("send", kv, 2, bw, lat)
-        comm = m * layers * 3 * (cp - 1) * one
+        sent, passes, kv = cp_layer(
+            cfg, micro_batch=b, seq_len=s, cp=cp, tp=tp, recompute=recompute, dtype_bytes=GRAD_BYTES
+        )
+        comm = m * layers * (sent / bw + passes * lat)  # each pass one point-to-point step of the ring
         attention = tokens * attention_train / world / rate
-        axes["cp"] = (comm, _overlapped(comm, attention, m * layers * one))
+        axes["cp"] = (comm, overlapped(comm, attention, m * layers * collective_seconds("send", kv, 2, bw, lat)))
     if ep > 1 and moe_layers:
         bw, lat, _ = link(hw, "ep", gpus_per_node, mesh_order, **degrees)
         per_layer = 6 if recompute == "full" else 4
         wire = act * cfg.top_k * (FP8_DISPATCH_SHARE if precision == "fp8" else 1.0)
         comm = m * moe_layers * per_layer * collective_seconds("all_to_all", wire, ep, bw, lat)
-        axes["ep"] = (comm, _overlapped(comm, compute, 0.0) if "ep" in hidden else comm)
+        axes["ep"] = (comm, overlapped(comm, compute, 0.0) if "ep" in hidden else comm)
     if pp > 1:
         bw, lat, _ = link(hw, "pp", gpus_per_node, mesh_order, **degrees)
-        comm = 2 * m * boundary_crossings(schedule, v) * collective_seconds("send", act / tp, 2, bw, lat)
-        axes["pp"] = (comm, _overlapped(comm, compute, 0.0) if "pp" in hidden else comm)
+        msg = pp_message_bytes(cfg, micro_batch=b, seq_len=s, cp=cp, tp=tp, dtype_bytes=GRAD_BYTES)
+        comm = m * pp_sends(schedule, pp, v) * collective_seconds("send", msg, 2, bw, lat)
+        axes["pp"] = (comm, overlapped(comm, compute, 0.0) if "pp" in hidden else comm)
     pipelined = compute + sum(e for _, e in axes.values())
     bubble = pipelined * bubble_fraction(schedule, pp, m, v)
     if dp * cp > 1:
-        axes["dp"] = _dp_seconds(
-            cfg,
-            hw,
-            zero=zero,
-            compute=compute,
-            gpus_per_node=gpus_per_node,
-            **degrees,
-            microbatches=m,
-            order=mesh_order,
+        bw, lat, _ = link(hw, "dp", gpus_per_node, mesh_order, **degrees)
+        axes["dp"] = dp_seconds(
+            cfg, bandwidth=bw, latency=lat, zero=zero, compute=compute, **degrees, microbatches=m, grad_bytes=grad_bytes
         )
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
@@ -230,15 +216,16 @@ def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layo
         return out
     degrees = {a: layout[a] for a in ("dp", "tp", "pp", "cp", "ep")}
     for zero in zeros[1:]:
-        dp = _dp_seconds(
+        bw, lat, _ = link(hw, "dp", layout["gpus_per_node"], layout.get("mesh_order", MESH_ORDERS[0]), **degrees)
+        dp = dp_seconds(
             cfg,
-            hw,
+            bandwidth=bw,
+            latency=lat,
             zero=zero,
             compute=base.compute,
-            gpus_per_node=layout["gpus_per_node"],
             microbatches=layout["microbatches"],
             **degrees,
-            order=layout.get("mesh_order", MESH_ORDERS[0]),
+            grad_bytes=layout.get("grad_bytes", GRAD_BYTES),
         )
         out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
     return out
@@ -251,50 +238,8 @@ def with_schedule(base: StepCost, *, pp: int, microbatches: int, schedule: str, 
         return base
     axes = dict(base.axes)
     if "pp" in axes:
-        k = boundary_crossings(schedule, v)
+        k = pp_sends(schedule, pp, v) / pp_sends("1f1b", pp)
         axes["pp"] = (axes["pp"][0] * k, axes["pp"][1] * k)
     pipelined = base.compute + sum(e for a, (_, e) in axes.items() if a != "dp")
     bubble = pipelined * bubble_fraction(schedule, pp, microbatches, v)
     return StepCost(base.compute, bubble, axes, base.model_flops)
-
-
-def grad_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) -> list[tuple[float, int]]:
-    """(parameters per rank, group size) whose gradients are averaged: dense weights (1/tp of a
-    stage's, even stages) over dp·cp; routed experts (E/ep per rank) over dp·cp/ep replicas."""
-    experts = cfg.n_moe_layers * cfg.n_experts * 3 * cfg.hidden * cfg.expert_ffn_hidden
-    out = [((_num_params(cfg) - experts) / (tp * pp), dp * cp)]
-    if experts:
-        out.append((experts / (ep * pp), dp * cp // ep))
-    return out
-
-
-def _dp_seconds(
-    cfg, hw, *, dp, tp, pp, cp, ep, zero, compute, microbatches, gpus_per_node, order
-) -> tuple[float, float]:
-    m = microbatches
-    bw, lat, _ = link(hw, "dp", gpus_per_node, order, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
-    comm = exposed = 0.0
-    for params, n in grad_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep):
-        g = params * GRAD_BYTES
-
-        def t(op, size):
-            return collective_seconds(op, size, n, bw, lat)
-
-        last = min(BUCKET_BYTES, g)
-        window = BACKWARD_SHARE * compute / m  # one micro-batch's backward
-        if zero == 0:
-            c = t("all_reduce", g)
-            e = _overlapped(c, window, t("all_reduce", last))
-        elif zero == 1:
-            rs, ag = t("reduce_scatter", g), t("all_gather", g)
-            c, e = rs + ag, _overlapped(rs, window, t("reduce_scatter", last)) + t("all_gather", last)
-        elif zero == 2:
-            rs, ag = t("reduce_scatter", g), t("all_gather", g)
-            c = m * rs + ag
-            e = m * _overlapped(rs, window, t("reduce_scatter", last)) + t("all_gather", last)
-        else:
-            one = 2 * t("all_gather", g) + t("reduce_scatter", g)
-            floor = 2 * t("all_gather", last) + t("reduce_scatter", last)
-            c, e = m * one, m * _overlapped(one, compute / m, floor)
-        comm, exposed = comm + c, exposed + e
-    return comm, exposed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, step_cost, with_schedule
+from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_memory import memory_breakdown
 from playbook.theory.plan_schedule import ENDS
 from playbook.theory.planner import MEM_UTIL, Layout, plan
@@ -65,9 +66,11 @@ def cost_layout(
     rank: bool = True,
     precision: str = "bf16",
     mesh_order: str = "tp-cp-dp-pp",
+    search: dict | None = None,
 ) -> dict:
     """The layout's memory (bytes by category), step (seconds by part), MFU, fit and margin, and its
-    rank: 1 + the planner's candidates that are faster (of how many fit), for the same GPUs."""
+    rank: 1 + the planner's candidates that are faster (of how many fit), for the same GPUs;
+    ``search``: ``plan``'s options that narrow the layouts ranked against (schedules, zeros, recomputes)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
     gpus = lay.dp * lay.tp * lay.pp * lay.cp
     memory = memory_breakdown(cfg, lay, seq_len, "flash", activations)
@@ -84,9 +87,10 @@ def cost_layout(
         overlap=overlap,
         precision=precision,
         mesh_order=mesh_order,
+        grad_bytes=GRAD_REDUCE_BYTES[activations],
     )
     cost = with_schedule(base, pp=lay.pp, microbatches=lay.microbatches, schedule=lay.schedule, v=lay.v)
-    total, budget = sum(memory.values()), hw.memory_bytes * mem_util
+    total, budget = sum(memory.values()), hw.capacity_bytes * mem_util
     out = {
         "layout": str(lay),
         "gpus": gpus,
@@ -111,6 +115,7 @@ def cost_layout(
             overlap=overlap,
             precision=precision,
             mesh_order=mesh_order,
+            **(search or {}),
         )
         out["rank"] = 1 + sum(c.cost.total < cost.total for c in p.candidates)
         out["of"] = len(p.candidates)

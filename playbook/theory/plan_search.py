@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.memory import RECOMPUTE, ZERO_STAGES
-from playbook.theory.plan_cost import DEFAULT_OVERLAP, StepCost
+from playbook.theory.plan_cost import DEFAULT_OVERLAP, MESH_ORDERS, StepCost
 from playbook.theory.plan_memory import memory_bytes
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, schedule_options
 
@@ -83,6 +83,10 @@ class Plan:
     schedules: tuple[str, ...] = PLAN_SCHEDULES  # pipeline schedules searched (plan_schedule)
     n_layers: int = 0  # the model's, for the schedules' p·v <= layers
     overlap: str = DEFAULT_OVERLAP  # which axes' communication hides behind compute (plan_cost.OVERLAP_PRESETS)
+    precision: str = "bf16"  # the linear layers' (plan_precision.PRECISIONS)
+    zeros: tuple[int, ...] = ZERO_STAGES  # ZeRO stages searched (a stack without ZeRO: (0,))
+    recomputes: tuple[str, ...] = RECOMPUTE  # recomputation choices searched
+    mesh_order: str = MESH_ORDERS[0]  # rank order, fastest axis first (plan_cost.MESH_ORDERS)
     candidates: list[Candidate] = field(default_factory=list)  # fastest first
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
@@ -93,7 +97,8 @@ class Plan:
         entry[0] += 1
 
     def as_dict(self, top: int | None = None) -> dict:
-        keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations overlap device_bytes"
+        keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations overlap precision"
+        keys += " mesh_order zeros recomputes device_bytes"
         keys = keys.split() + ["dominated"]
         return {
             **{k: getattr(self, k) for k in keys},
@@ -144,7 +149,7 @@ def _structures(cfg: ModelConfig, plan: Plan):
 
 def _variants(dims: ParallelDims, plan: Plan):
     rows = plan.global_batch // dims.dp
-    zeros = ZERO_STAGES if dims.dp * dims.cp > 1 else (0,)
+    zeros = plan.zeros if dims.dp * dims.cp > 1 else (0,)
     for b in powers_of_two(min(rows, MAX_MICRO_BATCH)):
         if rows % b:
             continue
@@ -155,7 +160,7 @@ def _variants(dims: ParallelDims, plan: Plan):
         degrees = {a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")}
         for schedule, v in schedule_options(dims.pp, m, plan.n_layers, plan.schedules):
             for zero in zeros:
-                for rc in RECOMPUTE:
+                for rc in plan.recomputes:
                     yield Layout(
                         **degrees, zero=zero, micro_batch=b, microbatches=m, recompute=rc, schedule=schedule, v=v
                     )

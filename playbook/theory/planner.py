@@ -14,8 +14,8 @@ and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473
 across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
 
 Degrees: every divisor of the GPUs (384 GPUs plan: dp 3·2^k, pp 12, ...). Pruned (and said so):
-tp ≤ GPUs per node is a rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (the
-cost model gives a larger micro-batch no speed, only memory). Within one (dp, tp, pp, cp, ep), the variant with the least
+tp ≤ GPUs per node is a rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (past it
+``theory.gemm_efficiency`` gains under 1 % per doubling on the profiles shipped). Within one (dp, tp, pp, cp, ep), the variant with the least
 memory (largest ZeRO stage, full recomputation, smallest b) is tried first: if even it does not fit,
 the layout is rejected for memory at once; otherwise variants are tried fastest first and the first
 that fits is the layout's candidate, the slower ones counted as dominated. Pure: no torch.
@@ -25,8 +25,9 @@ from __future__ import annotations
 
 
 from playbook.config import Hardware, ModelConfig, require_positive
-from playbook.theory.memory import ATTENTION
+from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_advice import batch_advice, nothing_fits, nothing_plans
+from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
 from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, check_schedules
@@ -43,7 +44,10 @@ from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan
 )
 from playbook.theory.prod_activations import check_activations
 
-MEM_UTIL = 0.9  # share of device memory a plan may fill: CUDA context, NCCL buffers, fragmentation are not counted
+# Share of the device's memory (``Hardware.capacity_bytes``: what the driver reports where the profile
+# knows it, e.g. 81,559 MiB on an "80 GB" H100) a plan may fill. A planning assumption, not a
+# measurement: the CUDA context, NCCL's buffers and the allocator's fragmentation are not counted.
+MEM_UTIL = 0.9
 
 
 def plan(
@@ -61,12 +65,15 @@ def plan(
     overlap: str = DEFAULT_OVERLAP,
     precision: str = "bf16",
     mesh_order: str = "tp-cp-dp-pp",
+    zeros: tuple[int, ...] = ZERO_STAGES,
+    recomputes: tuple[str, ...] = RECOMPUTE,
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
     softmax, [b, a, s, s] kept per layer); see ``theory.activations``. ``activations``: "production"
     (fused kernels as Megatron-LM runs them, ``theory.prod_activations``) or "ours" (our GPT's);
-    ``precision``: "bf16" or "fp8" (``theory.plan_precision``); ``mesh_order``: ``plan_cost.MESH_ORDERS``.
+    ``precision``: "bf16" or "fp8" (``theory.plan_precision``); ``mesh_order``: ``plan_cost.MESH_ORDERS``;
+    ``zeros``, ``recomputes``: the ZeRO stages and recomputation choices searched (a stack's options).
     Raises ``ValueError`` (one line) on bad input, when no layout divides, the global batch splits over
     none, or nothing fits (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
@@ -84,13 +91,18 @@ def plan(
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}; try flash")
     check_activations(activations)
-    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.memory_bytes, attention, activations)
+    out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.capacity_bytes, attention, activations)
     out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
-    out.overlap = overlap  # a bad precision or mesh order: one line from the first step costed
-    budget, common = hw.memory_bytes * mem_util, dict(seq_len=seq_len, gpus_per_node=g)
-    timing = dict(overlap=overlap, precision=precision, mesh_order=mesh_order)
+    out.overlap, out.precision, out.mesh_order = overlap, precision, mesh_order  # a bad one: the first step costed says
+    if not set(zeros) <= set(ZERO_STAGES) or not set(recomputes) <= set(RECOMPUTE) or not zeros or not recomputes:
+        raise ValueError(f"zeros among {ZERO_STAGES} and recomputes among {RECOMPUTE}; got {zeros}, {recomputes}")
+    out.zeros, out.recomputes = tuple(zeros), tuple(recomputes)
+    budget, common = hw.capacity_bytes * mem_util, dict(seq_len=seq_len, gpus_per_node=g)
+    timing = dict(
+        overlap=overlap, precision=precision, mesh_order=mesh_order, grad_bytes=GRAD_REDUCE_BYTES[activations]
+    )
     structures = list(_structures(cfg, out))
     if not structures:
         if "global batch split" in out.rejected:  # some layout divides the model; the batch splits over none
@@ -106,7 +118,7 @@ def plan(
             continue
         if need > budget:
             out.reject(
-                "memory", f"{least} needs {need / 1e9:.1f} GB per GPU of a {hw.memory_bytes / 1e9:.0f} GB device"
+                "memory", f"{least} needs {need / 1e9:.1f} GB per GPU of a {hw.capacity_bytes / 1e9:.1f} GB device"
             )
             if out.smallest is None or need < out.smallest[0]:
                 out.smallest = (need, str(least))
@@ -155,7 +167,7 @@ def plan(
                 out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
                 out.dominated += len(costs) - i - 1
                 break
-            out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.memory_bytes / 1e9:.0f} GB device")
+            out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.capacity_bytes / 1e9:.1f} GB device")
             too_big = [(f, w) for f, w in too_big if not _needs_more(f, key)] + [(key, v)]  # keep the minimal
     if not out.candidates:
         if out.smallest is None:

@@ -9,7 +9,8 @@ equal or not (``theory.schedules.equal_partition``). Each piece's parameters on 
 (Shoeybi et al. 2019, arXiv:1909.08053, §3; DeepSpeed-MoE, Rajbhandari et al. 2022,
 arXiv:2201.05596, §5): the matrices of attention, of a dense MLP, the embedding and the head split
 1/tp; the RMSNorm weights whole; in an MoE block the router and shared experts whole (each tp rank
-routes its own slice of the tokens) and E/ep routed experts, a unit of their own. No torch.
+routes its own slice of the tokens) and E/ep routed experts, each a unit of its own (ZeRO leaves
+an expert no token reached to AdamW alone, ``parallel.zero``). No torch.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Unit:
     """One unit of a rank's parameters, in elements: ``split`` (matrices split 1/tp), ``norms``
     (RMSNorm weights, whole on every tp rank), ``moe`` (router, shared or routed experts: whole on
     every tp rank), its parameter ``tensors`` (``moe_tensors`` of them MoE ones), and whether it is
-    a block's E/ep routed ``experts`` (replicated over ``ep_replica``, not over dp×cp)."""
+    one of a block's E/ep routed ``experts`` (replicated over ``ep_replica``, not over dp×cp)."""
 
     name: str
     split: int
@@ -64,7 +65,7 @@ class Unit:
 
 def rank_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int]]) -> list[Unit]:
     """This rank's parameters by unit for the pieces of ``ranges`` (module docstring): the embedding,
-    each block (an MoE block: its dense part, then its routed experts), the final norm and head. A
+    each block (an MoE block: its dense part, then each routed expert), the final norm and head. A
     tied head on the embedding's rank adds no weight (one tensor serves both); on another rank it is
     a copy (Megatron's embedding group, Narayanan et al. 2021)."""
     t, h = dims.tp, cfg.hidden
@@ -79,7 +80,7 @@ def rank_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
         shared = 3 * cfg.n_shared_experts
         router = h * cfg.n_experts + cfg.n_shared_experts * expert
         units.append(Unit(f"block{i}", cfg.attention_params() // t, 2 * h, router, 2 + 4 + 1 + shared, 1 + shared))
-        units.append(Unit(f"block{i}.experts", 0, 0, per * expert, 3 * per, 3 * per, experts=True))
+        units += [Unit(f"block{i}.expert{e}", 0, 0, expert, 3, 3, experts=True) for e in range(per)]
     if cfg.n_layers + 1 in pieces:
         tied_here = cfg.tie_embeddings and 0 in pieces
         units.append(Unit("head", 0, h) if tied_here else Unit("head", table, h, tensors=2))

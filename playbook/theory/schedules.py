@@ -10,7 +10,7 @@ micro-batches through. A **schedule** is, for each rank, the ordered list of wha
     send/recv of activations (after F, before F) and of gradients (after B, before B)
 
 The same :class:`Schedule` objects drive the simulator here (``simulate``: timeline, bubble, peak
-in-flight activations) and the executor on real ranks (``playbook.parallel.pp``). Sends never
+in-flight activations) and the executor on real ranks (``playbook.parallel.pp.pipeline``). Sends never
 block (``isend``), receives do; ``simulate`` plays the lists with exactly these rules and matches
 every receive with its send, so a schedule that would deadlock on real ranks raises
 :class:`Deadlock` here first.

@@ -28,7 +28,7 @@ A full backward is written ``B`` then ``W`` right after it (so every schedule he
 one micro-batch's W part is held for no time at all); the overlap of F&B is a property of
 communication inside a rank (expert all-to-all), not of this order: our executor runs the pair
 one after the other. PyTorch 2.13's ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` build the
-same orders (``playbook.parallel.pp_native.native_orders``, tests/test_schedules_v.py).
+same orders (``playbook.parallel.pp.native.native_orders``, tests/test_schedules_v.py).
 
 Pure Python; no torch.
 """

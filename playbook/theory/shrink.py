@@ -23,7 +23,11 @@ The rules (each change is written into ``Shrunk.notes`` with its reason):
   of pp for interleaved, m ≥ 2·pp for DualPipe-V) under the candidate's schedule, interleaved with
   v = 2 chunks (2 stages × 2 chunks place gpt-tiny's 4 pieces one each); without a pipeline one
   micro-batch per step; two rows of 32 tokens per micro-batch;
-- our runs are fp32 with no recomputation: the planner's bf16 bytes and recomputation are not replayed.
+- the candidate's activation recomputation is replayed (Korthikanti et al. 2022: selective keeps
+  q, k, v and reruns the attention core; full reruns each block), or the next lighter mode that
+  ``playbook run hybrid`` composes in the shrunk layout (full → selective → none), asking the one
+  table at run time, so the shrinker follows it as it changes;
+- our runs are fp32: the planner's bf16 bytes are not replayed.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class Shrunk:
     notes: tuple[str, ...] = field(default_factory=tuple)
     schedule: str = "1f1b"
     virtual_stages: int = 1  # chunks per pipeline rank: 2 for interleaved and the V shapes
+    recompute: str = "none"  # activation recomputation: none, selective, full (``parallel.hybrid.recompute``)
 
     @property
     def m(self) -> int:
@@ -71,6 +76,7 @@ class Shrunk:
     def __str__(self) -> str:
         extra = [f"ZeRO-{self.zero}"] * bool(self.zero) + ["SP"] * self.sequence_parallel
         extra += [f"m{self.microbatches}"] if self.microbatches else []
+        extra += [f"recompute={self.recompute}"] if self.recompute != "none" else []
         return f"{self.dims} {' '.join(extra)}".strip() + f" on {self.model}"
 
     def command(self) -> str:
@@ -80,6 +86,7 @@ class Shrunk:
         flags += [f"--microbatches {self.microbatches}"] if self.microbatches else []
         flags += [f"--schedule {self.schedule}"] if self.schedule != "1f1b" else []
         flags += [f"--chunks {self.virtual_stages}"] if self.schedule == "interleaved" else []
+        flags += [f"--recompute {self.recompute}"] if self.recompute != "none" else []
         return (
             f"playbook run hybrid --model {self.model} {' '.join(flags)} "
             f"--global-batch {self.global_batch} --seq-len {self.seq_len}"
@@ -101,6 +108,7 @@ class Shrunk:
                 zero=self.zero,
                 schedule=self.schedule,
                 virtual_stages=self.virtual_stages,
+                recompute=self.recompute,
             )
             rows.append(
                 {
@@ -158,15 +166,35 @@ def shrink(
         notes.append(f"micro-batches {lay.microbatches} → {m}: m ≥ pp fills the 1F1B pipeline")
     if m and lay.v > 2:
         notes.append(f"{lay.schedule} v {lay.v} → 2: 2 stages × 2 chunks place {small}'s 4 pieces one each")
-    elif lay.microbatches > 1:
+    elif not m and lay.microbatches > 1:
         notes.append(f"gradient accumulation over {lay.microbatches} micro-batches → one micro-batch per step")
-    why = refusal(ModelConfig.preset(small), dims, zero=zero, sequence_parallel=sp, v=v, seq_len=SEQ_LEN)
+    cfg, layout = (
+        ModelConfig.preset(small),
+        dict(zero=zero, sequence_parallel=sp, v=v, seq_len=SEQ_LEN, schedule=schedule),
+    )
+    recompute = _recompute(lay.recompute, cfg, dims, notes, **layout)
+    why = refusal(cfg, dims, recompute=recompute, **layout)
     if why:  # the hybrid's own table: what it refuses, the replay cannot run
         raise _refuse(lay, why, "leave an axis out (drop=...) or shrink a candidate without it")
     notes.append(f"{big} → {small}; {ROWS} rows of {SEQ_LEN} tokens per micro-batch, fp32 (the plan counts bf16)")
-    if lay.recompute != "none":
-        notes.append(f"recompute={lay.recompute} is not replayed: this replay keeps every activation")
-    return Shrunk(lay, small, dims, zero, sp, m, dims.dp * (m or 1) * ROWS, SEQ_LEN, tuple(notes), schedule, v)
+    batch = dims.dp * (m or 1) * ROWS
+    return Shrunk(lay, small, dims, zero, sp, m, batch, SEQ_LEN, tuple(notes), schedule, v, recompute)
+
+
+LIGHTER = {"full": ("full", "selective", "none"), "selective": ("selective", "none"), "none": ("none",)}
+
+
+def _recompute(planned: str, cfg: ModelConfig, dims: ParallelDims, notes: list, **layout) -> str:
+    """The planned recomputation where the hybrid composes it in this layout, else the next lighter
+    mode it does (``LIGHTER``), with a note naming the refusal: read from the one table
+    (``theory.composition``) at run time, not restated here. "none" if none composes (the caller's
+    check then names what else is refused)."""
+    for mode in LIGHTER[planned]:
+        if refusal(cfg, dims, recompute=mode, **layout) is None:
+            if mode != planned:
+                notes.append(f"recompute={planned} → {mode}: {refusal(cfg, dims, recompute=planned, **layout)}")
+            return mode
+    return "none"
 
 
 def _zero_and_sp(zero: int, dims: ParallelDims, notes: list) -> tuple[int, bool]:

@@ -29,7 +29,7 @@ all-reduces: the per-token max, and [Σexp, target logit]), and with SP one all-
 replicated norm weights' gradients per step (each rank saw only s/t of the tokens).
 
 Activations: the exact count of what autograd saves for OUR tensor-parallel model
-(``playbook.parallel.tp``), measured to the byte in ``tests/test_tp.py``. Compare with
+(``playbook.parallel.tp.model``), measured to the byte in ``tests/test_tp.py``. Compare with
 Korthikanti et al.'s Table 2 (``theory.memory.activation_bytes_per_layer``), which counts a GPT
 block with dropout and, for sequence parallelism, Megatron's trick of saving the sequence shard of
 each parallel region's input and all-gathering it again in backward. By default our model saves the

@@ -7,7 +7,7 @@ stages 1-2 send as much as data parallelism's all-reduce (a reduce-scatter of th
 all-gather of the parameters, Ψ each), stage 3 1.5× as much (the parameters are gathered twice,
 before the forward and again before the backward).
 
-Our implementation (``playbook/parallel/zero.py``) flattens the model into *units*: the embedding,
+Our implementation (``playbook/parallel/zero/zero.py``) flattens the model into *units*: the embedding,
 each transformer block, and the head (final norm + output projection). Each unit's flat buffer of
 ``numel`` elements is padded with zeros to ``padded = ceil(numel / N) · N`` so that every rank owns an
 equal slice of ``shard = padded / N`` elements. So, per rank, with b bytes per element and U units:

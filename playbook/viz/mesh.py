@@ -2,7 +2,7 @@
 
 Figures are pure (plain data -> plotly figure; no torch, no processes), so tests read ``fig.data``.
 The inputs are a :class:`playbook.dims.ParallelDims` and the per-rank rows of a hybrid run
-(``playbook.parallel.hybrid_run.comm_table``: ``{rank, coords, predicted, measured, memory}``, bytes
+(``playbook.parallel.hybrid.run.comm_table``: ``{rank, coords, predicted, measured, memory}``, bytes
 per step by axis and bytes by category). The calculators at the end (``axis_seconds``,
 ``serving_rows``) turn the theory of ``playbook.theory`` into the rows of the chapter's tables.
 

@@ -24,7 +24,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import Plan, train_hybrid
+from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
 from playbook.parallel.training import TrainSetup
 from playbook.theory.hybrid import comm_per_axis
 from playbook.theory.hybrid import memory_per_rank as predict_memory
@@ -217,7 +217,7 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
 
     def run(_button=None) -> None:
         """Run the current layout on the ranks and overlay what they measured."""
-        from playbook.parallel.hybrid_run import comm_table
+        from playbook.parallel.hybrid.run import comm_table
 
         s, plan = state["setup"], state["plan"]
         if plan is None or button.disabled:

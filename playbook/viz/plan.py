@@ -150,7 +150,7 @@ def step_breakdown(plan: Plan | Sequence[Candidate], *, top: int | None = 8, tit
 
 
 def replay_rows(rows: Sequence[dict], what: str) -> list[dict]:
-    """A replay's rows (``parallel.plan_replay.Replay.rows``) of one kind (``"bytes sent"`` or
+    """A replay's rows (``parallel.hybrid.replay.Replay.rows``) of one kind (``"bytes sent"`` or
     ``"memory"``) as one table row per rank, each cell "predicted / measured" in bytes; † marks a
     prediction that needed the run's routing (a mixture of experts)."""
     out: dict[int, dict] = {}

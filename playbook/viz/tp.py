@@ -207,7 +207,7 @@ def activation_rows(
 
 # ---- time ---------------------------------------------------------------------------------------
 def matmul_efficiency(curve: list[dict], *, title: str = "") -> go.Figure:
-    """FLOP/s of one rank's local matmul against t (``parallel.tp.matmul_throughput``'s rows)."""
+    """FLOP/s of one rank's local matmul against t (``parallel.tp.model.matmul_throughput``'s rows)."""
     x = [r["tp"] for r in curve]
     y = [r["flops_per_s"] / 1e9 for r in curve]
     text = [f"[{a}×{b}]·[{b}×{c}]" for a, b, c in (r["shape"] for r in curve)]

@@ -156,6 +156,38 @@ window.playbookTest = {
     const rest = out.innerText.split("\n").filter((line) => line.includes(own) && !el.innerText.includes(line.trim()));
     return rest.length ? rest[0].trim() : "";
   },
+  watch(name, index) {
+    // from now on, note when the cell's output area last changed in the DOM (a redraw, a new output)
+    // and how often the kernel went busy (the control's message being handled): see settled()
+    this.unwatch();
+    const kernel = this.panel(name).sessionContext.session.kernel;
+    const w = { busy: 0, last: performance.now() };
+    const onStatus = (_, status) => {
+      w.last = performance.now();
+      if (status === "busy") w.busy++;
+    };
+    kernel.statusChanged.connect(onStatus);
+    const observer = new MutationObserver(() => (w.last = performance.now()));
+    observer.observe(this.outputNode(this.cells(name)[index][1]), {
+      subtree: true, childList: true, attributes: true, characterData: true,
+    });
+    w.stop = () => {
+      kernel.statusChanged.disconnect(onStatus);
+      observer.disconnect();
+    };
+    this.watching = w;
+    return true;
+  },
+  unwatch() {
+    if (this.watching) this.watching.stop();
+    this.watching = null;
+  },
+  settled(name, quietMs) {
+    // the kernel has handled a message since watch(), is idle, and neither it nor the cell's output
+    // area has changed for quietMs (plotly redraws as the update's messages arrive, then goes quiet)
+    const w = this.watching;
+    return !!w && w.busy > 0 && this.kernelStatus(name) === "idle" && performance.now() - w.last >= quietMs;
+  },
   figures(name, index) {
     const cell = this.cells(name)[index][1];
     // what the figure shows, less what plotly writes into it itself (private keys, a fresh uid per

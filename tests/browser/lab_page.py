@@ -27,6 +27,7 @@ CHROMIUM_FLAGS = [  # keep Chromium off the network and away from a GPU it does 
     "--disable-sync",
 ]
 VIEWPORT = {"width": 1440, "height": 900}
+QUIET = 0.3  # seconds with no kernel status change and no DOM change in a cell: a control's move has settled
 JS = (Path(__file__).parent / "lab_page.js").read_text()
 
 
@@ -209,7 +210,9 @@ class NotebookPage:
         return json.loads(self.js("([n, c]) => playbookTest.figures(n, c)", [self.name, cell]))
 
     def move(self, control: dict, back: bool = False) -> str:
-        """Move one control one step (the next option, the next value), or ``back`` to where it was."""
+        """Move one control one step (the next option, the next value), or ``back`` to where it was.
+        From just before the move, the page watches the control's cell (see :meth:`wait_changed`)."""
+        self.js("([n, c]) => playbookTest.watch(n, c)", [self.name, control["cell"]])
         loc = self.page.locator(f'[data-playbook-control="{control["id"]}"]')
         kind, i = control["kind"], control["selected"]
         j = i - 1 if i == control["options"] - 1 else i + 1  # the option a step away
@@ -229,18 +232,30 @@ class NotebookPage:
         return "click"
 
     def wait_changed(self, cell: int, before: list[dict], timeout: float = 10.0) -> bool:
-        """Whether the cell's figures change from ``before`` within ``timeout`` seconds; either way,
-        return once they have stopped changing and the kernel is idle (one update can take several
-        messages: a snapshot between two of them is not the result)."""
-        deadline, last, steady, changed = time.monotonic() + timeout, before, 0, False
+        """Whether the cell's figures differ from ``before`` within ``timeout`` seconds of the last
+        :meth:`move`. Waits for the move to settle: the kernel has handled the control's message and
+        is idle, and neither the kernel nor the cell's output area has changed for ``QUIET`` s (one
+        update can take several messages and redraws: a snapshot between two is not the result).
+        Only a move that changed nothing waits out the timeout, looking again every 0.2 s."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout  # the skip path runs without it
+
+        deadline, changed = time.monotonic() + timeout, False
         while True:
-            now = self.figures(cell)
-            changed = changed or now != before
-            steady = steady + 1 if now == last else 0
-            last = now
-            if (changed and steady >= 3) or time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            try:
+                self.page.wait_for_function(
+                    "([n, q]) => playbookTest.settled(n, q)",
+                    arg=[self.name, QUIET * 1000],
+                    timeout=max(left, 0.05) * 1000,
+                    polling=50,
+                )
+            except PlaywrightTimeout:
+                pass
+            changed = self.figures(cell) != before
+            if changed or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
+        self.js("() => playbookTest.unwatch()")
         self.wait_idle()
         return changed
 

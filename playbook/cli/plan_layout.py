@@ -1,0 +1,52 @@
+"""``playbook plan --layout``: cost one given layout (``theory.plan_layout``) and print it."""
+
+from __future__ import annotations
+
+import json
+
+from playbook.cli.checks import BadInput
+
+
+def one_layout(cfg, hw, args) -> int:
+    """``--layout``: cost one given layout (``theory.plan_layout``) and print it, or its JSON."""
+    from playbook.theory.plan_layout import cost_layout, parse_layout
+
+    lay = parse_layout(args.layout, global_batch=args.global_batch)
+    if lay.dp * lay.tp * lay.pp * lay.cp != args.gpus:
+        raise BadInput(
+            f"--layout uses dp·tp·pp·cp = {lay.dp * lay.tp * lay.pp * lay.cp} GPUs but --gpus is {args.gpus}; "
+            f"try --gpus {lay.dp * lay.tp * lay.pp * lay.cp}"
+        )
+    r = cost_layout(
+        cfg,
+        hw,
+        lay,
+        seq_len=args.seq_len,
+        gpus_per_node=args.gpus_per_node,
+        activations=args.activations,
+        overlap=args.overlap,
+        mem_util=args.mem_util,
+        precision=args.precision,
+        mesh_order=args.mesh_order,
+    )
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"{cfg.name}, {r['layout']} on {r['gpus']} × {args.hardware}, seq {args.seq_len}, "
+        f"{args.activations} activations, overlap {args.overlap}, {args.precision}"
+    )
+    mem = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in r["memory_bytes"].items())
+    verdict = "fits" if r["fits"] else "does NOT fit"
+    print(
+        f"  memory/GPU: {r['memory_total'] / 1e9:.1f} GB ({mem}); {verdict}, margin "
+        f"{r['margin_bytes'] / 1e9:+.1f} GB of {args.mem_util:g} × {hw.capacity_bytes / 1e9:.1f} GB"
+    )
+    step = r["step"]
+    axes = ", ".join(f"{a} {d['exposed']:.2f}" for a, d in step["axes"].items())
+    print(
+        f"  step: {step['total']:.2f} s = compute {step['compute']:.2f} + bubble {step['bubble']:.2f} "
+        f"+ exposed {step['exposed_comm']:.2f} ({axes or 'none'})"
+    )
+    print(f"  MFU {r['mfu']:.1%} of the BF16 peak; rank {r['rank']} of the {r['of']} layouts that fit")
+    return 0

@@ -1,0 +1,224 @@
+"""The hybrid mesh: data, tensor, pipeline, context and expert parallelism at once. ``playbook run hybrid``.
+
+One layout (``ParallelDims``), one runtime mesh (a process group per axis), one model and one
+training loop. ``parallelize(model, mesh, plan)`` applies the strategies in a fixed order, as
+torchtitan's ``parallelize_llama`` and Megatron-LM do:
+
+    1. tensor parallelism (+ sequence parallelism): the GPT cut into Megatron shards over ``tp``;
+    2. context parallelism: every attention core swapped for ring attention over ``cp``, RoPE at
+       this rank's global positions;
+    3. expert parallelism: every MoE layer's experts split over ``ep`` (under tp each tp rank routes
+       its slice of the sequence, ``parallel.tp.moe``; in a pipeline every stage's aux loss counts,
+       ``parallel.hybrid.moe``);
+    3b. activation recomputation (``Plan.recompute``, ``hybrid.recompute``): none, selective or
+       full on the blocks as TP, CP and EP left them, before the pipeline cuts them;
+    4. pipeline parallelism: this rank's chunk of the (already parallel) model, or its v chunks
+       (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
+       and the last stage), played by the schedule executor of ``parallel.pp.pipeline`` over ``pp``: the one
+       driver of every layout, pp = 1 a one-stage pipeline whose m micro-batches are gradient
+       accumulation (``hybrid.pipeline``);
+    5. data parallelism: every gradient summed over the mesh axes of its parameter's class, one
+       table (``hybrid.grads``), or ZeRO's sharded optimizer: dense units over ``dp×cp``, routed
+       experts over their replicas (this stage's units, ``hybrid.zero``); a tied embedding's copies on
+       the first and last stage then summed over them (``hybrid.tied``).
+
+Why this order: each step changes what the next one sees. TP changes the modules and their
+shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
+are the parameters a rank owns known, and data parallelism (or ZeRO) reduces exactly those.
+
+Every rank reads rows ``dp_i`` of the global batch (split over dp), the tokens of its cp shard,
+and computes its share of the global batch's loss: Σ of its token losses / the global token count,
+the one division (``hybrid.pipeline``). Summing the shares' gradients over the ranks that hold a parameter
+gives the gradient of the global batch's mean loss, which the single process computes on the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from playbook.dims import ParallelDims
+from playbook.measure import trace
+from playbook.model import GPT
+from playbook.parallel.hybrid.grads import reduce_gradients
+from playbook.parallel.hybrid.pipeline import pipeline_hooks
+from playbook.parallel.hybrid.recompute import apply_recompute, check_recompute
+from playbook.parallel.hybrid.tied import tie_across_stages
+from playbook.parallel.training import TrainResult, TrainSetup, train
+from playbook.theory.composition import refusal
+from playbook.theory.schedules import V_SCHEDULES, check_pipeline
+
+CP_VARIANTS = ("ring", "allgather", "ulysses")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything about a layout beyond its degrees: which variant of each strategy."""
+
+    dims: ParallelDims
+    zero: int = 0
+    sequence_parallel: bool = False
+    cp_variant: str = "ring"
+    zigzag: bool = False
+    schedule: str = "1f1b"
+    microbatches: int | None = None  # None: as many as pipeline stages
+    virtual_stages: int | None = None  # model chunks per pp rank; None: 2 for interleaved and the V shapes, else 1
+    recompute: str = "none"  # activation recomputation: none, selective, full (``hybrid.recompute``)
+
+    @property
+    def m(self) -> int:
+        return self.microbatches or (self.dims.pp if self.dims.pp > 1 else 1)
+
+    @property
+    def played_schedule(self) -> str:
+        """The schedule the driver plays: ``schedule``, or at pp = 1 1F1B of one stage (F₀ B₀ F₁ B₁ …:
+        gradient accumulation over the m micro-batches)."""
+        return self.schedule if self.dims.pp > 1 else "1f1b"
+
+    @property
+    def v(self) -> int:
+        """Chunks per pipeline rank: interleaved 1F1B's v (Narayanan et al. 2021, §2.2.2), 2 for the V
+        shapes ZB-V and DualPipe-V (rank 0 holds the first and the last stage), 1 otherwise."""
+        if self.dims.pp == 1:
+            return 1
+        return self.virtual_stages or (2 if self.schedule == "interleaved" or self.schedule in V_SCHEDULES else 1)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "dims": asdict(self.dims)}
+
+    def check(self, setup: TrainSetup) -> None:
+        """Every constraint, before any rank starts: one ``ValueError`` naming it and what would work."""
+        cfg, d = setup.config(), self.dims
+        d.check(
+            cfg,
+            seq_len=setup.seq_len,
+            global_batch=setup.global_batch,
+            zigzag=self.zigzag,
+            microbatches=self.m if self.m > 1 else None,
+        )
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.virtual_stages not in (None, 1) and d.pp == 1:
+            raise ValueError(
+                f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
+            )
+        check_recompute(self.recompute)
+        if self.cp_variant not in CP_VARIANTS:
+            raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
+        why = refusal(
+            cfg,
+            d,
+            zero=self.zero,
+            sequence_parallel=self.sequence_parallel,
+            v=self.v,
+            seq_len=setup.seq_len,
+            cp_variant=self.cp_variant,
+            recompute=self.recompute,
+            schedule=self.schedule,
+        )
+        if why:  # the one composition table (``theory.composition``), which the shrinker reads too
+            raise ValueError(why)
+        if d.pp > 1:
+            # stages need not be equal: executor and theory cut the same pieces (``theory.pipeline.stage_ranges``)
+            check_pipeline(d.pp, self.m, self.v, name=self.schedule, n_layers=cfg.n_layers)
+
+
+# ---- 1-3: parallelize the one GPT --------------------------------------------------------------
+def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = None):
+    """Apply TP (+SP), the CP attention core, EP and recomputation to ``model`` for this rank of
+    ``mesh``, in that order; returns the model to train (a new module for TP, the same one otherwise). The pipeline
+    (step 4, ``hybrid.pipeline``) and the gradient reduction (step 5, ``hybrid.grads``) belong to the
+    training loop: see ``train_hybrid``."""
+    d = mesh.dims
+    if d.tp > 1:
+        from playbook.parallel.tp.model import TPGPT
+
+        model = TPGPT(model, mesh.group("tp"), sequence_parallel=plan.sequence_parallel)
+    if d.cp > 1:
+        from playbook.parallel.cp.model import cp_attention_fn, use_attention
+
+        use_attention(
+            model, cp_attention_fn(plan.cp_variant, mesh.group("cp"), zigzag=plan.zigzag, positions=positions)
+        )
+    if d.ep > 1 or d.dp * d.cp * d.tp > 1:  # routing sees the global counts even with every expert local (ep = 1)
+        from playbook.parallel.hybrid.moe import parallelize_experts
+
+        parallelize_experts(model, mesh, plan.sequence_parallel)
+    if plan.recompute != "none":
+        apply_recompute(model, plan.recompute)
+    return model
+
+
+# ---- the reported loss --------------------------------------------------------------------------
+def global_loss(loss: torch.Tensor, mesh) -> torch.Tensor:
+    """The global batch's loss for reporting, outside the step's accounting (axis "report"): every
+    rank holds its share (Σ of its token losses / global tokens; the last stage's, and every stage's
+    aux loss), so the sum over the pipeline's stages and over dp×cp."""
+    with trace.on_axis("report"):
+        loss = loss.clone()
+        for axis in ("pp", "dp_cp"):
+            if mesh.size(axis) > 1:
+                dist.all_reduce(loss, group=mesh.group(axis))
+    return loss
+
+
+# ---- the rank function ---------------------------------------------------------------------------
+def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
+    """Train ``setup`` on this rank's share of ``plan``'s layout; return its result, its coordinates,
+    which of its tensors are tensor-parallel shards, its comm spans and (MoE) the routing."""
+    mesh = ctx.mesh_for(plan.dims)
+    d, cfg = plan.dims, setup.config()
+    positions = None
+    if d.cp > 1:
+        from playbook.theory.cp import shard_positions
+
+        positions = torch.tensor(
+            shard_positions(setup.seq_len, d.cp, mesh.coords["cp"], plan.zigzag), device=ctx.device
+        )
+    if cfg.is_moe:
+        from playbook.model import build_moe as build
+
+        model = build(cfg, setup.seed)
+    else:
+        model = GPT(cfg, seed=setup.seed)
+    model = parallelize(model.to(ctx.device), mesh, plan, positions)
+    split = {}
+    if d.tp > 1:  # which tensors are tensor-parallel shards (before ZeRO-3 takes the parameters away)
+        from playbook.parallel.tp.model import shard_dims
+
+        split = shard_dims(model)
+    task, rows = setup.task(), setup.global_batch // d.dp
+
+    def batch(step):
+        tokens, targets = task.batch(
+            step, setup.global_batch, setup.seq_len, mesh.coords["dp"], d.dp, device=ctx.device
+        )
+        if positions is not None:
+            tokens, targets = tokens[:, positions], targets[:, positions]  # [rows, s/cp]: this rank's tokens
+        return tokens, targets
+
+    hooks = dict(batch=batch, sync_loss=lambda loss: global_loss(loss, mesh), progress=ctx.progress, device=ctx.device)
+    pipeline_logs: list = []
+    # one driver for every layout: pp = 1 is a one-stage pipeline, its m micro-batches gradient accumulation
+    model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions, ctx.tracer)
+    hooks.update(sync_grads=lambda m: reduce_gradients(m, mesh, plan.sequence_parallel))
+    hooks.update(more)  # ZeRO's sync_grads, if any, replaces the all-reduces
+    if cfg.tie_embeddings:  # the two copies of the embedding summed over their embedding group
+        hooks = tie_across_stages(hooks, model, mesh, plan, cfg)
+    routing: list = []
+    if cfg.is_moe:  # the routing of every forward, for the predictions; every stage's aux loss
+        from playbook.parallel.hybrid.moe import moe_hooks
+
+        hooks = moe_hooks(hooks, plan, routing, mesh)
+    finish = hooks.pop("finish", None)
+    first = len(ctx.tracer.spans)
+    result: TrainResult = train(setup, **hooks)
+    if finish is not None:
+        result = finish(result)
+    spans = [s.as_dict() for s in ctx.tracer.spans[first:] if s.kind == "comm"]
+    out = {"rank": ctx.rank, "coords": mesh.coords, "result": result, "spans": spans, "shard_dims": split}
+    if routing:
+        out["routing"] = routing
+    return out
