@@ -152,10 +152,12 @@ def step_cost(
     precision: str = "bf16",
     mesh_order: str = MESH_ORDERS[0],
     grad_bytes: int = GRAD_BYTES,
+    placement: str = "1f1b",
 ) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring);
     ``precision="fp8"``: the linear layers at the FP8 peak, ep's dispatch in FP8 (``plan_precision``);
-    ``grad_bytes``: bytes per gradient element dp reduces (``plan_dp.GRAD_REDUCE_BYTES``)."""
+    ``grad_bytes``: bytes per gradient element dp reduces (``plan_dp.GRAD_REDUCE_BYTES``); ``placement``:
+    "1f1b", or a V schedule whose rank 0 holds the embedding and the head (the data axis's units)."""
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
     hidden = OVERLAP_PRESETS[overlap]
@@ -202,21 +204,32 @@ def step_cost(
     if dp * cp > 1:
         bw, lat, _ = link(hw, "dp", gpus_per_node, mesh_order, **degrees)
         axes["dp"] = dp_seconds(
-            cfg, bandwidth=bw, latency=lat, zero=zero, compute=compute, **degrees, microbatches=m, grad_bytes=grad_bytes
+            cfg,
+            bandwidth=bw,
+            latency=lat,
+            zero=zero,
+            compute=compute,
+            **degrees,
+            microbatches=m,
+            grad_bytes=grad_bytes,
+            placement=placement,
         )
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
 
-def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layout) -> dict[int, StepCost]:
+def step_costs(
+    cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], like: dict | None = None, **layout
+) -> dict[int, StepCost]:
     """:func:`step_cost` for every ZeRO stage in ``zeros`` at once: only the dp axis depends on the
-    stage (compute, tp, cp, ep, pp and the bubble do not), so the rest is computed once."""
-    base = step_cost(cfg, hw, zero=zeros[0], **layout)
-    out = {zeros[0]: base}
+    stage (compute, tp, cp, ep, pp and the bubble do not), so the rest is computed once. ``like``:
+    this layout's costs under another ``placement``, whose dp alone is computed again."""
+    base = like[zeros[0]] if like else step_cost(cfg, hw, zero=zeros[0], **layout)
+    out = {} if like else {zeros[0]: base}
     if "dp" not in base.axes:
-        return out
+        return {zeros[0]: base}
     degrees = {a: layout[a] for a in ("dp", "tp", "pp", "cp", "ep")}
-    for zero in zeros[1:]:
-        bw, lat, _ = link(hw, "dp", layout["gpus_per_node"], layout.get("mesh_order", MESH_ORDERS[0]), **degrees)
+    bw, lat, _ = link(hw, "dp", layout["gpus_per_node"], layout.get("mesh_order", MESH_ORDERS[0]), **degrees)
+    for zero in zeros if like else zeros[1:]:
         dp = dp_seconds(
             cfg,
             bandwidth=bw,
@@ -226,6 +239,7 @@ def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layo
             microbatches=layout["microbatches"],
             **degrees,
             grad_bytes=layout.get("grad_bytes", GRAD_BYTES),
+            placement=layout.get("placement", "1f1b"),
         )
         out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
     return out
