@@ -1,6 +1,7 @@
 """The planner's data axis: seconds of the gradient reduction and weight gathers over the dp·cp
 ranks that share weights (expert weights over their dp·cp/ep replicas; the most loaded stage's flat
-units, ``plan_bytes.dp_groups``), and how much of them overlaps compute. Used by :mod:`playbook.theory.plan_cost`; pure arithmetic, no torch.
+units, ``plan_bytes.dp_groups``), and how much of them overlaps compute. Used by
+:mod:`playbook.theory.plan_cost`; pure arithmetic, no torch.
 
 - ZeRO 0: one all-reduce, overlapped with the last micro-batch's backward except the last bucket
   (PyTorch DDP, Li et al. 2020, arXiv:2006.15704, buckets of 25 MiB);
