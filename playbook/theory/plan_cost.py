@@ -6,12 +6,15 @@ arXiv:2204.02311, Appendix B), split evenly over every GPU and run at ``peak_bf1
 achievable_flops_fraction`` of the hardware profile, slowed by the GEMMs' shapes
 (``theory.gemm_efficiency``: tile and wave quantization on the profile's SMs and the roofline, or
 ``playbook calibrate``'s measured matmul curve), so a micro-batch of 2 can beat 1. Recomputation
-adds work that MFU does not count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs the forward again (a third
-of the training FLOPs), ``selective`` only attention's two [T, T] matmuls forward.
+adds work that MFU does not count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs
+the forward again (a third of the training FLOPs), ``selective`` only attention's two [T, T]
+matmuls forward.
 
 Communication: the bytes of ``theory.plan_bytes`` (the functions the shrunk replays verify), timed
-with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's group uses: inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp,
-pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the network card otherwise. What overlaps:
+with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's group uses:
+inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp, pp as
+``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the network card otherwise. What
+overlaps:
 
 - **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
   micro-batch an all-gather and a reduce-scatter of the [s/cp, b, h] activation before and after
@@ -27,8 +30,9 @@ pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the netwo
   compute with "deepseek-ep" (which hides pp's sends the same way).
 - **pp** (Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
   micro-batch and boundary the busiest rank's chunks cross (v times as many interleaved, twice on
-  a V; ``plan_bytes.pp_sends``), point to point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
-  (compute and the exposed tp/cp/ep/pp time of the m micro-batches): (p − 1)/m for 1F1B,
+  a V; ``plan_bytes.pp_sends``), point to point and small; exposed. Bubble:
+  ``plan_schedule.bubble_fraction`` of the pipelined time (compute and the exposed tp/cp/ep/pp time
+  of the m micro-batches): (p − 1)/m for 1F1B,
   (p − 1)/(v·m) interleaved, (p − 1)/(3m) ZB-H1, simulated for ZB-V and DualPipe-V.
 - **dp**: ``theory.plan_dp`` (ZeRO 0-3; gradients reduced in bf16, or fp32 for the production stack).
 
