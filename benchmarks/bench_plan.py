@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from playbook.config import Hardware, ModelConfig
-    from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_memory, plan_schedule
+    from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_dp, plan_memory, plan_schedule
     from playbook.theory.planner import plan
 
     caches = (
@@ -45,7 +45,7 @@ def main() -> None:
         plan_memory._ours,
         plan_schedule.bubble_fraction,
     )
-    caches += (gemm_efficiency._efficiency, gemm_efficiency._factor)
+    caches += (gemm_efficiency._efficiency, gemm_efficiency._factor, plan_dp._seconds)
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     times, cpu, result = [], [], None

@@ -312,7 +312,9 @@ def test_ch08b_small_matmuls_and_the_published_runs():
     dp64, dp128, long = llama.values()
     assert all(abs(r["ratio"] - 1) < 0.05 for r in (dp64, dp128)) and 1.2 < long["ratio"] < 1.3
     cfg = ModelConfig.preset("llama-3.1-405b")
-    assert attention_flops_per_token(cfg, 131072) / flops_per_token(cfg, 131072) > 0.5
+    full, attention = flops_per_token(cfg, 131072), attention_flops_per_token(cfg, 131072)
+    assert attention / full > 0.5 and round(0.38 * full / (full - attention / 2), 2) == 0.53  # causal: half
+    assert long["predicted_mfu"] < 0.53
     assert round(H100.capacity_bytes / 1e9, 1) == 85.5 and H100.capacity_bytes == 81_559 * 2**20
     assert (
         round(dp128["margin"] / 1e9, 1) == round(long["margin"] / 1e9, 1) == 1.4

@@ -73,14 +73,18 @@ def cp_layer(cfg: ModelConfig, *, micro_batch: int, seq_len: int, cp: int, tp: i
 
 
 @functools.lru_cache(maxsize=4096)
-def dp_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) -> tuple[tuple[int, int, int], ...]:
+def dp_groups(
+    cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int, placement: str = "1f1b"
+) -> tuple[tuple[int, int, int], ...]:
     """(elements, elements padded to the group, group size) of each group whose gradients are
-    reduced, on the pipeline stage (first or last) that holds the most."""
+    reduced, on the pipeline rank (first or last) that holds the most: stages as 1F1B places them,
+    or as a V does (``placement`` "zb-v" or "dualpipe-v": rank 0 holds the embedding and the head)."""
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    v = 2 if placement in V_SHAPED else 1
     best: tuple[int, tuple] = (-1, ())
     for stage in sorted({0, pp - 1}):
         groups: dict[str, list[int]] = {}
-        for _, numel, n, axis in flat_units(cfg, dims, chunk_ranges(cfg, pp, stage)):
+        for _, numel, n, axis in flat_units(cfg, dims, chunk_ranges(cfg, pp, stage, placement, v)):
             g = groups.setdefault(axis, [0, 0, n])
             g[0], g[1] = g[0] + numel, g[1] + padded(numel, n)
         total = sum(g[0] for g in groups.values())
@@ -89,12 +93,12 @@ def dp_groups(cfg: ModelConfig, *, dp: int, tp: int, pp: int, cp: int, ep: int) 
     return best[1]
 
 
-def dp_bytes(cfg: ModelConfig, *, zero: int, grad_bytes: int, weight_bytes: int, **degrees) -> float:
+def dp_bytes(cfg: ModelConfig, *, zero: int, grad_bytes: int, weight_bytes: int, placement: str, **degrees) -> float:
     """Bytes the most loaded stage's rank sends per step on its data axes: an all-reduce of its
     gradients (ZeRO 0) or a reduce-scatter of them and an all-gather of the weights (ZeRO 1; ZeRO 2
     and 3 repeat them per micro-batch in the planner's time, as ``plan_dp`` says)."""
     out = 0.0
-    for numel, pad, n in dp_groups(cfg, **degrees):
+    for numel, pad, n in dp_groups(cfg, **degrees, placement=placement):
         if n > 1:
             if zero == 0:
                 out += sent_bytes("all_reduce", grad_bytes * numel, n)
@@ -136,7 +140,10 @@ def axis_bytes(
         out["pp"] = m * pp_sends(schedule, pp, v) * msg
     if dp * cp > 1:
         degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
-        out["dp"] = dp_bytes(cfg, zero=zero, grad_bytes=grad_bytes, weight_bytes=dtype_bytes, **degrees)
+        placement = schedule if schedule in V_SHAPED else "1f1b"
+        out["dp"] = dp_bytes(
+            cfg, zero=zero, grad_bytes=grad_bytes, weight_bytes=dtype_bytes, placement=placement, **degrees
+        )
     return out
 
 

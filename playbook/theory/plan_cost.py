@@ -6,12 +6,15 @@ arXiv:2204.02311, Appendix B), split evenly over every GPU and run at ``peak_bf1
 achievable_flops_fraction`` of the hardware profile, slowed by the GEMMs' shapes
 (``theory.gemm_efficiency``: tile and wave quantization on the profile's SMs and the roofline, or
 ``playbook calibrate``'s measured matmul curve), so a micro-batch of 2 can beat 1. Recomputation
-adds work that MFU does not count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs the forward again (a third
-of the training FLOPs), ``selective`` only attention's two [T, T] matmuls forward.
+adds work that MFU does not count (Korthikanti et al. 2022, arXiv:2205.05198, §5): ``full`` runs
+the forward again (a third of the training FLOPs), ``selective`` only attention's two [T, T]
+matmuls forward.
 
 Communication: the bytes of ``theory.plan_bytes`` (the functions the shrunk replays verify), timed
-with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's group uses: inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp,
-pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the network card otherwise. What overlaps:
+with ``playbook.theory.comm.collective_seconds`` (α–β, ring) on the link the axis's group uses:
+inside a node while the group's ranks fit in one (rank order tp fastest, then cp, dp, pp as
+``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the network card otherwise. What
+overlaps:
 
 - **tp** (Megatron with sequence parallelism, Korthikanti et al. §4.2.2): per layer and
   micro-batch an all-gather and a reduce-scatter of the [s/cp, b, h] activation before and after
@@ -27,8 +30,9 @@ pp as ``playbook.dims``, or Llama 3's tp, cp, pp, dp: ``mesh_order``), the netwo
   compute with "deepseek-ep" (which hides pp's sends the same way).
 - **pp** (Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
   micro-batch and boundary the busiest rank's chunks cross (v times as many interleaved, twice on
-  a V; ``plan_bytes.pp_sends``), point to point and small; exposed. Bubble: ``plan_schedule.bubble_fraction`` of the pipelined time
-  (compute and the exposed tp/cp/ep/pp time of the m micro-batches): (p − 1)/m for 1F1B,
+  a V; ``plan_bytes.pp_sends``), point to point and small; exposed. Bubble:
+  ``plan_schedule.bubble_fraction`` of the pipelined time (compute and the exposed tp/cp/ep/pp time
+  of the m micro-batches): (p − 1)/m for 1F1B,
   (p − 1)/(v·m) interleaved, (p − 1)/(3m) ZB-H1, simulated for ZB-V and DualPipe-V.
 - **dp**: ``theory.plan_dp`` (ZeRO 0-3; gradients reduced in bf16, or fp32 for the production stack).
 
@@ -152,10 +156,12 @@ def step_cost(
     precision: str = "bf16",
     mesh_order: str = MESH_ORDERS[0],
     grad_bytes: int = GRAD_BYTES,
+    placement: str = "1f1b",
 ) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring);
     ``precision="fp8"``: the linear layers at the FP8 peak, ep's dispatch in FP8 (``plan_precision``);
-    ``grad_bytes``: bytes per gradient element dp reduces (``plan_dp.GRAD_REDUCE_BYTES``)."""
+    ``grad_bytes``: bytes per gradient element dp reduces (``plan_dp.GRAD_REDUCE_BYTES``); ``placement``:
+    "1f1b", or a V schedule whose rank 0 holds the embedding and the head (the data axis's units)."""
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
     hidden = OVERLAP_PRESETS[overlap]
@@ -202,21 +208,32 @@ def step_cost(
     if dp * cp > 1:
         bw, lat, _ = link(hw, "dp", gpus_per_node, mesh_order, **degrees)
         axes["dp"] = dp_seconds(
-            cfg, bandwidth=bw, latency=lat, zero=zero, compute=compute, **degrees, microbatches=m, grad_bytes=grad_bytes
+            cfg,
+            bandwidth=bw,
+            latency=lat,
+            zero=zero,
+            compute=compute,
+            **degrees,
+            microbatches=m,
+            grad_bytes=grad_bytes,
+            placement=placement,
         )
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
 
-def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layout) -> dict[int, StepCost]:
+def step_costs(
+    cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], like: dict | None = None, **layout
+) -> dict[int, StepCost]:
     """:func:`step_cost` for every ZeRO stage in ``zeros`` at once: only the dp axis depends on the
-    stage (compute, tp, cp, ep, pp and the bubble do not), so the rest is computed once."""
-    base = step_cost(cfg, hw, zero=zeros[0], **layout)
-    out = {zeros[0]: base}
+    stage (compute, tp, cp, ep, pp and the bubble do not), so the rest is computed once. ``like``:
+    this layout's costs under another ``placement``, whose dp alone is computed again."""
+    base = like[zeros[0]] if like else step_cost(cfg, hw, zero=zeros[0], **layout)
+    out = {} if like else {zeros[0]: base}
     if "dp" not in base.axes:
-        return out
+        return {zeros[0]: base}
     degrees = {a: layout[a] for a in ("dp", "tp", "pp", "cp", "ep")}
-    for zero in zeros[1:]:
-        bw, lat, _ = link(hw, "dp", layout["gpus_per_node"], layout.get("mesh_order", MESH_ORDERS[0]), **degrees)
+    bw, lat, _ = link(hw, "dp", layout["gpus_per_node"], layout.get("mesh_order", MESH_ORDERS[0]), **degrees)
+    for zero in zeros if like else zeros[1:]:
         dp = dp_seconds(
             cfg,
             bandwidth=bw,
@@ -226,6 +243,7 @@ def step_costs(cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], **layo
             microbatches=layout["microbatches"],
             **degrees,
             grad_bytes=layout.get("grad_bytes", GRAD_BYTES),
+            placement=layout.get("placement", "1f1b"),
         )
         out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
     return out

@@ -1,6 +1,7 @@
 """The planner's data axis: seconds of the gradient reduction and weight gathers over the dp·cp
 ranks that share weights (expert weights over their dp·cp/ep replicas; the most loaded stage's flat
-units, ``plan_bytes.dp_groups``), and how much of them overlaps compute. Used by :mod:`playbook.theory.plan_cost`; pure arithmetic, no torch.
+units, ``plan_bytes.dp_groups``), and how much of them overlaps compute. Used by
+:mod:`playbook.theory.plan_cost`; pure arithmetic, no torch.
 
 - ZeRO 0: one all-reduce, overlapped with the last micro-batch's backward except the last bucket
   (PyTorch DDP, Li et al. 2020, arXiv:2006.15704, buckets of 25 MiB);
@@ -19,6 +20,8 @@ in FP32", Dubey et al. 2024, arXiv:2407.21783, §3.3.2): ``GRAD_REDUCE_BYTES``.
 
 from __future__ import annotations
 
+import functools
+
 from playbook.config import ModelConfig
 from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import BACKWARD_SHARE
@@ -27,6 +30,12 @@ from playbook.theory.plan_bytes import dp_groups
 BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb=25 (MiB)
 GRAD_BYTES = 2  # bf16 activations, weights and (our GPT's) gradients on the wire (precision="mixed")
 GRAD_REDUCE_BYTES = {"ours": 2, "production": 4}  # gradient bytes reduced per element, by activation model
+
+
+@functools.lru_cache(maxsize=65536)
+def _seconds(op: str, size: float, n: int, bandwidth: float, latency: float) -> float:
+    """``collective_seconds``, remembered: a search asks for the same few sizes per structure."""
+    return collective_seconds(op, size, n, bandwidth, latency)
 
 
 def overlapped(comm: float, window: float, floor: float) -> float:
@@ -48,17 +57,19 @@ def dp_seconds(
     compute: float,
     microbatches: int,
     grad_bytes: int = GRAD_BYTES,
+    placement: str = "1f1b",
 ) -> tuple[float, float]:
-    """(communication, exposed) seconds of the data axis in one step (module docstring)."""
+    """(communication, exposed) seconds of the data axis in one step (module docstring); ``placement``:
+    the schedule whose placement of the stages sets the most loaded rank (``plan_bytes.dp_groups``)."""
     m = microbatches
     comm = exposed = 0.0
-    for numel, pad, n in dp_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep):
+    for numel, pad, n in dp_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, placement=placement):
         if n == 1:
             continue
         w, g = pad * GRAD_BYTES, (numel if zero == 0 else pad) * grad_bytes  # weights gathered, gradients reduced
 
         def t(op, size):
-            return collective_seconds(op, size, n, bandwidth, latency)
+            return _seconds(op, size, n, bandwidth, latency)
 
         last_w, last_g = min(BUCKET_BYTES, w), min(BUCKET_BYTES, g)
         window = BACKWARD_SHARE * compute / m  # one micro-batch's backward

@@ -28,7 +28,9 @@ reading). Ranked among every layout the planner searches but the zero-bubble sch
 Left out, plainly: attention's kernel efficiency by shape (at 128K it is over half the FLOPs), the
 allocator and communication buffers (the 10 % the planner keeps free), stragglers, the optimizer
 step, data loading; and the schedules' exact orders beyond Megatron-LM's (Llama 3's own schedule
-sets how many micro-batches run per chunk, its Figure 6; not published for the 405B run).
+sets how many micro-batches run per chunk, its Figure 6; not published for the 405B run); and how
+Llama 3 counts attention's FLOPs (not stated: PaLM's both [T, T] products, or a causal kernel's half,
+which at 128K changes the published MFU in PaLM's count by 1.4×).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from playbook.theory.plan_advice import batch_advice, nothing_fits, nothing_plan
 from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
 from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
-from playbook.theory.plan_schedule import PLAN_SCHEDULES, check_schedules
+from playbook.theory.plan_schedule import PLAN_SCHEDULES, V_SHAPED, check_schedules
 from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan: the planner's public types)
     MAX_MICRO_BATCH,
     Candidate,
@@ -124,17 +124,20 @@ def plan(
                 out.smallest = (need, str(least))
             continue
         zeros = tuple(sorted({v.zero for v in variants}))
-        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute) -> 1F1B cost per ZeRO stage
+        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute, placement) -> 1F1B cost per ZeRO stage
         for v in variants:
-            if (v.micro_batch, v.recompute) not in by_zero:
-                by_zero[v.micro_batch, v.recompute] = step_costs(
+            if (v.micro_batch, v.recompute, _placement(v)) not in by_zero:
+                plain = by_zero.get((v.micro_batch, v.recompute, "1f1b"))  # a V changes only dp's units
+                by_zero[v.micro_batch, v.recompute, _placement(v)] = step_costs(
                     cfg,
                     hw,
                     zeros=zeros,
+                    like=plain,
                     **v.degrees,
                     micro_batch=v.micro_batch,
                     microbatches=v.microbatches,
                     recompute=v.recompute,
+                    placement=_placement(v),
                     **timing,
                     **common,
                 )
@@ -142,7 +145,7 @@ def plan(
             (
                 (
                     with_schedule(
-                        by_zero[v.micro_batch, v.recompute][v.zero],
+                        by_zero[v.micro_batch, v.recompute, _placement(v)][v.zero],
                         pp=dims.pp,
                         microbatches=v.microbatches,
                         schedule=v.schedule,
@@ -179,3 +182,8 @@ def plan(
         )
     out.candidates.sort(key=lambda c: (c.cost.total, c.memory))
     return out
+
+
+def _placement(lay: Layout) -> str:
+    """The stage placement that sets the data axis's most loaded rank (``plan_bytes.dp_groups``)."""
+    return lay.schedule if lay.schedule in V_SHAPED else "1f1b"
