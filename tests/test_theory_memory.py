@@ -635,7 +635,7 @@ def test_chapter0_pipeline_cuts_weights_not_peak_activations(pp):
 def test_every_view_reads_the_one_inventory(recompute, attention):
     """Tensor parallelism at tp=1 and the rank's view at tp=cp=1 are the plain block tensor for tensor
     (``theory.inventory``: one list, viewed per recomputation mode), and context parallelism's ring
-    core under "selective" keeps RoPE's tables and the core's inputs, as ``parallel.hybrid_recompute``
+    core under "selective" keeps RoPE's tables and the core's inputs, as ``parallel.hybrid.recompute``
     checkpoints it."""
     from playbook.dims import ParallelDims
     from playbook.theory.activations import block_activation_breakdown

@@ -1,8 +1,7 @@
-"""What activation recomputation changes in a hybrid layout that context parallelism is part of.
+"""What activation recomputation sends again in a hybrid layout, and the one input it adds under CP.
 
-Without CP, one block's count under recomputation is tensor parallelism's or the plain block's
-(``theory.tp``, ``theory.activations``, both exact for "selective" and "full"). With CP the rank
-runs a different attention core (``theory.cp``), and ``parallel.hybrid.recompute`` checkpoints it:
+What a block saves under each mode is a view of ``theory.inventory`` (each tensor tagged with the
+modes that keep it); ``parallel.hybrid.recompute`` checkpoints what the rank runs:
 
 - "selective" (Korthikanti et al. 2022, arXiv:2205.05198, §4): the core's own saved tensors (the
   ring's output and log-sum-exp, the all-gather core's repeated K/V, mask and probabilities, or
@@ -27,48 +26,10 @@ from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
 
 FP32, INDEX_BYTES = 4, 8
-# a block's saved tensors outside its attention core, by the names ``theory.tp`` and ``theory.cp`` give them
-OUTSIDE_CORE = (
-    "attn norm",
-    "attn region",
-    "attention output",
-    "mlp norm",
-    "mlp region",
-    "gate_proj",
-    "silu",
-    "up_proj",
-)
 
 
 def _local_heads(cfg: ModelConfig, tp: int) -> ModelConfig:
     return cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head)
-
-
-def cp_block_bytes(
-    cfg: ModelConfig,
-    dims: ParallelDims,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    recompute: str,
-    none_bytes: int,
-    sequence_parallel: bool = False,
-    variant: str = "ring",
-) -> int:
-    """Bytes one block saves on a rank with cp > 1 under ``recompute``, from ``none_bytes`` (the
-    same block without recomputation, ``theory.stages._block_activations``)."""
-    from playbook.theory.cp import cp_block_activation_breakdown
-
-    b, s, h = micro_batch, seq_len // dims.cp, cfg.hidden
-    if recompute == "none":
-        return none_bytes
-    if recompute == "full":
-        return FP32 * b * (s // (dims.tp if sequence_parallel else 1)) * h  # the block's input
-    local = _local_heads(cfg, dims.tp)
-    parts = cp_block_activation_breakdown(local, seq_len=seq_len, micro_batch=b, cp=dims.cp, variant=variant)
-    core = sum(v for k, v in parts.items() if not k.startswith((*OUTSIDE_CORE, "RoPE")))
-    inputs = FP32 * b * s * (local.n_heads + 2 * local.kv_heads) * local.dim_head  # q, k, v into the checkpoint
-    return none_bytes - core + inputs
 
 
 def positions_bytes(dims: ParallelDims, seq_len: int, recompute: str) -> int:

@@ -183,7 +183,7 @@ def ours_block(
 def ours_ends(cfg: ModelConfig, x: Local, *, tp: int | None = None) -> tuple[dict, dict]:
     """({first stage's tensors}, {last stage's}) outside the blocks for one micro-batch of s tokens:
     the int64 token ids; the final norm, log-probabilities (b·s·V), int64 targets and nll_loss's 0-d
-    total_weight. With ``tp`` (1 included) our vocabulary-parallel embedding and loss (``parallel.tp``): the
+    total_weight. With ``tp`` (1 included) our vocabulary-parallel embedding and loss (``parallel.tp.model``): the
     local ids and their "owned by another rank" mask, the final norm on sn tokens and the head's
     input, the loss's fp32 softmax over this rank's V/t columns, the targets."""
     b, s, sn, h, B, V = x.b, x.s, x.sn, x.h, x.B, cfg.vocab_size

@@ -10,7 +10,7 @@ equal or not (``theory.schedules.equal_partition``). Each piece's parameters on 
 arXiv:2201.05596, §5): the matrices of attention, of a dense MLP, the embedding and the head split
 1/tp; the RMSNorm weights whole; in an MoE block the router and shared experts whole (each tp rank
 routes its own slice of the tokens) and E/ep routed experts, each a unit of its own (ZeRO leaves
-an expert no token reached to AdamW alone, ``parallel.zero``). No torch.
+an expert no token reached to AdamW alone, ``parallel.zero.zero``). No torch.
 """
 
 from __future__ import annotations
