@@ -36,7 +36,8 @@ def main() -> None:
 
     from playbook.cluster import Ranks
     from playbook.parallel import TrainSetup
-    from playbook.parallel.dp.run import on_rank, scaling_on_rank, scaling_table
+    from playbook.parallel.dp.run import on_rank
+    from playbook.parallel.dp.scaling import scaling_on_rank, scaling_table
 
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
     n = args.world_size

@@ -370,7 +370,7 @@ def test_scaling_figure_leaves_out_what_a_variant_cannot_do():
 
 
 def test_dashboard_step_slider_changes_the_figure_and_errors_are_shown():
-    from playbook.viz.cp import cp_dashboard
+    from playbook.viz.cp_dashboard import cp_dashboard
 
     box = cp_dashboard(model="llama-3.1-8b", seq_len=4096, n=4, zigzag=True)
     before = _cells_by_trace(box.figure)

@@ -11,10 +11,13 @@ from playbook.parallel import TrainSetup, compare, train
 from playbook.measure.collectives import measured_comm
 from playbook.parallel.dp.ddp import micro_batch
 from playbook.parallel.parity import assert_parity
-from playbook.parallel.dp.run import DPResult, on_rank, parity, rel_l2_diff, run_dp, scaling_on_rank, scaling_table
+from playbook.parallel.dp.run import on_rank, parity, rel_l2_diff, run_dp
+from playbook.parallel.dp.scaling import scaling_on_rank, scaling_table
+from playbook.parallel.dp.train import DPResult
 from playbook.theory.dp import predicted_comm
 from playbook.theory.buckets import bucket_cap_bytes, bucket_plan, parameter_shapes
-from playbook.viz.dp import bucket_plan_figure, compare_timelines, dp_dashboard, gantt, scaling_figure
+from playbook.viz.dp import bucket_plan_figure, compare_timelines, gantt, scaling_figure
+from playbook.viz.dp_dashboard import dp_dashboard
 
 SETUP = TrainSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=32)
 CAP_MB = 0.1

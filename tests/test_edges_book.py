@@ -87,7 +87,7 @@ def test_every_chapter_passes_the_sanitizer_unchanged():
 
     from playbook.book.sanitize import clean
     from playbook.config import Hardware, ModelConfig
-    from playbook.viz.cp import cp_summary
+    from playbook.viz.cp_dashboard import cp_summary
 
     root = Path(__file__).resolve().parent.parent
     raw = HTMLExporter(template_name="lab")

@@ -7,7 +7,8 @@ import torch
 
 from playbook.config import ModelConfig
 from playbook.data import SyntheticTask
-from playbook.model import GPT, causal_attention
+from playbook.attention import causal_attention
+from playbook.model import GPT
 
 RANDOM_CONFIGS = [
     dict(vocab_size=50, hidden=48, n_layers=3, n_heads=6, n_kv_heads=3, ffn_hidden=100, max_seq_len=16),

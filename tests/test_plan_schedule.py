@@ -7,7 +7,8 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import step_cost, with_schedule
 from playbook.theory.plan_schedule import bubble_fraction, check_schedules, chunk_layers, layers_held, schedule_options
 from playbook.theory.prod_activations import in_flight
-from playbook.theory.schedules import make_schedule, simulate
+from playbook.theory.schedule_simulator import simulate
+from playbook.theory.schedules import make_schedule
 
 
 def test_bubbles_from_the_papers():

@@ -17,7 +17,8 @@ from playbook.parallel.parity import assert_parity
 from playbook.parallel.report import compare
 from playbook.parallel.training import train
 from playbook.theory.pipeline import chunk_activation_bytes, chunk_w_bytes, predicted_memory
-from playbook.theory.schedules import held_bytes, make_schedule
+from playbook.theory.schedule_simulator import held_bytes
+from playbook.theory.schedules import make_schedule
 
 TINY = PipelineSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=16)  # 2 layers: 4 pieces
 DEEP = PipelineSetup(model="gpt-tiny", steps=3, global_batch=8, seq_len=16, n_layers=6)  # 8 pieces: 4 ranks × 2 chunks
@@ -196,7 +197,7 @@ def test_bubble_prediction_replays_the_measured_busy_time(name, ranks2):
     the steps compared, and the two bubbles differ only by waiting. By hand: rank r's busy time is
     Σ over its stages of m·(f + b + w), and m·mean = the sum of that stage's slots in one step, on average."""
     from playbook.measure.pipeline import measured_costs
-    from playbook.theory.schedules import simulate
+    from playbook.theory.schedule_simulator import simulate
 
     schedule = make_schedule(name, 2, 4)
     results = ranks2.run(on_rank, TINY, schedule=name, m=4, v=1, progress=False)

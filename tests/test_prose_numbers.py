@@ -7,6 +7,7 @@ import pytest
 
 from playbook import Hardware, ModelConfig
 from playbook.theory import serving
+from playbook.theory import serving_layouts
 from playbook.theory.memory import training_memory
 
 H100 = Hardware.preset("h100-sxm")
@@ -21,7 +22,7 @@ def _layouts(cfg, hw, latency=None):
     for tp in (1, 2, 4, 8):
         lat = {} if latency is None else {"latency": serving.flat_allreduce_latency(tp)}
         try:
-            r = serving.serving_layout(cfg, hw, tp=tp, dp=8 // tp, context=8192, **lat)
+            r = serving_layouts.serving_layout(cfg, hw, tp=tp, dp=8 // tp, context=8192, **lat)
         except ValueError:
             continue
         rows[r["layout"]] = r
@@ -68,7 +69,7 @@ def test_ch07_decode_table_and_the_kv_intensity():
 
 def test_ch07_the_layouts_on_8_h100s():
     rows = _layouts(LLAMA70, H100)
-    best, why = serving.recommend(list(rows.values()))
+    best, why = serving_layouts.recommend(list(rows.values()))
     assert best["layout"] == "tp8×dp1" and "lowest latency" in why
     assert round(best["tokens_per_s"]) == 4079 and best["seqs"] == 162
     assert [round(rows[k]["tpot_batch1"] * 1e3, 1) for k in ("tp8×dp1", "tp4×dp2", "tp2×dp4")] == [17.9, 18.2, 28.4]
@@ -110,7 +111,7 @@ def test_ch09_the_oom_lab_counts_eager_attention_and_flash_fits_with_zero_1():
 def test_ch08_tp_innermost_bytes_and_seconds():
     from playbook.dims import ParallelDims
     from playbook.theory.hybrid import comm_per_axis
-    from playbook.viz.mesh import axis_seconds
+    from playbook.viz.mesh_layout import axis_seconds
 
     big = ParallelDims(dp=4, tp=8, pp=4)
     sent = comm_per_axis(LLAMA70, big, rank=0, global_batch=32, seq_len=4096, microbatches=8)
@@ -251,14 +252,18 @@ def test_ch07_prefix_caching_by_layout():
 def test_ch07_question_3_by_size_flips_latency_not_throughput():
     """Chapter 7 §3 and question 3: with the all-reduce priced by size (theory.allreduce_algo)."""
     b200 = Hardware.preset("b200")
-    by = {r["layout"]: r for r in serving.compare_layouts(LLAMA8, b200, gpus=8, context=8192, latency=serving.BY_SIZE)}
+    by = {
+        r["layout"]: r
+        for r in serving_layouts.compare_layouts(LLAMA8, b200, gpus=8, context=8192, latency=serving.BY_SIZE)
+    }
     assert round(by["tp4×dp2"]["tokens_per_s"], -2) == 43_600 < round(by["tp2×dp4"]["tokens_per_s"], -2) == 43_900
     assert [round(by[k]["tpot_batch1"] * 1e3, 1) for k in ("tp4×dp2", "tp2×dp4")] == [1.3, 2.0]
     big = {
-        r["layout"]: r for r in serving.compare_layouts(LLAMA70, H100, gpus=8, context=8192, latency=serving.BY_SIZE)
+        r["layout"]: r
+        for r in serving_layouts.compare_layouts(LLAMA70, H100, gpus=8, context=8192, latency=serving.BY_SIZE)
     }
     assert [round(big[k]["tp_comm_per_token"] * 1e3, 1) for k in ("tp4×dp2", "tp8×dp1")] == [2.5, 4.9]
-    assert serving.recommend(list(big.values()))[0]["layout"] == "tp8×dp1"  # "the ranking above stays"
+    assert serving_layouts.recommend(list(big.values()))[0]["layout"] == "tp8×dp1"  # "the ranking above stays"
     assert big["tp4×dp2"]["tokens_per_s"] > big["tp2×dp4"]["tokens_per_s"]
 
 

@@ -5,23 +5,10 @@ import sys
 
 import pytest
 
-from playbook.theory.schedules import (
-    SCHEDULES,
-    VARIANTS,
-    Action,
-    Costs,
-    Deadlock,
-    Schedule,
-    balanced_partition,
-    closed_form,
-    equal_partition,
-    held_bytes,
-    in_flight,
-    make_schedule,
-    simulate,
-    validate,
-    with_communication,
-)
+from playbook.theory.layer_partition import balanced_partition, equal_partition
+from playbook.theory.schedule_simulator import Costs, Deadlock, held_bytes, in_flight, simulate
+from playbook.theory.schedule_types import Action, Schedule
+from playbook.theory.schedules import SCHEDULES, VARIANTS, closed_form, make_schedule, validate, with_communication
 
 GRID = [
     (name, p, m, v)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from playbook.theory.schedules import Costs, held_bytes, make_schedule, simulate
+from playbook.theory.schedule_simulator import Costs, held_bytes, simulate
+from playbook.theory.schedules import make_schedule
 from playbook.theory.schedules_dual import dualpipe_memory, make_dualpipe, readme_bubble, readme_rows
 
 

@@ -3,7 +3,8 @@
 import pytest
 
 from playbook.parallel.pp.native import native_orders
-from playbook.theory.schedules import Costs, check_pipeline, closed_form, in_flight, make_schedule, simulate, validate
+from playbook.theory.schedule_simulator import Costs, in_flight, simulate
+from playbook.theory.schedules import check_pipeline, closed_form, make_schedule, validate
 from playbook.theory.schedules_v import v_orders
 
 V_GRID = [

@@ -8,7 +8,8 @@ import torch
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.model import GPT
-from playbook.parallel.serve import greedy_on_rank, run_serve, serve_on_rank
+from playbook.parallel.serve import run_serve
+from playbook.parallel.serve_ranks import greedy_on_rank, serve_on_rank
 from playbook.parallel.training import TrainSetup
 from playbook.serve.batching import ContinuousBatcher, make_requests
 from playbook.serve.generate import greedy, greedy_without_cache

@@ -9,7 +9,7 @@ import torch
 from playbook.config import Hardware, ModelConfig
 from playbook.dims import ParallelDims
 from playbook.model import GPT
-from playbook.parallel.serve import serve_on_rank
+from playbook.parallel.serve_ranks import serve_on_rank
 from playbook.serve.batching import ContinuousBatcher, Request
 from playbook.serve.generate import greedy_without_cache
 from playbook.serve.latency import latency_report, percentile, stall_at_scale

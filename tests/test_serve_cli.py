@@ -6,7 +6,7 @@ import pytest
 
 from playbook.cli import main
 from playbook.config import Hardware, ModelConfig
-from playbook.theory.serving import serving_layout
+from playbook.theory.serving_layouts import serving_layout
 
 
 def test_serve_plan_json_has_every_fitting_layout_and_a_recommendation(capsys):

@@ -10,7 +10,7 @@ import torch
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.model import GPT
-from playbook.parallel.serve import serve_on_rank
+from playbook.parallel.serve_ranks import serve_on_rank
 from playbook.serve.batching import ContinuousBatcher, Request
 from playbook.serve.generate import greedy_without_cache
 from playbook.serve.prefix import PrefixKVCache

@@ -6,7 +6,7 @@ import pytest
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory import serving as s
-from playbook.viz.mesh import serving_rows
+from playbook.theory import serving_layouts
 
 LLAMA70 = ModelConfig.preset("llama-3.1-70b")  # 80 layers, 8 KV heads of 128, 70,553,706,496 parameters
 H100 = Hardware.preset("h100-sxm")  # 80 GB, 989.4 TFLOP/s, 3.35 TB/s, NVLink 450 GB/s
@@ -41,14 +41,6 @@ def test_kv_capacity_70b_on_h100_by_hand():
     assert cap["blocks"] == 28_017 == math.floor(budget / block)
     assert cap["tokens"] == 28_017 * 16 and cap["blocks_per_seq"] == 512 and cap["max_seqs"] == 54
     assert s.kv_capacity(LLAMA70, H100, context=8192, tp=4, block_size=1)["tokens"] == math.floor(budget / 81_920)
-
-
-def test_capacity_agrees_with_the_chapter_8_rows_at_full_memory():
-    rows = serving_rows(LLAMA70, H100, [(4, 2), (2, 4)])
-    for row in rows:
-        cap = s.kv_capacity(LLAMA70, H100, context=1, tp=row["tp"], mem_util=1.0, block_size=1)
-        assert cap["tokens"] == math.floor(row["tokens_per_replica"])
-        assert 2 * 80 * s.sent_bytes("all_reduce", 8192 * 2, row["tp"]) == row["tp_bytes_per_token"]
 
 
 def test_weights_that_do_not_fit_name_a_tp_that_does():
@@ -88,7 +80,7 @@ def test_critical_batch_is_where_decode_turns_compute_bound():
 
 
 def test_article_2_tp4_dp2_vs_tp2_dp4():
-    rows = {r["layout"]: r for r in s.compare_layouts(LLAMA70, H100, gpus=8, context=8192)}
+    rows = {r["layout"]: r for r in serving_layouts.compare_layouts(LLAMA70, H100, gpus=8, context=8192)}
     assert set(rows) == {"tp2×dp4", "tp4×dp2", "tp8×dp1"}  # tp1 does not hold 141 GB of weights
     tp4, tp2 = rows["tp4×dp2"], rows["tp2×dp4"]
     assert tp2["seqs_per_replica"] == 1 and tp2["seqs"] == 4  # 70.6 GB of weights leave 1.4 GB of cache
@@ -97,13 +89,13 @@ def test_article_2_tp4_dp2_vs_tp2_dp4():
     assert tp4["tpot_batch1"] < tp2["tpot_batch1"]  # ...but each GPU reads half the weights
     assert tp4["tokens_per_s"] > 10 * tp2["tokens_per_s"]
     assert tp4["tokens_per_s"] == pytest.approx(2 * 54 / tp4["tpot"])
-    best, why = s.recommend(list(rows.values()))
+    best, why = serving_layouts.recommend(list(rows.values()))
     assert best["layout"] == "tp8×dp1" and "tokens/s" in why
 
 
 def test_pipeline_stages_add_latency_not_throughput_per_micro_batch():
-    one = s.serving_layout(LLAMA70, H100, tp=4, dp=1, context=4096, batch=8)
-    two = s.serving_layout(LLAMA70, H100, tp=2, dp=1, pp=2, context=4096, batch=8)
+    one = serving_layouts.serving_layout(LLAMA70, H100, tp=4, dp=1, context=4096, batch=8)
+    two = serving_layouts.serving_layout(LLAMA70, H100, tp=2, dp=1, pp=2, context=4096, batch=8)
     assert two["weights_per_gpu"] == one["weights_per_gpu"]
     d = s.decode(LLAMA70, H100, context=4096, batch=4, tp=2, pp=2)
     assert d.seconds == pytest.approx(2 * max(d.compute, d.memory) + d.comm)

@@ -484,7 +484,7 @@ def test_shard_diagram_one_trace_per_rank_and_the_replicated_norms():
 
 
 def test_dashboard_follows_its_controls():
-    from playbook.viz.tp import tp_dashboard
+    from playbook.viz.tp_dashboard import tp_dashboard
 
     d = tp_dashboard(model="gpt-small", tp=4, sequence_parallel=False, seq_len=128)
     bars = lambda: d.figures["memory"].data[-1].y  # noqa: E731  activations per valid t

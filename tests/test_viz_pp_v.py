@@ -3,7 +3,8 @@ bubble against m, and the static form of the pipeline explorer."""
 
 from __future__ import annotations
 
-from playbook.theory.schedules import make_schedule, simulate
+from playbook.theory.schedule_simulator import simulate
+from playbook.theory.schedules import make_schedule
 from playbook.viz.pp import bubble_vs_m
 
 

@@ -1,6 +1,7 @@
 """The serving chapter's figures, read back from their data."""
 
-from playbook.viz.serving import block_table, kv_growth, layouts, roofline, stacked_memory, table
+from playbook.viz.serving import block_table, kv_growth, layouts, roofline, stacked_memory
+from playbook.viz.table import table
 
 
 def test_stacked_memory_and_kv_growth_scale_bytes_to_gb():

@@ -9,7 +9,7 @@ text. What the chapters use, and why each needs raw HTML:
   with their column alignment, code blocks highlighted by pygments, emphasis, links, images);
 - ``<details><summary>`` in Markdown: every chapter's exercises hide their answers this way;
 - ``<b>``, ``<br>`` and ``<span style="color:…">`` in outputs: the context-parallel summary
-  (:func:`playbook.viz.cp.cp_summary`) is HTML with a coloured verdict.
+  (:func:`playbook.viz.cp_dashboard.cp_summary`) is HTML with a coloured verdict.
 
 No script, event handler, ``style`` element, form, frame or ``javascript:`` link survives; CSS in a
 ``style`` attribute keeps only colour, weight and alignment. The book's own HTML (figure ``<div>``s

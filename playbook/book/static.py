@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from playbook.book.grid import grid_figure, nearest, once
 from playbook.book.static_parallel import static_cp, static_routing, static_tp
 from playbook.config import Hardware, ModelConfig
-from playbook.viz.figures import memory_bars
+from playbook.viz.memory_figures import memory_bars
 from playbook.viz.widgets import _count, memory_budgets
 
 MEMORY_MODELS = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"]
@@ -108,10 +108,11 @@ def static_dp(
     grad_dtype: str = "bf16",
     measured=None,
 ) -> go.Figure:
-    """Chapter 1's DP dashboard (:func:`~playbook.viz.dp.dp_dashboard`): one rank's predicted step,
+    """Chapter 1's DP dashboard (:func:`~playbook.viz.dp_dashboard.dp_dashboard`): one rank's predicted step,
     all-reduces after backward vs overlapped in buckets, over model × ranks × bucket size."""
     from playbook.theory.buckets import bucket_cap_bytes
-    from playbook.viz.dp import dense_presets, predict_both, predicted_timelines
+    from playbook.viz.dp import predict_both, predicted_timelines
+    from playbook.viz.widgets import dense_presets
 
     models = [m for m in ("gpt-small", "llama-3.1-8b", "llama-3.1-70b") if m in dense_presets()]
     models = models if model in models else [*models, model]
@@ -151,7 +152,8 @@ def static_pipeline(
     """Chapter 4's explorer (:func:`~playbook.viz.pp.pipeline_explorer`): the simulated schedule's
     Gantt chart over schedule × p × m (v chunks per rank for the interleaved one, two for the V
     schedules; a setting a schedule refuses, DualPipe-V's m < 2p, says why in its title)."""
-    from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, make_schedule, simulate
+    from playbook.theory.schedule_simulator import simulate
+    from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, make_schedule
     from playbook.viz.pp import gantt
 
     ps, ms = sorted({2, 4, 8, p}), sorted({1, 2, 4, 8, 16, m})

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 from playbook.book.grid import grid_figure, once
 from playbook.config import Hardware, ModelConfig
-from playbook.viz.figures import memory_bars
+from playbook.viz.memory_figures import memory_bars
 
 
 @once
@@ -22,11 +22,12 @@ def static_tp(
     hardware: str = "h100-sxm",
     efficiency: float = 0.5,
 ) -> go.Figure:
-    """Chapter 3's TP dashboard (:func:`~playbook.viz.tp.tp_dashboard`), its memory figure: weights
+    """Chapter 3's TP dashboard (:func:`~playbook.viz.tp_dashboard.tp_dashboard`), its memory figure: weights
     and activations per rank for every valid t, over model × sequence parallelism × seq_len."""
-    from playbook.viz.tp import _dense_presets, tp_numbers
+    from playbook.viz.tp_dashboard import tp_numbers
+    from playbook.viz.widgets import dense_presets
 
-    models = [m for m in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b") if m in _dense_presets()]
+    models = [m for m in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b") if m in dense_presets()]
     models = models if model in models else [*models, model]
     seqs = sorted({1024, 4096, 16384, 65536, seq_len})
     hw = Hardware.preset(hardware)
@@ -80,7 +81,7 @@ def static_cp(
     zigzag: bool = False,
     hardware: str = "h100-sxm",
 ) -> go.Figure:
-    """Chapter 5's CP dashboard (:func:`~playbook.viz.cp.cp_dashboard`): which rank computes which
+    """Chapter 5's CP dashboard (:func:`~playbook.viz.cp_dashboard.cp_dashboard`): which rank computes which
     block of the attention scores, over variant × n × zig-zag × ring step."""
     from playbook.theory import cp as th
     from playbook.viz.cp import score_matrix

@@ -22,7 +22,8 @@ _Formatter = argparse.ArgumentDefaultsHelpFormatter
 def cmd_serve_plan(args) -> int:
     """Every tp × dp layout of ``--gpus`` that holds the model and one ``--context`` sequence: KV
     room, TTFT, time per token and tokens/s from ``playbook.theory.serving``, and which to pick."""
-    from playbook.theory.serving import BY_SIZE, RING_STEP, compare_layouts, recommend
+    from playbook.theory.serving import BY_SIZE, RING_STEP
+    from playbook.theory.serving_layouts import compare_layouts, recommend
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     checks = [  # --gpus, --mem-util, --block-size: their ranges are cli.checks.LIMITS

@@ -18,7 +18,9 @@ import torch
 from playbook.model import GPT, lm_loss
 from playbook.parallel.pp.executor import Chunk
 from playbook.theory.pipeline import chunk_activation_bytes, chunk_w_bytes
-from playbook.theory.schedules import DEFINITIONS, Costs, Schedule, Slot, Timeline, held_bytes, simulate
+from playbook.theory.schedule_simulator import Costs, Slot, Timeline, held_bytes, simulate
+from playbook.theory.schedule_types import Schedule
+from playbook.theory.schedules import DEFINITIONS
 
 
 def measured_timeline(results: list[dict], step: int = -1) -> Timeline:

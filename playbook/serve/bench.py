@@ -114,7 +114,7 @@ def phases_on_rank(
 ) -> dict:
     """Time prefill of one prompt of each length in ``prompts`` and one decode step of each batch in
     ``batches`` with ``context`` tokens already cached, over ``tp`` ranks (default: the world)."""
-    from playbook.parallel.serve import build
+    from playbook.parallel.serve_ranks import build
 
     tp = tp or ctx.world_size
     model, _ = build(ctx, cfg, seed, ParallelDims(tp=tp, dp=ctx.world_size // tp))
@@ -162,8 +162,8 @@ def layout_on_rank(
 ) -> dict:
     """One serving layout on these ranks: calibrate if asked (every rank at once, the gemv as large
     as this rank's weights; the rates are the machine's, so one calibration can serve several
-    layouts), then each replica greedy-decodes its rows of ``prompts`` (``parallel.serve.greedy_on_rank``)."""
-    from playbook.parallel.serve import greedy_on_rank
+    layouts), then each replica greedy-decodes its rows of ``prompts`` (``parallel.serve_ranks.greedy_on_rank``)."""
+    from playbook.parallel.serve_ranks import greedy_on_rank
 
     cal = None
     if calibrate:

@@ -24,7 +24,7 @@ def shrunk_blocks(rows: list[dict], *, scale_block: int, block_size: int, kv_sca
 def measure(ranks, cfg, trace, *, layouts, blocks: dict, block_size: int, router: str, seed: int = 0) -> list[dict]:
     """For each ``(name, tp, dp)`` of ``layouts`` on ``ranks`` (a ``Ranks`` of tp·dp): prompt tokens
     found cached, hit rate, evictions, and each request's tokens (to hold against the reference)."""
-    from playbook.parallel.serve import serve_on_rank
+    from playbook.parallel.serve_ranks import serve_on_rank
     from playbook.serve.batching import Request
     from playbook.serve.router import route
 

@@ -51,7 +51,7 @@ def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, 
 def _reference(cfg: ModelConfig, seed: int, requests: tuple) -> dict:
     """One process's greedy tokens without a cache, computed once per trace (a run with and one
     without a token budget check against the same)."""
-    from playbook.parallel.serve import reference
+    from playbook.parallel.serve_report import reference
 
     return reference(cfg, seed, list(requests))
 
@@ -83,7 +83,7 @@ def serve_bench(
 ) -> dict:
     """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
     from playbook.cluster import launch
-    from playbook.parallel.serve import serve_on_rank
+    from playbook.parallel.serve_ranks import serve_on_rank
     from playbook.serve.batching import Request
     from playbook.serve.latency import predicted_steps, request_latencies, summarize
     from playbook.serve.router import route

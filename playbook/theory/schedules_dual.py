@@ -32,7 +32,9 @@ Pure Python; no torch.
 
 from __future__ import annotations
 
-from playbook.theory.schedules import Schedule, in_flight, simulate, with_communication
+from playbook.theory.schedule_simulator import in_flight, simulate
+from playbook.theory.schedule_types import Schedule
+from playbook.theory.schedules import with_communication
 from playbook.theory.schedules_v import _dualpipe_v
 
 # DeepSeek's DualPipe README, "Pipeline Bubbles and Memory Usage Comparison" (PP stages, per device):

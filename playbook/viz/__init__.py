@@ -7,12 +7,11 @@ from playbook.viz.figures import (
     UNITS,
     format_value,
     loss_curves,
-    memory_bars,
     TEMPLATE,
-    predicted_vs_measured,
     timeline,
     unit_scale,
 )
+from playbook.viz.memory_figures import memory_bars, predicted_vs_measured
 from playbook.viz.widgets import memory_budgets, memory_dashboard
 
 __all__ = [

@@ -3,23 +3,19 @@ dashboard that predicts a step from a model, a device and a bucket size.
 
 Figures are pure functions from plain data (span dicts as the tracer records them, or as
 ``playbook.theory.buckets.predict_dp_step`` predicts them; ``Bucket`` objects; rows of numbers) to a
-plotly figure. ``dp_dashboard`` only wires controls to them. Times in the figures are milliseconds.
+plotly figure. ``playbook.viz.dp_dashboard`` wires controls to them. Times in the figures are milliseconds.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-import ipywidgets as w
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playbook.config import Hardware, ModelConfig
-from playbook.theory.buckets import MIB, Bucket, bucket_cap_bytes, predict_dp_step
-from playbook.viz.figures import format_value
-from playbook.viz.widgets import fit_controls, page_height
+from playbook.theory.buckets import MIB, Bucket, predict_dp_step
 
 # One colour per span name in every DP figure, so naive, bucketed, DDP and predictions read alike.
 COLORS = {
@@ -220,15 +216,6 @@ def scaling_figure(
     return fig
 
 
-# ---- dashboard ---------------------------------------------------------------------------------
-def dense_presets() -> list[str]:
-    return [
-        n
-        for n in ModelConfig.presets()
-        if not ModelConfig.preset(n).is_moe and ModelConfig.preset(n).attention == "gqa"
-    ]
-
-
 def predict_both(cfg: ModelConfig, hw: Hardware, **kwargs) -> dict[str, object]:
     """The same step predicted without overlap (all-reduces after backward) and with it."""
     return {
@@ -237,100 +224,10 @@ def predict_both(cfg: ModelConfig, hw: Hardware, **kwargs) -> dict[str, object]:
     }
 
 
-def _summary(cfg, hw, world_size, both) -> str:
-    late, early = both["after backward"], both["overlapped"]
-    ms = lambda s: f"{s * 1e3:,.2f} ms" if s >= 1e-3 else f"{s * 1e6:,.1f} µs"  # noqa: E731
-    buf = sum(b.bytes for b in early.plan)
-    size = f"{format_value(buf / 1e9)} GB" if buf >= 1e9 else f"{format_value(buf / 1e6)} MB"
-    return "<br>".join(
-        [
-            f"<b>{cfg.name}</b> on {world_size} × {hw.name}: {len(early.plan)} bucket{'s' if len(early.plan) != 1 else ''}, {size} of gradients all-reduced per step.",
-            f"Compute {ms(early.forward + early.backward + early.optimizer)}; all-reduce {ms(early.comm)} in total.",
-            f"Step <b>{ms(late.total)}</b> with the all-reduces after backward, <b>{ms(early.total)}</b> overlapped "
-            f"({ms(early.exposed_comm)} of communication left exposed).",
-        ]
-    )
-
-
-def dp_dashboard(
-    *,
-    model: str = "llama-3.1-8b",
-    hardware: str = "h100-sxm",
-    world_size: int = 8,
-    bucket_mb: float = 25,
-    tokens_per_rank: int = 8192,
-    seq_len: int = 4096,
-    mfu: float = 0.4,
-    grad_dtype: str = "bf16",
-    measured: go.Figure | None = None,
-) -> w.VBox:
-    """Predicted step of one data-parallel rank, with and without overlap, for a model preset, a
-    hardware profile, a world size and a bucket size; below it, ``measured`` (e.g. the timeline of
-    the last real run, from :func:`compare_timelines`). Returns a ``VBox`` with ``figure``,
-    ``controls`` (name -> widget) and ``message`` attributes."""
-    c = {
-        "model": w.Dropdown(options=dense_presets(), value=model, description="model"),
-        "hardware": w.Dropdown(options=Hardware.presets(), value=hardware, description="device"),
-        "world_size": w.SelectionSlider(options=[2**k for k in range(0, 11)], value=world_size, description="ranks"),
-        "bucket_mb": w.SelectionSlider(
-            options=[0.01, 0.1, 0.5, 1, 5, 25, 100, 1000], value=bucket_mb, description="bucket MiB"
-        ),
-        "tokens_per_rank": w.SelectionSlider(
-            options=[2**k for k in range(6, 18)], value=tokens_per_rank, description="tokens/rank"
-        ),
-        "seq_len": w.SelectionSlider(options=[2**k for k in range(5, 16)], value=seq_len, description="seq_len"),
-        "mfu": w.FloatSlider(min=0.05, max=1.0, step=0.05, value=mfu, description="MFU"),
-        "grad_dtype": w.ToggleButtons(options=["bf16", "fp32"], value=grad_dtype, description="gradients"),
-    }
-    fit_controls(c.values())
-    fig, message = go.FigureWidget(), w.HTML()
-
-    def update(_change=None) -> None:
-        v = {k: ctl.value for k, ctl in c.items()}
-        try:
-            cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
-            both = predict_both(
-                cfg,
-                hw,
-                world_size=v["world_size"],
-                bucket_bytes=bucket_cap_bytes(v["bucket_mb"]),
-                tokens=max(v["tokens_per_rank"], v["seq_len"]),
-                seq_len=v["seq_len"],
-                mfu=v["mfu"],
-                grad_bytes=2 if v["grad_dtype"] == "bf16" else 4,
-            )
-        except ValueError as e:
-            message.value = f"<span style='color:#c62828'><b>Cannot predict:</b> {html.escape(str(e))}</span>"
-            return
-        new = predicted_timelines(
-            both,
-            title=f"predicted step of one rank: {v['model']}, {v['world_size']} × {v['hardware']}, "
-            f"buckets of {v['bucket_mb']:g} MiB",
-        )
-        fig.data = ()
-        fig.add_traces(new.data)
-        fig.layout = page_height(new).layout
-        message.value = _summary(cfg, hw, v["world_size"], both)
-
-    for ctl in c.values():
-        ctl.observe(update, names="value")
-    update()
-    left = w.VBox([c["model"], c["hardware"], c["world_size"], c["bucket_mb"]])
-    right = w.VBox([c["tokens_per_rank"], c["seq_len"], c["mfu"], c["grad_dtype"]])
-    children = [w.HBox([left, right]), fig, message]
-    if measured is not None:
-        children += [w.HTML("<b>Measured</b>: the last real run on this machine"), go.FigureWidget(measured)]
-    box = w.VBox(children)
-    box.figure, box.controls, box.message, box.update = fig, c, message, update
-    return box
-
-
 __all__ = [
     "COLORS",
     "bucket_plan_figure",
     "compare_timelines",
-    "dense_presets",
-    "dp_dashboard",
     "gantt",
     "measured_rows",
     "predict_both",

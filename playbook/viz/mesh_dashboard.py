@@ -28,7 +28,8 @@ from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
 from playbook.parallel.training import TrainSetup
 from playbook.theory.hybrid import comm_per_axis
 from playbook.theory.hybrid import memory_per_rank as predict_memory
-from playbook.viz.mesh import bytes_per_axis, memory_per_rank, rank_grid
+from playbook.viz.mesh import bytes_per_axis, memory_per_rank
+from playbook.viz.mesh_layout import rank_grid
 from playbook.viz.widgets import fit_controls, page_height
 
 WORLD = 8

@@ -1,7 +1,7 @@
 """Show the planner: the ranked layouts, why the top ones win, and why the others were rejected.
 
 Pure functions from a :class:`playbook.theory.planner.Plan` (or its candidates) to rows for
-``viz.mesh.table`` and to plotly figures; no processes, no widgets. The step time is the planner's
+``viz.table.table`` and to plotly figures; no processes, no widgets. The step time is the planner's
 own breakdown (``playbook.theory.plan_cost.StepCost``): compute, the *exposed* communication of
 each mesh axis (what overlap with compute does not hide), and the pipeline bubble (Narayanan et
 al. 2021, arXiv:2104.04473, §2.2, §3.3). The bars of a candidate sum to its predicted step time.
@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from playbook.theory.planner import Candidate, Plan
 from playbook.viz.figures import _layout
-from playbook.viz.mesh import AXIS_COLORS
+from playbook.viz.mesh_layout import AXIS_COLORS
 
 COMPUTE, BUBBLE = "#3b7dd8", "#9e9e9e"
 AXES = ("tp", "cp", "ep", "pp", "dp")  # the planner's axes, listed in its rank order (dp last: outermost)

@@ -21,7 +21,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import DEFAULT_OVERLAP
 from playbook.theory.plan_schedule import PLAN_SCHEDULES
 from playbook.theory.planner import Plan, plan
-from playbook.viz.mesh import table
+from playbook.viz.table import table
 from playbook.viz.plan import candidate_rows, rejected_rows, step_breakdown
 from playbook.viz.widgets import page_height
 

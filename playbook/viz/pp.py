@@ -2,7 +2,7 @@
 activations per stage, and an explorer widget wiring p, m, v and the schedule to them.
 
 Figures are pure (a ``Timeline`` or plain numbers in, a plotly figure out); the widget only wires
-controls to them. Timelines from ``playbook.theory.schedules.simulate`` are in cost units (F = 1
+controls to them. Timelines from ``playbook.theory.schedule_simulator.simulate`` are in cost units (F = 1
 by default); measured ones from ``playbook.measure.pipeline.measured_timeline`` in seconds, drawn in ms.
 """
 
@@ -14,7 +14,8 @@ import ipywidgets as w
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, Costs, Timeline, closed_form, make_schedule, simulate
+from playbook.theory.schedule_simulator import Costs, Timeline, simulate
+from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, closed_form, make_schedule
 from playbook.viz.widgets import fit_controls, page_height
 
 KIND_COLORS = {"F": "#3b7dd8", "B": "#e4572e", "W": "#52a852"}

@@ -11,9 +11,8 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.viz import mesh
 from playbook.viz.figures import _layout
-from playbook.viz.mesh import PALETTE
+from playbook.viz.mesh_layout import PALETTE
 
 MEMORY_COLORS = {
     "weights": "#2f6db5",
@@ -25,19 +24,6 @@ MEMORY_COLORS = {
     "free": "#d9d9d9",
 }
 TP_COLORS = {1: "#2f6db5", 2: "#e8893a", 4: "#5b9a48", 8: "#c94a4a"}
-
-
-def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, title: str = "") -> go.Figure:
-    """``viz.mesh.table``, with columns of whole numbers printed whole (32, not 32.0; 28,017)."""
-    fig = mesh.table(rows, columns=columns, title=title)
-    columns = list(columns or (rows[0] if rows else []))
-    cells = [list(v) for v in fig.data[0].cells.values]
-    for i, c in enumerate(columns):
-        values = [r.get(c) for r in rows]
-        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            cells[i] = [f"{v:,}" for v in values]
-    fig.data[0].cells.values = cells
-    return fig
 
 
 def stacked_memory(
@@ -197,4 +183,4 @@ def block_table(steps: Sequence[Mapping], n_blocks: int, *, title: str = "") -> 
     return _layout(fig, title=title, height=max(320, 26 * n_blocks + 140))
 
 
-__all__ = ["block_table", "kv_growth", "layouts", "roofline", "stacked_memory", "table"]
+__all__ = ["block_table", "kv_growth", "layouts", "roofline", "stacked_memory"]

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from playbook.viz.figures import _layout
-from playbook.viz.mesh import PALETTE
+from playbook.viz.mesh_layout import PALETTE
 
 
 def prefix_hits(series: Mapping[str, Sequence[Mapping]], *, title: str = "") -> go.Figure:

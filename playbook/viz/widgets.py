@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.memory import inference_memory, training_memory
-from playbook.viz.figures import format_value, memory_bars, unit_scale
+from playbook.viz.figures import format_value, unit_scale
+from playbook.viz.memory_figures import memory_bars
 
 TRAINING, SERVING = "training (per rank)", "inference (per rank)"
 STALE = "  <i>(last valid settings; see below)</i>"
@@ -26,6 +27,16 @@ def page_height(new: go.Figure) -> go.Figure:
     would come back taller than it was first drawn. The page's default height, every time."""
     new.layout.height = None
     return new
+
+
+def dense_presets() -> list[str]:
+    """The presets a dense-model dashboard offers: no mixture of experts, grouped-query attention
+    (what ``TPGPT`` and the per-layer counts cover)."""
+    return [
+        n
+        for n in ModelConfig.presets()
+        if not ModelConfig.preset(n).is_moe and ModelConfig.preset(n).attention == "gqa"
+    ]
 
 
 def fit_controls(controls, description_width: str = "90px") -> None:
@@ -66,7 +77,7 @@ def memory_budgets(
     gradient-accumulation buffer to the gradients, mixed precision only). Serving:
     :func:`~playbook.theory.memory.inference_memory` for ``micro_batch`` sequences of ``seq_len``
     tokens with weights and KV cache in ``serve_dtype``, split by tp, pp and ep.
-    Pure: feed the result to :func:`~playbook.viz.figures.memory_bars` for a static figure.
+    Pure: feed the result to :func:`~playbook.viz.memory_figures.memory_bars` for a static figure.
     """
     train = training_memory(
         cfg,
@@ -143,7 +154,7 @@ def memory_dashboard(
     """Memory per rank for training and serving a preset, with controls for every setting.
 
     Returns a ``VBox`` with three extra attributes: ``figure`` (the live ``go.FigureWidget``, built by
-    :func:`~playbook.viz.figures.memory_bars` from :func:`memory_budgets`), ``controls`` (a dict from
+    :func:`~playbook.viz.memory_figures.memory_bars` from :func:`memory_budgets`), ``controls`` (a dict from
     setting name to its widget: ``model``, ``seq_len``, ``micro_batch``, ``precision``,
     ``recompute``, ``zero``, ``dp``, ``tp``, ``pp``, ``cp``, ``ep``, ``sequence_parallel``,
     ``fp32_grad_accum``, ``hardware``, ``unit``) and ``message`` (an ``HTML`` widget with

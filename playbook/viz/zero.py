@@ -17,7 +17,8 @@ import plotly.graph_objects as go
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.memory import training_memory
 from playbook.theory.zero import STAGES, zero_comm_per_step
-from playbook.viz.figures import _layout, format_value, memory_bars, unit_scale
+from playbook.viz.figures import _layout, format_value, unit_scale
+from playbook.viz.memory_figures import memory_bars
 from playbook.viz.widgets import STALE, fit_controls, page_height
 
 OP_COLORS = {"all_reduce": "#c0392b", "reduce_scatter": "#e4572e", "all_gather": "#f29e4c"}

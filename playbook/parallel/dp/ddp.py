@@ -24,8 +24,8 @@ The native counterpart is ``torch.nn.parallel.DistributedDataParallel``: its C++
 hook that issues the same all-reduce through ``torch.distributed`` (and notes each bucket's
 parameters): its bytes and buckets are then measured like ours.
 
-This module holds the three ways of synchronising gradients; ``dp.run`` trains with them on the
-one training loop (``playbook run dp``) and measures the runs.
+This module holds the three ways of synchronising gradients; ``dp.train`` trains a rank with them on
+the one training loop, and ``dp.run`` (``playbook run dp``) measures the runs.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class Replay:
         return all(r["predicted"] == r["measured"] for r in self.rows)
 
     def table_rows(self) -> list[dict]:
-        """One row per rank and quantity, for ``viz.mesh.table``."""
+        """One row per rank and quantity, for ``viz.table.table``."""
         return [
             {
                 "rank": r["rank"],

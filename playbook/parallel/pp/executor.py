@@ -2,7 +2,7 @@
 
 Our GPT in pieces: piece 0 is the embedding, pieces 1..L the blocks, piece L+1 the final norm,
 head and loss; a stage is a contiguous range of pieces (``Chunk``). ``run_step`` plays the *same*
-``Schedule`` objects that the simulator plays (``playbook.theory.schedules``): its actions, in
+``Schedule`` objects that the simulator plays (``playbook.theory.schedule_types``): its actions, in
 order, with ``isend`` (never blocks) and receives that block where the list has them (posted up
 front with ``irecv``, waited on there), tagged by (micro-batch, receiving stage). Each
 micro-batch's loss is the sum of its token losses divided by the global batch's token count, so
@@ -38,7 +38,8 @@ from torch.autograd.graph import get_gradient_edge
 
 from playbook.measure.held import HeldActivations
 from playbook.parallel.pp.weights import REPLAYED, accumulate, compact, recomputed, weight_grads
-from playbook.theory.schedules import Schedule, Slot
+from playbook.theory.schedule_simulator import Slot
+from playbook.theory.schedule_types import Schedule
 
 
 # ---- the model in pieces -----------------------------------------------------------------------

@@ -43,7 +43,8 @@ from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.parallel.parity import gated
 from playbook.parallel.parity import reference as single_process
 from playbook.theory.pipeline import predicted_memory, stage_ranges
-from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, DEFINITIONS, Schedule, check_pipeline, make_schedule
+from playbook.theory.schedule_types import Schedule
+from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, DEFINITIONS, check_pipeline, make_schedule
 
 __all__ = [
     "Chunk",

@@ -46,7 +46,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from playbook.model import GPT, RECOMPUTE_MODES, Attention
+from playbook.attention import Attention
+from playbook.model import GPT, RECOMPUTE_MODES
 from playbook.measure.matmul import matmul_throughput  # noqa: F401  (the chapter imports it from here)
 from playbook.parallel.comm import all_reduce, f, g  # noqa: F401  (f, g: the chapter imports them from here)
 from playbook.parallel.tp.layers import (  # noqa: F401  (layers, re-exported for the chapter and tests)
