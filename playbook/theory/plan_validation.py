@@ -64,9 +64,7 @@ from dataclasses import dataclass, field
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.flops import attention_flops_per_token, flops_per_token
-from playbook.theory.memory import RECOMPUTE
 from playbook.theory.plan_layout import cost_layout, parse_layout
-from playbook.theory.planner import plan
 
 A100_PEAK_2021 = 312e12  # Narayanan et al. 2021, §5: "the peak device throughput of an A100 GPU with 16-bit precision"
 MEGATRON_V, MEGATRON_S = 51_200, 2_048
@@ -189,7 +187,7 @@ def validate(run: PublishedRun, *, rank: bool = True) -> dict:
     it fits and ``rank`` ≤ ``of``/4. A layout that does not fit gets the rank its time would have."""
     hw = Hardware.preset(run.hardware)
     lay = parse_layout(run.layout, global_batch=run.global_batch)
-    r = cost_layout(run.cfg, hw, lay, seq_len=run.seq_len, rank=False)
+    r = cost_layout(run.cfg, hw, lay, seq_len=run.seq_len, rank=rank, search=run.stack)
     causal = causal_factor(run.cfg, run.seq_len) if run.causal_reading else None
     row = {
         "run": run.run,
@@ -205,21 +203,7 @@ def validate(run: PublishedRun, *, rank: bool = True) -> dict:
         "margin": r["margin_bytes"],
     }
     if rank:
-        gpus, step = lay.dp * lay.tp * lay.pp * lay.cp, r["step"]["total"]
-        stacked = run.stack.get("recomputes", RECOMPUTE)
-        for suffix, recomputes in (("_stack", stacked), ("", (lay.recompute,))):
-            p = plan(
-                run.cfg,
-                hw,
-                gpus=gpus,
-                seq_len=run.seq_len,
-                global_batch=run.global_batch,
-                **{**run.stack, "recomputes": recomputes},
-            )
-            row |= {
-                f"rank{suffix}": 1 + sum(c.cost.total < step for c in p.candidates),
-                f"of{suffix}": len(p.candidates),
-            }
+        row |= {"rank": r["rank_recompute"], "of": r["of_recompute"], "rank_stack": r["rank"], "of_stack": r["of"]}
         row["top_quarter"] = r["fits"] and row["rank"] <= TOP * row["of"]
     return row
 
