@@ -22,6 +22,9 @@ def test_a_candidate_costed_alone_matches_the_search_and_ranks_where_it_sat():
         assert r["fits"] and r["margin_bytes"] == pytest.approx(0.9 * HW.capacity_bytes - c.memory)
         assert r["rank"] == 1 + sum(x.cost.total < c.cost.total for x in p.candidates) and r["of"] == len(p.candidates)
         assert r["rank"] <= i + 1
+        same = plan(CFG, HW, gpus=16, seq_len=4096, global_batch=64, recomputes=(c.layout.recompute,))
+        assert r["rank_recompute"] == 1 + sum(x.cost.total < c.cost.total for x in same.candidates)
+        assert r["of_recompute"] == len(same.candidates) <= r["of"]
 
 
 def test_parse_layout_and_its_one_line_errors():
@@ -39,7 +42,11 @@ def test_cli_layout_says_whether_it_fits(capsys):
     argv = ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--seq-len", "4096", "--global-batch", "64"]
     assert main([*argv, "--layout", "dp=4 tp=2 pp=2 zero=1"]) == 0
     out = capsys.readouterr().out
-    assert "fits, margin" in out and "rank" in out and "production activations" in out
+    assert "fits, margin" in out and "production activations" in out
+    assert "layouts that fit, " in out and "that fit with recompute=none" in out
+    assert main([*argv, "--layout", "dp=16 zero=0 b=4"]) == 0  # 8B's unsharded Adam state alone is 128 GB
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "unranked, as it does not fit (its step time would place it at " in out
     assert main([*argv, "--layout", "dp=2 tp=2 pp=2"]) == 2  # 8 GPUs, not 16
     assert "try --gpus 8" in capsys.readouterr().err
 

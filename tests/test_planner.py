@@ -191,3 +191,34 @@ def test_cli_plan_json_and_bad_input(capsys):
     # --model and --hf-config: exactly one of them
     assert main(["plan"]) == 2
     assert capsys.readouterr().err.strip().startswith("playbook: error: name the model: --model NAME (one of ")
+
+
+def test_the_search_orders_by_the_same_total_it_reports():
+    """plan_cost.scheduled_total, by which the search orders every variant, is with_schedule(...).total to
+    the last bit, for every schedule and v of a pipeline with every axis costed."""
+    from playbook.theory.plan_cost import scheduled_total, with_schedule
+    from playbook.theory.plan_schedule import schedule_options
+
+    h100, cfg = Hardware.preset("h100-sxm"), ModelConfig.preset("llama-3.1-70b")
+    bases = step_costs(
+        cfg,
+        h100,
+        zeros=(0, 1, 2),
+        dp=4,
+        tp=2,
+        pp=8,
+        cp=2,
+        ep=1,
+        micro_batch=1,
+        microbatches=16,
+        recompute="selective",
+        seq_len=8192,
+        gpus_per_node=8,
+    )
+    assert {"dp", "tp", "pp", "cp"} <= set(bases[1].axes)
+    options = schedule_options(8, 16, cfg.n_layers)
+    assert len({s for s, _ in options}) == 5 and len(options) > 8
+    for base in bases.values():
+        for schedule, v in options:
+            at = dict(pp=8, microbatches=16, schedule=schedule, v=v)
+            assert scheduled_total(base, **at) == with_schedule(base, **at).total

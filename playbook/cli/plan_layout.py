@@ -48,5 +48,11 @@ def one_layout(cfg, hw, args) -> int:
         f"  step: {step['total']:.2f} s = compute {step['compute']:.2f} + bubble {step['bubble']:.2f} "
         f"+ exposed {step['exposed_comm']:.2f} ({axes or 'none'})"
     )
-    print(f"  MFU {r['mfu']:.1%} of the BF16 peak; rank {r['rank']} of the {r['of']} layouts that fit")
+    ranks = (
+        f"rank {r['rank']} of the {r['of']} layouts that fit, {r['rank_recompute']} of the {r['of_recompute']} "
+        f"that fit with recompute={parse_layout(args.layout, global_batch=args.global_batch).recompute}"
+    )
+    if not r["fits"]:
+        ranks = f"unranked, as it does not fit (its step time would place it at {ranks.removeprefix('rank ')})"
+    print(f"  MFU {r['mfu']:.1%} of the BF16 peak; {ranks}")
     return 0

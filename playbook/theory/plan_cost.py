@@ -261,3 +261,18 @@ def with_schedule(base: StepCost, *, pp: int, microbatches: int, schedule: str, 
     pipelined = base.compute + sum(e for a, (_, e) in axes.items() if a != "dp")
     bubble = pipelined * bubble_fraction(schedule, pp, microbatches, v)
     return StepCost(base.compute, bubble, axes, base.model_flops)
+
+
+def scheduled_total(base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int) -> float:
+    """``with_schedule(base, ...).total`` (the same sums in the same order, so the same float) without
+    building the StepCost: the search orders every variant by it and builds only those it tries."""
+    if schedule == "1f1b" or pp == 1:
+        return base.total
+    k = pp_sends(schedule, pp, v) / pp_sends("1f1b", pp)
+    pipelined = every = 0.0
+    for a, (_, e) in base.axes.items():
+        e = e * k if a == "pp" else e
+        every += e
+        if a != "dp":
+            pipelined += e
+    return base.compute + (base.compute + pipelined) * bubble_fraction(schedule, pp, microbatches, v) + every

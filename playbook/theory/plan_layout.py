@@ -69,7 +69,9 @@ def cost_layout(
     search: dict | None = None,
 ) -> dict:
     """The layout's memory (bytes by category), step (seconds by part), MFU, fit and margin, and its
-    rank: 1 + the planner's candidates that are faster (of how many fit), for the same GPUs;
+    rank: 1 + the planner's candidates that are faster, ``rank`` of the ``of`` layouts that fit for the
+    same GPUs, sequence and batch, and ``rank_recompute`` of ``of_recompute`` among those that fit with
+    this layout's recomputation setting (a layout that does not fit gets the rank its time would have);
     ``search``: ``plan``'s options that narrow the layouts ranked against (schedules, zeros, recomputes)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
     gpus = lay.dp * lay.tp * lay.pp * lay.cp
@@ -104,20 +106,10 @@ def cost_layout(
     }
     if rank:
         batch = lay.dp * lay.micro_batch * lay.microbatches
-        p = plan(
-            cfg,
-            hw,
-            gpus=gpus,
-            seq_len=seq_len,
-            global_batch=batch,
-            gpus_per_node=g,
-            mem_util=mem_util,
-            activations=activations,
-            overlap=overlap,
-            precision=precision,
-            mesh_order=mesh_order,
-            **(search or {}),
-        )
-        out["rank"] = 1 + sum(c.cost.total < cost.total for c in p.candidates)
-        out["of"] = len(p.candidates)
+        options = dict(gpus_per_node=g, mem_util=mem_util, activations=activations, overlap=overlap)
+        options |= dict(precision=precision, mesh_order=mesh_order, **(search or {}))
+        for suffix, narrow in (("", {}), ("_recompute", {"recomputes": (lay.recompute,)})):
+            p = plan(cfg, hw, gpus=gpus, seq_len=seq_len, global_batch=batch, **(options | narrow))
+            out["rank" + suffix] = 1 + sum(c.cost.total < cost.total for c in p.candidates)
+            out["of" + suffix] = len(p.candidates)
     return out

@@ -5,16 +5,20 @@ the same model, GPUs, sequence and batch, searched over what the run's own softw
 **Megatron-LM** (Narayanan et al. 2021, arXiv:2104.04473, Table 1): GPT models with vocabulary
 51,200 and sequences of 2,048 on 80 GB A100s (Selene), t-way tensor and p-way pipeline parallelism,
 data parallelism over the rest, throughput in achieved teraFLOP/s per GPU counted with their
-eq. 3, F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per iteration, which includes the recomputed
-forward. Model FLOPs, what MFU counts, leave that forward out: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))
-(their eq. 3's terms, the transformer's counted three times instead of four, the head's three
-times as in eq. 3), PaLM's 6N + 12·l·h·s per token to within the biases and norms. So published
-MFU = X / 312 TFLOP/s × model / eq. 3. Their GPT's MLP is GeLU of width 4h (8h² weights); ours is
-SwiGLU, so each model is a SwiGLU of width 8·round(h/3) (the same 8h² weights, and the same
-saved MLP tensors: h + 4h + 4h per token either way), tied embeddings, multi-head attention.
-Assumed where Table 1 is silent: micro-batch 1, the 1F1B schedule, full recomputation (eq. 3
-counts it), no ZeRO (Megatron-LM's distributed optimizer came later). Ranked among 1F1B and
-interleaved layouts without ZeRO, with or without full recomputation.
+eq. 3, F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per iteration, which "assumes activation
+recomputation and takes into account the floating-point operations associated with the extra
+forward pass" (§5.1). Model FLOPs, what MFU counts, leave that forward out: 72·B·s·l·h²·(1 + s/(6h)
++ V/(12·l·h)) (their eq. 3's terms, the transformer's counted three times instead of four, the
+head's three times as in eq. 3), PaLM's 6N + 12·l·h·s per token to within the biases and norms. So
+published MFU = X / 312 TFLOP/s × model / eq. 3. Their GPT's MLP is GeLU of width 4h (8h² weights);
+ours is SwiGLU, so each model is a SwiGLU of width 8·round(h/3) (the same 8h² weights, and the same
+saved MLP tensors: h + 4h + 4h per token either way), tied embeddings, multi-head attention. As
+§5.1 states: "the interleaved pipeline schedule with the scatter/gather optimization enabled", and
+full recomputation (eq. 3 counts it). Assumed where the paper is silent: micro-batch 1 (Table 1
+does not print it; §5.5 finds 2 best for one 91B model and calls the best "model-dependent"), v
+chunks per stage (not printed either: we cost every v that gives each chunk the same whole number of
+layers and keep the fastest, :func:`megatron_v`), no ZeRO (Megatron-LM's distributed optimizer came
+later). Ranked among 1F1B and interleaved layouts without ZeRO.
 
 **Llama 3** (Dubey et al. 2024, arXiv:2407.21783, Table 4): 405B on 80 GB H100s, BF16 MFU 43 %
 (8,192 GPUs), 41 % (16,384) at 8K tokens, 38 % at 128K; TP8·PP16 with DP64 / DP128, and
@@ -22,15 +26,36 @@ TP8·CP16·PP16 at 128K, where the table prints DP4 but 16,384 / (8·16·16) = 8
 data parallelism, and 16 sequences per DP rank of 131,072 tokens make the published 16M-token batch
 only with DP8: we cost DP8. The pipeline as §3.3.2 describes it (``ends=light``, v = 8: chunks of
 one layer, the embedding and the loss alone on the end chunks), no recomputation (§3.3.2: trained
-"without activation checkpointing" at 8K), FSDP sharding gradients and optimizer state (zero=2, our
-reading). Ranked among every layout the planner searches but the zero-bubble schedules.
+"without activation checkpointing" at 8K; not stated for 128K), FSDP sharding gradients and
+optimizer state (zero=2, our reading). Ranked among every layout the planner searches but the
+zero-bubble schedules.
+
+The micro-batches per chunk. Llama 3 makes N, "the number of contiguous micro-batches for the same
+stage's forward or backward", tunable (§3.3.2, Figure 6), as Megatron-LM's
+``microbatch_group_size_per_vp_stage`` does; Megatron-LM accepts N in [p, m] and starts rank r with
+2(p − r − 1) + (v − 1)·N forwards (``megatron/core/pipeline_parallel/schedules.py``,
+``get_pp_rank_microbatches``; PyTorch's ``ScheduleInterleaved1F1B`` the same with N = p when p
+divides m). N = p, what the planner plays, is the least memory; a larger N "hides point-to-point
+communication" (§3.3.2) at more. Llama 3 does not print its N.
+
+How Llama 3 counts attention's FLOPs for its MFU is not stated: PaLM's 12·L·H·Q·T counts both [T, T]
+products whole (Chowdhery et al. 2022, Appendix B; what ``theory.flops`` and this planner count, and
+torchtitan's convention: "we follow the convention and do not account for sparsity in causal
+attention", ``torchtitan/models/utils.py``); a causal count keeps half. Each row carries both
+readings of the published number (``published_mfu_causal``: the published MFU in PaLM's count had
+Llama 3 counted the causal half); at 8K they differ by a few percent, at 128K by 1.4×.
+
+Rank (:func:`validate`): the published layout with its published recomputation setting, among the
+layouts that fit for the same model, GPUs, sequence and batch (each layout: the planner's fastest
+variant of one dp, tp, pp, cp, ep that fits); 1 + those faster. Two searches: over the recomputation
+settings the stack offered, and over the published one alone (Megatron-LM's layouts recompute where
+the planner, finding room not to, runs faster without).
 
 Left out, plainly: attention's kernel efficiency by shape (at 128K it is over half the FLOPs), the
 allocator and communication buffers (the 10 % the planner keeps free), stragglers, the optimizer
-step, data loading; and the schedules' exact orders beyond Megatron-LM's (Llama 3's own schedule
-sets how many micro-batches run per chunk, its Figure 6; not published for the 405B run); and how
-Llama 3 counts attention's FLOPs (not stated: PaLM's both [T, T] products, or a causal kernel's half,
-which at 128K changes the published MFU in PaLM's count by 1.4×).
+step, data loading; the schedules' exact orders beyond Megatron-LM's. (Megatron-LM's scatter/gather
+sends 1/t of each boundary's activation per tensor-parallel rank, §4.1: what the planner's
+sequence-parallel send counts too, ``plan_bytes.pp_message_bytes``.)
 """
 
 from __future__ import annotations
@@ -38,8 +63,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from playbook.config import Hardware, ModelConfig
+from playbook.theory.flops import attention_flops_per_token, flops_per_token
 from playbook.theory.plan_layout import cost_layout, parse_layout
-from playbook.theory.planner import plan
 
 A100_PEAK_2021 = 312e12  # Narayanan et al. 2021, §5: "the peak device throughput of an A100 GPU with 16-bit precision"
 MEGATRON_V, MEGATRON_S = 51_200, 2_048
@@ -65,6 +90,7 @@ LLAMA3_TABLE_4 = (
 )
 LLAMA3_AS_RUN = "zero=2 recompute=none schedule=interleaved v=8 ends=light"
 LLAMA3_STACK = dict(schedules=("1f1b", "interleaved"))
+TOP = 0.25  # issue 27's bar: the published layout in the planner's top quarter
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,7 @@ class PublishedRun:
     published: str  # what the paper prints
     published_mfu: float
     stack: dict = field(default_factory=dict)  # plan()'s options: what the run's software offered
+    causal_reading: bool = False  # the paper does not say how it counts attention (module docstring)
 
 
 def megatron_model_share(h: int, layers: int, s: int = MEGATRON_S, vocab: int = MEGATRON_V) -> float:
@@ -85,7 +112,27 @@ def megatron_model_share(h: int, layers: int, s: int = MEGATRON_S, vocab: int = 
     return (72 * (1 + s / (6 * h)) + 6 * vocab / (layers * h)) / (96 * (1 + s / (6 * h)) + 6 * vocab / (layers * h))
 
 
+def megatron_v(cfg: ModelConfig, layout: str, batch: int, hw: Hardware) -> int:
+    """Chunks per stage for an interleaved Megatron-LM run (Table 1 does not print v): of the v that
+    give every chunk the same whole number of layers, the one the planner predicts fastest."""
+    lay = parse_layout(layout, global_batch=batch)
+    per_stage = cfg.n_layers // lay.pp
+    step = {
+        v: cost_layout(
+            cfg,
+            hw,
+            parse_layout(f"{layout} schedule=interleaved v={v}", global_batch=batch),
+            seq_len=MEGATRON_S,
+            rank=False,
+        )["step"]["total"]
+        for v in range(2, per_stage + 1)
+        if per_stage % v == 0
+    }
+    return min(step, key=step.get)
+
+
 def megatron_runs() -> list[PublishedRun]:
+    hw = Hardware.preset("a100-80gb")
     out = []
     for billions, heads, h, layers, t, p, gpus, batch, tflops in MEGATRON_TABLE_1:
         cfg = ModelConfig(
@@ -100,10 +147,10 @@ def megatron_runs() -> list[PublishedRun]:
         )
         mfu = tflops * 1e12 / A100_PEAK_2021 * megatron_model_share(h, layers)
         layout = f"dp={gpus // (t * p)} tp={t} pp={p} zero=0 b=1 recompute=full"
+        if p > 1:  # §5.1: "the interleaved pipeline schedule"
+            layout += f" schedule=interleaved v={megatron_v(cfg, layout, batch, hw)}"
         text = f"{tflops} TFLOP/s per GPU (eq. 3)"
-        out.append(
-            PublishedRun(f"{billions:g}B, {gpus:,} A100s", cfg, "a100-80gb", layout, MEGATRON_S, batch, text, mfu)
-        )
+        out.append(PublishedRun(f"{billions:g}B, {gpus:,} A100s", cfg, hw.name, layout, MEGATRON_S, batch, text, mfu))
     return [PublishedRun(**{**r.__dict__, "stack": MEGATRON_STACK}) for r in out]
 
 
@@ -120,19 +167,28 @@ def llama3_runs() -> list[PublishedRun]:
             f"{mfu:.0%} BF16 MFU",
             mfu,
             LLAMA3_STACK,
+            causal_reading=True,
         )
         for gpus, text, seq, batch, mfu in LLAMA3_TABLE_4
     ]
 
 
+def causal_factor(cfg: ModelConfig, seq_len: int) -> float:
+    """PaLM's training FLOPs per token over a causal count's (attention's [T, T] products halved)."""
+    full = flops_per_token(cfg, seq_len)
+    return full / (full - attention_flops_per_token(cfg, seq_len) / 2)
+
+
 def validate(run: PublishedRun, *, rank: bool = True) -> dict:
     """One row: the published layout's predicted MFU and memory, whether it fits (90 % of the
-    device's reported memory, ``planner.MEM_UTIL``), and two ranks among the layouts the planner
-    finds over ``run.stack``: the layout as run (1 + the candidates faster than it) and its degrees
-    (the planner's best variant of the same dp, tp, pp, cp: micro-batch, schedule, ZeRO, recomputation)."""
+    device's reported memory, ``planner.MEM_UTIL``), and its rank (module docstring): 1 + the
+    layouts that fit and are faster, among those over ``run.stack`` (``rank_stack`` of ``of_stack``)
+    and among those with the published recomputation setting (``rank`` of ``of``); ``top_quarter``:
+    it fits and ``rank`` ≤ ``of``/4. A layout that does not fit gets the rank its time would have."""
     hw = Hardware.preset(run.hardware)
     lay = parse_layout(run.layout, global_batch=run.global_batch)
-    r = cost_layout(run.cfg, hw, lay, seq_len=run.seq_len, rank=False)
+    r = cost_layout(run.cfg, hw, lay, seq_len=run.seq_len, rank=rank, search=run.stack)
+    causal = causal_factor(run.cfg, run.seq_len) if run.causal_reading else None
     row = {
         "run": run.run,
         "layout": r["layout"],
@@ -140,19 +196,19 @@ def validate(run: PublishedRun, *, rank: bool = True) -> dict:
         "published_mfu": run.published_mfu,
         "predicted_mfu": r["mfu"],
         "ratio": r["mfu"] / run.published_mfu,
+        "published_mfu_causal": causal and run.published_mfu * causal,
+        "ratio_causal": causal and r["mfu"] / (run.published_mfu * causal),
         "memory": r["memory_total"],
         "fits": r["fits"],
         "margin": r["margin_bytes"],
     }
     if rank:
-        gpus = lay.dp * lay.tp * lay.pp * lay.cp
-        p = plan(run.cfg, hw, gpus=gpus, seq_len=run.seq_len, global_batch=run.global_batch, **run.stack)
-        step = r["step"]["total"]
-        degrees = lay.degrees
-        same = [i for i, c in enumerate(p.candidates) if c.layout.degrees == degrees]
-        row |= {
-            "rank_as_run": 1 + sum(c.cost.total < step for c in p.candidates),
-            "rank_of_degrees": same[0] + 1 if same else None,
-            "of": len(p.candidates),
-        }
+        row |= {"rank": r["rank_recompute"], "of": r["of_recompute"], "rank_stack": r["rank"], "of_stack": r["of"]}
+        row["top_quarter"] = r["fits"] and row["rank"] <= TOP * row["of"]
     return row
+
+
+def done_when(row: dict) -> dict[str, bool]:
+    """Issue 27's three bars for one row: fits, predicted MFU within ±15 % of published (as printed),
+    and in the top quarter of the layouts that fit with the published recomputation setting."""
+    return {"fits": row["fits"], "within 15 %": abs(row["ratio"] - 1) <= 0.15, "top quarter": row["top_quarter"]}

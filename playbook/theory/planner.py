@@ -28,7 +28,14 @@ from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_advice import batch_advice, nothing_fits, nothing_plans
 from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
-from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS, StepCost, step_costs, with_schedule
+from playbook.theory.plan_cost import (
+    DEFAULT_OVERLAP,
+    OVERLAP_PRESETS,
+    StepCost,
+    scheduled_total,
+    step_costs,
+    with_schedule,
+)
 from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, V_SHAPED, check_schedules
 from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan: the planner's public types)
@@ -141,24 +148,17 @@ def plan(
                     **timing,
                     **common,
                 )
-        costs = sorted(
-            (
-                (
-                    with_schedule(
-                        by_zero[v.micro_batch, v.recompute, _placement(v)][v.zero],
-                        pp=dims.pp,
-                        microbatches=v.microbatches,
-                        schedule=v.schedule,
-                        v=v.v,
-                    ),
-                    v,
-                )
-                for v in variants
-            ),
-            key=lambda cv: (cv[0].total, -cv[1].zero),
-        )
+
+        def base(v: Layout) -> StepCost:
+            return by_zero[v.micro_batch, v.recompute, _placement(v)][v.zero]
+
+        def total(v: Layout) -> tuple[float, int]:
+            at = dict(pp=dims.pp, microbatches=v.microbatches, schedule=v.schedule, v=v.v)
+            return scheduled_total(base(v), **at), -v.zero
+
+        order = sorted(variants, key=total)
         too_big: list[tuple] = []  # (memory key, layout) of variants that did not fit
-        for i, (cost, v) in enumerate(costs):
+        for i, v in enumerate(order):
             key = _memory_key(v)
             if any(_needs_more(key, f) for f, _ in too_big):  # grows with b, falls with ZeRO and recomputation
                 seen = "memory" in out.rejected  # the first message is kept: format no other
@@ -166,9 +166,10 @@ def plan(
                 continue
             mem = memory_bytes(cfg, v, seq_len, attention, activations)
             if mem <= budget:
+                cost = with_schedule(base(v), pp=dims.pp, microbatches=v.microbatches, schedule=v.schedule, v=v.v)
                 mfu = cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops)
                 out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
-                out.dominated += len(costs) - i - 1
+                out.dominated += len(order) - i - 1
                 break
             out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.capacity_bytes / 1e9:.1f} GB device")
             too_big = [(f, w) for f, w in too_big if not _needs_more(f, key)] + [(key, v)]  # keep the minimal
