@@ -170,7 +170,10 @@ def test_every_pair_of_features_refusal_accepts_runs_in_some_layout_of_the_matri
         )
         if why:
             refused[pair] = why
-        elif pair not in covered:
+            continue
+        if setup is not tied_moe:
+            plan.check(setup)  # the smallest layout is one the hybrid runs
+        if pair not in covered:
             uncovered.append(" × ".join(sorted(pair)))
     assert set(uncovered) == {" × ".join(sorted(p)) for p in NOT_YET}, (
         f"pairs refusal accepts that no layout of MATRIX runs: {uncovered} (known, NOT_YET: {list(NOT_YET.values())})"
