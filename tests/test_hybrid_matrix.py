@@ -7,8 +7,8 @@ every mesh axis measured == predicted, memory per category of every rank measure
 the byte. The fast test below (no ranks) takes every pair of ``hybrid_matrix.FEATURES``, builds
 the smallest layout with both (``smallest``) and asks ``theory.composition.refusal``: every pair it
 accepts is switched on together by some layout of MATRIX (but the NOT_YET pairs, each with what
-is missing), and the pairs it refuses are REFUSED, with the words of its line. PAIRS holds the layouts that cover a pair no other test needed; they
-run here, on 2 and 4 ranks.
+is missing), and the pairs it refuses are REFUSED, with the words of its line. PAIRS holds the
+layouts that cover a pair no other test needed; they run here, on 2 and 4 ranks.
 """
 
 import itertools
