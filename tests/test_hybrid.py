@@ -178,25 +178,6 @@ def test_playbook_run_hybrid_refuses_a_bad_layout_in_one_line(capsys):
     assert "--world-size 4 but the degrees dp2 need 2 ranks" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name, setup, plan, axes", FOUR + EIGHT, ids=[c[0] for c in FOUR + EIGHT])
-def test_memory_is_predicted_for_every_layout(name, setup, plan, axes):
-    from playbook.theory.hybrid import memory_per_rank
-
-    routing = [{"counts_by_rank": [[4] * 8] * 4, "capacity": None, "tokens": 64}] if setup.config().is_moe else None
-    got = memory_per_rank(
-        setup.config(),
-        plan.dims,
-        rank=0,
-        global_batch=8,
-        seq_len=32,
-        microbatches=plan.m,
-        sequence_parallel=plan.sequence_parallel,
-        routing=routing and routing * 1,
-        zero=plan.zero,
-    )
-    assert got["activations"] is not None and got["params"] > 0  # every layout of the matrix is modelled
-
-
 def test_summary_reads_as_a_table(ranks4):
     from playbook.parallel.hybrid.run import HybridReport
 
