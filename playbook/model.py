@@ -40,7 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from playbook.attention import Attention
 from playbook.config import ModelConfig
 from playbook.mlp import SwiGLU
-from playbook.moe import AUX_ALPHA, MoEMLP, configure
+from playbook.moe import AUX_ALPHA, MoEMLP, configure, replay_context
 
 INIT_STD = 0.02  # GPT-2's initial weight scale
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -187,7 +187,8 @@ class GPT(nn.Module):
         x = self.embed(tokens)  # [batch, seq, hidden]
         for block in self.blocks:
             if self.recompute == "full" and torch.is_grad_enabled():
-                x = checkpoint(block, x, positions, use_reentrant=False)  # [batch, seq, hidden]
+                # an MoE block's replay routes as its forward did (``moe.replay_context``)
+                x = checkpoint(block, x, positions, use_reentrant=False, context_fn=lambda: replay_context(block))
             else:
                 x = block(x, positions)  # [batch, seq, hidden]
         logits = self.head(x)  # [batch, seq, vocab]

@@ -22,6 +22,8 @@
   forward bᵢ += γ · sign(mean load − loadᵢ) from the global counts: Wang et al. 2024,
   *Auxiliary-Loss-Free Load Balancing* (arXiv:2408.15664), used by DeepSeek-V3 (arXiv:2412.19437,
   §2.1.2, γ = 0.001). No gradient flows through b, so it cannot trade language modelling for balance.
+  Under activation recomputation the replay of a forward routes with the biases that forward
+  routed with, and its update is dropped (``replay_context``, torch checkpoint's ``context_fn``).
 
 Written to be split: the layer asks three overridable questions — how many tokens the whole batch
 has and what earlier ranks routed (``exchange_counts``), and who runs the experts
@@ -32,6 +34,7 @@ batch) on any number of ranks, and EP drops exactly the tokens this single proce
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -200,6 +203,29 @@ class MoEMLP(nn.Module):
 # ---- working with a whole model -----------------------------------------------------------------
 def moe_layers(model: nn.Module) -> list[MoEMLP]:
     return [m for m in model.modules() if isinstance(m, MoEMLP)]
+
+
+def replay_context(module: nn.Module) -> tuple:
+    """``context_fn`` for a non-reentrant ``torch.utils.checkpoint`` of ``module``: (the forward's
+    context, the replay's). Called as the forward starts, it keeps a copy of the route biases its MoE
+    layers are about to route with; the replay routes with that copy, and its update lands on the
+    copy, dropped afterwards (the forward updated the biases, once). So the replay recomputes the
+    forward's routing whatever forwards of other micro-batches changed in between."""
+    layers = [layer for layer in moe_layers(module) if layer.route_bias is not None]
+    kept = [layer.route_bias.clone() for layer in layers]  # [E] each, before this forward's update
+
+    @contextlib.contextmanager
+    def replay():
+        now = [layer.route_bias for layer in layers]
+        for layer, bias in zip(layers, kept):
+            layer.route_bias = bias
+        try:
+            yield
+        finally:
+            for layer, bias in zip(layers, now):
+                layer.route_bias = bias
+
+    return contextlib.nullcontext(), replay() if layers else contextlib.nullcontext()
 
 
 def configure(

@@ -1,36 +1,20 @@
 """The hybrid mesh on real ranks: every composition against the single process on the same global
 batch (loss, every gradient, and parameters after 3 AdamW steps by relative L2 per tensor, each
-within max(1e-5, 3 x the float floor of this machine's float32: ``parallel.parity``), and bytes per
-rank per step on every mesh axis measured == predicted."""
+within max(1e-5, 3 x the float floor of this machine's float32: ``parallel.parity``), bytes per
+rank per step on every mesh axis measured == predicted, memory per category to the byte
+(``hybrid_matrix.check``). FOUR and EIGHT are rows of the composition matrix (tests/test_hybrid_matrix.py)."""
 
 import pytest
+
+from hybrid_matrix import DENSE, MOE, axes_used, check
 
 from playbook.cluster import RankTimeout
 from playbook.dims import ParallelDims
 from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
 from playbook.parallel.hybrid.run import comm_table, merge, reference
-from playbook.parallel.parity import assert_parity, bounds
+from playbook.parallel.parity import bounds
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
-
-DENSE, MOE = TrainSetup(), TrainSetup(model="gpt-tiny-moe")
-_references: dict = {}
-
-
-def check(ranks, setup: TrainSetup, plan: Plan):
-    plan.check(setup)
-    answers = ranks.run(train_hybrid, setup, plan)
-    if setup not in _references:
-        _references[setup] = reference(setup)
-    parity = compare(merge(answers, plan.dims.tp), _references[setup])
-    assert_parity(parity, setup, str(plan.dims))  # max(1e-5, 3 x the float floor), figure by figure
-    for row in comm_table(answers, setup, plan):
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
-        for category, predicted in row["memory"]["predicted"].items():  # to the byte, where modelled
-            if predicted is not None:
-                assert row["memory"]["measured"][category] == predicted, (row["rank"], category)
-    return answers, parity
-
 
 FOUR = [
     ("dp2×tp2", DENSE, Plan(ParallelDims(dp=2, tp=2)), {"dp", "tp"}),
@@ -96,13 +80,12 @@ EIGHT = [
 @pytest.mark.parametrize("name, setup, plan, axes", FOUR, ids=[c[0] for c in FOUR])
 def test_four_rank_layouts_match_the_single_process_with_bytes_per_axis_as_predicted(ranks4, name, setup, plan, axes):
     answers, _ = check(ranks4, setup, plan)
-    assert {ax for a in answers for s in a["spans"] if s["axis"] != "report" for ax in [s["axis"]]} == axes
+    assert axes_used(answers) == axes
 
 
 def test_ep2_inside_dp2_moe(ranks2):
     answers, _ = check(ranks2, MOE, Plan(ParallelDims(dp=2, ep=2)))
-    axes = {s["axis"] for a in answers for s in a["spans"]}
-    assert {"dp", "ep"} <= axes  # the all-to-alls on their own group, though its ranks are dp's
+    assert {"dp", "ep"} <= axes_used(answers)  # the all-to-alls on their own group, though its ranks are dp's
 
 
 def test_moe_inside_dp_alone_routes_on_the_global_counts(ranks2):
@@ -116,7 +99,7 @@ def test_moe_inside_dp_alone_routes_on_the_global_counts(ranks2):
 @pytest.mark.parametrize("name, setup, plan, axes", EIGHT, ids=[c[0] for c in EIGHT])
 def test_eight_rank_layouts_match_the_single_process_with_bytes_per_axis_as_predicted(ranks8, name, setup, plan, axes):
     answers, _ = check(ranks8, setup, plan)
-    assert {s["axis"] for a in answers for s in a["spans"] if s["axis"] != "report"} == axes
+    assert axes_used(answers) == axes
     sends = [s for a in answers for s in a["spans"] if s["name"] == "isend"]
     assert sends and all(s["axis"] == "pp" for s in sends)
 
@@ -193,25 +176,6 @@ def test_playbook_run_hybrid_refuses_a_bad_layout_in_one_line(capsys):
     assert len(err) == 1 and "tp=4 must divide kv_heads=2" in err[0]
     assert main(["run", "hybrid", "--dp", "2", "--world-size", "4"]) == 2
     assert "--world-size 4 but the degrees dp2 need 2 ranks" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("name, setup, plan, axes", FOUR + EIGHT, ids=[c[0] for c in FOUR + EIGHT])
-def test_memory_is_predicted_for_every_layout(name, setup, plan, axes):
-    from playbook.theory.hybrid import memory_per_rank
-
-    routing = [{"counts_by_rank": [[4] * 8] * 4, "capacity": None, "tokens": 64}] if setup.config().is_moe else None
-    got = memory_per_rank(
-        setup.config(),
-        plan.dims,
-        rank=0,
-        global_batch=8,
-        seq_len=32,
-        microbatches=plan.m,
-        sequence_parallel=plan.sequence_parallel,
-        routing=routing and routing * 1,
-        zero=plan.zero,
-    )
-    assert got["activations"] is not None and got["params"] > 0  # every layout of the matrix is modelled
 
 
 def test_summary_reads_as_a_table(ranks4):

@@ -6,31 +6,27 @@ bounds; bytes per step on every axis of every rank measured == predicted (``theo
 memory per category of every rank measured == predicted to the byte."""
 
 import pytest
+from hybrid_matrix import axes_used, check
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
-from playbook.parallel.hybrid.run import comm_table, merge, reference
-from playbook.parallel.parity import assert_parity
-from playbook.parallel.report import compare
+from playbook.parallel.hybrid.parallelize import Plan
 from playbook.parallel.training import TrainSetup
 
 SETUP = TrainSetup()
 FOUR_AXES = ParallelDims(dp=2, tp=2, pp=2, cp=2)
+SIXTEEN = [  # rows of the composition matrix (tests/test_hybrid_matrix.py)
+    (f"Llama 3 shape {schedule}", SETUP, Plan(FOUR_AXES, zero=1, sequence_parallel=True, schedule=schedule))
+    for schedule in ("1f1b", "interleaved")
+]
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
-def test_dp2_tp2_pp2_cp2_with_zero1_and_sp_matches_one_process(ranks16, schedule):
-    plan = Plan(FOUR_AXES, zero=1, sequence_parallel=True, schedule=schedule)
-    plan.check(SETUP)
-    assert plan.v == (2 if schedule == "interleaved" else 1)
-    answers = ranks16.run(train_hybrid, SETUP, plan)
-    assert_parity(compare(merge(answers, FOUR_AXES.tp), reference(SETUP)), SETUP, f"{FOUR_AXES} {schedule}")
-    rows = comm_table(answers, SETUP, plan)
-    assert len(rows) == 16
-    for row in rows:
-        assert set(row["predicted"]) == {"tp", "cp", "pp", "dp×cp"}, row["rank"]  # every axis carries bytes
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
-        assert row["memory"]["measured"] == row["memory"]["predicted"], row["rank"]  # every category, to the byte
+@pytest.mark.parametrize("name, setup, plan", SIXTEEN, ids=[c[0] for c in SIXTEEN])
+def test_dp2_tp2_pp2_cp2_with_zero1_and_sp_matches_one_process(ranks16, name, setup, plan):
+    assert plan.v == (2 if plan.schedule == "interleaved" else 1)
+    answers, _ = check(ranks16, setup, plan)
+    assert len(answers) == 16
+    for a in answers:  # every axis carries bytes on every rank
+        assert axes_used([a]) == {"tp", "cp", "pp", "dp×cp"}, a["rank"]
 
 
 def test_the_405b_plan_shrinks_to_this_layout_with_its_schedule_and_replays_exactly(ranks16):

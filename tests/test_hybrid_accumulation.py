@@ -8,8 +8,7 @@ reduces on the last one, as torchtitan does with FSDP under PP (``parallel.zero.
 import json
 
 import pytest
-from test_hybrid import DENSE, MOE, check
-from test_hybrid_moe import check as check_moe
+from hybrid_matrix import DENSE, MOE, check
 
 from playbook.dims import ParallelDims
 from playbook.parallel.hybrid.parallelize import Plan
@@ -28,7 +27,7 @@ CASES = [
 @pytest.mark.parametrize("name, setup, plan, world", CASES, ids=[c[0] for c in CASES])
 def test_gradient_accumulation_at_pp1_matches_the_single_process(request, name, setup, plan, world):
     # an MoE model against the single process that routes the same m micro-batches (``hybrid.moe.reference``)
-    (check_moe if setup.config().is_moe else check)(request.getfixturevalue(f"ranks{world}"), setup, plan)
+    check(request.getfixturevalue(f"ranks{world}"), setup, plan)
 
 
 def test_activations_at_pp1_are_one_micro_batchs():
@@ -51,3 +50,13 @@ def test_playbook_run_hybrid_dp2_microbatches4(capsys):
     for row in report["per_rank"]:
         assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12)
         assert row["memory"]["measured"] == row["memory"]["predicted"]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1", "interleaved", "zb-v"])
+def test_a_pipeline_schedule_without_a_pipeline_is_refused_in_one_line(capsys, schedule):
+    """At pp = 1 the driver plays 1F1B of one stage whatever --schedule says: refused, not ignored."""
+    from playbook.cli import main
+
+    assert main(["run", "hybrid", "--dp", "2", "--microbatches", "2", "--schedule", schedule]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--schedule {schedule} orders a pipeline's stages, and pp=1 here" in err[0]

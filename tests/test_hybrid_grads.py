@@ -18,7 +18,7 @@ def test_the_table_has_one_row_per_class_with_its_axes():
         "replicated, fed the full sequence": "dp×cp",
         "replicated, fed a sequence shard": "tp × dp×cp",
         "routed expert": "tp × expert replicas",
-        "tied embedding": "dp×cp × first + last stage",
+        "tied embedding": "first + last stage × dp×cp",
     }
 
 

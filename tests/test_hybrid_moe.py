@@ -1,68 +1,48 @@
 """A mixture of experts inside the hybrid's pipeline, on real ranks: every stage's aux loss counted,
 against the single process that routes the same m micro-batches (``parallel.hybrid.moe``): loss,
 every gradient and parameters after 3 AdamW steps within max(1e-5, 3 x the float floor; 10 x for parameters), bytes
-per rank per step on every axis measured == predicted, memory per category to the byte."""
+per rank per step on every axis measured == predicted, memory per category to the byte
+(``hybrid_matrix.check``). The layout lists are rows of the composition matrix (tests/test_hybrid_matrix.py)."""
 
 import pytest
+from hybrid_matrix import MOE, axes_used, check
 
 from playbook.dims import ParallelDims
 from playbook.parallel.hybrid import moe as hybrid_moe
-from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
-from playbook.parallel.hybrid.run import comm_table, merge
-from playbook.parallel.parity import assert_parity, float_floor
+from playbook.parallel.hybrid.parallelize import Plan
 from playbook.parallel.pp.pipeline import PipelineSetup
-from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
-
-MOE = TrainSetup(model="gpt-tiny-moe")
-
-
-def check(ranks, setup: TrainSetup, plan: Plan):
-    plan.check(setup)
-    answers = ranks.run(train_hybrid, setup, plan)
-    single, floor = hybrid_moe.reference(setup, plan)
-    parity = compare(merge(answers, plan.dims.tp), single)
-    assert_parity(parity, setup, str(plan.dims), floor=floor or float_floor(setup))
-    for row in comm_table(answers, setup, plan):
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
-        for category, predicted in row["memory"]["predicted"].items():
-            assert predicted is not None, (row["rank"], category)  # every category is modelled here
-            assert row["memory"]["measured"][category] == predicted, (row["rank"], category)
-    return answers, parity
-
-
-def axes(answers) -> set:
-    return {s["axis"] for a in answers for s in a["spans"] if s["axis"] != "report"}
 
 
 def test_moe_in_pp2_counts_the_aux_loss_of_both_stages(ranks2):
     answers, _ = check(ranks2, MOE, Plan(ParallelDims(pp=2)))
-    assert axes(answers) == {"pp"}
+    assert axes_used(answers) == {"pp"}
 
 
-@pytest.mark.parametrize(
-    "dims, used",
-    [(ParallelDims(dp=2, pp=2), {"dp", "pp"}), (ParallelDims(dp=2, pp=2, ep=2), {"dp", "ep", "pp"})],
-    ids=["pp2×dp2", "pp2×ep2 inside dp2"],
-)
-def test_moe_in_a_pipeline_with_data_and_expert_parallelism(ranks4, dims, used):
-    answers, _ = check(ranks4, MOE, Plan(dims))
-    assert axes(answers) == used
+IN_PIPELINE = [  # rows of the composition matrix (tests/test_hybrid_matrix.py), as are the lists below
+    ("pp2×dp2", Plan(ParallelDims(dp=2, pp=2)), {"dp", "pp"}),
+    ("pp2×ep2 inside dp2", Plan(ParallelDims(dp=2, pp=2, ep=2)), {"dp", "ep", "pp"}),
+]
 
 
-@pytest.mark.parametrize(
-    "dims, used",
-    [
-        (ParallelDims(dp=2, cp=2, ep=2), {"cp", "dp×cp", "ep", "dp"}),  # the replicas of an expert: the dp group
-        (ParallelDims(pp=2, cp=2, ep=2), {"cp", "ep", "pp"}),
-    ],
-    ids=["ep2 inside dp2×cp2", "pp2×cp2 with ep2 over cp"],
-)
-def test_moe_under_context_parallelism_routes_on_the_counts_of_every_shard(ranks4, dims, used):
+@pytest.mark.parametrize("name, plan, used", IN_PIPELINE, ids=[c[0] for c in IN_PIPELINE])
+def test_moe_in_a_pipeline_with_data_and_expert_parallelism(ranks4, name, plan, used):
+    answers, _ = check(ranks4, MOE, plan)
+    assert axes_used(answers) == used
+
+
+UNDER_CP = [
+    ("ep2 inside dp2×cp2", Plan(ParallelDims(dp=2, cp=2, ep=2)), {"cp", "dp×cp", "ep", "dp"}),  # replicas: dp
+    ("pp2×cp2 with ep2 over cp", Plan(ParallelDims(pp=2, cp=2, ep=2)), {"cp", "ep", "pp"}),
+]
+
+
+@pytest.mark.parametrize("name, plan, used", UNDER_CP, ids=[c[0] for c in UNDER_CP])
+def test_moe_under_context_parallelism_routes_on_the_counts_of_every_shard(ranks4, name, plan, used):
     """Each cp rank routes the tokens of its shard; the counts are all-gathered over dp×cp, so the
     capacity and the aux loss are the global batch's, as under dp (``parallel.hybrid.moe``)."""
-    answers, _ = check(ranks4, MOE, Plan(dims))
-    assert axes(answers) == used
+    answers, _ = check(ranks4, MOE, plan)
+    assert axes_used(answers) == used
 
 
 def test_moe_under_tp2_routes_each_ranks_sequence_slice(ranks2):
@@ -70,34 +50,39 @@ def test_moe_under_tp2_routes_each_ranks_sequence_slice(ranks2):
     (``parallel.tp.moe``); their gradients summed over tp. Without that sum (broken on purpose)
     the router's gradient is half the single process's."""
     answers, _ = check(ranks2, MOE, Plan(ParallelDims(tp=2)))
-    assert axes(answers) == {"tp"}
+    assert axes_used(answers) == {"tp"}
 
 
-@pytest.mark.parametrize(
-    "plan, used",
-    [
-        (Plan(ParallelDims(dp=2, tp=2, ep=2), sequence_parallel=True), {"dp", "ep", "tp"}),
-        (Plan(ParallelDims(tp=2, pp=2)), {"pp", "tp"}),
-        (Plan(ParallelDims(tp=2, cp=2)), {"cp", "tp"}),
-    ],
-    ids=["dp2×tp2 ep2 with SP", "tp2×pp2", "tp2×cp2"],
-)
-def test_moe_with_tensor_parallelism_composes(ranks4, plan, used):
+WITH_TP = [
+    ("dp2×tp2 ep2 with SP", Plan(ParallelDims(dp=2, tp=2, ep=2), sequence_parallel=True), {"dp", "ep", "tp"}),
+    ("tp2×pp2", Plan(ParallelDims(tp=2, pp=2)), {"pp", "tp"}),
+    ("tp2×cp2", Plan(ParallelDims(tp=2, cp=2)), {"cp", "tp"}),
+]
+
+
+@pytest.mark.parametrize("name, plan, used", WITH_TP, ids=[c[0] for c in WITH_TP])
+def test_moe_with_tensor_parallelism_composes(ranks4, name, plan, used):
     answers, _ = check(ranks4, MOE, plan)
-    assert axes(answers) == used
+    assert axes_used(answers) == used
 
 
-def test_deepseek_shape_pp2_ep2_dp2_on_eight_ranks(ranks8):
-    """DeepSeek-V3's PP·EP·DP (arXiv:2412.19437, §3.2), shrunk: 2 stages, each over 4 data ranks in
-    2 expert groups of 2 (ep2), every expert held by 2 replicas (dp2 per expert)."""
-    answers, _ = check(ranks8, MOE, Plan(ParallelDims(dp=4, pp=2, ep=2)))
-    assert axes(answers) == {"dp", "ep", "ep_replica", "pp"}
+EIGHT = [
+    # DeepSeek-V3's PP·EP·DP (arXiv:2412.19437, §3.2), shrunk: 2 stages, each over 4 data ranks in
+    # 2 expert groups of 2 (ep2), every expert held by 2 replicas (dp2 per expert)
+    ("DeepSeek-V3 shape dp4×pp2×ep2", Plan(ParallelDims(dp=4, pp=2, ep=2)), {"dp", "ep", "ep_replica", "pp"}),
+    # ep2 over dp and sequence parallelism: every axis of the mesh carries bytes
+    (
+        "every axis: dp2×tp2×pp2 ep2 with SP",
+        Plan(ParallelDims(dp=2, tp=2, pp=2, ep=2), sequence_parallel=True),
+        {"dp", "ep", "pp", "tp"},
+    ),
+]
 
 
-def test_moe_on_every_axis_at_once_on_eight_ranks(ranks8):
-    """dp2×tp2×pp2 with ep2 over dp and sequence parallelism: every axis of the mesh carries bytes."""
-    answers, _ = check(ranks8, MOE, Plan(ParallelDims(dp=2, tp=2, pp=2, ep=2), sequence_parallel=True))
-    assert axes(answers) == {"dp", "ep", "pp", "tp"}
+@pytest.mark.parametrize("name, plan, used", EIGHT, ids=[c[0] for c in EIGHT])
+def test_moe_on_eight_ranks(ranks8, name, plan, used):
+    answers, _ = check(ranks8, MOE, plan)
+    assert axes_used(answers) == used
 
 
 def test_the_reference_routes_micro_batches_not_the_whole_batch():

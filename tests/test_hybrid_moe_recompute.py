@@ -6,14 +6,10 @@ within ``parallel.parity``'s bounds), bytes per rank per step on every axis meas
 sent again) and memory per category measured == predicted to the byte on every rank."""
 
 import pytest
+from hybrid_matrix import MOE, check
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid import moe as hybrid_moe
-from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
-from playbook.parallel.hybrid.run import comm_table, merge
-from playbook.parallel.parity import assert_parity
-from playbook.parallel.report import compare
-from tests.test_hybrid_moe import MOE, check
+from playbook.parallel.hybrid.parallelize import Plan
 
 LAYOUTS = [
     ("ep2", ParallelDims(dp=2, ep=2), 2),
@@ -21,13 +17,19 @@ LAYOUTS = [
     ("dp4×ep2, experts over 2 replicas", ParallelDims(dp=4, ep=2), 4),
     ("pp2×dp2×ep2", ParallelDims(dp=2, pp=2, ep=2), 4),
 ]
-CASES = [(f"{mode} in {name}", dims, mode, world) for name, dims, world in LAYOUTS for mode in ("selective", "full")]
-CASES += [("full in dp2×cp2×ep2 (RoPE positions saved once)", ParallelDims(dp=2, cp=2, ep=2), "full", 4)]
+CASES = [
+    (f"{mode} in {name}", Plan(dims, recompute=mode), world)
+    for name, dims, world in LAYOUTS
+    for mode in ("selective", "full")
+]
+CASES += [
+    ("full in dp2×cp2×ep2 (RoPE positions saved once)", Plan(ParallelDims(dp=2, cp=2, ep=2), recompute="full"), 4)
+]
 
 
-@pytest.mark.parametrize("name, dims, mode, world", CASES, ids=[c[0] for c in CASES])
-def test_moe_recomputation_matches_the_single_process(request, name, dims, mode, world):
-    check(request.getfixturevalue(f"ranks{world}"), MOE, Plan(dims, recompute=mode))
+@pytest.mark.parametrize("name, plan, world", CASES, ids=[c[0] for c in CASES])
+def test_moe_recomputation_matches_the_single_process(request, name, plan, world):
+    check(request.getfixturevalue(f"ranks{world}"), MOE, plan)
 
 
 def test_the_replay_reruns_routing_but_records_it_once():
@@ -54,18 +56,12 @@ def test_the_replay_reruns_routing_but_records_it_once():
     assert torch.isfinite(loss)
 
 
+SPLIT = Plan(ParallelDims(dp=2, pp=2, ep=2), schedule="zb-h1", microbatches=4, recompute="full")
+
+
 def test_moe_full_recomputation_under_zb_h1_matches_the_single_process(ranks4):
     """A split backward recomputes each MoE block once at B (its all-to-alls with it) and W takes the
     router's and experts' inputs from that: parity and bytes on every axis, parameters, gradients and
     optimizer state to the byte. The activations of an MoE stage under a split backward are not
     modelled (``theory.hybrid_moe``: None), so not compared."""
-    plan = Plan(ParallelDims(dp=2, pp=2, ep=2), schedule="zb-h1", microbatches=4, recompute="full")
-    plan.check(MOE)
-    answers = ranks4.run(train_hybrid, MOE, plan)
-    single, floor = hybrid_moe.reference(MOE, plan)
-    assert_parity(compare(merge(answers, plan.dims.tp), single), MOE, str(plan.dims), floor=floor)
-    for row in comm_table(answers, MOE, plan):
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
-        predicted, measured = row["memory"]["predicted"], row["memory"]["measured"]
-        assert predicted.pop("activations") is None
-        assert predicted == {k: measured[k] for k in predicted}, row["rank"]
+    check(ranks4, MOE, SPLIT, unmodelled=("activations",))

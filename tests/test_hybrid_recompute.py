@@ -5,10 +5,10 @@ per rank per step on every axis measured == predicted, the replayed TP and CP co
 recomputed forward included, and memory per category measured == predicted to the byte."""
 
 import pytest
+from hybrid_matrix import DENSE, check
 
 from playbook.dims import ParallelDims
 from playbook.parallel.hybrid.parallelize import Plan
-from tests.test_hybrid import DENSE, check
 
 FOUR = [
     ("dp2×tp2", ParallelDims(dp=2, tp=2), {}),
@@ -77,9 +77,15 @@ def test_recomputation_on_four_ranks_matches_the_single_process(ranks4, name, di
     check(ranks4, DENSE, Plan(dims, **options))
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
-def test_full_recomputation_in_tp2_cp2_pp2_ring_inside_a_pipeline(ranks8, schedule):
-    check(ranks8, DENSE, Plan(ParallelDims(tp=2, cp=2, pp=2), schedule=schedule, recompute="full"))
+EIGHT = [
+    (f"full in tp2×cp2×pp2 {s}", ParallelDims(tp=2, cp=2, pp=2), {"schedule": s, "recompute": "full"})
+    for s in ("1f1b", "zb-h1")
+]
+
+
+@pytest.mark.parametrize("name, dims, options", EIGHT, ids=[c[0] for c in EIGHT])
+def test_full_recomputation_in_tp2_cp2_pp2_ring_inside_a_pipeline(ranks8, name, dims, options):
+    check(ranks8, DENSE, Plan(dims, **options))
 
 
 def test_recomputation_saves_activations_and_pays_the_collectives_again(ranks4):

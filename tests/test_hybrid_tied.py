@@ -8,63 +8,52 @@ Under ZeRO (Rajbhandari et al. 2020) the tied weight is one flat unit's (the emb
 holds both ends, and the embedding group's sum precedes the reduce-scatter where it does not."""
 
 import pytest
-import torch
+from hybrid_matrix import TIED
+from hybrid_matrix import check as check_layout
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
-from playbook.parallel.hybrid.run import comm_table, merge, reference
-from playbook.parallel.parity import assert_parity
-from playbook.parallel.report import compare
-from playbook.parallel.training import TrainSetup
+from playbook.parallel.hybrid import grads
+from playbook.parallel.hybrid.parallelize import Plan
+from playbook.parallel.hybrid.run import comm_table
 from playbook.theory.hybrid import comm_per_axis
-
-TIED = TrainSetup(model="gpt-tiny-tied")
-_reference: list = []
 
 
 def check(ranks, plan: Plan) -> list[dict]:
-    plan.check(TIED)
-    answers = ranks.run(train_hybrid, TIED, plan)
-    if not _reference:
-        _reference.append(reference(TIED))
-    assert_parity(compare(merge(answers, plan.dims.tp), _reference[0]), TIED, str(plan.dims))
-    for row in comm_table(answers, TIED, plan):
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
-        assert row["memory"]["measured"] == row["memory"]["predicted"], row["rank"]  # every category, to the byte
-    copies: dict = {}  # the tied weight after the last step, per tp index: equal on every rank holding it
-    for a in answers:
-        if "tok_emb.weight" in a["result"].params:  # the first and the last stage (one rank on the V)
-            copies.setdefault(a["coords"]["tp"], []).append(a["result"].params["tok_emb.weight"])
-    for same in copies.values():
-        assert all(torch.equal(same[0], c) for c in same[1:])
-    return answers
+    """``hybrid_matrix.check``: parity, bytes and memory, and the copies of the tied weight bit-for-bit equal."""
+    return check_layout(ranks, TIED, plan)[0]
+
+
+TWO = [Plan(ParallelDims(pp=2)), Plan(ParallelDims(dp=2))]  # rows of the composition matrix, as the lists below
 
 
 def test_pp2_sums_the_two_copies_over_the_embedding_group(ranks2):
-    answers = check(ranks2, Plan(ParallelDims(pp=2)))
-    (row,) = [r for r in comm_table(answers, TIED, Plan(ParallelDims(pp=2))) if r["rank"] == 1]
+    answers = check(ranks2, TWO[0])
+    (row,) = [r for r in comm_table(answers, TIED, TWO[0]) if r["rank"] == 1]
     assert row["measured"]["embed"] == 4 * 64 * 64  # one [vocab, hidden] fp32 all-reduce over 2 ranks: S
 
 
 def test_without_a_pipeline_the_tied_weight_is_one_tensor_counted_once(ranks2):
-    answers = check(ranks2, Plan(ParallelDims(dp=2)))  # memory to the byte: the head adds its norm only
-    assert all("embed" not in row["measured"] for row in comm_table(answers, TIED, Plan(ParallelDims(dp=2))))
+    answers = check(ranks2, TWO[1])  # memory to the byte: the head adds its norm only
+    assert all("embed" not in row["measured"] for row in comm_table(answers, TIED, TWO[1]))
 
 
-@pytest.mark.parametrize(
-    "plan",
-    [
-        Plan(ParallelDims(dp=2, pp=2)),
-        Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True),
-        Plan(ParallelDims(dp=2, pp=2), schedule="interleaved"),  # the head on rank 1's second chunk
-        Plan(ParallelDims(dp=2, pp=2), schedule="zb-v", microbatches=2),  # rank 0 holds both: nothing sent
-    ],
-    ids=["dp2×pp2", "tp2×pp2 SP", "dp2×pp2 interleaved", "dp2×pp2 zb-v"],
-)
+FOUR = [
+    Plan(ParallelDims(dp=2, pp=2)),
+    Plan(ParallelDims(tp=2, pp=2), sequence_parallel=True),
+    Plan(ParallelDims(dp=2, pp=2), schedule="interleaved"),  # the head on rank 1's second chunk
+    Plan(ParallelDims(dp=2, pp=2), schedule="zb-v", microbatches=2),  # rank 0 holds both: nothing sent
+]
+
+
+@pytest.mark.parametrize("plan", FOUR, ids=["dp2×pp2", "tp2×pp2 SP", "dp2×pp2 interleaved", "dp2×pp2 zb-v"])
 def test_tied_embedding_composes_with_dp_tp_and_the_v(ranks4, plan):
     answers = check(ranks4, plan)
     axes = {ax for row in comm_table(answers, TIED, plan) for ax in row["measured"]}
     assert ("embed" in axes) == (plan.schedule != "zb-v")
+    if plan == FOUR[0]:  # dp2×pp2: the copies summed in the order of the gradient table's row
+        order = [{"dp_cp": "dp"}.get(axis, axis) for axis in grads.TIED.axes]
+        for a in answers:
+            assert [s["axis"] for s in a["spans"] if s["axis"] in order] == order * TIED.steps, a["rank"]
 
 
 def test_only_the_first_and_last_pipeline_ranks_send_on_the_embedding_group():
@@ -119,10 +108,13 @@ def test_zero_composes_with_the_embedding_group(ranks4, plan):
     assert embed == {r: 4 * 64 * 64 // plan.dims.tp if across else 0 for r in embed}
 
 
+EIGHT = [Plan(ParallelDims(dp=2, tp=2, pp=2), zero=1, sequence_parallel=True)]
+
+
 def test_zero_with_tp_pp_and_sp_sums_each_tp_shard_of_the_copies(ranks8):
     """dp2×tp2×pp2 with SP and ZeRO-1: each tp rank's [vocab/tp, hidden] rows summed over its own
     embedding group, then reduce-scattered over dp."""
-    plan = Plan(ParallelDims(dp=2, tp=2, pp=2), zero=1, sequence_parallel=True)
+    (plan,) = EIGHT
     answers = check(ranks8, plan)
     embed = [row["measured"].get("embed", 0) for row in comm_table(answers, TIED, plan)]
     assert embed == [4 * 64 * 64 // 2] * 8
@@ -133,3 +125,12 @@ def test_run_zero_refuses_a_tied_preset_in_one_line_before_ranks_start():
 
     with pytest.raises(ValueError, match="playbook run hybrid --dp 2 --zero 1"):
         run_zero(TIED, world_size=2, stage=1)
+
+
+def test_torchs_pipeline_refuses_a_tied_preset_in_one_line():
+    """``torch.distributed.pipelining``'s stages would train the two copies apart: refused before any
+    collective, as ``run pp`` skips it."""
+    from playbook.parallel.pp.native import native_on_rank
+
+    with pytest.raises(ValueError, match="gpt-tiny-tied ties its head to its embedding, .* run ours"):
+        native_on_rank(None, TIED, schedule="1f1b", m=2)

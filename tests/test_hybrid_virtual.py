@@ -5,13 +5,11 @@ ZeRO, each against one process (loss, gradients, parameters after AdamW), with b
 memory per category of every rank measured == predicted."""
 
 import pytest
+from hybrid_matrix import check
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
-from playbook.parallel.hybrid.run import comm_table, merge, reference
-from playbook.parallel.parity import assert_parity
+from playbook.parallel.hybrid.parallelize import Plan
 from playbook.parallel.pp.pipeline import PipelineSetup
-from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
 from playbook.theory.hybrid import chunk_ranges
 
@@ -36,13 +34,8 @@ LAYOUTS = [
 
 @pytest.mark.parametrize("name, plan", LAYOUTS, ids=[n for n, _ in LAYOUTS])
 def test_virtual_stages_match_one_process_with_bytes_and_memory_as_predicted(ranks4, name, plan):
-    plan.check(SETUP)
     assert plan.v == 2
-    answers = ranks4.run(train_hybrid, SETUP, plan)
-    assert_parity(compare(merge(answers, plan.dims.tp), reference(SETUP)), SETUP, name)
-    for row in comm_table(answers, SETUP, plan):
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
-        assert row["memory"]["measured"] == row["memory"]["predicted"], row["rank"]
+    check(ranks4, SETUP, plan)
 
 
 def test_chunks_are_placed_as_each_schedule_places_them():
@@ -148,9 +141,4 @@ UNEVEN_LAYOUTS = [
 def test_unequal_stages_match_one_process(ranks4, name, plan):
     """A pipeline whose degree does not divide the layers (Llama 3 405B: 126 layers) runs: the
     executor and the theory cut the same pieces (``theory.pipeline.stage_ranges``)."""
-    plan.check(UNEVEN)
-    answers = ranks4.run(train_hybrid, UNEVEN, plan)
-    assert_parity(compare(merge(answers, plan.dims.tp), reference(UNEVEN)), UNEVEN, name)
-    for row in comm_table(answers, UNEVEN, plan):
-        assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
-        assert row["memory"]["measured"] == row["memory"]["predicted"], row["rank"]
+    check(ranks4, UNEVEN, plan)

@@ -5,7 +5,7 @@ gradient, parameters after AdamW within max(1e-5, 3 x the float floor; 10 x for 
 predicted, memory per category to the byte."""
 
 import pytest
-from test_hybrid import DENSE, MOE, check
+from hybrid_matrix import DENSE, MOE, check
 
 from playbook.dims import ParallelDims
 from playbook.parallel.hybrid.parallelize import Plan
@@ -62,11 +62,15 @@ def test_zero_composes_on_eight_ranks(ranks8, name, setup, plan, axes):
     assert _axes(answers) == axes
 
 
-PIPELINE = [(z, s) for z in (1, 2, 3) for s in ("1f1b", "zb-h1")]
+PIPELINE = [
+    (f"ZeRO-{z} {s} in dp2×pp2", DENSE, Plan(ParallelDims(dp=2, pp=2), zero=z, schedule=s, microbatches=4))
+    for z in (1, 2, 3)
+    for s in ("1f1b", "zb-h1")
+]
 
 
-@pytest.mark.parametrize("zero, schedule", PIPELINE, ids=[f"ZeRO-{z} {s}" for z, s in PIPELINE])
-def test_zero_inside_a_pipeline_saves_memory_between_steps_only(ranks4, zero, schedule):
+@pytest.mark.parametrize("name, setup, plan", PIPELINE, ids=[c[0] for c in PIPELINE])
+def test_zero_inside_a_pipeline_saves_memory_between_steps_only(ranks4, name, setup, plan):
     """dp2×pp2: ZeRO-3 gathers each unit once a step, keeps it through the m micro-batches and
     reduce-scatters after the last (``parallel.zero.pipeline``). Between steps it holds slices only;
     after the last backward every stage holds whole weights and whole gradients, measured == predicted,
@@ -74,7 +78,7 @@ def test_zero_inside_a_pipeline_saves_memory_between_steps_only(ranks4, zero, sc
     from playbook.theory.hybrid import chunk_ranges
     from playbook.theory.hybrid_zero import flat_units, pipeline_peak_state
 
-    plan = Plan(ParallelDims(dp=2, pp=2), zero=zero, schedule=schedule, microbatches=4)
+    zero = plan.zero
     answers, _ = check(ranks4, DENSE, plan)
     assert _axes(answers) == {"dp", "pp"}
     for a in answers:
@@ -112,10 +116,8 @@ def test_an_expert_no_token_reaches_is_left_alone_as_the_single_process_leaves_i
 def test_an_expert_no_token_reaches_is_left_alone_by_a_pipelines_zero(ranks4):
     """``PipelineZero`` (ZeRO-3 gathered once a step, reduced after the last micro-batch) leaves it
     alone too; against the single process that routes the same micro-batches (``test_hybrid_moe``)."""
-    from test_hybrid_moe import check as check_micro_batched
-
     setup = TrainSetup(model="gpt-tiny-moe", global_batch=4, seq_len=4, seed=66)  # starved in step 1
-    answers, _ = check_micro_batched(ranks4, setup, Plan(ParallelDims(dp=2, pp=2, ep=2), zero=3))
+    answers, _ = check(ranks4, setup, Plan(ParallelDims(dp=2, pp=2, ep=2), zero=3))
     # each stage holds one MoE layer: an expert starved in a step is 0 in every micro-batch's forward
     starved = [
         any(any(all(f["kept"][e] == 0 for f in a["routing"][step]) for e in range(4)) for a in answers)

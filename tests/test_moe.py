@@ -242,3 +242,38 @@ def test_the_moe_theory_imports_no_torch():
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"
     )
+
+
+def _three_steps_with_bias_balancing(recompute: str, hybrid: bool):
+    """gpt-tiny-moe with aux-loss-free balancing (γ = 0.05, large enough to change routing within
+    three steps): losses, biases and gradients of three forward + backward passes."""
+    from playbook.parallel.hybrid.recompute import apply_recompute
+
+    cfg = ModelConfig.preset("gpt-tiny-moe")
+    model = build(cfg, seed=0, bias_rate=0.05)
+    if hybrid:  # the hybrid's recomputation (``parallel.hybrid.recompute``: early stop inside the MoE layer)
+        apply_recompute(model, recompute)
+    else:
+        model.set_recompute(recompute)
+    task = TrainSetup(model="gpt-tiny-moe").task()
+    out = []
+    for step in range(3):
+        tokens, targets = task.batch(step, 8, 32)
+        model.zero_grad()
+        _, loss = model(tokens, targets)
+        loss.backward()
+        biases = [layer.route_bias.clone() for layer in model.modules() if isinstance(layer, MoEMLP)]
+        out.append((loss.detach(), biases, [p.grad.clone() for p in model.parameters()]))
+    return out
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["GPT.set_recompute", "hybrid.apply_recompute"])
+def test_bias_balancing_under_full_recomputation_routes_the_replay_as_its_forward(hybrid):
+    """The replay of a recomputed block routes with the biases its forward routed with, and does not
+    update them again: the same losses, biases (updated once per forward) and gradients as without
+    recomputation. Updating in the replay (the old bug) routed it differently: torch's CheckpointError."""
+    plain, replayed = _three_steps_with_bias_balancing("none", hybrid), _three_steps_with_bias_balancing("full", hybrid)
+    assert all(b.abs().sum() > 0 for b in plain[0][1])  # every forward moves the biases
+    for (loss, biases, grads), (loss2, biases2, grads2) in zip(plain, replayed):
+        assert torch.equal(loss, loss2) and all(torch.equal(a, b) for a, b in zip(biases, biases2))
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(grads, grads2))

@@ -91,7 +91,7 @@ def test_recomputation_is_replayed_or_lightened_as_the_one_table_says():
     assert kept.recompute == "full" and kept.command().split("--recompute ")[1].startswith("full ")
     assert shrink(lay(dp=8, tp=8, recompute="selective")).recompute == "selective"
     split = shrink(lay(dp=8, pp=8, schedule="zb-h1", recompute="full"))
-    table = refusal(ModelConfig.preset("gpt-tiny"), split.dims, zero=1, v=1, recompute="full", schedule="zb-h1")
+    table = refusal(ModelConfig.preset("gpt-tiny"), split.dims, zero=1, v=1, recompute="full")
     assert split.recompute == ("selective" if table else "full")
     assert bool(table) == any(n == f"recompute=full → selective: {table}" for n in split.notes)
     assert "--recompute" not in shrink(lay(dp=8, tp=8)).command()

@@ -170,7 +170,7 @@ def shrink(
         notes.append(f"gradient accumulation over {lay.microbatches} micro-batches → one micro-batch per step")
     cfg, layout = (
         ModelConfig.preset(small),
-        dict(zero=zero, sequence_parallel=sp, v=v, seq_len=SEQ_LEN, schedule=schedule),
+        dict(zero=zero, sequence_parallel=sp, v=v, seq_len=SEQ_LEN),
     )
     recompute = _recompute(lay.recompute, cfg, dims, notes, **layout)
     why = refusal(cfg, dims, recompute=recompute, **layout)

@@ -16,8 +16,9 @@ a mean. Which ranks those are depends only on the parameter's class:
 - a routed expert: its replicas, the ``ep_replica`` ranks inside dp×cp that hold the same experts
   (the all-to-all already summed the tokens of its ep group; DeepSpeed-MoE, Rajbhandari et al. 2022,
   §5.2), and the tp ranks where tp splits the tokens;
-- a tied embedding: with the dense weights over dp×cp, then its two copies on the first and last
-  pipeline stage (Narayanan et al. 2021's embedding group; ``hybrid.tied`` runs that sum).
+- a tied embedding: first its two copies on the first and the last pipeline stage (Narayanan et
+  al. 2021's embedding group; ``hybrid.tied`` runs that sum, so that ZeRO's reduce-scatter finds the
+  gradient whole), then with the dense weights over dp×cp.
 
 ``reduce_gradients`` runs the table without ZeRO, one flat all-reduce per axis; under ZeRO the
 flat units do dp×cp and the replicas (``parallel.zero.zero``), and ``tp_summed`` names what they first sum over tp.
@@ -51,7 +52,7 @@ SEQ = Reduction(
     ("tp", "dp_cp"),
 )
 EXPERT = Reduction("routed expert", "the experts of an MoE layer", ("tp", "ep_replica"))
-TIED = Reduction("tied embedding", "tok_emb = lm_head, on the first and on the last stage", ("dp_cp", "embed"))
+TIED = Reduction("tied embedding", "tok_emb = lm_head, on the first and on the last stage", ("embed", "dp_cp"))
 REDUCTIONS = (SHARD, FULL, SEQ, EXPERT, TIED)  # the one table
 AXIS_NAMES = {"dp_cp": "dp×cp", "tp": "tp", "ep_replica": "expert replicas", "embed": "first + last stage"}
 

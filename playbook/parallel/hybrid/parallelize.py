@@ -116,7 +116,6 @@ class Plan:
             seq_len=setup.seq_len,
             cp_variant=self.cp_variant,
             recompute=self.recompute,
-            schedule=self.schedule,
         )
         if why:  # the one composition table (``theory.composition``), which the shrinker reads too
             raise ValueError(why)

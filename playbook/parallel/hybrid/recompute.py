@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from playbook.model import RECOMPUTE_MODES
+from playbook.moe import replay_context
 
 
 def check_recompute(mode: str) -> None:
@@ -43,21 +44,23 @@ def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
     for block in model.blocks:
         block.attn.recompute_core = mode == "selective"
         if mode == "full":
-            block.forward, block.checkpointed = _checkpointed(block.forward), True
+            block.forward, block.checkpointed = _checkpointed(block.forward, block), True
     return model
 
 
-def _checkpointed(forward):
+def _checkpointed(forward, block: nn.Module):
     """``forward(x, positions)`` that keeps only its inputs and reruns in backward. Early stop is set
     here, not left to a global setting: the replay ends at the last tensor backward needs, so what
     it sends again is fixed (``theory.hybrid_recompute``), and in an MoE block it ends inside the
     MoE layer, before its forward hooks (routing records, the aux loss, ``parallel.hybrid.moe``):
-    they fire once per forward, never for the replay."""
+    they fire once per forward, never for the replay; its routing is its forward's (the route biases
+    of aux-loss-free balancing kept for it, ``moe.replay_context``)."""
 
     def run(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return forward(x, positions)
         with set_checkpoint_early_stop(True):
-            return checkpoint(forward, x, positions, use_reentrant=False)  # [b, s, h] as the block's own
+            context = lambda: replay_context(block)  # noqa: E731
+            return checkpoint(forward, x, positions, use_reentrant=False, context_fn=context)  # [b, s, h]
 
     return run

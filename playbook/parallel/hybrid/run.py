@@ -143,6 +143,11 @@ def _idle_flags(dims: ParallelDims, options: dict) -> list[tuple[bool, str]]:
             f"--cp-variant {variant} is context parallelism, and cp=1 here; add --cp 2",
         ),
         (
+            options.get("schedule", "1f1b") != "1f1b" and dims.pp == 1,
+            f"--schedule {options.get('schedule')} orders a pipeline's stages, and pp=1 here (one stage plays "
+            "1F1B: gradient accumulation over --microbatches); add --pp 2 or drop --schedule",
+        ),
+        (
             options.get("virtual_stages") is not None and dims.pp == 1,
             "--chunks cuts a pipeline's stages into virtual ones, and pp=1 here; add --pp 2 or drop --chunks",
         ),

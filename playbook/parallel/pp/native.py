@@ -36,6 +36,10 @@ NATIVE = {
     "zb-v": "ScheduleZBVZeroBubble",
     "dualpipe-v": "ScheduleDualPipeV",
 }
+NO_TIED = (
+    "{model} ties its head to its embedding, and torch.distributed.pipelining's stages do not sum the "
+    "two copies; run ours (parallel.pp.pipeline.on_rank) for a tied preset"
+)
 V_PLACED = ("zb-v", "dualpipe-v")  # torch places their stages in a V too: rank r holds r and 2p − 1 − r
 
 
@@ -95,6 +99,8 @@ def native_on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1,
     is a multi-stage one: v chunks per rank (v >= 1)."""
     import torch.distributed.pipelining as pipelining
 
+    if setup.config().tie_embeddings:
+        raise ValueError(NO_TIED.format(model=setup.model))
     group = group if group is not None else ctx.mesh_for(ParallelDims(pp=ctx.world_size)).group("pp")
     p, rank, cfg = dist.get_world_size(group), dist.get_rank(group), setup.config()
     check_pipeline(p, m, v if schedule in ("interleaved", *V_PLACED) else 1, name=schedule, n_layers=cfg.n_layers)
