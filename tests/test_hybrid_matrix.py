@@ -165,10 +165,8 @@ def test_every_pair_of_features_refusal_accepts_runs_in_some_layout_of_the_matri
             plan.dims,
             zero=plan.zero,
             sequence_parallel=plan.sequence_parallel,
-            v=plan.v,
             seq_len=setup.seq_len,
             cp_variant=plan.cp_variant,
-            recompute=plan.recompute,
         )
         if why:
             refused[pair] = why

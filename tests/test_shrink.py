@@ -9,7 +9,6 @@ import pytest
 from playbook.config import Hardware, ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.planner import Layout, plan
-from playbook.theory.composition import refusal
 from playbook.theory.shrink import first_shrinkable, shrink
 from playbook.parallel.report import GATED
 
@@ -73,9 +72,7 @@ def test_expert_parallelism_borrows_ranks_and_moe_keeps_to_dp_and_ep():
     s = shrink(lay(dp=64, ep=8, recompute="full"), model=mixtral)
     assert (s.model, s.dims, s.dims.world) == ("gpt-tiny-moe", ParallelDims(dp=2, ep=2), 2)
     assert s.zero == 1 and not any("ZeRO" in n for n in s.notes)  # ZeRO-1 with EP, as DeepSeek-V3 trains
-    # the MoE recomputation is replayed where the one table composes it, else replayed as none, said why
-    assert s.recompute == ("none" if refusal(TINY_MOE, s.dims, recompute="full") else "full")
-    assert (s.recompute == "none") == any(n.startswith("recompute=full → none: ") for n in s.notes)
+    assert s.recompute == "full" and not any(n.startswith("recompute=") for n in s.notes)  # replayed as planned
     # MoE composes with tp and pp now: every axis kept (the hybrid's one table, ``theory.composition``)
     assert shrink(lay(dp=8, tp=8, ep=8), model=mixtral).dims == ParallelDims(dp=2, tp=2, ep=2)
     in_pp = shrink(lay(dp=8, pp=8, schedule="interleaved", v=2), model=mixtral)  # MoE stages follow the chunks
@@ -84,16 +81,13 @@ def test_expert_parallelism_borrows_ranks_and_moe_keeps_to_dp_and_ep():
     assert (on_v.schedule, on_v.virtual_stages) == ("zb-v", 2)
 
 
-def test_recomputation_is_replayed_or_lightened_as_the_one_table_says():
-    """The planned mode is kept where ``playbook run hybrid`` composes it; otherwise the next lighter
-    one it does (full → selective → none), the refusal quoted in a note and the mode in the command."""
+def test_recomputation_is_replayed_as_planned():
+    """Every recomputation mode composes with every layout (``theory.composition``), so the replay
+    keeps the planned one, a split backward and an MoE model included, and its command says it."""
     kept = shrink(lay(dp=8, tp=8, pp=8, recompute="full"))
     assert kept.recompute == "full" and kept.command().split("--recompute ")[1].startswith("full ")
     assert shrink(lay(dp=8, tp=8, recompute="selective")).recompute == "selective"
-    split = shrink(lay(dp=8, pp=8, schedule="zb-h1", recompute="full"))
-    table = refusal(ModelConfig.preset("gpt-tiny"), split.dims, zero=1, v=1, recompute="full")
-    assert split.recompute == ("selective" if table else "full")
-    assert bool(table) == any(n == f"recompute=full → selective: {table}" for n in split.notes)
+    assert shrink(lay(dp=8, pp=8, schedule="zb-h1", recompute="full")).recompute == "full"
     assert "--recompute" not in shrink(lay(dp=8, tp=8)).command()
 
 

@@ -6,8 +6,7 @@ split backward, context, expert; ZeRO 1-3 over dp×cp with routed experts over t
 recomputation; a tied embedding over its first and last stage; gradient accumulation): every pair
 of them runs on real ranks against one process (tests/test_hybrid_matrix.py). What is refused is a
 fact of the layout or the model, and its line says which: nothing to split or shard over, tokens or
-heads that do not divide. One rule is code not yet written and says so: an MoE model's stage is
-predicted for one equal chunk per pipeline rank.
+heads that do not divide.
 
 Pure Python: no torch, so the planner can ask before anything is imported.
 """
@@ -24,10 +23,8 @@ def refusal(
     *,
     zero: int = 0,
     sequence_parallel: bool = False,
-    v: int = 1,
     seq_len: int | None = None,
     cp_variant: str = "ring",
-    recompute: str = "none",
 ) -> str | None:
     """The first rule of the table ``dims`` and these options break, as one line naming it and what
     would work; None when ``playbook run hybrid`` composes them."""

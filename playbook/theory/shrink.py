@@ -170,31 +170,15 @@ def shrink(
         notes.append(f"gradient accumulation over {lay.microbatches} micro-batches → one micro-batch per step")
     cfg, layout = (
         ModelConfig.preset(small),
-        dict(zero=zero, sequence_parallel=sp, v=v, seq_len=SEQ_LEN),
+        dict(zero=zero, sequence_parallel=sp, seq_len=SEQ_LEN),
     )
-    recompute = _recompute(lay.recompute, cfg, dims, notes, **layout)
-    why = refusal(cfg, dims, recompute=recompute, **layout)
+    recompute = lay.recompute  # every mode composes with every layout (``theory.composition``)
+    why = refusal(cfg, dims, **layout)
     if why:  # the hybrid's own table: what it refuses, the replay cannot run
         raise _refuse(lay, why, "leave an axis out (drop=...) or shrink a candidate without it")
     notes.append(f"{big} → {small}; {ROWS} rows of {SEQ_LEN} tokens per micro-batch, fp32 (the plan counts bf16)")
     batch = dims.dp * (m or 1) * ROWS
     return Shrunk(lay, small, dims, zero, sp, m, batch, SEQ_LEN, tuple(notes), schedule, v, recompute)
-
-
-LIGHTER = {"full": ("full", "selective", "none"), "selective": ("selective", "none"), "none": ("none",)}
-
-
-def _recompute(planned: str, cfg: ModelConfig, dims: ParallelDims, notes: list, **layout) -> str:
-    """The planned recomputation where the hybrid composes it in this layout, else the next lighter
-    mode it does (``LIGHTER``), with a note naming the refusal: read from the one table
-    (``theory.composition``) at run time, not restated here. "none" if none composes (the caller's
-    check then names what else is refused)."""
-    for mode in LIGHTER[planned]:
-        if refusal(cfg, dims, recompute=mode, **layout) is None:
-            if mode != planned:
-                notes.append(f"recompute={planned} → {mode}: {refusal(cfg, dims, recompute=planned, **layout)}")
-            return mode
-    return "none"
 
 
 def _zero_and_sp(zero: int, dims: ParallelDims, notes: list) -> tuple[int, bool]:

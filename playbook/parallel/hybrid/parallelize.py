@@ -112,10 +112,8 @@ class Plan:
             d,
             zero=self.zero,
             sequence_parallel=self.sequence_parallel,
-            v=self.v,
             seq_len=setup.seq_len,
             cp_variant=self.cp_variant,
-            recompute=self.recompute,
         )
         if why:  # the one composition table (``theory.composition``), which the shrinker reads too
             raise ValueError(why)
