@@ -86,6 +86,12 @@ CASES += [
         4,
     ),
     (
+        "DeepSeek-V3's shape with its shared expert: dp4×pp2×ep2, ZeRO-1, DualPipe-V, full recomputation",
+        Variant(model="gpt-tiny-moe", shared=1, global_batch=16),
+        Plan(ParallelDims(dp=4, pp=2, ep=2), zero=1, schedule="dualpipe-v", microbatches=4, recompute="full"),
+        8,
+    ),
+    (
         "full zb-h1 in cp2×pp2 (the RoPE positions held while a forward graph is)",
         MOE,
         Plan(ParallelDims(cp=2, pp=2), schedule="zb-h1", microbatches=4, recompute="full"),
