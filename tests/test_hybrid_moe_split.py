@@ -80,6 +80,12 @@ CASES += [
         4,
     ),
     (
+        "a dense block first (DeepSeek-V3's first_k_dense) and a shared expert, full zb-h1 in tp2×pp2",
+        Variant(model="gpt-tiny-moe", shared=1, dense=1, layers=3),
+        Plan(ParallelDims(tp=2, pp=2), schedule="zb-h1", microbatches=4, recompute="full"),
+        4,
+    ),
+    (
         "full zb-v in tp2×pp2 with SP",
         MOE,
         Plan(ParallelDims(tp=2, pp=2), schedule="zb-v", microbatches=2, recompute="full", sequence_parallel=True),
