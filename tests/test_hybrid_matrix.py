@@ -8,9 +8,7 @@ the byte. The fast test below (no ranks) takes every pair of ``hybrid_matrix.FEA
 the smallest layout with both (``smallest``) and asks ``theory.composition.refusal``: every pair it
 accepts is switched on together by some layout of MATRIX (but the NOT_YET pairs, each with what
 is missing), and the pairs it refuses are REFUSED, with the words of its line. PAIRS holds the
-layouts that cover a pair no other test needed; they run here, on 2 and 4 ranks. (The one
-layout still checked without its activations, an MoE stage under a split backward with full
-recomputation, is tests/test_hybrid_moe_recompute.py's SPLIT.)
+layouts that cover a pair no other test needed; they run here, on 2 and 4 ranks.
 """
 
 import itertools
@@ -22,6 +20,7 @@ import test_hybrid16
 import test_hybrid_accumulation
 import test_hybrid_moe
 import test_hybrid_moe_recompute
+import test_hybrid_moe_split
 import test_hybrid_recompute
 import test_hybrid_tied
 import test_hybrid_virtual
@@ -91,6 +90,7 @@ MATRIX = [
     *rows(test_hybrid_moe.EIGHT + test_hybrid_moe.ZERO_WITH_MOE, MOE),
     *rows(test_hybrid_moe.CHUNKED),
     *rows(test_hybrid_moe_recompute.CASES, MOE),
+    *rows(test_hybrid_moe_split.CASES),
     *rows(test_hybrid_zero.TWO + test_hybrid_zero.FOUR + test_hybrid_zero.EIGHT + test_hybrid_zero.PIPELINE),
     *rows(test_hybrid_tied.TWO + test_hybrid_tied.FOUR + test_hybrid_tied.EIGHT, TIED),
     *rows(test_hybrid_tied.ZERO_TWO + test_hybrid_tied.ZERO_FOUR, TIED),

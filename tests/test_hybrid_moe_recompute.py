@@ -61,7 +61,7 @@ SPLIT = Plan(ParallelDims(dp=2, pp=2, ep=2), schedule="zb-h1", microbatches=4, r
 
 def test_moe_full_recomputation_under_zb_h1_matches_the_single_process(ranks4):
     """A split backward recomputes each MoE block once at B (its all-to-alls with it) and W takes the
-    router's and experts' inputs from that: parity and bytes on every axis, parameters, gradients and
-    optimizer state to the byte. The activations of an MoE stage under a split backward are not
-    modelled (``theory.hybrid_moe``: None), so not compared."""
-    check(ranks4, MOE, SPLIT, unmodelled=("activations",))
+    router's and experts' inputs from that: parity, bytes on every axis and every memory category,
+    the activations W keeps included (``theory.hybrid_moe.moe_block_w_bytes``; more split layouts:
+    tests/test_hybrid_moe_split.py)."""
+    check(ranks4, MOE, SPLIT)

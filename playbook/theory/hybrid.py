@@ -110,9 +110,11 @@ def comm_per_axis(
             add("tp", sent_bytes("all_reduce", FP32 * sum(u.norms for u in units), dims.tp))
         if sequence_parallel and dims.pp > 1 and is_split(schedule):  # W replays each row-parallel exit's
             # backward (``pp.executor``: autograd.grad of the module's output, one node deep): under SP the
-            # reduce-scatter's all-gather again, o_proj and down_proj, per block and micro-batch
+            # reduce-scatter's all-gather again, o_proj and down_proj (an MoE block: o_proj alone, its
+            # experts are whole), per block and micro-batch
             exit_grad = FP32 * (rows // microbatches) * (seq_len // dims.cp) * cfg.hidden  # [b/m, s/cp, h]
-            add("tp", 2 * len(blocks) * microbatches * sent_bytes("all_gather", exit_grad, dims.tp))
+            exits = 2 * len(blocks) - moe_layers_in(cfg, ranges)
+            add("tp", exits * microbatches * sent_bytes("all_gather", exit_grad, dims.tp))
     if dims.cp > 1:
         local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
         per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
-from playbook.theory.hybrid_recompute import positions_bytes
+from playbook.theory.hybrid_recompute import attention_w_bytes, positions_bytes, tp_block_w_bytes
 from playbook.theory.inventory import local, ours_block, view
 from playbook.theory.local_activations import activation_pieces
 from playbook.theory.moe import moe_mlp_activation_terms, rank_rows
@@ -154,18 +154,33 @@ def moe_block_bytes(
 
 
 def moe_block_w_bytes(
-    cfg: ModelConfig, dims: ParallelDims, *, rank: int, micro_batch: int, seq_len: int, layer: dict
+    cfg: ModelConfig,
+    dims: ParallelDims,
+    *,
+    rank: int,
+    micro_batch: int,
+    seq_len: int,
+    layer: dict,
+    sequence_parallel: bool = False,
+    block_input: bool = True,
 ) -> int:
-    """Bytes one MoE block keeps from B until W under a split backward without TP (ZB-H1, ZB-V; Qi
-    et al. 2023, arXiv:2401.10241, §2), as ``parallel.pp.executor`` keeps them: each linear's input
-    and output gradient, once per storage (``theory.pipeline.chunk_w_bytes``). Outside the MLP,
-    the dense block's T·(7h + 2·a·d + 2·g·d); the MLP: the router's logits gradient T·E, the R rows
-    its experts received and their gradient (one [R, h] buffer each), their down-projections'
-    inputs and the gate's and up's output gradients (3·R·f_e), at T = b·s/cp tokens."""
-    T, h, fe = micro_batch * seq_len // dims.cp, cfg.hidden, cfg.expert_ffn_hidden
-    a, g, d = cfg.n_heads, cfg.kv_heads, cfg.dim_head
+    """Bytes one MoE block keeps from B until W under a split backward (ZB-H1, ZB-V, DualPipe-V; Qi
+    et al. 2023, arXiv:2401.10241, §2), as ``parallel.pp.executor`` keeps them: each layer's input
+    and output gradient, once per storage, from F or, under full recomputation, from B's rerun of
+    the block (the same tensors, the same bytes). The attention half
+    (``theory.hybrid_recompute.attention_w_bytes``) and the block's input ([b, s/cp, h]; left out
+    with ``block_input=False``, where the kept graph holds it: TP under "full"); the MoE layer at
+    the T = b·s/(cp·tp) tokens this rank routes: the router's input T·h and its logits' gradient
+    T·E, the R rows its experts received and their gradient (R·h each), their down-projections'
+    inputs and the gate's and up's output gradients (3·R·f_e); each shared expert (Dai et al. 2024,
+    arXiv:2401.06066) takes the router's input and adds 3·T·f_e, and all of them the gradient of
+    the layer's output, T·h once (every shared output is a term of one sum)."""
+    T, h, fe, n_s = micro_batch * seq_len // dims.cp // dims.tp, cfg.hidden, cfg.expert_ffn_hidden, cfg.n_shared_experts
     _, R = rank_rows(layer["counts_by_rank"], layer["capacity"], dims.data_index(rank), dims.ep)
-    return FP32 * (T * (7 * h + 2 * a * d + 2 * g * d) + T * cfg.n_experts + 2 * R * h + 3 * R * fe)
+    x = block_input * micro_batch * (seq_len // dims.cp // (dims.tp if sequence_parallel else 1)) * h
+    moe = T * h + T * cfg.n_experts + 2 * R * h + 3 * R * fe + (n_s > 0) * T * h + 3 * n_s * T * fe
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, sequence_parallel=sequence_parallel)
+    return attention_w_bytes(cfg, dims, **sizes) + FP32 * (x + moe)
 
 
 def stage_activation_bytes(
@@ -181,59 +196,68 @@ def stage_activation_bytes(
     microbatches: int = 1,
     virtual_stages: int = 1,
     **layout,
-) -> int | None:
+) -> int:
     """Activation bytes at the step's peak on ``rank`` of pipeline stage ``stage``: each F of the
     schedule adds its micro-batch's bytes on that chunk (the embedding, the chunk's blocks with the
     routing of that forward, the head), each B frees them (pp = 1: 1F1B of one stage, gradient
     accumulation). ``forwards``: the first step's routing of this rank's MoE layers, in the order
     they ran (``RoutingStats.as_dict``: ``counts_by_rank``, ``capacity``). ``layout``:
-    ``sequence_parallel``, ``cp_variant``, ``recompute``. A split backward (ZB-H1, ZB-V) keeps,
-    from B until W, what W needs (:func:`moe_block_w_bytes` and ``theory.pipeline.chunk_w_bytes``;
-    with TP layers the whole graph); with recomputation or shared experts there: None."""
+    ``sequence_parallel``, ``cp_variant``, ``recompute``. A split backward (ZB-H1, ZB-V, DualPipe-V)
+    keeps, from B until W, what W needs: without TP each layer's input and output gradient
+    (:func:`moe_block_w_bytes`, ``theory.pipeline.chunk_w_bytes``), with TP layers the whole graph
+    and, under "full", the tensors W takes from B's recomputation
+    (``theory.hybrid_recompute.tp_block_w_bytes``). Under "full" with CP the RoPE positions, one
+    storage, are held while any forward graph of blocks is (``theory.hybrid_recompute.positions_bytes``)."""
     pp, L = dims.pp, cfg.n_layers
     m, v = microbatches, virtual_stages if pp > 1 else 1  # pp = 1: gradient accumulation
     schedule = schedule if pp > 1 else "1f1b"
-    b = rows // m
+    b, recompute, sp = rows // m, layout.get("recompute", "none"), layout.get("sequence_parallel", False)
     piece = activation_pieces(cfg.replace(n_experts=0, top_k=0), dims, seq_len=seq_len, micro_batch=b, **layout)
     ranges = chunk_ranges(cfg, pp, stage, schedule, v)
+    dense_blocks = [sum(not is_moe_block(cfg, i) for i in blocks_in(cfg, [rg])) for rg in ranges]
     fixed = [
-        (start == 0) * piece["first"]
-        + (end == L + 2) * piece["last"]
-        + sum(not is_moe_block(cfg, i) for i in blocks_in(cfg, [(start, end)])) * piece["block"]
-        for start, end in ranges
+        (start == 0) * piece["first"] + (end == L + 2) * piece["last"] + n * piece["block"]
+        for (start, end), n in zip(ranges, dense_blocks)
     ]
     per_f = [moe_layers_in(cfg, [rg]) for rg in ranges]  # MoE forwards of one F on each chunk
+    holds_blocks = [bool(blocks_in(cfg, [rg])) for rg in ranges]
     forwards = for_tp_rank(forwards, dims, rank)
-    sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len, **layout)
-    once = positions_bytes(dims, seq_len, layout.get("recompute", "none"))  # "full" under CP: one storage
+    sizes = dict(rank=rank, micro_batch=b, seq_len=seq_len)
+    once = positions_bytes(dims, seq_len, recompute)  # "full" under CP: one storage
     plan = make_schedule(schedule, pp, m, v)
-    split = plan.split_backward
-    if split and (cfg.n_shared_experts or layout.get("recompute", "none") != "none"):  # W's part: not counted
-        return None
+    split, lean = plan.split_backward, dims.tp == 1  # lean: W from inputs and output gradients alone
     dense, s_local = cfg.replace(n_experts=0, top_k=0, n_dense_layers=0), seq_len // dims.cp
     w_block = chunk_w_bytes(dense, 1, 2, b, s_local)  # one dense block's W part
     w_fixed = [
         chunk_w_bytes(dense, start, end, b, s_local) - moe_layers_in(cfg, [(start, end)]) * w_block
         for start, end in ranges
     ]
-    now = peak = 0
+    tp_more = tp_block_w_bytes(cfg, dims, seq_len=seq_len, micro_batch=b, sequence_parallel=sp)
+    now = peak = live = 0  # live: forward graphs of chunks with blocks (the positions' holders)
     held: dict[tuple[int, int], tuple[int, int]] = {}  # (micro-batch, chunk) -> (its bytes, its W part)
     for a in plan.compute(stage):
         key = a.mb, a.chunk
         if a.kind == "F":
             layers, forwards = forwards[: per_f[a.chunk]], forwards[per_f[a.chunk] :]
-            whole = fixed[a.chunk] + sum(moe_block_bytes(cfg, dims, layer=f, **sizes) for f in layers)
-            w = whole if dims.tp > 1 else w_fixed[a.chunk]  # TP layers: W runs on the kept graph
-            if dims.tp == 1 and split:
-                w += sum(
-                    moe_block_w_bytes(cfg, dims, rank=rank, micro_batch=b, seq_len=seq_len, layer=f) for f in layers
-                )
+            whole = fixed[a.chunk] + sum(moe_block_bytes(cfg, dims, layer=f, **sizes, **layout) for f in layers)
+            w = 0
+            if split and lean:
+                w = w_fixed[a.chunk] + sum(moe_block_w_bytes(cfg, dims, layer=f, **sizes) for f in layers)
+            elif split:  # TP layers: W runs on the kept graph; under "full" with B's recomputed tensors too
+                w = whole
+                if recompute == "full":
+                    more = [moe_block_w_bytes(cfg, dims, layer=f, sequence_parallel=sp, block_input=False, **sizes)
+                            for f in layers]  # fmt: skip
+                    w += dense_blocks[a.chunk] * tp_more + sum(more)
             held[key] = (whole, w)
             now += whole
+            live += holds_blocks[a.chunk]
         elif a.kind == "B":
             whole, w = held[key] if split else held.pop(key)
-            now += w - whole if split else -whole
+            now += w - whole
+            live -= holds_blocks[a.chunk] * (not split or lean)  # the graph goes at B, or at W (TP)
         else:
             now -= held.pop(key)[1]
-        peak = max(peak, now)
-    return peak + once
+            live -= holds_blocks[a.chunk] * (not lean)
+        peak = max(peak, now + once * (live > 0))
+    return peak

@@ -97,21 +97,35 @@ def held_with_positions(
     return peak
 
 
+def attention_w_bytes(
+    cfg: ModelConfig, dims: ParallelDims, *, seq_len: int, micro_batch: int, sequence_parallel: bool = False
+) -> int:
+    """The attention half of what a block keeps from B until W under a split backward
+    (``parallel.pp.executor``; Qi et al. 2023, arXiv:2401.10241, §2), each layer's input and output
+    gradient once per storage, the block's input left out (:func:`tp_block_w_bytes`): inputs, q, k
+    and v's (the attention norm's output, all-gathered [s, h] under SP), the attention output
+    a·d/t, the residual sum h (the MLP norm's input); output gradients, the two norms' and o_proj's
+    h each, q, k, v (a + 2g)·d/t. Under SP the h-wide tensors of the residual stream hold s/tp
+    tokens. At s/cp tokens, a/t and g/t heads (t = tp; t = 1: the whole layer, on one rank)."""
+    b, s, h, t = micro_batch, seq_len // dims.cp, cfg.hidden, dims.tp
+    a, g, d = cfg.n_heads, cfg.kv_heads, cfg.dim_head
+    stream = s // t if sequence_parallel else s  # tokens of the residual stream on this rank
+    inputs = s * h + s * a * d // t + stream * h  # q/k/v's input (gathered), attention, residual sum
+    grads = 3 * stream * h + s * (a + 2 * g) * d // t  # the two norms' and o_proj's outputs; q, k, v
+    return FP32 * b * (inputs + grads)
+
+
 def tp_block_w_bytes(
     cfg: ModelConfig, dims: ParallelDims, *, seq_len: int, micro_batch: int, sequence_parallel: bool
 ) -> int:
     """Bytes one tensor-parallel block adds from B until W under "full" recomputation with a split
     backward (``parallel.pp.executor``): its graph stays for the layers outside the blocks, and W
     takes each layer's input and output gradient from B's recomputation (Qi et al. 2023, §2), one
-    storage each: inputs, the norm outputs (the column layers' input: all-gathered [s, h] under SP),
-    the attention output a·d/t, the residual sum, gate·up f/t (the block's input is the graph's);
-    output gradients, the two norms', o_proj's and down_proj's h each, q, k, v (a + 2g)·d/t, gate and
-    up 2·f/t. Under SP the h-wide tensors of the residual stream hold s/tp tokens. At s/cp tokens."""
-    b, s, h, t = micro_batch, seq_len // dims.cp, cfg.hidden, dims.tp
-    a, g, d, f = cfg.n_heads, cfg.kv_heads, cfg.dim_head, cfg.ffn_hidden
-    stream = s // t if sequence_parallel else s  # tokens of the residual stream on this rank
-    inputs = (
-        2 * s * h + s * a * d // t + stream * h + s * f // t
-    )  # norm outputs (gathered), attention, residual, gate·up
-    grads = 4 * stream * h + s * (a + 2 * g) * d // t + 2 * s * f // t
-    return FP32 * b * (inputs + grads)
+    storage each (the block's input is the graph's): the attention half (:func:`attention_w_bytes`)
+    and the SwiGLU's, inputs gate and up's (the MLP norm's output, all-gathered under SP) h and
+    gate·up f/t, output gradients down_proj's h (s/tp tokens under SP), gate and up 2·f/t. At s/cp tokens."""
+    b, s, h, t, f = micro_batch, seq_len // dims.cp, cfg.hidden, dims.tp, cfg.ffn_hidden
+    stream = s // t if sequence_parallel else s
+    mlp = s * h + s * f // t + stream * h + 2 * s * f // t
+    sizes = dict(seq_len=seq_len, micro_batch=micro_batch, sequence_parallel=sequence_parallel)
+    return attention_w_bytes(cfg, dims, **sizes) + FP32 * b * mlp
