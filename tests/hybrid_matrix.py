@@ -67,10 +67,10 @@ def axes_used(answers: list[dict]) -> set:
     return {s["axis"] for a in answers for s in a["spans"] if s["axis"] != "report"}
 
 
-def check(ranks, setup: TrainSetup, plan: Plan, *, unmodelled: tuple = ()) -> tuple[list[dict], dict]:
-    """Run ``plan`` on ``ranks`` and hold it to the single process, bytes per axis and memory per
-    category (module docstring); ``unmodelled``: the memory categories with no prediction (None).
-    Returns every rank's answer and the parity figures."""
+def check(ranks, setup: TrainSetup, plan: Plan) -> tuple[list[dict], dict]:
+    """Run ``plan`` on ``ranks`` and hold it to the single process, bytes per axis and every memory
+    category (module docstring; none may be left unpredicted). Returns every rank's answer and the
+    parity figures."""
     plan.check(setup)
     answers = ranks.run(train_hybrid, setup, plan)
     single, floor = hybrid_moe.reference(setup, plan)  # cached per setup (and m, dp for an MoE model)
@@ -79,10 +79,7 @@ def check(ranks, setup: TrainSetup, plan: Plan, *, unmodelled: tuple = ()) -> tu
     for row in comm_table(answers, setup, plan):
         assert row["measured"] == pytest.approx(row["predicted"], rel=1e-12), row["rank"]
         predicted, measured = row["memory"]["predicted"], row["memory"]["measured"]
-        assert {k for k, v in predicted.items() if v is None} == set(unmodelled), row["rank"]
-        assert {k: v for k, v in predicted.items() if v is not None} == {
-            k: measured[k] for k in predicted if predicted[k] is not None
-        }, row["rank"]  # to the byte
+        assert predicted == {k: measured[k] for k in predicted}, row["rank"]  # every category, to the byte
     if setup.config().tie_embeddings:  # the copies of the tied weight, per tp index: equal on every rank
         copies: dict = {}
         for a in answers:
