@@ -85,7 +85,7 @@ say "chapters: pytest --nbmake notebooks/ beside the tests (every chapter execut
 nblog="$(mktemp)" nbstart=$(date +%s)
 python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@" >"$nblog" 2>&1 &   # each chapter's time
 nbpid=$!
-trap 'kill "$nbpid" 2>/dev/null; rm -f "$nblog"' EXIT
+trap 'kill "$nbpid" 2>/dev/null || true; rm -f "$nblog"' EXIT   # (|| true: set -e holds in a trap too)
 status=0
 python -m pytest tests --durations=15 ${ignore[@]+"${ignore[@]}"} "$@" || status=$?   # the slowest tests, to cut next
 stage_done tests
