@@ -1,6 +1,7 @@
-"""``./setup.sh test``'s own logic, with stand-ins for pytest and ruff (each run takes a second): nbmake
-runs beside the tests, its output comes after theirs, and the exit status is the tests' or else
-nbmake's (its "no test collected", exit 5, counts as a pass: ``./setup.sh test -k cluster``)."""
+"""``./setup.sh test``'s own logic, with stand-ins for pytest and ruff (each run takes a second or two):
+three pytest runs side by side (the chapters in the browser and the book; the other tests; nbmake), their
+outputs one after the other, and the exit status of the first that failed (a run that selected nothing,
+exit 5, counts as a pass unless none selected anything: ``./setup.sh test -k cluster``)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 STUB = r"""#!/usr/bin/env bash
+say() { echo "$1 from $(date +%s.%N)"; sleep "$2"; echo "$1 says $3"; exit "$3"; }
 case "$*" in
   *hashlib*) exec "$REAL_PYTHON" "$@" ;;
   *why_not_here*) echo ""; exit 0 ;;  # the browser is here
-  *--nbmake*) echo "nbmake from $(date +%s.%N)"; sleep "$NB_SECONDS"; echo "nbmake says $NB_RC"; exit "$NB_RC" ;;
-  *"-m pytest tests"*) echo "tests from $(date +%s.%N)"; sleep 1; echo "tests say $TESTS_RC"; exit "$TESTS_RC" ;;
+  *--nbmake*) say nbmake 2 "$NB_RC" ;;
+  *--ignore=tests/test_book.py*) say others 1.5 "$OTHERS_RC" ;;
+  *"tests/browser tests/test_book.py"*) say chapters 1 "$CHAPTERS_RC" ;;
 esac
 exit 0
 """
@@ -43,9 +46,9 @@ def checkout(tmp_path):
     return tmp_path
 
 
-def run(checkout: Path, tests_rc: int, nb_rc: int, nb_seconds: float = 2.0):
-    env = {**os.environ, "REAL_PYTHON": sys.executable, "TESTS_RC": str(tests_rc), "NB_RC": str(nb_rc)}
-    env.update(NB_SECONDS=str(nb_seconds), PLAYBOOK_VENV=".venv")
+def run(checkout: Path, chapters: int, others: int, nbmake: int):
+    env = {**os.environ, "REAL_PYTHON": sys.executable, "PLAYBOOK_VENV": ".venv"}
+    env.update(CHAPTERS_RC=str(chapters), OTHERS_RC=str(others), NB_RC=str(nbmake))
     env.pop("CI", None)
     return subprocess.run(
         ["bash", "setup.sh", "test"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
@@ -56,23 +59,26 @@ def started(out: str, what: str) -> float:
     return float(next(line for line in out.splitlines() if line.startswith(f"{what} from ")).split()[-1])
 
 
-def test_nbmake_runs_beside_the_tests_and_reports_after_them(checkout):
+def test_the_three_runs_start_together_and_report_one_after_the_other(checkout):
     t0 = time.monotonic()
-    done = run(checkout, 0, 0, nb_seconds=2.0)
+    done = run(checkout, 0, 0, 0)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert abs(started(out, "nbmake") - started(out, "tests")) < 1.0  # started together, not one after the other
-    assert time.monotonic() - t0 < 1 + 2 + 5
-    assert out.index("tests say 0") < out.index("nbmake from") < out.index("stage times:")
-    assert "nbmake after the tests" in out.splitlines()[-1] and "load average" in out.splitlines()[-1]
+    starts = [started(out, what) for what in ("chapters", "others", "nbmake")]
+    assert max(starts) - min(starts) < 1.0  # side by side, not one after the other (1 + 1.5 + 2 s)
+    assert time.monotonic() - t0 < 2 + 3
+    order = [out.index(text) for text in ("chapters says", "others from", "others says", "nbmake from", "stage times:")]
+    assert order == sorted(order), out
+    assert "load average" in out.splitlines()[-1]
 
 
 @pytest.mark.parametrize(
-    "tests_rc,nb_rc,want",
-    [(1, 0, 1), (0, 1, 1), (0, 5, 0), (1, 1, 1)],
-    ids=["tests fail", "a chapter fails", "no chapter selected", "both fail"],
+    "codes,want",
+    [((1, 0, 0), 1), ((0, 1, 0), 1), ((0, 0, 1), 1), ((0, 2, 1), 2), ((5, 0, 5), 0), ((5, 5, 5), 5)],
+    ids=["chapters fail", "a test fails", "a chapter fails under nbmake", "the first failure", "-k", "none selected"],
 )
-def test_the_exit_status_is_the_tests_or_else_nbmakes(checkout, tests_rc, nb_rc, want):
-    done = run(checkout, tests_rc, nb_rc, nb_seconds=0.5)
+def test_the_exit_status_is_the_first_failure(checkout, codes, want):
+    done = run(checkout, *codes)
     assert done.returncode == want, done.stdout + done.stderr
-    assert f"nbmake says {nb_rc}" in done.stdout  # waited for, and shown, whatever the tests said
+    for what, code in zip(("chapters", "others", "nbmake"), codes):
+        assert f"{what} says {code}" in done.stdout  # each waited for and shown, whatever the others said
