@@ -85,9 +85,10 @@ fi
 # slowest items (--durations). An interrupted run stops all three.
 say "beside them: the other tests in tests/, and pytest --nbmake notebooks/ (every chapter executed as a course's CI would; each cell within 120 s)"
 logs="$(mktemp -d)" started=$(date +%s)
-python -m pytest tests --ignore=tests/browser --ignore=tests/test_book.py --durations=15 "$@" >"$logs/tests" 2>&1 &
+# (trap - INT: bash starts a command put in the background with Ctrl-C ignored, and the tests of Ctrl-C need it)
+(trap - INT; exec python -m pytest tests --ignore=tests/browser --ignore=tests/test_book.py --durations=15 "$@") >"$logs/tests" 2>&1 &
 testspid=$!
-python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@" >"$logs/nbmake" 2>&1 &
+(trap - INT; exec python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@") >"$logs/nbmake" 2>&1 &
 nbpid=$!
 trap 'kill "$testspid" "$nbpid" 2>/dev/null || true; rm -rf "$logs"' EXIT   # (|| true: set -e holds in a trap too)
 codes=()

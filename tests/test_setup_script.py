@@ -18,7 +18,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 STUB = r"""#!/usr/bin/env bash
-say() { echo "$1 from $(date +%s.%N)"; sleep "$2"; echo "$1 says $3"; exit "$3"; }
+say() {
+  echo "$1 from $(date +%s.%N)"
+  "$REAL_PYTHON" -c "import signal; print('$1 stops on Ctrl-C:', signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+  sleep "$2"; echo "$1 says $3"; exit "$3"
+}
 case "$*" in
   *hashlib*) exec "$REAL_PYTHON" "$@" ;;
   *why_not_here*) echo ""; exit 0 ;;  # the browser is here
@@ -70,6 +74,8 @@ def test_the_three_runs_start_together_and_report_one_after_the_other(checkout):
     order = [out.index(text) for text in ("chapters says", "others from", "others says", "nbmake from", "stage times:")]
     assert order == sorted(order), out
     assert "load average" in out.splitlines()[-1]
+    for what in ("chapters", "others", "nbmake"):  # bash ignores SIGINT in what it starts with &, unless told
+        assert f"{what} stops on Ctrl-C: True" in out
 
 
 @pytest.mark.parametrize(
