@@ -2,7 +2,7 @@
 # Set up a virtual environment (once) and then either open the notebooks or run every test.
 #
 #   ./setup.sh lab [ARGS...]    JupyterLab on the chapters (the main job; ARGS go to jupyter lab)
-#   ./setup.sh test [ARGS...]   lint, then every test (the chapters in a browser, the book) and, beside them, pytest --nbmake notebooks/
+#   ./setup.sh test [ARGS...]   lint, then every test (the chapters in a browser, the book) and pytest --nbmake notebooks/, side by side
 #   ./setup.sh book             run every chapter and build the static book in build/book/ (no kernel to read it)
 #
 # Without a GPU it installs PyTorch's CPU build first, so pip does not pull a multi-GB CUDA build.
@@ -67,34 +67,47 @@ browser="$(python -c 'import sys; sys.path.insert(0, "tests"); from browser.conf
 # in build/executed/; tests/test_book.py then builds the book from those copies (else it executes the chapters).
 # nbmake executes every chapter once more, as a course that adopts them does in its own CI.
 if [ -z "$browser" ]; then
-  say "tests: pytest over tests/: every chapter in JupyterLab under headless Chromium, then the book built from those runs"
-  ignore=()
+  say "tests: every chapter in JupyterLab under headless Chromium, then the book built from those runs; the other tests"
+  chapters=(tests/browser tests/test_book.py)
 elif [ "${CI:-}" = true ]; then
   say "CI=true, and the JupyterLab browser tests cannot run: $browser" >&2
   exit 1
 else
-  say "tests: pytest over tests/ (tests/test_book.py executes every chapter); browser tests skipped: $browser"
-  ignore=(--ignore=tests/browser)
+  say "tests: tests/test_book.py executes every chapter; the other tests; browser tests skipped: $browser"
+  chapters=(tests/test_book.py)
 fi
-# What a course that adopts the chapters runs in its own CI: every chapter executed by nbmake, each cell
-# within 120 s on a 2-core machine. ARGS go here too (a -k that selects no chapter is fine: exit 5).
-# It runs beside the tests, not after them: the browser pass spends much of its time waiting on Chromium
-# and on a kernel, and nbmake's kernels fill that time (on 2 cores the CI is minutes shorter this way).
-# Its output follows the tests' output; an interrupted run stops it too.
-say "chapters: pytest --nbmake notebooks/ beside the tests (every chapter executed as a course's CI would; each cell within 120 s)"
-nblog="$(mktemp)" nbstart=$(date +%s)
-python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@" >"$nblog" 2>&1 &   # each chapter's time
+# Three pytest runs side by side, each with its own ranks and kernels: on 2 cores each leaves a core idle
+# much of the time (a browser that draws, a kernel that waits on its ranks, a test waiting on a subprocess),
+# so together they take minutes less than one after the other. (1) the chapters and the book, above; (2)
+# every other test in tests/; (3) what a course that adopts the chapters runs in its own CI: every chapter
+# executed by nbmake, each cell within 120 s on a 2-core machine. ARGS go to all three (a -k that selects
+# nothing in one of them is fine: exit 5). The outputs of (2) and (3) follow (1)'s; each ends with its
+# slowest items (--durations). An interrupted run stops all three.
+say "beside them: the other tests in tests/, and pytest --nbmake notebooks/ (every chapter executed as a course's CI would; each cell within 120 s)"
+logs="$(mktemp -d)" started=$(date +%s)
+# (trap - INT: bash starts a command put in the background with Ctrl-C ignored, and the tests of Ctrl-C need it)
+(trap - INT; exec python -m pytest tests --ignore=tests/browser --ignore=tests/test_book.py --durations=15 "$@") >"$logs/tests" 2>&1 &
+testspid=$!
+(trap - INT; exec python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@") >"$logs/nbmake" 2>&1 &
 nbpid=$!
-trap 'kill "$nbpid" 2>/dev/null; rm -f "$nblog"' EXIT
-status=0
-python -m pytest tests --durations=15 ${ignore[@]+"${ignore[@]}"} "$@" || status=$?   # the slowest tests, to cut next
-stage_done tests
-nbstatus=0
-wait "$nbpid" || nbstatus=$?
-say "chapters: pytest --nbmake notebooks/ (started with the tests, $(( $(date +%s) - nbstart )) s):"
-cat "$nblog"
-[ "$nbstatus" = 5 ] && nbstatus=0
-[ "$status" = 0 ] && status=$nbstatus
-stage_done "nbmake after the tests"
+trap 'kill "$testspid" "$nbpid" 2>/dev/null || true; rm -rf "$logs"' EXIT   # (|| true: set -e holds in a trap too)
+codes=()
+python -m pytest "${chapters[@]}" --durations=15 "$@" && codes+=(0) || codes+=($?)
+stage_done "chapters and book"
+for part in tests nbmake; do
+  pid=testspid what="the other tests in tests/" stage="other tests"
+  [ "$part" = nbmake ] && pid=nbpid what="pytest --nbmake notebooks/" stage=nbmake
+  wait "${!pid}" && codes+=(0) || codes+=($?)
+  say "$what (started with the chapters, done after $(( $(date +%s) - started )) s):"
+  cat "$logs/$part"
+  stage_done "$stage after that"
+done
+status=0 selected=0
+for code in "${codes[@]}"; do
+  [ "$code" = 5 ] && continue   # this part selected no test
+  selected=1
+  [ "$status" = 0 ] && status=$code
+done
+[ "$selected" = 0 ] && status=5   # nothing selected anywhere: pytest's own "no tests ran"
 say "stage times: $stages (load average now $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown))"
 exit "$status"

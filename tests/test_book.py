@@ -295,6 +295,8 @@ def test_the_book_builds_and_reads_offline_in_a_browser(book_dirs, tmp_path):
     from playwright.sync_api import sync_playwright
 
     shots = Path(os.environ.get("PLAYBOOK_BOOK_SHOTS", tmp_path))
+    if "PLAYBOOK_BOOK_SHOTS" not in os.environ and os.environ.get("PLAYBOOK_BROWSER_SHOTS") == "0":
+        shots = None  # CI: screenshots are for people, and no check reads them (as in tests/browser)
     problems: list[str] = []
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
@@ -312,7 +314,7 @@ def test_the_book_builds_and_reads_offline_in_a_browser(book_dirs, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-def _check_page(context, site: Path, entry: dict, shots: Path) -> list[str]:
+def _check_page(context, site: Path, entry: dict, shots: Path | None) -> list[str]:
     page = context.new_page()
     href, problems = entry["href"], []
     page.on("console", lambda m: m.type == "error" and problems.append(f"{href}: console error: {m.text}"))
@@ -358,7 +360,8 @@ def _check_page(context, site: Path, entry: dict, shots: Path) -> list[str]:
         frame_ys = [None if t.get("visible") is False else t.get("y") for t in want["data"]]
         if all(isinstance(y, list) or y is None for y in frame_ys) and ys != frame_ys:
             problems.append(f"{href}: dashboard {i} draws other data than its frame {want['name']!r}")
-        plot.screenshot(path=str(shots / f"{Path(href).stem}-dashboard{i}.png"))
+        if shots is not None:
+            plot.screenshot(path=str(shots / f"{Path(href).stem}-dashboard{i}.png"))
     page.close()
     return problems
 
