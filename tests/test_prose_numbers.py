@@ -1,4 +1,4 @@
-"""The numbers chapters 7-9 state in prose, recomputed from the package's functions: when a formula or
+"""The numbers chapters 0, 2 and 7-9 state in prose, recomputed from the package's functions: when a formula or
 a preset changes, the test that holds the sentence fails, instead of the sentence going stale."""
 
 from __future__ import annotations
@@ -27,6 +27,35 @@ def _layouts(cfg, hw, latency=None):
             continue
         rows[r["layout"]] = r
     return rows
+
+
+# ---- the fit rule (chapters 0, 2 and every dashboard) ---------------------------------------------
+def test_one_fit_rule_90_percent_of_what_the_device_reports():
+    """Chapter 0 §2's question, chapter 2's lines and its question 3: a fit is MEM_UTIL of
+    ``Hardware.capacity_bytes`` (``Hardware.usable_bytes``), as the planner judges it."""
+    from playbook.config import MEM_UTIL
+    from playbook.theory.activations import block_activation_bytes
+    from playbook.theory.planner import MEM_UTIL as PLANNER_MEM_UTIL
+    from playbook.theory.zero import zero3_backward_by_unit
+
+    assert MEM_UTIL == PLANNER_MEM_UTIL == 0.9 and H100.usable_bytes == 0.9 * 81_559 * 2**20
+    assert round(H100.usable_bytes / 1e9, 1) == 77.0 and round(H100.capacity_bytes / 1e9, 1) == 85.5
+    assert H100.fit_label == "h100-sxm: 90 % of 85.5 GB"
+    psi = LLAMA70.num_params()
+    assert round(psi / 1e9, 2) == 70.55 and round(16 * psi / H100.usable_bytes, 1) == 14.7  # ch00: 15 ranks
+    working = block_activation_bytes(LLAMA70, seq_len=4096, micro_batch=1, dtype_bytes=2)
+
+    def peak(n):  # chapter 2, question 3: ZeRO-3's backward, a block recomputed beside two gathered
+        held = training_memory(LLAMA70, seq_len=4096, micro_batch=1, dp=n, zero=3, recompute="full").total
+        units = zero3_backward_by_unit(LLAMA70, world_size=n, prefetch=True, precision="mixed")
+        block = max(b for name, b in units.items() if name.startswith("block"))
+        return max(held + units["head"], held + block + working)
+
+    assert min(n for n in range(1, 64) if peak(n) <= H100.usable_bytes) == 19
+    assert [round(peak(n) / 1e9, 1) for n in (17, 18, 19)] == [82.3, 78.6, 75.3]
+    assert min(n for n in range(1, 64) if peak(n) <= 80 * 2**30) == 17  # all of the HBM
+    budget = training_memory(LLAMA8, seq_len=4096, micro_batch=1, dp=8, zero=1, recompute="selective").total
+    assert budget <= H100.usable_bytes  # ch02 §10: ZeRO-1 already fits one H100
 
 
 # ---- chapter 7 ------------------------------------------------------------------------------------

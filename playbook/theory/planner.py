@@ -24,6 +24,7 @@ that fits is the layout's candidate, the slower ones counted as dominated. Pure:
 from __future__ import annotations
 
 
+from playbook.config import MEM_UTIL as CONFIG_MEM_UTIL
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_advice import batch_advice, nothing_fits, nothing_plans
@@ -53,9 +54,8 @@ from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan
 from playbook.theory.prod_activations import check_activations
 
 # Share of the device's memory (``Hardware.capacity_bytes``: what the driver reports where the profile
-# knows it, e.g. 81,559 MiB on an "80 GB" H100) a plan may fill. A planning assumption, not a
-# measurement: the CUDA context, NCCL's buffers and the allocator's fragmentation are not counted.
-MEM_UTIL = 0.9
+# knows it, e.g. 81,559 MiB on an "80 GB" H100) a plan may fill: the product's one rule (``config.MEM_UTIL``).
+MEM_UTIL = CONFIG_MEM_UTIL
 
 
 def plan(
