@@ -109,12 +109,6 @@ def in_flight(schedule: str, pp: int, microbatches: int, v: int = 1) -> float:
     return float(min(p, m))
 
 
-def production_stage_activations(cfg: ModelConfig, **kw) -> float:
-    """Activation bytes at the step's peak on the most loaded rank: the most of
-    :func:`rank_activations`."""
-    return max(b for _, b in rank_activations(cfg, **kw))
-
-
 def production_rank_activations(cfg: ModelConfig, **kw) -> dict[int, float]:
     """:func:`rank_activations` as a dict: rank -> bytes."""
     return dict(rank_activations(cfg, **kw))
