@@ -36,6 +36,7 @@ def main() -> None:
 
     from playbook.config import Hardware, ModelConfig
     from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_dp, plan_memory, plan_schedule
+    from playbook.theory import prod_activations
     from playbook.theory.planner import plan
 
     caches = (
@@ -46,6 +47,7 @@ def main() -> None:
         plan_schedule.bubble_fraction,
     )
     caches += (gemm_efficiency._efficiency, gemm_efficiency._factor, plan_dp._seconds)
+    caches += (plan_memory.rank_chunks, plan_memory.rank_state, prod_activations.rank_activations)
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     times, cpu, result = [], [], None

@@ -24,6 +24,12 @@ from playbook.validate import (
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 MODELS_DIR = DATA_DIR / "models"
 HARDWARE_DIR = DATA_DIR / "hardware"
+# The product's one rule for "does it fit": a rank's bytes against MEM_UTIL of the memory the device
+# reports (``Hardware.capacity_bytes``: nvidia-smi's 81,559 MiB on an "80 GB" H100, the datasheet's
+# figure where a profile does not know it), i.e. ``Hardware.usable_bytes``. 0.9 is a planning
+# assumption, not a measurement: the CUDA context, NCCL's buffers and the allocator's fragmentation
+# are not counted (vLLM's gpu_memory_utilization default is the same 0.9).
+MEM_UTIL = 0.9
 
 
 def divisors(n: int) -> list[int]:
@@ -294,6 +300,17 @@ class Hardware:
         """Device memory as the driver reports it when the profile knows it (an "80 GB" H100 reports
         81,559 MiB), else ``memory_bytes`` as the datasheet quotes it: what the planner fills."""
         return self.reported_memory_bytes or self.memory_bytes
+
+    @property
+    def usable_bytes(self) -> float:
+        """What a fit is judged against everywhere (the planner, ``playbook memory``, the dashboards):
+        ``MEM_UTIL`` of :attr:`capacity_bytes`."""
+        return MEM_UTIL * self.capacity_bytes
+
+    @property
+    def fit_label(self) -> str:
+        """How a figure names that line: e.g. "h100-sxm: 90 % of 85.5 GB"."""
+        return f"{self.name}: {MEM_UTIL * 100:.0f} % of {self.capacity_bytes / 1e9:.1f} GB"
 
     @staticmethod
     def presets() -> list[str]:

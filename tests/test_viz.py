@@ -167,7 +167,7 @@ def test_dashboard_defaults_and_in_place_updates():
     params = traces_by_group(fig)["params"]
     assert list(params.x) == ["training (per rank)", "inference (per rank)"]
     assert params.y[0] == pytest.approx(expected_training()["params"] / 1e9)
-    assert fig.layout.shapes[0].y0 == pytest.approx(Hardware.preset("h100-sxm").memory_bytes / 1e9)
+    assert fig.layout.shapes[0].y0 == pytest.approx(Hardware.preset("h100-sxm").usable_bytes / 1e9)  # the fit rule
     assert "does not fit" in box.message.value
 
     c["zero"].value = 3
@@ -294,3 +294,16 @@ def test_importing_viz_leaves_nbformat_unimported_and_show_still_checks_its_vers
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-600:]
+
+
+def test_dashboards_judge_a_fit_by_the_one_rule():
+    """90 % of what the device reports (``Hardware.usable_bytes``), as the planner and ``playbook
+    memory`` judge it: a total between that and the datasheet's 80e9 does not fit an H100."""
+    from playbook.viz.zero import fitting_devices
+
+    h100 = Hardware.preset("h100-sxm")
+    assert h100.usable_bytes < 78e9 < h100.memory_bytes
+    rows = {name: (cap, ok) for name, cap, ok in fitting_devices(78e9)}
+    assert rows["h100-sxm"] == (h100.usable_bytes, False) and rows["h200"][1]
+    box = memory_dashboard(model="gpt-tiny", seq_len=128, dp=1, hardware="h100-sxm")
+    assert "fits one h100-sxm (90 % of the 85.5 GB it reports" in box.message.value

@@ -46,7 +46,7 @@ def static_memory(
             cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision, recompute=recompute, zero=zero, dp=dp
         )
         title = f"{cfg.name}: {_count(cfg.num_params())} params, ZeRO-{zero} over dp={dp}, seq {seq_len:,} × micro-batch {micro_batch}"
-        return memory_bars(budgets, unit=unit, capacity=hw.memory_bytes, capacity_label=hw.name, title=title)
+        return memory_bars(budgets, unit=unit, capacity=hw.usable_bytes, capacity_label=hw.fit_label, title=title)
 
     return grid_figure(
         build,
@@ -81,8 +81,8 @@ def static_zero(
         return memory_bars(
             {f"{STAGE_NAMES[stage]}, dp={dp}": budget},
             unit="GB",
-            capacity=Hardware.preset(smallest).memory_bytes if smallest else None,
-            capacity_label=f"smallest device that holds it: {smallest}" if smallest else "",
+            capacity=Hardware.preset(smallest).usable_bytes if smallest else None,
+            capacity_label=f"smallest device that holds it: {Hardware.preset(smallest).fit_label}" if smallest else "",
             title=f"{cfg.name}: memory per rank, seq {seq:,}, micro-batch 1, {recompute} recomputation"
             + ("" if smallest else " (no single device holds it)"),
         )

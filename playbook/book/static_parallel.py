@@ -50,8 +50,8 @@ def static_tp(
         return memory_bars(
             n["budgets"],
             unit=unit,
-            capacity=hw.memory_bytes,
-            capacity_label=hw.name,
+            capacity=hw.usable_bytes,
+            capacity_label=hw.fit_label,
             title=f"{cfg.name} per rank, bf16 weights + activations ({mode}, seq {seq_len:,} × {micro_batch})",
         )
 

@@ -1,7 +1,10 @@
 """Memory of one planner layout on its most loaded GPU, by category, with either activation model:
 "ours" (``theory.activations``: our teaching GPT's kernels, exact on real ranks) or "production"
 (``theory.prod_activations``: fused kernels as Megatron-LM runs them). Model state (parameters,
-gradients, Adam's state under ZeRO) is ``theory.memory.training_memory``'s either way. No torch.
+gradients, Adam's state under ZeRO) is ``theory.memory.training_memory``'s for "ours"; for
+"production" with a pipeline, each candidate rank's own, from its own chunks (:func:`rank_state`:
+the planner's per-layer count, ``theory.stages``, chunk by chunk), and the peak is the most of state
++ activations over the ranks: the rank with the most activations need not hold the most state. No torch.
 """
 
 from __future__ import annotations
@@ -9,8 +12,46 @@ from __future__ import annotations
 import functools
 
 from playbook.config import ModelConfig
-from playbook.theory.memory import RECOMPUTE, training_memory
-from playbook.theory.prod_activations import in_flight, production_stage_activations
+from playbook.theory.memory import RECOMPUTE, model_state_bytes, training_memory
+from playbook.theory.plan_schedule import V_SHAPED, chunk_layers
+from playbook.theory.prod_activations import in_flight, production_rank_activations
+from playbook.theory.rank_params import chunk_ranges
+from playbook.theory.stages import _stage_params
+
+
+@functools.lru_cache(maxsize=4096)
+def rank_chunks(cfg: ModelConfig, pp: int, rank: int, schedule: str, v: int, ends: str) -> tuple[tuple, ...]:
+    """The chunks pipeline rank ``rank`` holds, each (first layer, layers, holds the embedding, holds
+    the head): "even" as ``theory.rank_params.chunk_ranges`` places the pieces (Megatron's loop, or
+    the V), "light" with ``plan_schedule.chunk_layers``' sizes, chunk c on virtual stage c·p + rank."""
+    L = cfg.n_layers
+    if ends == "even":
+        pieces = chunk_ranges(cfg, pp, rank, schedule, v)
+    else:
+        sizes = chunk_layers(L, pp, v, ends)
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        stages = [c * pp + rank for c in range(v)]
+        pieces = [(starts[k] + (k > 0), starts[k] + sizes[k] + 1 + (k == pp * v - 1)) for k in stages]
+    return tuple((max(a, 1) - 1, max(0, min(b, L + 1) - max(a, 1)), a == 0, b == L + 2) for a, b in pieces)
+
+
+@functools.lru_cache(maxsize=65536)
+def rank_state(cfg, degrees, zero, accum, chunks) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes of one rank holding ``chunks`` (:func:`rank_chunks`): the
+    planner's per-layer count chunk by chunk (``theory.stages._stage_params``: matrices, shared experts,
+    embedding and head 1/tp, norms and routers whole, E/ep routed experts), dense weights sharded
+    by ZeRO over dp·cp, routed experts over dp·cp/ep, as ``training_memory`` shards a stage's;
+    ``accum``: ``fp32_grad_accum``."""
+    d = dict(degrees)
+    dense = experts = 0.0
+    for start, n, first, last in chunks:
+        a, b = _stage_params(cfg, range(start, start + n), tp=d["tp"], ep=d["ep"], first=first, last=last)
+        dense, experts = dense + a, experts + b
+    common = dict(zero=zero, precision="mixed", fp32_grad_accum=accum)
+    parts = [model_state_bytes(dense, dp=d["dp"] * d["cp"], **common)]
+    if experts:
+        parts.append(model_state_bytes(experts, dp=d["dp"] * d["cp"] // d["ep"], **common))
+    return tuple(sum(getattr(p, key) for p in parts) for key in ("params", "grads", "optimizer"))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -37,34 +78,47 @@ def _ours(
 def memory_breakdown(
     cfg: ModelConfig, lay, seq_len: int, attention: str = "flash", activations: str = "production"
 ) -> dict[str, float]:
-    """Bytes on the most loaded GPU of ``lay`` by category: params, grads, optimizer (``training_memory``,
-    mixed precision, SP with tp) and activations, counted by ``activations``: "ours" (our teaching
-    GPT's kernels, ``training_memory``'s own count) or "production" (``theory.prod_activations``:
-    fused kernels, SP-sharded saved inputs, the schedule's micro-batches in flight; up to ZeRO-2 the
-    gradients accumulated in fp32, sharded like the bf16 ones: Megatron-LM's ``main_grad``, which it
-    requires with bf16, and Llama 3's "FP32 gradient accumulation ... and reduce-scatter gradients in
-    FP32" (Dubey et al. 2024, arXiv:2407.21783, §3.3.2); ZeRO-3 keeps ZeRO's 16Ψ/Nd, as FSDP's fp32
-    sharded parameter and gradient do)."""
+    """Bytes on the most loaded GPU of ``lay`` by category: params, grads, optimizer and activations,
+    counted by ``activations``: "ours" (our teaching GPT's kernels, ``training_memory``'s own count)
+    or "production" (``theory.prod_activations``: fused kernels, SP-sharded saved inputs, the
+    schedule's micro-batches in flight; the gradients accumulated in fp32: Megatron-LM's
+    ``main_grad``, which it requires with bf16, and Llama 3's "FP32 gradient accumulation ... and
+    reduce-scatter gradients in FP32" (Dubey et al. 2024, arXiv:2407.21783, §3.3.2), sharded as ZeRO
+    shards the bf16 ones up to ZeRO-2; ZeRO-3 without a pipeline keeps ZeRO's 16Ψ/Nd, as FSDP's fp32
+    sharded parameter and gradient do). With a pipeline, production's state is each candidate
+    rank's own (:func:`rank_state`) and the categories are those of the rank whose state +
+    activations is the most."""
     if activations == "ours" and getattr(lay, "ends", "even") != "even":
         raise ValueError("ends=light is counted with production activations; ours counts even 1F1B stages")
-    b = lay.micro_batch if activations == "ours" else 1  # production: only the state is read, the same at any b
-    accum = "main_grad" if activations == "production" and lay.zero < 3 else False
-    state = _ours(cfg, seq_len, b, tuple(lay.degrees.items()), lay.zero, lay.recompute, attention, accum)
-    out = dict(zip(("params", "grads", "optimizer", "activations"), state))
-    if activations == "production":
-        out["activations"] = production_stage_activations(
-            cfg,
-            seq_len=seq_len,
-            micro_batch=lay.micro_batch,
-            microbatches=lay.microbatches,
-            **lay.degrees_no_dp,
-            recompute=lay.recompute,
-            attention=attention,
-            schedule=getattr(lay, "schedule", "1f1b"),
-            v=getattr(lay, "v", 1),
-            ends=getattr(lay, "ends", "even"),
-        )
-    return out
+    zero = lay.zero
+    if activations == "ours":
+        state = _ours(cfg, seq_len, lay.micro_batch, tuple(lay.degrees.items()), zero, lay.recompute, attention)
+        return dict(zip(("params", "grads", "optimizer", "activations"), state))
+    accum = "main_grad" if zero < 3 else False
+    schedule, v, ends = getattr(lay, "schedule", "1f1b"), getattr(lay, "v", 1), getattr(lay, "ends", "even")
+    acts = production_rank_activations(
+        cfg,
+        seq_len=seq_len,
+        micro_batch=lay.micro_batch,
+        microbatches=lay.microbatches,
+        **lay.degrees_no_dp,
+        recompute=lay.recompute,
+        attention=attention,
+        schedule=schedule,
+        v=v,
+        ends=ends,
+    )
+    # training_memory's state (and its refusals: a layout it cannot model is not planned), the same at any b
+    state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
+    if lay.pp == 1:
+        return dict(zip(("params", "grads", "optimizer"), state[:3]), activations=acts[0])
+    v_state = 2 if schedule in V_SHAPED else v
+    rows = []
+    for rank, act in acts.items():
+        chunks = rank_chunks(cfg, lay.pp, rank, schedule, v_state, ends)
+        state = rank_state(cfg, tuple(lay.degrees.items()), zero, accum, chunks)
+        rows.append((sum(state) + act, dict(zip(("params", "grads", "optimizer"), state), activations=act)))
+    return max(rows, key=lambda row: row[0])[1]
 
 
 def memory_bytes(
@@ -74,13 +128,33 @@ def memory_bytes(
     return sum(memory_breakdown(cfg, lay, seq_len, attention, activations).values())
 
 
-def _memory_key(v) -> tuple[float, int, int, int]:
+def _memory_key(v, states: tuple = ()) -> tuple:
     """What orders a layout's bytes among its variants (same degrees): micro-batches in flight per
-    micro-batch (the schedule's factor), b, ZeRO (reversed) and recomputation (reversed)."""
+    micro-batch (the schedule's factor), b, ZeRO (reversed), recomputation (reversed) and ``states``
+    (:func:`placement_states`): a rank's activations grow with the first four, its state differs
+    by placement (which rank holds the embedding and the head, and how many layers)."""
     held = in_flight(v.schedule, v.pp, v.microbatches, v.v) / v.microbatches
-    return (held, v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute))
+    return (held, v.micro_batch, -v.zero, -RECOMPUTE.index(v.recompute), states)
+
+
+def placement_states(cfg: ModelConfig, v, activations: str = "production") -> tuple[float, ...]:
+    """For production's pipelines, the state bytes (:func:`rank_state`) of each rank whose activations
+    are counted (``prod_activations.rank_activations``); () otherwise. The same for every variant of
+    one ZeRO stage, placement (a V or not, v) and ends."""
+    if activations != "production" or v.pp == 1:
+        return ()
+    v_state = 2 if v.schedule in V_SHAPED else v.v
+    ranks = range(v.pp) if v.ends != "even" else (0,) if v.schedule in V_SHAPED else (0, v.pp - 1)
+    accum, degrees = "main_grad" if v.zero < 3 else False, tuple(v.degrees.items())
+    return tuple(
+        sum(rank_state(cfg, degrees, v.zero, accum, rank_chunks(cfg, v.pp, r, v.schedule, v_state, v.ends)))
+        for r in ranks
+    )
 
 
 def _needs_more(v: tuple, w: tuple) -> bool:
-    """``v`` holds at least ``w``'s bytes (keys of :func:`_memory_key`): no component smaller."""
+    """``v`` holds at least ``w``'s bytes (keys of :func:`_memory_key`): no component smaller, rank
+    by rank for the states of the same ranks."""
+    if len(v[4]) != len(w[4]) or any(a < b for a, b in zip(v[4], w[4])):
+        return False
     return v[0] >= w[0] - 1e-12 and v[1] >= w[1] and v[2] >= w[2] and v[3] >= w[3]

@@ -24,6 +24,7 @@ that fits is the layout's candidate, the slower ones counted as dominated. Pure:
 from __future__ import annotations
 
 
+from playbook.config import MEM_UTIL as CONFIG_MEM_UTIL
 from playbook.config import Hardware, ModelConfig, require_positive
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_advice import batch_advice, nothing_fits, nothing_plans
@@ -37,6 +38,7 @@ from playbook.theory.plan_cost import (
     with_schedule,
 )
 from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
+from playbook.theory.plan_memory import placement_states
 from playbook.theory.plan_schedule import PLAN_SCHEDULES, V_SHAPED, check_schedules
 from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan: the planner's public types)
     MAX_MICRO_BATCH,
@@ -52,9 +54,8 @@ from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan
 from playbook.theory.prod_activations import check_activations
 
 # Share of the device's memory (``Hardware.capacity_bytes``: what the driver reports where the profile
-# knows it, e.g. 81,559 MiB on an "80 GB" H100) a plan may fill. A planning assumption, not a
-# measurement: the CUDA context, NCCL's buffers and the allocator's fragmentation are not counted.
-MEM_UTIL = 0.9
+# knows it, e.g. 81,559 MiB on an "80 GB" H100) a plan may fill: the product's one rule (``config.MEM_UTIL``).
+MEM_UTIL = CONFIG_MEM_UTIL
 
 
 def plan(
@@ -158,8 +159,12 @@ def plan(
 
         order = sorted(variants, key=total)
         too_big: list[tuple] = []  # (memory key, layout) of variants that did not fit
+        states: dict[tuple, tuple] = {}  # each rank's state by ZeRO stage and placement (plan_memory)
         for i, v in enumerate(order):
-            key = _memory_key(v)
+            where = (v.zero, v.schedule in V_SHAPED, v.v, v.ends)
+            if where not in states:
+                states[where] = placement_states(cfg, v, activations)
+            key = _memory_key(v, states[where])
             if any(_needs_more(key, f) for f, _ in too_big):  # grows with b, falls with ZeRO and recomputation
                 seen = "memory" in out.rejected  # the first message is kept: format no other
                 out.reject("memory", "" if seen else f"{v} needs more than {too_big[0][1]}, which does not fit")

@@ -34,11 +34,14 @@ production kernel set of the one inventory (``theory.inventory.production_block`
 
 from __future__ import annotations
 
+import functools
+
 from playbook.config import ModelConfig
 from playbook.theory.inventory import production_block, view
 
 ACTIVATION_MODELS = ("production", "ours")
 INDEX_BYTES = 8  # int64 token ids and labels
+V_SHAPES = ("zb-v", "dualpipe-v")  # rank 0 holds the first and the last chunk (plan_schedule.V_SHAPED)
 
 
 def check_activations(activations: str) -> None:
@@ -106,7 +109,13 @@ def in_flight(schedule: str, pp: int, microbatches: int, v: int = 1) -> float:
     return float(min(p, m))
 
 
-def production_stage_activations(
+def production_rank_activations(cfg: ModelConfig, **kw) -> dict[int, float]:
+    """:func:`rank_activations` as a dict: rank -> bytes."""
+    return dict(rank_activations(cfg, **kw))
+
+
+@functools.lru_cache(maxsize=65536)
+def rank_activations(
     cfg: ModelConfig,
     *,
     seq_len: int,
@@ -122,13 +131,16 @@ def production_stage_activations(
     first_layers: int | None = None,
     attention: str = "flash",
     ends: str = "even",
-) -> float:
-    """Activation bytes at the step's peak on the most loaded rank: the first stage holding
-    :func:`in_flight` micro-batches of its layers (``first_layers``, default ⌈L/p⌉) and the token
-    ids, or the last stage holding one micro-batch and the loss's softmax, whichever is more. Full
-    recomputation adds, for backward's peak, one layer recomputed in full. ``ends="light"`` (Llama 3's
-    lighter first and last stages, ``plan_schedule.chunk_layers``): every rank's order is played
-    (``plan_schedule.layers_held``) and the most loaded rank, often the second, sets the peak."""
+) -> tuple[tuple[int, float], ...]:
+    """(rank, activation bytes at the step's peak) for the pipeline ranks that can be the most
+    loaded: the first stage holding :func:`in_flight` micro-batches of its layers (``first_layers``,
+    default ⌈L/p⌉) and the token ids (rank 0), the last stage holding one micro-batch and the loss's
+    softmax (rank p − 1; on a V, whose rank 0 computes the loss, rank 0 holds the more of the two).
+    Full recomputation adds, for backward's peak, one layer recomputed in full. ``ends="light"``
+    (Llama 3's lighter first and last stages, ``plan_schedule.chunk_layers``): every rank's order is
+    played (``plan_schedule.layers_held``) and every rank is given; the most loaded, often the
+    second, sets the peak. The model state differs by rank too (the embedding, the head):
+    ``plan_memory`` adds each rank's own."""
     sizes = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp)
     first, last = production_end_bytes(cfg, **sizes)
     sizes["attention"] = attention
@@ -140,7 +152,7 @@ def production_stage_activations(
     layers = -(-L // pp) if first_layers is None else first_layers
     transient = production_block_bytes(cfg, **sizes, moe=cfg.is_moe) if recompute == "full" else 0.0
     if pp == 1:
-        return layers * block + first + last + transient
+        return ((0, layers * block + first + last + transient),)
     held = in_flight(schedule, pp, microbatches, v)
     if ends != "even":
         from playbook.theory.plan_schedule import chunk_layers, layers_held
@@ -148,5 +160,8 @@ def production_stage_activations(
         per_rank = [n * block for n in layers_held(schedule, pp, microbatches, v, chunk_layers(L, pp, v, ends))]
         per_rank[0] += held * first  # token ids of every micro-batch in flight (bytes, not GB)
         per_rank[-1] += last  # the last chunk: final norm, the loss's softmax, the labels
-        return max(per_rank) + transient
-    return max(held * (layers * block + first), layers * block + last) + transient
+        return tuple((r, a + transient) for r, a in enumerate(per_rank))
+    head, tail = held * (layers * block + first), layers * block + last
+    if schedule in V_SHAPES:
+        return ((0, max(head, tail) + transient),)
+    return ((0, head + transient), (pp - 1, tail + transient))

@@ -48,7 +48,7 @@ def memory_bars(
     values are ignored; a category that is zero in every budget is left out. One trace per
     category, named by :data:`CATEGORY_LABELS` with the key in ``legendgroup``; ``y`` is in
     ``unit`` and ``customdata`` holds the exact bytes. Each bar's total is written above it, and
-    ``capacity`` (bytes, e.g. ``Hardware.memory_bytes``) draws a dashed line labelled
+    ``capacity`` (bytes, e.g. ``Hardware.usable_bytes``: what a fit is judged against) draws a dashed line labelled
     ``capacity_label``; when it is more than :data:`OFF_SCALE` times the tallest bar it is named
     in a note above the plot instead, so that small budgets stay readable.
     """

@@ -134,8 +134,8 @@ def tp_dashboard(
             memory_bars(
                 n["budgets"],
                 unit=unit,
-                capacity=hw.memory_bytes,
-                capacity_label=hw.name,
+                capacity=hw.usable_bytes,
+                capacity_label=hw.fit_label,
                 title=f"{cfg.name} per rank, bf16 weights + activations<br>"
                 f"<sup>{mode}, seq {v['seq_len']:,} × micro-batch {v['micro_batch']}</sup>",
             ),

@@ -11,7 +11,7 @@ import html
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import MEM_UTIL, Hardware, ModelConfig
 from playbook.theory.memory import inference_memory, training_memory
 from playbook.viz.figures import format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars
@@ -111,14 +111,13 @@ def _summary(
 ) -> str:
     s = unit_scale(unit)
     fmt = lambda b: f"{format_value(b / s)} {unit}"  # noqa: E731
-    cap, psi = hw.memory_bytes, cfg.num_params()
+    cap, psi = hw.usable_bytes, cfg.num_params()  # the product's one rule (config.MEM_UTIL)
+    where = f"{MEM_UTIL * 100:.0f} % of the {fmt(hw.capacity_bytes)} it reports"
 
     def fits(total: float) -> str:
         if total <= cap:
-            return f"<span style='color:#2e7d32'>fits one {hw.name} ({fmt(cap)}, {total / cap:.0%} used)</span>"
-        return (
-            f"<span style='color:#c62828'>does not fit one {hw.name} ({fmt(cap)}): {total / cap:.1f}× its memory</span>"
-        )
+            return f"<span style='color:#2e7d32'>fits one {hw.name} ({where}, {total / cap:.0%} used)</span>"
+        return f"<span style='color:#c62828'>does not fit one {hw.name} ({where}): {total / cap:.1f}× that</span>"
 
     train, serve = budgets[TRAINING]["total"], budgets[SERVING]["total"]
     per = (
@@ -226,8 +225,8 @@ def memory_dashboard(
         new = memory_bars(
             budgets,
             unit=v["unit"],
-            capacity=hw.memory_bytes,
-            capacity_label=hw.name,
+            capacity=hw.usable_bytes,
+            capacity_label=hw.fit_label,
             title=f"{cfg.name}: {_count(cfg.num_params())} params<br><sup>ZeRO-{v['zero']} over dp={v['dp']}"
             + "".join(f", {d}={v[d]}" for d in ("tp", "pp", "cp", "ep") if v[d] > 1)
             + f", seq {v['seq_len']:,} × micro-batch {v['micro_batch']}</sup>",

@@ -125,8 +125,9 @@ def zero_budget(
 
 
 def fitting_devices(total: float) -> list[tuple[str, float, bool]]:
-    """(hardware preset, its memory in bytes, whether ``total`` bytes fit) for every profile in data/hardware/."""
-    rows = [(name, Hardware.preset(name).memory_bytes) for name in Hardware.presets()]
+    """(hardware preset, the bytes a fit is judged against, whether ``total`` bytes fit) for every
+    profile in data/hardware/, smallest first: ``Hardware.usable_bytes``, 90 % of what the device reports."""
+    rows = [(name, Hardware.preset(name).usable_bytes) for name in Hardware.presets()]
     return [(name, cap, total <= cap) for name, cap in sorted(rows, key=lambda r: r[1])]
 
 
@@ -198,8 +199,8 @@ def zero_dashboard(
             memory_bars(
                 {f"{STAGE_NAMES[v['stage']]}, dp={v['dp']}": budget},
                 unit="GB",
-                capacity=Hardware.preset(smallest).memory_bytes if smallest else None,
-                capacity_label=smallest or "",
+                capacity=Hardware.preset(smallest).usable_bytes if smallest else None,
+                capacity_label=Hardware.preset(smallest).fit_label if smallest else "",
                 title=f"{cfg.name}: memory per rank, seq {seq:,}, micro-batch 1, {v['recompute']} recomputation",
             ),
         )
