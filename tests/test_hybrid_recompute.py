@@ -92,7 +92,7 @@ def test_recomputation_saves_activations_and_pays_the_collectives_again(ranks4):
     """Measured against measured: full keeps less than none, and sends more on tp and cp (the
     recomputed forward's all-reduces and K/V blocks, Korthikanti et al. 2022, §5)."""
     from playbook.parallel.hybrid.parallelize import train_hybrid
-    from playbook.measure.trace import bytes_by_axis
+    from playbook.measure.collectives import bytes_by_axis
 
     def run(mode):
         answers = ranks4.run(train_hybrid, DENSE, Plan(ParallelDims(tp=2, cp=2), recompute=mode))

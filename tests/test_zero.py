@@ -13,7 +13,7 @@ from playbook.parallel.zero import run as zero_run
 from playbook.parallel.parity import assert_parity
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup, train
-from playbook.measure.trace import op_family as op_name
+from playbook.measure.collectives import op_family as op_name
 from playbook.parallel.zero.sharded import MOMENTS
 from playbook.theory.sharded import fsdp2_comm_per_step, predicted_memory
 from playbook.theory.memory import training_memory

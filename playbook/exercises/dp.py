@@ -27,7 +27,7 @@ from playbook.exercises._common import (
     shared_ranks,
     traced_call,
 )
-from playbook.measure.trace import op_family
+from playbook.measure.collectives import op_family
 from playbook.theory.buckets import bucket_plan
 from playbook.theory.comm import sent_bytes
 

@@ -28,7 +28,7 @@ from playbook.exercises._common import (
     shared_ranks,
     traced_call,
 )
-from playbook.measure.trace import op_family
+from playbook.measure.collectives import op_family
 from playbook.parallel.comm import f, g  # noqa: F401  f(x, group, label), g(x, group, label): Megatron's pair
 from playbook.theory.comm import sent_bytes
 

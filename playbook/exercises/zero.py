@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from playbook.exercises._common import Verdict, close, collective_diff, max_err, run_checked, shared_ranks, traced_call
-from playbook.measure.trace import op_family
+from playbook.measure.collectives import op_family
 from playbook.theory.comm import sent_bytes
 
 NAME = "ZeRO-1: reduce-scatter, update the local shard, all-gather"

@@ -16,20 +16,13 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-import torch
 import torch.distributed as dist
 
-# How each traced op's buffer S and per-rank sent bytes are read from its arguments.
-_RING = {
-    "all_reduce": lambda S, n: 2 * S * (n - 1) / n,
-    "broadcast": lambda S, n: S,
-    "reduce": lambda S, n: S * (n - 1) / n,
-}
-_GATHER_LIKE = lambda S, n: S * (n - 1) / n  # noqa: E731  all-gather, reduce-scatter, all-to-all
+from playbook.measure import collectives
+from playbook.measure.trace_sizes import P2P_PEER, call_peer, call_sizes
 
 
 @dataclass
@@ -58,14 +51,6 @@ class Span:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def _nbytes(t) -> int:
-    if isinstance(t, torch.Tensor):
-        return t.numel() * t.element_size()
-    if isinstance(t, (list, tuple)):
-        return sum(_nbytes(x) for x in t)
-    return 0
 
 
 def _group_of(group) -> tuple[int, str]:
@@ -102,71 +87,6 @@ def _axis_of(group) -> str:
     if forced:
         return forced
     return _labels.get(id(group if group is not None else dist.group.WORLD), "")
-
-
-def _first_tensor(args, kwargs, *names):
-    for name in names:
-        if name in kwargs:
-            return kwargs[name]
-    return args[0] if args else None
-
-
-def _measure(op: str, args, kwargs, n: int, rank_in_group: int) -> tuple[int, float, str]:
-    """(buffer bytes S, bytes this rank sends, dtype) for one call of ``op``."""
-    a = list(args)
-    if op in ("all_reduce", "broadcast", "reduce"):
-        t = _first_tensor(a, kwargs, "tensor")
-        return _nbytes(t), _RING[op](_nbytes(t), n), str(getattr(t, "dtype", ""))
-    if op in ("all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single"):
-        out = a[0] if a else kwargs.get("output_tensor", kwargs.get("output"))
-        inp = a[1] if len(a) > 1 else kwargs.get("input_tensor", kwargs.get("input"))
-        full = out if op.startswith("all_gather") else inp
-        return _nbytes(full), _GATHER_LIKE(_nbytes(full), n), str(full.dtype)
-    if op == "all_gather":
-        out = a[0] if a else kwargs["tensor_list"]
-        return _nbytes(out), _GATHER_LIKE(_nbytes(out), n), str(out[0].dtype)
-    if op == "reduce_scatter":
-        inp = a[1] if len(a) > 1 else kwargs["input_list"]
-        return _nbytes(inp), _GATHER_LIKE(_nbytes(inp), n), str(inp[0].dtype)
-    if op == "all_to_all":
-        inp = a[1] if len(a) > 1 else kwargs["input_tensor_list"]
-        return _nbytes(inp), _nbytes(inp) - _nbytes(inp[rank_in_group]), str(inp[0].dtype)
-    if op == "all_to_all_single":
-        inp = a[1] if len(a) > 1 else kwargs["input"]
-        splits = a[3] if len(a) > 3 else kwargs.get("input_split_sizes")
-        S = _nbytes(inp)
-        if splits:
-            own = splits[rank_in_group] * (S // max(inp.shape[0], 1))
-            return S, S - own, str(inp.dtype)
-        return S, _GATHER_LIKE(S, n), str(inp.dtype)
-    if op in ("send", "isend"):
-        t = _first_tensor(a, kwargs, "tensor")
-        return _nbytes(t), float(_nbytes(t)), str(t.dtype)
-    if op in ("recv", "irecv"):
-        t = _first_tensor(a, kwargs, "tensor")
-        return _nbytes(t), 0.0, str(t.dtype)
-    if op == "batch_isend_irecv":
-        p2p = a[0] if a else kwargs["p2p_op_list"]
-        sent = sum(_nbytes(o.tensor) for o in p2p if "send" in o.op.__name__)
-        return sum(_nbytes(o.tensor) for o in p2p), float(sent), str(p2p[0].tensor.dtype) if p2p else ""
-    if op in ("gather", "scatter"):
-        t = _first_tensor(a, kwargs, "tensor")
-        return _nbytes(t), float(_nbytes(t)), str(getattr(t, "dtype", ""))
-    return 0, 0.0, ""  # barrier
-
-
-_P2P_PEER = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
-
-
-def _peer(op: str, args, kwargs, group) -> tuple[int | None, int]:
-    """(global peer rank, tag) of a point-to-point call: ``dst``/``src`` are global ranks in
-    ``torch.distributed``; ``group_dst``/``group_src`` are ranks inside ``group``."""
-    key = _P2P_PEER[op]
-    peer = kwargs.get(key, args[1] if len(args) > 1 else None)
-    local = kwargs.get(f"group_{key}")
-    if peer is None and local is not None:
-        peer = dist.get_global_rank(group, local)
-    return peer, int(kwargs.get("tag", args[3] if len(args) > 3 else 0) or 0)
 
 
 TRACED_OPS = (
@@ -217,51 +137,10 @@ class Tracer:
 
     def bytes_by_op(self, key: str = "sent_bytes") -> dict[str, float]:
         """Total ``sent_bytes`` (or ``bytes``) per collective op, over the recorded spans."""
-        return bytes_by_op(self.spans, key)
+        return collectives.bytes_by_op(self.spans, key)
 
     def counts_by_op(self) -> dict[str, int]:
-        return counts_by_op(self.spans)
-
-
-def op_family(name: str) -> str:
-    """The collective an op implements, as ``theory.comm`` names it: ``all_gather_single`` and
-    ``all_gather_into_tensor`` -> ``all_gather``, ``reduce_scatter_tensor`` -> ``reduce_scatter``."""
-    for suffix in ("_into_tensor", "_single", "_tensor"):
-        name = name.removesuffix(suffix)
-    return name
-
-
-def _field(span, key: str):
-    return span[key] if isinstance(span, dict) else getattr(span, key)
-
-
-def bytes_by_op(spans, key: str = "sent_bytes", *, per: int = 1, family: bool = False) -> dict[str, float]:
-    """Sum of ``key`` over the comm spans (``Span`` objects or their dicts), per op name (or per
-    :func:`op_family`), divided by ``per`` (e.g. the number of steps the spans cover)."""
-    out: dict[str, float] = defaultdict(float)
-    for s in spans:
-        if _field(s, "kind") == "comm":
-            name = op_family(_field(s, "name")) if family else _field(s, "name")
-            out[name] += _field(s, key)
-    return {k: v / per for k, v in out.items()}  # sum first, then divide: no rounding per span
-
-
-def bytes_by_axis(spans, key: str = "sent_bytes", *, per: int = 1) -> dict[str, float]:
-    """Sum of ``key`` over the comm spans per mesh axis (spans with no axis under ``"?"``)."""
-    out: dict[str, float] = defaultdict(float)
-    for s in spans:
-        if _field(s, "kind") == "comm":
-            out[_field(s, "axis") or "?"] += _field(s, key)
-    return {k: v / per for k, v in out.items()}
-
-
-def counts_by_op(spans, *, per: int = 1, family: bool = False) -> dict[str, int]:
-    """Number of comm spans per op name (or per :func:`op_family`), divided by ``per``."""
-    out: dict[str, int] = defaultdict(int)
-    for s in spans:
-        if _field(s, "kind") == "comm":
-            out[op_family(_field(s, "name")) if family else _field(s, "name")] += 1
-    return {k: v // per for k, v in out.items()}
+        return collectives.counts_by_op(self.spans)
 
 
 def _close(span: Span) -> None:
@@ -330,11 +209,11 @@ def _wrap(op: str, fn):
             group = (args[0] if args else kwargs["p2p_op_list"])[0].group
         n, name = _group_of(group)
         rank_in_group = dist.get_rank(group) if group is not None else dist.get_rank()
-        S, sent, dtype = _measure(op, args, kwargs, n, rank_in_group)
+        S, sent, dtype = call_sizes(op, args, kwargs, n, rank_in_group)
         axis = _axis_of(group)
         span = Span(tracer.rank, "comm", op, time.perf_counter(), None, S, sent, n, name, dtype, axis=axis)
-        if op in _P2P_PEER:
-            span.peer, span.tag = _peer(op, args, kwargs, group)
+        if op in P2P_PEER:
+            span.peer, span.tag = call_peer(op, args, kwargs, group)
         elif op == "batch_isend_irecv":
             ops = args[0] if args else kwargs["p2p_op_list"]
             span.p2p = tuple(("send" if "send" in o.op.__name__ else "recv", o.peer, o.tag) for o in ops)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from playbook.cluster import default_backend, launch
 from playbook.dims import ParallelDims
 from playbook.measure import trace
-from playbook.measure.trace import bytes_by_op
+from playbook.measure.collectives import bytes_by_op
 from playbook.model import GPT
 from playbook.parallel.comm import all_reduce_flat
 from playbook.parallel.registry import register

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import torch
 
-from playbook.measure.trace import bytes_by_axis
+from playbook.measure.collectives import bytes_by_axis
 from playbook.parallel.hybrid.parallelize import Plan
 from playbook.parallel.training import TrainResult, TrainSetup
 from playbook.theory.hybrid import comm_per_axis, memory_per_rank
