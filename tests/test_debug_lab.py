@@ -44,6 +44,6 @@ def test_the_tracer_finds_the_straggler_that_makes_the_others_wait(ranks4):
     ns = _cells("dbg-38")
     spans = ranks4.run(ns["slow_loader"], 1, delay=0.3, steps=3, timeout=30)
     assert ns["last_to_enter"](spans) == [1, 1, 1]
-    for i in range(3):  # the others wait about the straggler's delay; the straggler barely at all
-        waits = [spans[r][i][1] for r in range(4)]
-        assert waits[1] < 0.15 and all(w > 0.15 for r, w in enumerate(waits) if r != 1), waits
+    for i in range(3):  # the others wait about the straggler's 0.3 s longer than it does, whatever the load
+        waits = [spans[r][i][1] for r in range(4)]  # (a busy machine stretches every wait, the straggler's too)
+        assert all(w - waits[1] > 0.15 for r, w in enumerate(waits) if r != 1), waits
