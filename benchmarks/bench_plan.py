@@ -17,6 +17,8 @@ import os
 import statistics
 import time
 
+from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
+
 GOAL_S = 2.0
 
 
@@ -30,13 +32,13 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=2048)
     ap.add_argument("--attention", default="flash", choices=["flash", "eager"], help="as playbook plan's")
     ap.add_argument("--activations", default="production", choices=["production", "ours"])
-    ap.add_argument("--overlap", default="megatron-tp", choices=["none", "megatron-tp", "deepseek-ep"])
+    ap.add_argument("--overlap", default=DEFAULT_OVERLAP, choices=tuple(OVERLAP_PRESETS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     from playbook.config import Hardware, ModelConfig
     from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_dp, plan_memory, plan_schedule
-    from playbook.theory import prod_activations
+    from playbook.theory import prod_activations, stage_balance
     from playbook.theory.planner import plan
 
     caches = (
@@ -48,6 +50,7 @@ def main() -> None:
     )
     caches += (gemm_efficiency._efficiency, gemm_efficiency._factor, plan_dp._seconds)
     caches += (plan_memory.rank_chunks, plan_memory.rank_state, prod_activations.rank_activations)
+    caches += (stage_balance.rank_flops_per_token, stage_balance.stage_imbalance)
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     times, cpu, result = [], [], None

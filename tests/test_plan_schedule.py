@@ -5,6 +5,7 @@ import pytest
 
 from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import step_cost, with_schedule
+from playbook.theory.stage_balance import stage_imbalance
 from playbook.theory.plan_schedule import bubble_fraction, check_schedules, chunk_layers, layers_held, schedule_options
 from playbook.theory.prod_activations import in_flight
 from playbook.theory.schedule_simulator import simulate
@@ -41,7 +42,8 @@ def test_with_schedule_equals_a_direct_count():
     base = step_cost(cfg, hw, **kw)
     for name, v in (("interleaved", 2), ("zb-h1", 1), ("zb-v", 2)):
         direct = step_cost(cfg, hw, **kw, schedule=name, v=v)
-        derived = with_schedule(base, pp=4, microbatches=16, schedule=name, v=v)
+        imbalance = stage_imbalance(cfg, 4096, 4, name, v)
+        derived = with_schedule(base, pp=4, microbatches=16, schedule=name, v=v, imbalance=imbalance)
         assert derived.total == pytest.approx(direct.total) and derived.bubble < base.bubble
 
 
@@ -63,12 +65,14 @@ def test_overlap_presets_hide_what_they_name():
     kw = dict(dp=2, tp=4, pp=2, cp=1, ep=1, zero=1, micro_batch=1, microbatches=8, recompute="none")
     kw |= dict(seq_len=4096, gpus_per_node=8)
     none, tp = step_cost(cfg, hw, **kw, overlap="none"), step_cost(cfg, hw, **kw, overlap="megatron-tp")
-    assert none.axes["tp"][1] == none.axes["tp"][0]  # all exposed
+    assert none.axes["tp"][1] == none.axes["tp"][0] and none.axes["dp"][1] == none.axes["dp"][0]  # all exposed
+    assert tp.axes["dp"][1] < tp.axes["dp"][0] == none.axes["dp"][0]  # the buckets behind the backward
+    assert step_cost(cfg, hw, **kw, overlap="dp").axes["dp"] == tp.axes["dp"]
     assert tp.axes["tp"][1] == pytest.approx(tp.axes["tp"][0] / 4)  # the collective matmul's first of t chunks
-    assert tp.axes["pp"] == none.axes["pp"] and set(OVERLAP_PRESETS) == {"none", "megatron-tp", "deepseek-ep"}
+    assert tp.axes["pp"] == none.axes["pp"] and set(OVERLAP_PRESETS) == {"none", "dp", "megatron-tp", "deepseek-ep"}
     ds = step_cost(cfg, hw, **kw, overlap="deepseek-ep")
     assert ds.axes["pp"][1] == 0.0 < ds.axes["pp"][0]
-    with pytest.raises(ValueError, match="none, megatron-tp, deepseek-ep"):
+    with pytest.raises(ValueError, match="none, dp, megatron-tp, deepseek-ep"):
         step_cost(cfg, hw, **kw, overlap="all")
 
 

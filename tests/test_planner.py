@@ -97,9 +97,14 @@ def test_links_follow_the_rank_order():
 
 
 def test_bubble_is_p_minus_1_over_m_of_the_pipelined_time():
+    """(p − 1)/m of the busiest rank's pipelined time, plus its extra compute the other rank waits
+    through (TINY's last stage holds the head: ``theory.stage_balance``)."""
+    from playbook.theory.stage_balance import stage_imbalance
+
     c = cost(pp=2, microbatches=4, micro_batch=1)
-    pipelined = c.compute + c.axes["pp"][1]
-    assert c.bubble == pytest.approx(pipelined * 1 / 4)
+    k = stage_imbalance(TINY, 32, 2)
+    assert k > 1
+    assert c.bubble == pytest.approx(c.compute * (k - 1) + (c.compute * k + c.axes["pp"][1]) * 1 / 4)
 
 
 def test_step_costs_per_zero_stage_equal_step_cost():
@@ -197,6 +202,7 @@ def test_the_search_orders_by_the_same_total_it_reports():
     """plan_cost.scheduled_total, by which the search orders every variant, is with_schedule(...).total to
     the last bit, for every schedule and v of a pipeline with every axis costed."""
     from playbook.theory.plan_cost import scheduled_total, with_schedule
+    from playbook.theory.stage_balance import stage_imbalance
     from playbook.theory.plan_schedule import schedule_options
 
     h100, cfg = Hardware.preset("h100-sxm"), ModelConfig.preset("llama-3.1-70b")
@@ -220,5 +226,7 @@ def test_the_search_orders_by_the_same_total_it_reports():
     assert len({s for s, _ in options}) == 5 and len(options) > 8
     for base in bases.values():
         for schedule, v in options:
-            at = dict(pp=8, microbatches=16, schedule=schedule, v=v)
+            at = dict(
+                pp=8, microbatches=16, schedule=schedule, v=v, imbalance=stage_imbalance(cfg, 8192, 8, schedule, v)
+            )
             assert scheduled_total(base, **at) == with_schedule(base, **at).total

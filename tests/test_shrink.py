@@ -186,12 +186,13 @@ def test_playbook_plan_prints_a_runnable_replay_and_runs_it_with_replay(capsys):
         "--schedules",
         "1f1b",
         "--overlap",
-        "none",
-    ]  # the ranking these pinned lines come from
+        "dp",
+    ]  # the ranking these pinned lines come from (chapter 8b's)
     assert main([*argv, "--json"]) == 0
     launch = json.loads(capsys.readouterr().out)["launch"]
-    # the fastest candidate itself, dp1×pp8×cp8 ZeRO-2: cp inside the pipeline, ZeRO-2 over cp there
-    assert launch["replay_candidate"] == 1
+    # #1 (dp4×tp4×pp2×cp2) needs 16 ranks at degree 2; #2, dp1×pp8×cp8 ZeRO-2: cp inside the pipeline,
+    # ZeRO-2 over cp there
+    assert launch["replay_candidate"] == 2
     assert launch["replay_notes"][:2] == [
         "pp 8 → 2: gpt-tiny has 2 layers: 2 stages of one layer",
         "cp 8 → 2: 2 ranks keep the ring's K/V passes",

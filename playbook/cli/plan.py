@@ -268,8 +268,9 @@ def add_plan(sub) -> None:
         "--overlap",
         choices=tuple(OVERLAP_PRESETS),
         default=DEFAULT_OVERLAP,
-        help=f"communication hidden behind compute: none, megatron-tp (tp's collective matmuls: all but 1/t "
-        f"hidden) or deepseek-ep (also ep's all-to-all and pp's sends); default {DEFAULT_OVERLAP}",
+        help=f"communication hidden behind compute: none (all exposed), dp (gradient buckets behind the backward, "
+        f"gathers ahead of use), megatron-tp (dp, and tp's collective matmuls: all but 1/t hidden) or deepseek-ep "
+        f"(also ep's all-to-all and pp's sends); default {DEFAULT_OVERLAP}",
     )
     p.add_argument(
         "--precision",

@@ -31,13 +31,14 @@ overlaps:
 - **pp** (Narayanan et al. 2021 §2.2): one activation forward and one gradient backward per
   micro-batch and boundary the busiest rank's chunks cross (v times as many interleaved, twice on
   a V; ``plan_bytes.pp_sends``), point to point and small; exposed. Bubble:
-  ``plan_schedule.bubble_fraction`` of the pipelined time (compute and the exposed tp/cp/ep/pp time
-  of the m micro-batches): (p − 1)/m for 1F1B,
-  (p − 1)/(v·m) interleaved, (p − 1)/(3m) ZB-H1, simulated for ZB-V and DualPipe-V.
-- **dp**: ``theory.plan_dp`` (ZeRO 0-3; gradients reduced in bf16, or fp32 for the production stack).
+  ``plan_schedule.bubble_fraction`` of the busiest rank's pipelined time (compute and the exposed
+  tp/cp/ep/pp time of the m micro-batches): (p − 1)/m for 1F1B, (p − 1)/(v·m) interleaved,
+  (p − 1)/(3m) ZB-H1, simulated for ZB-V and DualPipe-V; plus the busiest rank's extra compute
+  (``theory.stage_balance``: the output head, uneven layers), which the others wait through.
+- **dp**: ``theory.plan_dp`` (ZeRO 0-3; gradients reduced in bf16, or fp32 for the production stack),
+  overlapped with the backward and the next forward unless the preset is "none".
 
-Not modelled: attention's kernel efficiency by shape, imbalance between stages, stragglers,
-optimizer step time.
+Not modelled: attention's kernel efficiency by shape, stragglers, optimizer step time.
 """
 
 from __future__ import annotations
@@ -54,15 +55,18 @@ from playbook.theory.plan_dp import GRAD_BYTES, dp_seconds, overlapped
 from playbook.theory.plan_precision import FP8_DISPATCH_SHARE, time_factor
 from playbook.theory.plan_bytes import cp_layer, pp_message_bytes, pp_sends
 from playbook.theory.plan_schedule import bubble_fraction
+from playbook.theory.stage_balance import stage_imbalance
 
 # Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
-# "megatron-tp". tp: a collective matmul, the all-gather / reduce-scatter cut into t chunks each
+# "megatron-tp". dp: gradient buckets reduced during the backward and weights gathered ahead of use
+# (``plan_dp``; PyTorch DDP, Li et al. 2020, arXiv:2006.15704); "none" overlaps nothing, as
+# Megatron-LM's 2021 local DDP, which all-reduced after the whole backward. tp: a collective matmul, the all-gather / reduce-scatter cut into t chunks each
 # overlapped with the GEMM on the previous one, so only the first chunk is exposed (Wang et al. 2023,
 # "Overlap communication with dependent computation via decomposition", ASPLOS 2023, doi:10.1145/3567955.3567959;
 # Megatron-LM's --tp-comm-overlap). ep and pp: DeepSeek-V3's DualPipe runs one micro-batch's
 # all-to-all and pipeline sends under another's compute (DeepSeek-AI 2024, arXiv:2412.19437,
 # §3.2.1), so only what exceeds the compute is exposed.
-OVERLAP_PRESETS = {"none": (), "megatron-tp": ("tp",), "deepseek-ep": ("tp", "ep", "pp")}
+OVERLAP_PRESETS = {"none": (), "dp": ("dp",), "megatron-tp": ("dp", "tp"), "deepseek-ep": ("dp", "tp", "ep", "pp")}
 DEFAULT_OVERLAP = "megatron-tp"
 # Rank order, fastest axis first: Megatron-LM's tp-cp-(ep)-dp-pp (``playbook.dims``, the default) or
 # Llama 3's [TP, CP, PP, DP] (Dubey et al. 2024, arXiv:2407.21783, §3.3.2), where pp sits inside dp:
@@ -87,7 +91,8 @@ def _per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float, float, flo
 
 @dataclass(frozen=True)
 class StepCost:
-    """Seconds of one step: compute, bubble, and per axis (comm, exposed)."""
+    """Seconds of one step: compute (the average rank's), bubble (the pipeline's idle time: fill and
+    drain, and the wait on the busiest rank, :func:`pipeline_idle`), and per axis (comm, exposed)."""
 
     compute: float
     bubble: float
@@ -152,16 +157,18 @@ def step_cost(
     gpus_per_node: int,
     schedule: str = "1f1b",
     v: int = 1,
-    overlap: str = "none",
+    overlap: str = "dp",
     precision: str = "bf16",
     mesh_order: str = MESH_ORDERS[0],
     grad_bytes: int = GRAD_BYTES,
     placement: str = "1f1b",
+    ends: str = "even",
 ) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring);
     ``precision="fp8"``: the linear layers at the FP8 peak, ep's dispatch in FP8 (``plan_precision``);
     ``grad_bytes``: bytes per gradient element dp reduces (``plan_dp.GRAD_REDUCE_BYTES``); ``placement``:
-    "1f1b", or a V schedule whose rank 0 holds the embedding and the head (the data axis's units)."""
+    "1f1b", or a V schedule whose rank 0 holds the embedding and the head (the data axis's units);
+    ``ends``: the layers per virtual stage (``plan_schedule.ENDS``), which set the busiest rank."""
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
     hidden = OVERLAP_PRESETS[overlap]
@@ -203,8 +210,8 @@ def step_cost(
         msg = pp_message_bytes(cfg, micro_batch=b, seq_len=s, cp=cp, tp=tp, dtype_bytes=GRAD_BYTES)
         comm = m * pp_sends(schedule, pp, v) * collective_seconds("send", msg, 2, bw, lat)
         axes["pp"] = (comm, overlapped(comm, compute, 0.0) if "pp" in hidden else comm)
-    pipelined = compute + sum(e for _, e in axes.values())
-    bubble = pipelined * bubble_fraction(schedule, pp, m, v)
+    imbalance = stage_imbalance(cfg, s, pp, schedule, v, ends)
+    bubble = pipeline_idle(compute, sum(e for _, e in axes.values()), bubble_fraction(schedule, pp, m, v), imbalance)
     if dp * cp > 1:
         bw, lat, _ = link(hw, "dp", gpus_per_node, mesh_order, **degrees)
         axes["dp"] = dp_seconds(
@@ -217,6 +224,7 @@ def step_cost(
             microbatches=m,
             grad_bytes=grad_bytes,
             placement=placement,
+            hide="dp" in hidden,
         )
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
@@ -244,29 +252,42 @@ def step_costs(
             **degrees,
             grad_bytes=layout.get("grad_bytes", GRAD_BYTES),
             placement=layout.get("placement", "1f1b"),
+            hide="dp" in OVERLAP_PRESETS[layout.get("overlap", "dp")],
         )
         out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
     return out
 
 
-def with_schedule(base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int) -> StepCost:
+def pipeline_idle(compute: float, exposed: float, fraction: float, imbalance: float) -> float:
+    """Seconds the average rank idles in a pipeline: the busiest rank's extra work (``imbalance``, its
+    FLOPs over the average's, ``theory.stage_balance``), and the bubble, ``fraction`` of the busiest
+    rank's pipelined time (its compute and the exposed tp, cp, ep and pp time of the m micro-batches)."""
+    return compute * (imbalance - 1) + (compute * imbalance + exposed) * fraction
+
+
+def with_schedule(
+    base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float = 1.0
+) -> StepCost:
     """``base`` (a 1F1B step) under another schedule: pp's point-to-point time times the boundaries
-    crossed, and the bubble from the new pipelined time (the rest does not depend on the schedule)."""
-    if schedule == "1f1b" or pp == 1:
+    crossed, and the idle time (:func:`pipeline_idle`) from the new pipelined time and the
+    schedule's ``imbalance`` (``stage_balance.stage_imbalance``); the rest does not depend on it."""
+    if pp == 1:
         return base
     axes = dict(base.axes)
     if "pp" in axes:
         k = pp_sends(schedule, pp, v) / pp_sends("1f1b", pp)
         axes["pp"] = (axes["pp"][0] * k, axes["pp"][1] * k)
-    pipelined = base.compute + sum(e for a, (_, e) in axes.items() if a != "dp")
-    bubble = pipelined * bubble_fraction(schedule, pp, microbatches, v)
+    exposed = sum(e for a, (_, e) in axes.items() if a != "dp")
+    bubble = pipeline_idle(base.compute, exposed, bubble_fraction(schedule, pp, microbatches, v), imbalance)
     return StepCost(base.compute, bubble, axes, base.model_flops)
 
 
-def scheduled_total(base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int) -> float:
+def scheduled_total(
+    base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float = 1.0
+) -> float:
     """``with_schedule(base, ...).total`` (the same sums in the same order, so the same float) without
     building the StepCost: the search orders every variant by it and builds only those it tries."""
-    if schedule == "1f1b" or pp == 1:
+    if pp == 1:
         return base.total
     k = pp_sends(schedule, pp, v) / pp_sends("1f1b", pp)
     pipelined = every = 0.0
@@ -275,4 +296,5 @@ def scheduled_total(base: StepCost, *, pp: int, microbatches: int, schedule: str
         every += e
         if a != "dp":
             pipelined += e
-    return base.compute + (base.compute + pipelined) * bubble_fraction(schedule, pp, microbatches, v) + every
+    idle = pipeline_idle(base.compute, pipelined, bubble_fraction(schedule, pp, microbatches, v), imbalance)
+    return base.compute + idle + every

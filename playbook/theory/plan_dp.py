@@ -3,6 +3,10 @@ ranks that share weights (expert weights over their dp·cp/ep replicas; the most
 units, ``plan_bytes.dp_groups``), and how much of them overlaps compute. Used by
 :mod:`playbook.theory.plan_cost`; pure arithmetic, no torch.
 
+Each overlaps as below when the stack overlaps the data axis (``hide``, the "dp" of
+``plan_cost.OVERLAP_PRESETS``); without it every collective is exposed, as in Megatron-LM's 2021
+local DDP, which all-reduced the gradients after the last micro-batch's backward.
+
 - ZeRO 0: one all-reduce, overlapped with the last micro-batch's backward except the last bucket
   (PyTorch DDP, Li et al. 2020, arXiv:2006.15704, buckets of 25 MiB);
 - ZeRO 1: a reduce-scatter so overlapped, plus the all-gather of the updated weights, overlapped
@@ -58,9 +62,11 @@ def dp_seconds(
     microbatches: int,
     grad_bytes: int = GRAD_BYTES,
     placement: str = "1f1b",
+    hide: bool = True,
 ) -> tuple[float, float]:
     """(communication, exposed) seconds of the data axis in one step (module docstring); ``placement``:
-    the schedule whose placement of the stages sets the most loaded rank (``plan_bytes.dp_groups``)."""
+    the schedule whose placement of the stages sets the most loaded rank (``plan_bytes.dp_groups``);
+    ``hide``: overlap as the module docstring says (False: all of it exposed)."""
     m = microbatches
     comm = exposed = 0.0
     for numel, pad, n in dp_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, placement=placement):
@@ -87,5 +93,5 @@ def dp_seconds(
             one = 2 * t("all_gather", w) + t("reduce_scatter", g)
             floor = 2 * t("all_gather", last_w) + t("reduce_scatter", last_g)
             c, e = m * one, m * overlapped(one, compute / m, floor)
-        comm, exposed = comm + c, exposed + e
+        comm, exposed = comm + c, exposed + (e if hide else c)
     return comm, exposed

@@ -12,6 +12,7 @@ from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_memory import memory_breakdown
 from playbook.theory.plan_schedule import ENDS, V_SHAPED
 from playbook.theory.planner import MEM_UTIL, Layout, plan
+from playbook.theory.stage_balance import stage_imbalance
 
 _KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "b", "m", "recompute", "schedule", "v", "ends"}
 _EXAMPLE = "dp=64 tp=8 pp=16 zero=1 b=1 m=32 recompute=none schedule=interleaved v=2"
@@ -92,7 +93,10 @@ def cost_layout(
         grad_bytes=GRAD_REDUCE_BYTES[activations],
         placement=lay.schedule if lay.schedule in V_SHAPED else "1f1b",
     )
-    cost = with_schedule(base, pp=lay.pp, microbatches=lay.microbatches, schedule=lay.schedule, v=lay.v)
+    imbalance = stage_imbalance(cfg, seq_len, lay.pp, lay.schedule, lay.v, lay.ends)
+    cost = with_schedule(
+        base, pp=lay.pp, microbatches=lay.microbatches, schedule=lay.schedule, v=lay.v, imbalance=imbalance
+    )
     total, budget = sum(memory.values()), hw.capacity_bytes * mem_util
     out = {
         "layout": str(lay),

@@ -52,6 +52,7 @@ from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan
     powers_of_two,
 )
 from playbook.theory.prod_activations import check_activations
+from playbook.theory.stage_balance import stage_imbalance
 
 # Share of the device's memory (``Hardware.capacity_bytes``: what the driver reports where the profile
 # knows it, e.g. 81,559 MiB on an "80 GB" H100) a plan may fill: the product's one rule (``config.MEM_UTIL``).
@@ -154,8 +155,11 @@ def plan(
             return by_zero[v.micro_batch, v.recompute, _placement(v)][v.zero]
 
         def total(v: Layout) -> tuple[float, int]:
-            at = dict(pp=dims.pp, microbatches=v.microbatches, schedule=v.schedule, v=v.v)
-            return scheduled_total(base(v), **at), -v.zero
+            return scheduled_total(base(v), **at(v)), -v.zero
+
+        def at(v: Layout) -> dict:
+            imbalance = stage_imbalance(cfg, seq_len, dims.pp, v.schedule, v.v, v.ends)
+            return dict(pp=dims.pp, microbatches=v.microbatches, schedule=v.schedule, v=v.v, imbalance=imbalance)
 
         order = sorted(variants, key=total)
         too_big: list[tuple] = []  # (memory key, layout) of variants that did not fit
@@ -171,7 +175,7 @@ def plan(
                 continue
             mem = memory_bytes(cfg, v, seq_len, attention, activations)
             if mem <= budget:
-                cost = with_schedule(base(v), pp=dims.pp, microbatches=v.microbatches, schedule=v.schedule, v=v.v)
+                cost = with_schedule(base(v), **at(v))
                 mfu = cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops)
                 out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
                 out.dominated += len(order) - i - 1
