@@ -377,3 +377,20 @@ def test_ch08b_small_matmuls_and_the_published_runs():
     assert max(held) == held[1] == 141 == 2 * (16 - 1 - 1) + (8 - 1) * 16 + 1
     state = dp64["memory"] - 141 * block
     assert int((MEM_UTIL * H100.capacity_bytes - state) // block) == 130
+
+
+def test_ch08b_the_ranking_by_overlap_preset():
+    """Chapter 8b, "How overlap moves the ranking": tp4 wins while tp's collectives are exposed, tp8 once
+    they hide; Llama 3's degrees rank #43 with nothing hidden, #31 with megatron-tp."""
+    from playbook.theory.plan_cost import OVERLAP_PRESETS
+    from playbook.theory.plan_schedule import PLAN_SCHEDULES
+    from playbook.viz.plan_dashboard import cached_plan
+
+    rank, tp = {}, {}
+    for preset in OVERLAP_PRESETS:
+        p = cached_plan("llama-3.1-405b", "h100-sxm", 16384, 8192, 2048, "production", PLAN_SCHEDULES, preset)
+        published = dict(dp=128, tp=8, pp=16, cp=1, ep=1)
+        rank[preset] = 1 + next(i for i, c in enumerate(p.candidates) if c.layout.degrees == published)
+        tp[preset] = p.candidates[0].layout.tp
+    assert tp == {"none": 4, "dp": 4, "megatron-tp": 8, "deepseek-ep": 8}
+    assert rank["none"] == 43 and rank["megatron-tp"] == 31
