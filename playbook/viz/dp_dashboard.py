@@ -14,7 +14,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory.buckets import bucket_cap_bytes
 from playbook.viz.dp import predict_both, predicted_timelines
 from playbook.viz.figures import format_value
-from playbook.viz.widgets import dense_presets, fit_controls, page_height
+from playbook.viz.widgets import dense_presets, fit_controls, show_figure
 
 
 def _summary(cfg, hw, world_size, both) -> str:
@@ -87,9 +87,7 @@ def dp_dashboard(
             title=f"predicted step of one rank: {v['model']}, {v['world_size']} × {v['hardware']}, "
             f"buckets of {v['bucket_mb']:g} MiB",
         )
-        fig.data = ()
-        fig.add_traces(new.data)
-        fig.layout = page_height(new).layout
+        show_figure(fig, new)
         message.value = _summary(cfg, hw, v["world_size"], both)
 
     for ctl in c.values():

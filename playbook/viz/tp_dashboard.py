@@ -16,7 +16,7 @@ from playbook.theory.tp import layer_comm, layer_seconds, params_per_rank, tp_bl
 from playbook.viz.figures import format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars
 from playbook.viz.tp import layer_time, shard_diagram
-from playbook.viz.widgets import dense_presets, fit_controls, page_height
+from playbook.viz.widgets import dense_presets, fit_controls, show_figure
 
 
 def _bytes(x: float) -> str:
@@ -98,12 +98,6 @@ def tp_dashboard(
     figs = {k: go.FigureWidget() for k in ("memory", "time", "shards")}
     message = w.HTML()
 
-    def replace(fig: go.FigureWidget, new: go.Figure) -> None:
-        with fig.batch_update():
-            fig.data = ()
-            fig.add_traces(new.data)
-            fig.layout = page_height(new).layout
-
     def update(change=None) -> None:
         if change is not None and change["owner"] is c["model"]:
             ok = valid_tp(ModelConfig.preset(c["model"].value))
@@ -129,7 +123,7 @@ def tp_dashboard(
         mode = ("TP+SP" + (" (shards saved)" if v["regather"] else "")) if v["sequence_parallel"] else "TP"
         top = max(sum(b.values()) for b in n["budgets"].values())
         unit = "GB" if top >= 1e9 else "MB" if top >= 1e6 else "KB"
-        replace(
+        show_figure(
             figs["memory"],
             memory_bars(
                 n["budgets"],
@@ -140,7 +134,7 @@ def tp_dashboard(
                 f"<sup>{mode}, seq {v['seq_len']:,} × micro-batch {v['micro_batch']}</sup>",
             ),
         )
-        replace(
+        show_figure(
             figs["time"],
             layer_time(
                 n["times"],
@@ -148,7 +142,7 @@ def tp_dashboard(
                 f"vs predicted {mode} communication</sup>",
             ),
         )
-        replace(figs["shards"], shard_diagram(cfg, v["tp"]))
+        show_figure(figs["shards"], shard_diagram(cfg, v["tp"]))
         fwd, p, t = n["comm"]["forward"], n["params"], v["tp"]
         now = n["times"][valid_tp(cfg).index(t)]
         again = ", plus 2 all-gathers to re-gather the saved shards" if v["sequence_parallel"] and v["regather"] else ""
