@@ -2,6 +2,7 @@
 fields, one process per rank, every span of the run present, sends paired with their receives."""
 
 import json
+import time
 from collections import Counter, defaultdict
 
 import pytest
@@ -108,11 +109,16 @@ def test_ring_passes_on_ranks_are_traced_with_their_peers(ranks4, tmp_path):
     assert {(f["s"]["pid"], f["f"]["pid"]) for f in got["flows"].values()} == {(0, 1), (1, 2), (2, 3), (3, 0)}
 
 
-def ping_pong(ctx):
+def ping_pong(ctx, pad: float = 0.0):
+    """Three messages from rank 0 to rank 1, each after a "compute" span around ``t * 2``, with ``pad``
+    seconds of sleep either side of it (the profiled run: the profiler converts its own clock to
+    wall-clock time, and on a loaded machine that conversion can be off by more than a tiny op lasts)."""
     t = torch.full((4,), float(ctx.rank))  # no aten::mul outside the compute spans
     for _ in range(3):
         with ctx.tracer.span("compute"):
+            time.sleep(pad)
             t = t * 2
+            time.sleep(pad)
         if ctx.rank == 0:
             dist.send(t, 1, tag=7)
         else:
@@ -130,32 +136,14 @@ def test_ranks_write_their_last_call_as_a_trace(ranks2, tmp_path):
     assert {f["s"]["name"] for f in got["flows"].values()} == {"message 0→1 tag 7"}
 
 
-def ping_pong_padded(ctx):
-    """ping_pong with 30 ms of sleep either side of each ``t * 2``: the profiler converts its own clock
-    to wall-clock time, and on a loaded machine that conversion can be off by more than a tiny op lasts."""
-    import time
-
-    t = torch.full((4,), float(ctx.rank))  # no aten::mul outside the compute spans
-    for _ in range(3):
-        with ctx.tracer.span("compute"):
-            time.sleep(0.03)
-            t = t * 2
-            time.sleep(0.03)
-        if ctx.rank == 0:
-            dist.send(t, 1, tag=7)
-        else:
-            dist.recv(t, 0, tag=7)
-    return t.sum().item()
-
-
 def ping_pong_profiled(ctx, path):
-    """ping_pong_padded, with torch.profiler recording rank 0's operators (its Chrome export written to path)."""
+    """ping_pong with 30 ms of padding, torch.profiler recording rank 0's operators (its Chrome export written to path)."""
     from torch.profiler import ProfilerActivity, profile
 
     if ctx.rank != 0:
-        return ping_pong_padded(ctx)
+        return ping_pong(ctx, 0.03)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        result = ping_pong_padded(ctx)
+        result = ping_pong(ctx, 0.03)
     prof.export_chrome_trace(str(path))
     return result
 

@@ -110,8 +110,7 @@ def static_dp(
 ) -> go.Figure:
     """Chapter 1's DP dashboard (:func:`~playbook.viz.dp_dashboard.dp_dashboard`): one rank's predicted step,
     all-reduces after backward vs overlapped in buckets, over model × ranks × bucket size."""
-    from playbook.theory.buckets import bucket_cap_bytes
-    from playbook.viz.dp import predict_both, predicted_timelines
+    from playbook.viz.dp_dashboard import predicted_step
     from playbook.viz.widgets import dense_presets
 
     models = [m for m in ("gpt-small", "llama-3.1-8b", "llama-3.1-70b") if m in dense_presets()]
@@ -121,20 +120,8 @@ def static_dp(
     hw = Hardware.preset(hardware)
 
     def build(model, world_size, bucket_mb):
-        both = predict_both(
-            ModelConfig.preset(model),
-            hw,
-            world_size=world_size,
-            bucket_bytes=bucket_cap_bytes(bucket_mb),
-            tokens=max(tokens_per_rank, seq_len),
-            seq_len=seq_len,
-            mfu=mfu,
-            grad_bytes=2 if grad_dtype == "bf16" else 4,
-        )
-        return predicted_timelines(
-            both,
-            title=f"predicted step of one rank: {model}, {world_size} × {hardware}, buckets of {bucket_mb:g} MiB",
-        )
+        settings = dict(tokens_per_rank=tokens_per_rank, seq_len=seq_len, mfu=mfu, grad_dtype=grad_dtype)
+        return predicted_step(ModelConfig.preset(model), hw, world_size=world_size, bucket_mb=bucket_mb, **settings)[1]
 
     return grid_figure(
         build,

@@ -7,7 +7,6 @@ import plotly.graph_objects as go
 
 from playbook.book.grid import grid_figure, once
 from playbook.config import Hardware, ModelConfig
-from playbook.viz.memory_figures import memory_bars
 
 
 @once
@@ -24,7 +23,8 @@ def static_tp(
 ) -> go.Figure:
     """Chapter 3's TP dashboard (:func:`~playbook.viz.tp_dashboard.tp_dashboard`), its memory figure: weights
     and activations per rank for every valid t, over model × sequence parallelism × seq_len."""
-    from playbook.viz.tp_dashboard import tp_numbers
+    from playbook.theory.tp import valid_tp
+    from playbook.viz.tp_dashboard import tp_memory_bars, tp_mode, tp_numbers
     from playbook.viz.widgets import dense_presets
 
     models = [m for m in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b") if m in dense_presets()]
@@ -36,7 +36,7 @@ def static_tp(
         cfg = ModelConfig.preset(model)
         n = tp_numbers(
             cfg,
-            tp=tp if tp in (valid := _valid_tp(cfg)) else max(valid),
+            tp=tp if tp in (valid := valid_tp(cfg)) else max(valid),
             sequence_parallel=sequence_parallel,
             seq_len=seq_len,
             micro_batch=micro_batch,
@@ -44,16 +44,8 @@ def static_tp(
             efficiency=efficiency,
             regather=regather,
         )
-        mode = ("TP+SP" + (" (shards saved)" if regather else "")) if sequence_parallel else "TP"
-        top = max(sum(b.values()) for b in n["budgets"].values())
-        unit = "GB" if top >= 1e9 else "MB" if top >= 1e6 else "KB"
-        return memory_bars(
-            n["budgets"],
-            unit=unit,
-            capacity=hw.usable_bytes,
-            capacity_label=hw.fit_label,
-            title=f"{cfg.name} per rank, bf16 weights + activations ({mode}, seq {seq_len:,} × {micro_batch})",
-        )
+        mode = tp_mode(sequence_parallel, regather)
+        return tp_memory_bars(cfg, n, hw, f" ({mode}, seq {seq_len:,} × {micro_batch})")
 
     return grid_figure(
         build,
@@ -62,12 +54,6 @@ def static_tp(
         kinds={"seq_len": "slider"},
         note=f"{hardware}; the notebook's live dashboard also draws one layer's communication and time",
     )
-
-
-def _valid_tp(cfg) -> list[int]:
-    from playbook.theory.tp import valid_tp
-
-    return valid_tp(cfg)
 
 
 @once

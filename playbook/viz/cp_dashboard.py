@@ -14,7 +14,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory import cp as th
 from playbook.viz.cp import score_matrix
 from playbook.viz.figures import format_value
-from playbook.viz.widgets import fit_controls, page_height
+from playbook.viz.widgets import fit_controls, show_figure
 
 
 def cp_summary(
@@ -134,10 +134,7 @@ def cp_dashboard(
         new.layout.title.text = (
             f"{new.layout.title.text or ''}<br><sup>the numbers below: {cfg.name} on {hw.name}</sup>"
         )
-        fig.data = ()
-        with fig.batch_update():
-            fig.add_traces(new.data)
-            fig.layout = page_height(new).layout
+        show_figure(fig, new)
 
     for ctl in c.values():
         ctl.observe(update, names="value")

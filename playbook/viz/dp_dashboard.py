@@ -1,5 +1,5 @@
 """Chapter 1's dashboard: controls (model, device, ranks, bucket size, tokens, MFU, gradient dtype)
--> one data-parallel rank's predicted step with and without overlap (``playbook.viz.dp``'s
+-> one data-parallel rank's predicted step with and without overlap (``predicted_step``: ``playbook.viz.dp``'s
 ``predict_both`` and ``predicted_timelines``), and a line of numbers under it.
 """
 
@@ -14,7 +14,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory.buckets import bucket_cap_bytes
 from playbook.viz.dp import predict_both, predicted_timelines
 from playbook.viz.figures import format_value
-from playbook.viz.widgets import dense_presets, fit_controls, page_height
+from playbook.viz.widgets import dense_presets, fit_controls, show_figure
 
 
 def _summary(cfg, hw, world_size, both) -> str:
@@ -30,6 +30,33 @@ def _summary(cfg, hw, world_size, both) -> str:
             f"({ms(early.exposed_comm)} of communication left exposed).",
         ]
     )
+
+
+def predicted_step(
+    cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    world_size: int,
+    bucket_mb: float,
+    tokens_per_rank: int,
+    seq_len: int,
+    mfu: float,
+    grad_dtype: str,
+) -> tuple[dict, go.Figure]:
+    """One rank's step for the dashboard's control values (``predict_both``: buckets of ``bucket_mb``
+    MiB, at least one sequence per rank, 2- or 4-byte gradients) and its figure (``predicted_timelines``)."""
+    both = predict_both(
+        cfg,
+        hw,
+        world_size=world_size,
+        bucket_bytes=bucket_cap_bytes(bucket_mb),
+        tokens=max(tokens_per_rank, seq_len),
+        seq_len=seq_len,
+        mfu=mfu,
+        grad_bytes=2 if grad_dtype == "bf16" else 4,
+    )
+    title = f"predicted step of one rank: {cfg.name}, {world_size} × {hw.name}, buckets of {bucket_mb:g} MiB"
+    return both, predicted_timelines(both, title=title)
 
 
 def dp_dashboard(
@@ -68,28 +95,12 @@ def dp_dashboard(
     def update(_change=None) -> None:
         v = {k: ctl.value for k, ctl in c.items()}
         try:
-            cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
-            both = predict_both(
-                cfg,
-                hw,
-                world_size=v["world_size"],
-                bucket_bytes=bucket_cap_bytes(v["bucket_mb"]),
-                tokens=max(v["tokens_per_rank"], v["seq_len"]),
-                seq_len=v["seq_len"],
-                mfu=v["mfu"],
-                grad_bytes=2 if v["grad_dtype"] == "bf16" else 4,
-            )
+            cfg, hw = ModelConfig.preset(v.pop("model")), Hardware.preset(v.pop("hardware"))
+            both, new = predicted_step(cfg, hw, **v)
         except ValueError as e:
             message.value = f"<span style='color:#c62828'><b>Cannot predict:</b> {html.escape(str(e))}</span>"
             return
-        new = predicted_timelines(
-            both,
-            title=f"predicted step of one rank: {v['model']}, {v['world_size']} × {v['hardware']}, "
-            f"buckets of {v['bucket_mb']:g} MiB",
-        )
-        fig.data = ()
-        fig.add_traces(new.data)
-        fig.layout = page_height(new).layout
+        show_figure(fig, new)
         message.value = _summary(cfg, hw, v["world_size"], both)
 
     for ctl in c.values():

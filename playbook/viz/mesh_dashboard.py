@@ -30,7 +30,7 @@ from playbook.theory.hybrid import comm_per_axis
 from playbook.theory.hybrid import memory_per_rank as predict_memory
 from playbook.viz.mesh import bytes_per_axis, memory_per_rank
 from playbook.viz.mesh_layout import rank_grid
-from playbook.viz.widgets import fit_controls, page_height
+from playbook.viz.widgets import fit_controls, show_figure
 
 WORLD = 8
 MODELS = ("gpt-tiny", "gpt-tiny-moe")
@@ -113,14 +113,6 @@ def _drop_measured(fig: go.Figure) -> go.Figure:
     return fig
 
 
-def _show(widget: go.FigureWidget, new: go.Figure) -> None:
-    """Copy ``new``'s traces and layout into the live ``widget`` (the number of subplots changes)."""
-    with widget.batch_update():  # one message: a layout applied piecemeal lost "reversed" axes on the page
-        widget.data = ()
-        widget.add_traces(new.data)
-        widget.layout = page_height(new).layout
-
-
 def _mark_stale(widget: go.FigureWidget) -> None:
     text = widget.layout.title.text or ""
     if widget.data and STALE not in text:
@@ -178,7 +170,7 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
             + (", SP" if plan.sequence_parallel else "")
             + (f", ZeRO-{plan.zero}" if plan.zero else "")
         )
-        _show(figs["grid"], rank_grid(plan.dims, devices_per_node=WORLD, title=f"{name}: where each rank sits"))
+        show_figure(figs["grid"], rank_grid(plan.dims, devices_per_node=WORLD, title=f"{name}: where each rank sits"))
         lines = notes(s, plan, measured=rows is not None)
         if rows is None:
             sent = _drop_measured(bytes_per_axis(predicted_rows(s, plan), title=f"{name}: bytes per step, predicted"))
@@ -193,8 +185,8 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
             held = memory_per_rank(rows, title=f"{name}: memory per rank measured (◆ predicted total)")
         if not sent.data:
             sent.add_annotation(text="no communication", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
-        _show(figs["bytes"], sent.update_layout(width=WIDTH))  # wide enough for the title beside the legend
-        _show(figs["memory"], held.update_layout(width=WIDTH))
+        show_figure(figs["bytes"], sent.update_layout(width=WIDTH))  # wide enough for the title beside the legend
+        show_figure(figs["memory"], held.update_layout(width=WIDTH))
         note_box.value = "".join(f"<div style='color:{GREY}'>• {html.escape(t)}</div>" for t in lines)
 
     def update(_change=None) -> None:

@@ -23,7 +23,7 @@ from playbook.theory.plan_schedule import PLAN_SCHEDULES
 from playbook.theory.planner import Plan, plan
 from playbook.viz.table import table
 from playbook.viz.plan import candidate_rows, rejected_rows, step_breakdown
-from playbook.viz.widgets import page_height
+from playbook.viz.widgets import show_figure
 
 STALE = "  <i style='color:#c62828'>(stale)</i>"
 RED, GREY = "#c62828", "#555"
@@ -65,13 +65,6 @@ def summary(p: Plan) -> str:
         f"<br><span style='color:{GREY}'>rejected: {html.escape(turned) or 'none'}; "
         f"{p.dominated:,} slower variants of kept layouts not shown</span>"
     )
-
-
-def _show(widget: go.FigureWidget, new: go.Figure) -> None:
-    with widget.batch_update():  # one message: a layout applied piecemeal lost "reversed" axes on the page
-        widget.data = ()
-        widget.add_traces(new.data)
-        widget.layout = page_height(new).layout
 
 
 def plan_dashboard(
@@ -123,8 +116,8 @@ def plan_dashboard(
             return
         name = f"{p.model} on {p.gpus:,} × {p.hardware}, seq {p.seq_len:,}, batch {p.global_batch:,}"
         rows = table(candidate_rows(p, v["top"]), title=f"{name}: the fastest layouts that fit")
-        _show(figs["table"], rows.update_layout(width=WIDTH))  # the width ``table`` sizes its rows for
-        _show(figs["breakdown"], step_breakdown(p, top=v["top"], title=f"{name}: why they rank so"))
+        show_figure(figs["table"], rows.update_layout(width=WIDTH))  # the width ``table`` sizes its rows for
+        show_figure(figs["breakdown"], step_breakdown(p, top=v["top"], title=f"{name}: why they rank so"))
         message.value = summary(p)
         rejected.value = "".join(
             f"<div style='color:{GREY}'>• <b>{r['layouts']:,}</b> {html.escape(r['reason'])}, e.g. "

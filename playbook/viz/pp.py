@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from playbook.theory.schedule_simulator import Costs, Timeline, simulate
 from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, closed_form, make_schedule
-from playbook.viz.widgets import fit_controls, page_height
+from playbook.viz.widgets import fit_controls, show_figure
 
 KIND_COLORS = {"F": "#3b7dd8", "B": "#e4572e", "W": "#52a852"}
 KIND_NAMES = {"F": "forward F", "B": "backward B", "W": "weight grad W"}
@@ -212,10 +212,7 @@ def pipeline_explorer(
             + (f", v={vv}" if vv > 1 else "")
             + " (F = 1, B = 1, W = 1)",
         )
-        with fig.batch_update():
-            fig.data = ()
-            fig.add_traces(new.data)
-            fig.layout = page_height(new).layout
+        show_figure(fig, new)
         unit = "chunk activations" if vv > 1 else "micro-batches"
         message.value = (
             f"bubble: idle/total <b>{tl.bubble_over_total:.1%}</b>, bubble/ideal <b>{tl.bubble_over_ideal:.1%}</b> "
@@ -234,11 +231,7 @@ def pipeline_explorer(
             )
         )
         if _change is None or _change["owner"] in (c["p"], c["v"]):  # bubble vs m depends on p and v only
-            bf = bubble_vs_m(s["p"], [1, 2, 4, 8, 16, 32], v=max(2, vv))
-            with bubble_fig.batch_update():
-                bubble_fig.data = ()
-                bubble_fig.add_traces(bf.data)
-                bubble_fig.layout = page_height(bf).layout
+            show_figure(bubble_fig, bubble_vs_m(s["p"], [1, 2, 4, 8, 16, 32], v=max(2, vv)))
 
     for ctl in c.values():
         ctl.observe(update, names="value")

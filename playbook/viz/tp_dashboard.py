@@ -16,7 +16,7 @@ from playbook.theory.tp import layer_comm, layer_seconds, params_per_rank, tp_bl
 from playbook.viz.figures import format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars
 from playbook.viz.tp import layer_time, shard_diagram
-from playbook.viz.widgets import dense_presets, fit_controls, page_height
+from playbook.viz.widgets import dense_presets, fit_controls, show_figure
 
 
 def _bytes(x: float) -> str:
@@ -70,6 +70,24 @@ def tp_numbers(
     return {"budgets": budgets, "comm": comm, "times": times, "params": params_per_rank(cfg, tp)}
 
 
+def tp_mode(sequence_parallel: bool, regather: bool) -> str:
+    """How the figures name the layout: TP, TP+SP, or TP+SP (shards saved)."""
+    return ("TP+SP" + (" (shards saved)" if regather else "")) if sequence_parallel else "TP"
+
+
+def tp_memory_bars(cfg: ModelConfig, numbers: dict, hw: Hardware, detail: str) -> go.Figure:
+    """The memory figure of ``tp_numbers``: weights and activations per rank for every valid t, in GB,
+    MB or KB by the tallest bar, against the device's fit line; ``detail`` ends the title."""
+    top = max(sum(b.values()) for b in numbers["budgets"].values())
+    return memory_bars(
+        numbers["budgets"],
+        unit="GB" if top >= 1e9 else "MB" if top >= 1e6 else "KB",
+        capacity=hw.usable_bytes,
+        capacity_label=hw.fit_label,
+        title=f"{cfg.name} per rank, bf16 weights + activations{detail}",
+    )
+
+
 def tp_dashboard(
     *,
     model: str = "llama-3.1-70b",
@@ -98,12 +116,6 @@ def tp_dashboard(
     figs = {k: go.FigureWidget() for k in ("memory", "time", "shards")}
     message = w.HTML()
 
-    def replace(fig: go.FigureWidget, new: go.Figure) -> None:
-        with fig.batch_update():
-            fig.data = ()
-            fig.add_traces(new.data)
-            fig.layout = page_height(new).layout
-
     def update(change=None) -> None:
         if change is not None and change["owner"] is c["model"]:
             ok = valid_tp(ModelConfig.preset(c["model"].value))
@@ -126,21 +138,10 @@ def tp_dashboard(
         except (ValueError, NotImplementedError) as e:
             message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
             return
-        mode = ("TP+SP" + (" (shards saved)" if v["regather"] else "")) if v["sequence_parallel"] else "TP"
-        top = max(sum(b.values()) for b in n["budgets"].values())
-        unit = "GB" if top >= 1e9 else "MB" if top >= 1e6 else "KB"
-        replace(
-            figs["memory"],
-            memory_bars(
-                n["budgets"],
-                unit=unit,
-                capacity=hw.usable_bytes,
-                capacity_label=hw.fit_label,
-                title=f"{cfg.name} per rank, bf16 weights + activations<br>"
-                f"<sup>{mode}, seq {v['seq_len']:,} × micro-batch {v['micro_batch']}</sup>",
-            ),
-        )
-        replace(
+        mode = tp_mode(v["sequence_parallel"], v["regather"])
+        sizes = f"seq {v['seq_len']:,} × micro-batch {v['micro_batch']}"
+        show_figure(figs["memory"], tp_memory_bars(cfg, n, hw, f"<br><sup>{mode}, {sizes}</sup>"))
+        show_figure(
             figs["time"],
             layer_time(
                 n["times"],
@@ -148,7 +149,7 @@ def tp_dashboard(
                 f"vs predicted {mode} communication</sup>",
             ),
         )
-        replace(figs["shards"], shard_diagram(cfg, v["tp"]))
+        show_figure(figs["shards"], shard_diagram(cfg, v["tp"]))
         fwd, p, t = n["comm"]["forward"], n["params"], v["tp"]
         now = n["times"][valid_tp(cfg).index(t)]
         again = ", plus 2 all-gathers to re-gather the saved shards" if v["sequence_parallel"] and v["regather"] else ""

@@ -21,12 +21,16 @@ STALE = "  <i>(last valid settings; see below)</i>"
 POWERS_OF_TWO = lambda lo, hi: [2**k for k in range(lo, hi + 1)]  # noqa: E731
 
 
-def page_height(new: go.Figure) -> go.Figure:
-    """``new`` without a fixed height, for a live ``FigureWidget`` whose layout is replaced: plotly's
-    widget drops a height set before it is first shown, so a figure replaced after a control moves
-    would come back taller than it was first drawn. The page's default height, every time."""
+def show_figure(live: go.FigureWidget, new: go.Figure) -> None:
+    """Replace ``live``'s traces and layout with ``new``'s, in one message (a layout applied piecemeal
+    lost "reversed" axes on the page), at the page's default height: plotly's widget drops a height set
+    before it is first shown, so a figure replaced after a control moves would come back taller than it
+    was first drawn."""
     new.layout.height = None
-    return new
+    with live.batch_update():
+        live.data = ()
+        live.add_traces(new.data)
+        live.layout = new.layout
 
 
 def dense_presets() -> list[str]:
@@ -258,4 +262,4 @@ def memory_dashboard(
     return box
 
 
-__all__ = ["fit_controls", "page_height", "memory_budgets", "memory_dashboard"]
+__all__ = ["fit_controls", "show_figure", "memory_budgets", "memory_dashboard"]

@@ -19,7 +19,7 @@ from playbook.theory.memory import training_memory
 from playbook.theory.zero import STAGES, zero_comm_per_step
 from playbook.viz.figures import _layout, format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars
-from playbook.viz.widgets import STALE, fit_controls, page_height
+from playbook.viz.widgets import STALE, fit_controls, show_figure
 
 OP_COLORS = {"all_reduce": "#c0392b", "reduce_scatter": "#e4572e", "all_gather": "#f29e4c"}
 STAGE_NAMES = {0: "DP (ZeRO-0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -166,12 +166,6 @@ def zero_dashboard(
     fit_controls(c.values(), "80px")
     memory, comm, message = go.FigureWidget(), go.FigureWidget(), w.HTML()
 
-    def replace(live: go.FigureWidget, new: go.Figure) -> None:
-        with live.batch_update():
-            live.data = ()
-            live.add_traces(new.data)
-            live.layout = page_height(new).layout
-
     def update(_change=None) -> None:
         v = {k: ctl.value for k, ctl in c.items()}
         try:
@@ -194,7 +188,7 @@ def zero_dashboard(
             return
         fits = fitting_devices(budget["total"])
         smallest = next((name for name, _, ok in fits if ok), None)
-        replace(
+        show_figure(
             memory,
             memory_bars(
                 {f"{STAGE_NAMES[v['stage']]}, dp={v['dp']}": budget},
@@ -217,7 +211,7 @@ def zero_dashboard(
             y1=1,
             line=dict(color="#333", width=2, dash="dot"),
         )
-        replace(comm, fig)
+        show_figure(comm, fig)
         cells = " ".join(
             f"<span style='color:{'#2e7d32' if ok else '#c62828'}'>{'✔' if ok else '✘'} {name} "
             f"({format_value(cap / 1e9)} GB)</span>"
