@@ -191,6 +191,15 @@ def test_the_matrix_holds_both_production_shapes():
     assert ("gpt-tiny-moe", ParallelDims(dp=4, pp=2, ep=2), 1, False) in shapes
 
 
+def test_no_layout_of_the_matrix_runs_twice():
+    """Each real-rank layout (setup and plan) is in one list only: a second copy costs its ranks'
+    minutes and checks nothing more (``check`` is the same everywhere)."""
+    seen: dict = {}
+    for name, setup, plan in MATRIX:
+        seen.setdefault((setup, plan), []).append(name)
+    assert not [names for names in seen.values() if len(names) > 1]
+
+
 def test_every_layout_of_the_matrix_passes_the_check_before_ranks_start():
     for _, setup, plan in MATRIX:
         plan.check(setup)

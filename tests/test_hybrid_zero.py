@@ -5,7 +5,7 @@ gradient, parameters after AdamW within max(1e-5, 3 x the float floor; 10 x for 
 predicted, memory per category to the byte."""
 
 import pytest
-from hybrid_matrix import DENSE, MOE, check
+from hybrid_matrix import DENSE, MOE, axes_used, check
 
 from playbook.dims import ParallelDims
 from playbook.parallel.hybrid.parallelize import Plan
@@ -29,20 +29,16 @@ TWO = [
 ]
 
 
-def _axes(answers) -> set:
-    return {s["axis"] for a in answers for s in a["spans"] if s["axis"] != "report"}
-
-
 @pytest.mark.parametrize("name, setup, plan, axes", TWO, ids=[c[0] for c in TWO])
 def test_zero_composes_on_two_ranks(ranks2, name, setup, plan, axes):
     answers, _ = check(ranks2, setup, plan)
-    assert _axes(answers) == axes
+    assert axes_used(answers) == axes
 
 
 @pytest.mark.parametrize("name, setup, plan, axes", FOUR, ids=[c[0] for c in FOUR])
 def test_zero_composes_on_four_ranks(ranks4, name, setup, plan, axes):
     answers, _ = check(ranks4, setup, plan)
-    assert _axes(answers) == axes
+    assert axes_used(answers) == axes
 
 
 EIGHT = [  # all three at once: ZeRO-3 gathered once a step in a pipeline, the norms summed over tp first
@@ -59,7 +55,7 @@ EIGHT = [  # all three at once: ZeRO-3 gathered once a step in a pipeline, the n
 @pytest.mark.parametrize("name, setup, plan, axes", EIGHT, ids=[c[0] for c in EIGHT])
 def test_zero_composes_on_eight_ranks(ranks8, name, setup, plan, axes):
     answers, _ = check(ranks8, setup, plan)
-    assert _axes(answers) == axes
+    assert axes_used(answers) == axes
 
 
 PIPELINE = [
@@ -80,7 +76,7 @@ def test_zero_inside_a_pipeline_saves_memory_between_steps_only(ranks4, name, se
 
     zero = plan.zero
     answers, _ = check(ranks4, DENSE, plan)
-    assert _axes(answers) == {"dp", "pp"}
+    assert axes_used(answers) == {"dp", "pp"}
     for a in answers:
         stage = a["coords"]["pp"]
         units = flat_units(DENSE.config(), plan.dims, chunk_ranges(DENSE.config(), 2, stage))

@@ -31,6 +31,7 @@ import torch
 
 from playbook.model import GPT
 from playbook.model import build_moe as build
+from playbook.parallel.mixed import train_mixed
 from playbook.parallel.report import compare, failures
 from playbook.parallel.training import TrainResult, TrainSetup, train
 
@@ -96,6 +97,25 @@ def gated(parity: dict, setup: TrainSetup, floor: dict | None = None) -> dict:
     ``floor`` (from :func:`floor_of`) replaces ``setup``'s own for a reference other than :func:`reference`."""
     limits = bounds_from(floor if floor is not None else _floor(setup))
     return parity | {"bounds": limits, "within_bounds": not failures(parity, limits)}
+
+
+MIXED = "single process in mixed precision, same global batch"
+
+
+def single_in(setup: TrainSetup, precision: str = "fp32") -> TrainResult:
+    """The single process on ``setup`` in ``precision``: :func:`reference` (float32, cached), or the
+    same model and batches in bf16 with fp32 masters (``parallel.mixed.train_mixed``)."""
+    return train_mixed(setup) if precision == "mixed" else reference(setup)
+
+
+def against_single(result: TrainResult, setup: TrainSetup, precision: str = "fp32", single=None) -> dict:
+    """``result``'s parity with the single process in its own precision (``single``, or
+    :func:`single_in`), as ``playbook run`` reports it: float32 gated (:func:`gated`); mixed not
+    gated: bf16 against bf16, the float32 bounds do not apply (tests/test_mixed.py)."""
+    single = single_in(setup, precision) if single is None else single
+    if precision == "mixed":
+        return compare(result, single, MIXED)
+    return gated(compare(result, single), setup)
 
 
 def assert_parity(parity: dict, setup: TrainSetup | None = None, what: str = "", *, floor: dict | None = None) -> None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from playbook.cluster import default_backend, launch
 from playbook.parallel.registry import register
-from playbook.parallel.report import RunReport, compare
+from playbook.parallel.report import RunReport
 from playbook.parallel.training import TrainSetup, train
-from playbook.parallel.parity import gated
-from playbook.parallel.parity import reference as single_process
+from playbook.parallel.parity import against_single
 from playbook.theory.memory import training_memory
 
 
@@ -32,13 +31,12 @@ def run_single(setup: TrainSetup, *, world_size: int = 1, backend: str = "auto")
         raise ValueError(f"the single strategy runs on one rank; got --world-size {world_size}, use --world-size 1")
     backend = default_backend(1) if backend == "auto" else backend
     result = launch(on_rank, 1, setup, backend=backend)[0]
-    reference = single_process(setup)
     measured = {k: result.memory[k] for k in ("params", "grads", "optimizer", "activations")}
     return RunReport(
         strategy="single",
         world_size=1,
         backend=backend,
-        parity=gated(compare(result, reference), setup),
+        parity=against_single(result, setup),
         memory={"predicted": setup.predicted_memory(1).as_dict(), "measured": measured},
         setup=setup.as_dict(),
         losses=result.losses,

@@ -16,12 +16,11 @@ from playbook.cluster import default_backend, launch
 from playbook.measure.collectives import measured_comm
 from playbook.parallel.dp.ddp import VARIANTS, micro_batch
 from playbook.parallel.dp.train import DPResult, median_after_first, train_dp
-from playbook.parallel.mixed import PRECISIONS, check_precision, train_mixed
+from playbook.parallel.mixed import PRECISIONS, check_precision
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
 from playbook.parallel.training import TrainSetup
-from playbook.parallel.parity import gated
-from playbook.parallel.parity import reference as single_process
+from playbook.parallel.parity import against_single
 from playbook.theory.buckets import bucket_cap_bytes
 from playbook.theory.dp import predicted_comm
 from playbook.theory.memory import training_memory
@@ -115,7 +114,6 @@ def run_dp(
     grad_bytes = 2 if precision == "mixed" else 4
     predicted["comm_buffers"] = grad_bytes * cfg.num_params() if variant == "bucketed" else None
     comm = functools.partial(predicted_comm, element_bytes=grad_bytes)
-    reference = train_mixed(setup) if precision == "mixed" else single_process(setup)
     step = lambda r: median_after_first(r.step_seconds)  # noqa: E731
     native = None
     if variant != "ddp":
@@ -128,9 +126,7 @@ def run_dp(
         strategy="dp",
         world_size=world_size,
         backend=backend,
-        parity=parity(ours, reference, "single process in mixed precision, same global batch")
-        if precision == "mixed"
-        else gated(parity(ours, reference), setup),
+        parity=against_single(ours, setup, precision),
         native=native,
         memory={"predicted": predicted, "measured": ours.memory},
         comm={

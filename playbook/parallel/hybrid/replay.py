@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
-from playbook.parallel.hybrid.run import comm_table, merge, reference, run_layout
-from playbook.parallel.report import compare
+from playbook.parallel.hybrid.run import comm_table, merge, run_layout
 from playbook.parallel.training import TrainSetup
-from playbook.parallel.parity import gated
+from playbook.parallel.parity import against_single
 from playbook.theory.shrink import Shrunk
 
 
@@ -77,7 +76,7 @@ def replay(shrunk: Shrunk, *, cluster=None, steps: int = 3, backend: str = "auto
             )
         answers = cluster.run(train_hybrid, setup, plan, progress=False)
         table = comm_table(answers, setup, plan)
-        parity = gated(compare(merge(answers, plan.dims.tp), reference(setup)), setup)
+        parity = against_single(merge(answers, plan.dims.tp), setup)
     else:
         report = run_layout(setup, plan, backend)
         table, parity = report.per_rank, report.parity

@@ -17,7 +17,7 @@ from playbook.parallel.hybrid.parallelize import CP_VARIANTS, Plan, train_hybrid
 from playbook.parallel.hybrid.merge import comm_table, merge  # noqa: F401  (imported from here too)
 from playbook.parallel.hybrid.moe import reference as moe_reference
 from playbook.parallel.hybrid.native import check_native, native_parity, summary_line
-from playbook.parallel.parity import gated, reference  # noqa: F401  (chapter 8, plan_replay and tests import it here)
+from playbook.parallel.parity import gated, reference  # noqa: F401  (chapter 8 and tests import it here)
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, bounds_lines, compare
 from playbook.parallel.training import TrainSetup

@@ -40,7 +40,7 @@ from playbook.parallel.pp.native import NATIVE, native_limits, native_on_rank
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.parallel.parity import gated
+from playbook.parallel.parity import against_single
 from playbook.parallel.parity import reference as single_process
 from playbook.theory.pipeline import predicted_memory, stage_ranges
 from playbook.theory.schedule_types import Schedule
@@ -258,7 +258,7 @@ def run_pp(
         strategy="pp",
         world_size=world_size,
         backend=backend,
-        parity=gated(compare(ours, reference), setup),
+        parity=against_single(ours, setup, single=reference),
         native=native,
         memory={"predicted": predicted_memory(setup, plan), "measured": results[0]["memory"]},
         comm={

@@ -15,9 +15,8 @@ from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
 from playbook.theory.tp import check_tp, step_collectives, summarize, tp_training_memory
 from playbook.parallel.tp.model import TPGPT, shard_dims, sync_replicated_grads, unshard
-from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, to_mixed, train_mixed
-from playbook.parallel.parity import gated
-from playbook.parallel.parity import reference as single_process
+from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, to_mixed
+from playbook.parallel.parity import against_single, single_in
 
 
 # ---- training on real ranks ---------------------------------------------------------------------
@@ -190,7 +189,7 @@ def run_tp(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like one rank: several threads on a busy 2-core machine run 10-30x slower
     try:
-        reference = train_mixed(setup) if precision == "mixed" else single_process(setup)
+        reference = single_in(setup, precision)
     finally:
         torch.set_num_threads(threads)
     ours = gather_result([a[0] for a in answers])
@@ -209,9 +208,7 @@ def run_tp(
         strategy=("tp+sp" + ("+regather" if regather else "")) if sequence_parallel else "tp",
         world_size=world_size,
         backend=backend,
-        parity=compare(ours, reference, "single process in mixed precision, same global batch")
-        if precision == "mixed"  # bf16 against bf16: the float32 bounds do not apply (tests/test_mixed.py)
-        else gated(compare(ours, reference), setup),
+        parity=against_single(ours, setup, precision, reference),
         native=compare(answers[0][1], reference, "DTensor parallelize_module, same global batch") if native else None,
         memory={
             "predicted": tp_training_memory(

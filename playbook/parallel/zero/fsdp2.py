@@ -25,11 +25,9 @@ from playbook.cluster import default_backend, launch
 from playbook.measure.sharding import held_bytes, local, storages
 from playbook.model import GPT
 from playbook.parallel.registry import register
-from playbook.parallel.report import compare
 from playbook.parallel.zero.sharded import MOMENTS, ShardedReport, ShardedResult, train_sharded
 from playbook.parallel.training import TrainSetup
-from playbook.parallel.parity import gated
-from playbook.parallel.parity import reference as single_process
+from playbook.parallel.parity import against_single
 from playbook.theory.sharded import fsdp2_comm_per_step
 from playbook.theory.zero import fsdp2_state_bytes
 
@@ -89,7 +87,7 @@ def run_fsdp2(setup: TrainSetup, *, world_size: int, backend: str = "auto") -> S
         strategy="fsdp2",
         world_size=world_size,
         backend=backend,
-        parity=gated(compare(r0, single_process(setup)), setup),
+        parity=against_single(r0, setup),
         memory={
             "predicted": {**predicted_state, "activations": setup.predicted_memory(world_size).activations},
             "measured": r0.memory,

@@ -12,19 +12,14 @@ import argparse
 
 from playbook.cluster import default_backend, launch
 from playbook.model import GPT
-from playbook.parallel.mixed import PRECISIONS, check_precision, to_mixed, train_mixed
+from playbook.parallel.mixed import PRECISIONS, check_precision, to_mixed
 from playbook.parallel.registry import register
-from playbook.parallel.report import compare
 from playbook.parallel.zero.sharded import MOMENTS, ShardedReport, ShardedResult, train_sharded
 from playbook.parallel.training import TrainSetup
 from playbook.parallel.zero.zero import Zero
-from playbook.parallel.parity import gated
-from playbook.parallel.parity import reference as single_process
+from playbook.parallel.parity import against_single
 from playbook.theory.sharded import padding_note, predicted_memory
 from playbook.theory.zero import check_stage, zero_comm_per_step, zero_memory_by_moment
-
-
-MIXED_REFERENCE = "single process in mixed precision, same global batch"
 
 
 def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True, precision: str = "fp32") -> ShardedResult:
@@ -118,9 +113,7 @@ def run_zero(
         strategy=f"zero-{stage}",
         world_size=world_size,
         backend=backend,
-        parity=compare(r0, train_mixed(setup), MIXED_REFERENCE)
-        if precision == "mixed"
-        else gated(compare(r0, single_process(setup)), setup),
+        parity=against_single(r0, setup, precision),
         memory={
             "predicted": predicted,
             "measured": r0.memory,
