@@ -44,24 +44,13 @@ Units: bytes; seconds; FLOP/s. Pure arithmetic, fast enough for every slider mov
 from __future__ import annotations
 
 from playbook.config import ModelConfig
-from playbook.theory.inventory import INDEX_BYTES, MASK_BYTES, local, ours_block, ours_ends, view
+from playbook.theory.inventory import local, ours_block, ours_ends, view
 from playbook.theory.model_state import RECOMPUTE, TrainingMemory, model_state_bytes
-from playbook.theory.tp_comm import (
-    Collective,
-    layer_comm,
-    layer_comm_seconds,
-    layer_flops,
-    layer_seconds,
-    layer_summary,
-    op_counts,
-    step_collectives,
-    summarize,
-)
-from playbook.theory.tp_layout import _split_sizes, check_tp, matrix_shards, params_per_rank, valid_tp
+from playbook.theory.tp_comm import layer_comm, layer_seconds, layer_summary, step_collectives, summarize
+from playbook.theory.tp_layout import check_tp, matrix_shards, params_per_rank, valid_tp
 
 __all__ = [
-    "INDEX_BYTES", "MASK_BYTES", "Collective", "_split_sizes", "check_tp", "layer_comm", "layer_comm_seconds",
-    "layer_flops", "layer_seconds", "layer_summary", "matrix_shards", "op_counts", "params_per_rank",
+    "check_tp", "layer_comm", "layer_seconds", "layer_summary", "matrix_shards", "params_per_rank",
     "step_collectives", "summarize", "tp_block_activation_breakdown", "tp_model_activation_breakdown",
     "tp_model_activation_bytes", "tp_training_memory", "valid_tp",
 ]  # fmt: skip

@@ -3,12 +3,11 @@
 Narayanan et al. 2021 (arXiv:2104.04473, §3.2): tensor parallelism all-reduces the [b, s, h]
 activation twice per layer forward (Megatron's g) and twice backward (f); sequence parallelism
 (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.2) splits each into an all-gather and a
-reduce-scatter, the same bytes. ``theory.tp``'s docstring derives every count; it re-exports these.
+reduce-scatter, the same bytes. ``theory.tp``'s docstring derives every count; it re-exports the ones the chapter calls.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from playbook.config import Hardware, ModelConfig
@@ -197,8 +196,3 @@ def layer_seconds(
         bandwidth=bandwidth,
     )
     return {"tp": tp, "compute": compute, "comm": comm, "total": compute + comm}
-
-
-def op_counts(collectives) -> Counter:
-    """How many of each op: ``Counter({"all_reduce": 4, ...})``."""
-    return Counter(x.op if isinstance(x, Collective) else x["op"] for x in collectives)
