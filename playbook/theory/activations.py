@@ -96,13 +96,11 @@ Units: bytes (ints). Nothing here imports torch.
 from __future__ import annotations
 
 from playbook.config import ModelConfig
-from playbook.theory.inventory import CORES, INDEX_BYTES, LSE_BYTES, MASK_BYTES, RECOMPUTE_MODES, local, ours_block
-from playbook.theory.inventory import ours_ends, view
+from playbook.theory.inventory import CORES, RECOMPUTE_MODES, local, ours_block, ours_ends, view
 from playbook.theory.korthikanti import activation_bytes_per_layer
 from playbook.theory.moe_inventory import moe_estimate
 
 ATTENTION_KERNELS = CORES[:2]  # "eager" (our model's), "flash" (a fused kernel)
-__all__ = ["ATTENTION_KERNELS", "INDEX_BYTES", "LSE_BYTES", "MASK_BYTES", "RECOMPUTE_MODES"]
 
 
 def _check(cfg: ModelConfig, seq_len: int, micro_batch: int, dtype_bytes: int, recompute: str) -> None:

@@ -44,10 +44,10 @@ from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activ
 from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer, moe_replay_bytes
 from playbook.theory.hybrid_zero import data_axis, flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
-from playbook.theory.moe import alltoall_bytes_from_routing
+from playbook.theory.moe_comm import alltoall_bytes_from_routing
 from playbook.theory.rank_params import blocks_in, chunk_ranges, rank_units
 from playbook.theory.schedules import is_split, make_schedule
-from playbook.theory.tp import step_collectives
+from playbook.theory.tp_comm import step_collectives
 
 FP32 = 4
 

@@ -19,9 +19,11 @@ from playbook.dims import ParallelDims
 from playbook.theory.activations import _check, check_attention
 from playbook.theory.hybrid_recompute import held_with_positions, positions_bytes, tp_block_w_bytes
 from playbook.theory.inventory import local, ours_block, ours_ends, view
+from playbook.theory.layer_partition import equal_partition
 from playbook.theory.moe_inventory import moe_mlp_terms
 from playbook.theory.pipeline import chunk_w_bytes
-from playbook.theory.schedules import equal_partition, held_bytes, make_schedule
+from playbook.theory.schedule_simulator import held_bytes
+from playbook.theory.schedules import make_schedule
 from playbook.theory.tp_layout import check_tp
 
 FP32 = 4

@@ -26,7 +26,6 @@ from playbook.theory.inventory import local, ours_block, view
 from playbook.theory.moe_inventory import moe_mlp_terms as moe_mlp_activation_terms
 from playbook.theory.model_state import TrainingMemory, model_state_bytes
 from playbook.theory.moe_capacity import (
-    SimulatedRouting,
     aux_loss_value,
     check_capacity_factor,
     check_ep,
@@ -48,7 +47,7 @@ from playbook.theory.moe_comm import (
 )
 
 __all__ = [  # the routing arithmetic and the all-to-all bytes live below this module, read through it
-    "SimulatedRouting", "aux_loss_value", "check_capacity_factor", "check_ep", "check_routing", "expert_capacity",
+    "aux_loss_value", "check_capacity_factor", "check_ep", "check_routing", "expert_capacity",
     "imbalance", "kept_counts", "load_entropy", "rank_rows", "simulate_routing", "alltoall_bytes_from_routing",
     "alltoall_bytes_per_step", "alltoall_rows", "routing_report", "tp_experts_bytes_per_step",
     "uniform_alltoall_bytes", "moe_mlp_activation_terms",
