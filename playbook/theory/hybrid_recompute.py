@@ -24,8 +24,9 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.inventory import INDEX_BYTES
 
-FP32, INDEX_BYTES = 4, 8
+FP32 = 4
 
 
 def _local_heads(cfg: ModelConfig, tp: int) -> ModelConfig:

@@ -37,10 +37,9 @@ from __future__ import annotations
 import functools
 
 from playbook.config import ModelConfig
-from playbook.theory.inventory import production_block, view
+from playbook.theory.inventory import INDEX_BYTES, production_block, view
 
 ACTIVATION_MODELS = ("production", "ours")
-INDEX_BYTES = 8  # int64 token ids and labels
 V_SHAPES = ("zb-v", "dualpipe-v")  # rank 0 holds the first and the last chunk (plan_schedule.V_SHAPED)
 
 
