@@ -17,6 +17,7 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.activations import _check, check_attention
+from playbook.theory.cp import VARIANTS as CP_CORES
 from playbook.theory.hybrid_recompute import held_with_positions, positions_bytes, tp_block_w_bytes
 from playbook.theory.inventory import local, ours_block, ours_ends, view
 from playbook.theory.layer_partition import equal_partition
@@ -27,7 +28,6 @@ from playbook.theory.schedules import make_schedule
 from playbook.theory.tp_layout import check_tp
 
 FP32 = 4
-CP_CORES = ("ring", "allgather", "ulysses")
 
 
 def block_bytes(
