@@ -117,14 +117,6 @@ def replica_axis(dims: ParallelDims, rank: int, data_axis: str) -> str:
     return "ep_replica"
 
 
-def stage_state_bytes(cfg: ModelConfig, dims: ParallelDims, stage: int, ranges=None) -> dict[str, int]:
-    """Weights, gradients and AdamW state (two moments and a 4-byte step per tensor) of a rank of
-    ``stage`` (its chunks ``ranges``)."""
-    p = stage_params(cfg, dims, stage, ranges)
-    numel = p["dense"] + p["experts"]
-    return {"params": FP32 * numel, "grads": FP32 * numel, "optimizer": 2 * FP32 * numel + 4 * p["tensors"]}
-
-
 def moe_block_bytes(
     cfg: ModelConfig,
     dims: ParallelDims,

@@ -172,25 +172,3 @@ def stage_activation_bytes(
         blocks = [n_blocks[plan.stage(stage, c)] > 0 for c in range(v)]
         return held_with_positions(plan, chunks, w, stage, once, blocks, graph_until_w=dims.tp > 1)
     return held_bytes(plan, chunks, w)[stage]
-
-
-def tp_cp_block_bytes(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    cp: int,
-    variant: str = "ring",
-    sequence_parallel: bool = False,
-    dtype_bytes: int = 4,
-) -> int:
-    """Bytes one block saves on a rank of a tp × cp layout: tensor parallelism's block at s/cp tokens
-    (norms, region inputs, the MLP's f/t channels, the o_proj input of a/t heads) with context
-    parallelism's attention core (RoPE at this shard's positions, q, the own K/V shard, the ring
-    output and its fp32 log-sum-exp) for this rank's a/t query and g/t key/value heads."""
-    check_tp(cfg, tp, seq_len=seq_len // cp, sequence_parallel=sequence_parallel)
-    if variant not in CP_CORES:
-        raise ValueError(f"variant must be one of {', '.join(CP_CORES)}; got {variant!r}")
-    sizes = dict(micro_batch=micro_batch, tp=tp, cp=cp, sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes)
-    return sum(view(ours_block(cfg, local(cfg, seq_len=seq_len, **sizes), core=variant)).values())
