@@ -30,15 +30,14 @@ FP32 = 4
 def stage_params(cfg: ModelConfig, dims: ParallelDims, stage: int, ranges=None) -> dict[str, int]:
     """Elements and tensors a rank of pipeline stage ``stage`` holds (its chunks ``ranges``; default
     one equal stage), summed from its units (``theory.rank_params.rank_units``): ``dense``
-    (replicated over dp×cp), ``experts`` (its E/ep routed experts), ``tensors`` (all of them,
-    AdamW's steps), ``expert_tensors``, and ``moe``/``moe_tensors`` (router, shared and routed
-    experts: whole on every tp rank, their gradients summed over tp)."""
+    (replicated over dp×cp), ``experts`` (its E/ep routed experts) and their ``expert_tensors``,
+    and ``moe``/``moe_tensors`` (router, shared and routed experts: whole on every tp rank, their
+    gradients summed over tp)."""
     units = rank_units(cfg, dims, ranges if ranges is not None else chunk_ranges(cfg, dims.pp, stage))
     experts = [u for u in units if u.experts]
     return {
         "dense": sum(u.numel for u in units if not u.experts),
         "experts": sum(u.numel for u in experts),
-        "tensors": sum(u.tensors for u in units),
         "expert_tensors": sum(u.tensors for u in experts),
         "moe": sum(u.moe for u in units),
         "moe_tensors": sum(u.moe_tensors for u in units),
