@@ -129,7 +129,7 @@ def block_activation_breakdown(
 ) -> dict[str, int]:
     """Bytes saved for backward by one transformer block, term by term (see the module docstring).
     ``moe=True``: a mixture-of-experts block, whose MLP terms are an estimate (routing unknown;
-    ``theory.moe.moe_block_activation_bytes`` counts even routing exactly).
+    ``theory.local_activations.block_bytes`` counts even routing exactly).
     ``attention="flash"``: a fused kernel's core (selective's terms plus the fp32 log-sum-exp)."""
     _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
     check_attention(attention)

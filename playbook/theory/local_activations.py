@@ -48,9 +48,13 @@ def block_bytes(
     a/tp heads, f/tp channels. ``variant``: the CP attention core (ring, all-gather, Ulysses;
     ``theory.cp``); None: the ``attention`` kernel at s/cp tokens instead, a fused ring kernel
     (what ``training_memory`` assumes whenever it counts flash attention or recomputation).
-    ``moe``: an MoE block at even routing (S = R = k·T, ``theory.moe``) behind the ``attention``
-    kernel; under TP as our runtime splits it (``parallel.tp.moe``): each tp rank routes its 1/tp
-    of the tokens through a whole router and whole experts, and saves no gathered region input."""
+    ``moe``: an MoE block at even routing with nothing dropped, behind the ``attention`` kernel: T
+    tokens routed, S = k·T slots sent and R = k·T rows received (``theory.moe_inventory``). R = k·T
+    holds at any ep: each of the ep ranks of a group sends k·T/E slots to each expert, and a rank's
+    E/ep experts receive ep · (E/ep) · k·T/E = k·T rows; a real router's uneven counts move R (and,
+    with a capacity factor, S) around it (``theory.moe.model_activation_bytes_moe``). Under TP as
+    our runtime splits it (``parallel.tp.moe``): each tp rank routes its 1/tp of the tokens through
+    a whole router and whole experts, and saves no gathered region input."""
     core = variant if cp > 1 and variant is not None and not moe else attention
     if tp > 1:
         check_tp(cfg, tp, seq_len=seq_len // cp, sequence_parallel=sequence_parallel)

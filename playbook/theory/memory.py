@@ -96,7 +96,7 @@ def training_memory(
     Activations are the exact count for our Llama-style model (RMSNorm, SwiGLU, no dropout) for one
     micro-batch of ``micro_batch`` sequences of ``seq_len`` tokens, stored in 16 bits for
     ``"mixed"`` and 32 bits for ``"fp32"``: ``playbook.theory.activations`` for dense blocks,
-    ``playbook.theory.moe.moe_block_activation_bytes`` (even routing, no drops) for MoE blocks, at
+    ``playbook.theory.local_activations.block_bytes`` (even routing, no drops) for MoE blocks, at
     every ``pp`` and ``ep`` (``playbook.theory.stages.activation_bytes``). Compare with Korthikanti
     et al. 2022, Table 2 (:func:`activation_bytes_per_layer` × ``cfg.n_layers``), which counts a GPT block.
 
