@@ -117,13 +117,10 @@ def tp_model_activation_breakdown(
         tp=tp,
         sequence_parallel=sequence_parallel,
         regather=regather,
-        recompute=recompute,
         dtype_bytes=dtype_bytes,
     )
-    block = sum(tp_block_activation_breakdown(cfg, **sizes, attention=attention).values())
-    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
-              regather=regather, dtype_bytes=dtype_bytes)  # fmt: skip
-    first, last = ours_ends(cfg, x, tp=tp)
+    block = sum(tp_block_activation_breakdown(cfg, **sizes, recompute=recompute, attention=attention).values())
+    first, last = ours_ends(cfg, local(cfg, **sizes), tp=tp)
     return first | {"blocks": cfg.n_layers * block} | last
 
 
