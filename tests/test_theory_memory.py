@@ -15,7 +15,6 @@ import pytest
 from playbook.config import ModelConfig
 from playbook.theory import memory
 from playbook.theory.memory import (
-    DTYPE_BYTES,
     InferenceMemory,
     TrainingMemory,
     activation_bytes_per_layer,
@@ -26,6 +25,7 @@ from playbook.theory.memory import (
     model_state_bytes,
     training_memory,
 )
+from playbook.theory.model_state import DTYPE_BYTES
 
 GB = 1e9
 

@@ -96,13 +96,11 @@ Units: bytes (ints). Nothing here imports torch.
 from __future__ import annotations
 
 from playbook.config import ModelConfig
-from playbook.theory.inventory import CORES, INDEX_BYTES, LSE_BYTES, MASK_BYTES, RECOMPUTE_MODES, local, ours_block
-from playbook.theory.inventory import ours_ends, view
+from playbook.theory.inventory import CORES, RECOMPUTE_MODES, local, ours_block, ours_ends, view
 from playbook.theory.korthikanti import activation_bytes_per_layer
 from playbook.theory.moe_inventory import moe_estimate
 
 ATTENTION_KERNELS = CORES[:2]  # "eager" (our model's), "flash" (a fused kernel)
-__all__ = ["ATTENTION_KERNELS", "INDEX_BYTES", "LSE_BYTES", "MASK_BYTES", "RECOMPUTE_MODES"]
 
 
 def _check(cfg: ModelConfig, seq_len: int, micro_batch: int, dtype_bytes: int, recompute: str) -> None:
@@ -131,7 +129,7 @@ def block_activation_breakdown(
 ) -> dict[str, int]:
     """Bytes saved for backward by one transformer block, term by term (see the module docstring).
     ``moe=True``: a mixture-of-experts block, whose MLP terms are an estimate (routing unknown;
-    ``theory.moe.moe_block_activation_bytes`` counts even routing exactly).
+    ``theory.local_activations.block_bytes`` counts even routing exactly).
     ``attention="flash"``: a fused kernel's core (selective's terms plus the fp32 log-sum-exp)."""
     _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
     check_attention(attention)

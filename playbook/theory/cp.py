@@ -51,7 +51,6 @@ from playbook.config import ModelConfig, divisors, require_positive
 from playbook.theory.inventory import check_ulysses, local, ours_block, view
 
 VARIANTS = ("ring", "allgather", "ulysses")
-LSE_BYTES = 4  # the ring kernel keeps its log-sum-exp in fp32 whatever the activation dtype
 GRAD_BYTES = 4  # ... and accumulates the travelling key/value gradients in fp32
 
 

@@ -41,13 +41,13 @@ from playbook.theory.cp import comm_bytes_per_layer
 from playbook.theory.hybrid_moe import data_axis_bytes, for_tp_rank, moe_layers_in, replica_axis
 from playbook.theory.hybrid_moe import tp_axis_bytes as moe_tp_bytes
 from playbook.theory.hybrid_moe import stage_activation_bytes as moe_stage_activations
-from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer, moe_replay_bytes
+from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer, local_heads, moe_replay_bytes
 from playbook.theory.hybrid_zero import data_axis, flat_units, zero_comm, zero_memory
 from playbook.theory.local_activations import stage_activation_bytes
-from playbook.theory.moe import alltoall_bytes_from_routing
+from playbook.theory.moe_comm import alltoall_bytes_from_routing
 from playbook.theory.rank_params import blocks_in, chunk_ranges, rank_units
 from playbook.theory.schedules import is_split, make_schedule
-from playbook.theory.tp import step_collectives
+from playbook.theory.tp_comm import step_collectives
 
 FP32 = 4
 
@@ -116,8 +116,9 @@ def comm_per_axis(
             exits = 2 * len(blocks) - moe_layers_in(cfg, ranges)
             add("tp", exits * microbatches * sent_bytes("all_gather", exit_grad, dims.tp))
     if dims.cp > 1:
-        local = cfg.replace(n_heads=cfg.n_heads // dims.tp, n_kv_heads=cfg.kv_heads // dims.tp, head_dim=cfg.dim_head)
-        per_layer = comm_bytes_per_layer(local, seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant)
+        per_layer = comm_bytes_per_layer(
+            local_heads(cfg, dims.tp), seq_len=seq_len, micro_batch=rows, cp=dims.cp, variant=cp_variant
+        )
         add("cp", len(blocks) * sum(per_layer.values()))  # linear in rows: any m
         sizes = dict(seq_len=seq_len, micro_batch=rows, variant=cp_variant, recompute=recompute)
         add("cp", len(blocks) * cp_replay_bytes_per_layer(cfg, dims, **sizes))  # the core reruns in backward

@@ -30,15 +30,14 @@ FP32 = 4
 def stage_params(cfg: ModelConfig, dims: ParallelDims, stage: int, ranges=None) -> dict[str, int]:
     """Elements and tensors a rank of pipeline stage ``stage`` holds (its chunks ``ranges``; default
     one equal stage), summed from its units (``theory.rank_params.rank_units``): ``dense``
-    (replicated over dp×cp), ``experts`` (its E/ep routed experts), ``tensors`` (all of them,
-    AdamW's steps), ``expert_tensors``, and ``moe``/``moe_tensors`` (router, shared and routed
-    experts: whole on every tp rank, their gradients summed over tp)."""
+    (replicated over dp×cp), ``experts`` (its E/ep routed experts) and their ``expert_tensors``,
+    and ``moe``/``moe_tensors`` (router, shared and routed experts: whole on every tp rank, their
+    gradients summed over tp)."""
     units = rank_units(cfg, dims, ranges if ranges is not None else chunk_ranges(cfg, dims.pp, stage))
     experts = [u for u in units if u.experts]
     return {
         "dense": sum(u.numel for u in units if not u.experts),
         "experts": sum(u.numel for u in experts),
-        "tensors": sum(u.tensors for u in units),
         "expert_tensors": sum(u.tensors for u in experts),
         "moe": sum(u.moe for u in units),
         "moe_tensors": sum(u.moe_tensors for u in units),
@@ -115,14 +114,6 @@ def replica_axis(dims: ParallelDims, rank: int, data_axis: str) -> str:
         if dims.size(axis) > 1 and dims.ranks_along(axis, rank) == mine:
             return data_axis if axis == "dp_cp" else axis
     return "ep_replica"
-
-
-def stage_state_bytes(cfg: ModelConfig, dims: ParallelDims, stage: int, ranges=None) -> dict[str, int]:
-    """Weights, gradients and AdamW state (two moments and a 4-byte step per tensor) of a rank of
-    ``stage`` (its chunks ``ranges``)."""
-    p = stage_params(cfg, dims, stage, ranges)
-    numel = p["dense"] + p["experts"]
-    return {"params": FP32 * numel, "grads": FP32 * numel, "optimizer": 2 * FP32 * numel + 4 * p["tensors"]}
 
 
 def moe_block_bytes(

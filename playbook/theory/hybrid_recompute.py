@@ -24,11 +24,14 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
+from playbook.theory.cp import kv_shard_bytes
+from playbook.theory.inventory import INDEX_BYTES
 
-FP32, INDEX_BYTES = 4, 8
+FP32 = 4
 
 
-def _local_heads(cfg: ModelConfig, tp: int) -> ModelConfig:
+def local_heads(cfg: ModelConfig, tp: int) -> ModelConfig:
+    """``cfg`` with the a/tp query and g/tp key/value heads one tp rank holds (head dim unchanged)."""
     return cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head)
 
 
@@ -45,11 +48,9 @@ def cp_replay_bytes_per_layer(
     (n−1)·kv; Ulysses: its all-to-alls of q, k and v in, (n−1)/n·(q + kv), and under "full" also the
     output's back, (n−1)/n·q: non-reentrant checkpointing stops a recomputation once the last tensor
     backward needs exists, and under "selective" that is the core's attention, before its output leaves)."""
-    from playbook.theory.cp import kv_shard_bytes
-
     if recompute == "none" or dims.cp == 1:
         return 0.0
-    n, local = dims.cp, _local_heads(cfg, dims.tp)
+    n, local = dims.cp, local_heads(cfg, dims.tp)
     kv = kv_shard_bytes(local, seq_len=seq_len, micro_batch=micro_batch, cp=n)
     if variant == "ulysses":
         q = FP32 * micro_batch * local.n_heads * (seq_len // n) * local.dim_head  # [b, a/tp, s/cp, d]

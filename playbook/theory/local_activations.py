@@ -17,15 +17,17 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.activations import _check, check_attention
+from playbook.theory.cp import VARIANTS as CP_CORES
 from playbook.theory.hybrid_recompute import held_with_positions, positions_bytes, tp_block_w_bytes
 from playbook.theory.inventory import local, ours_block, ours_ends, view
+from playbook.theory.layer_partition import equal_partition
 from playbook.theory.moe_inventory import moe_mlp_terms
 from playbook.theory.pipeline import chunk_w_bytes
-from playbook.theory.schedules import equal_partition, held_bytes, make_schedule
+from playbook.theory.schedule_simulator import held_bytes
+from playbook.theory.schedules import make_schedule
 from playbook.theory.tp_layout import check_tp
 
 FP32 = 4
-CP_CORES = ("ring", "allgather", "ulysses")
 
 
 def block_bytes(
@@ -46,9 +48,13 @@ def block_bytes(
     a/tp heads, f/tp channels. ``variant``: the CP attention core (ring, all-gather, Ulysses;
     ``theory.cp``); None: the ``attention`` kernel at s/cp tokens instead, a fused ring kernel
     (what ``training_memory`` assumes whenever it counts flash attention or recomputation).
-    ``moe``: an MoE block at even routing (S = R = k·T, ``theory.moe``) behind the ``attention``
-    kernel; under TP as our runtime splits it (``parallel.tp.moe``): each tp rank routes its 1/tp
-    of the tokens through a whole router and whole experts, and saves no gathered region input."""
+    ``moe``: an MoE block at even routing with nothing dropped, behind the ``attention`` kernel: T
+    tokens routed, S = k·T slots sent and R = k·T rows received (``theory.moe_inventory``). R = k·T
+    holds at any ep: each of the ep ranks of a group sends k·T/E slots to each expert, and a rank's
+    E/ep experts receive ep · (E/ep) · k·T/E = k·T rows; a real router's uneven counts move R (and,
+    with a capacity factor, S) around it (``theory.moe.model_activation_bytes_moe``). Under TP as
+    our runtime splits it (``parallel.tp.moe``): each tp rank routes its 1/tp of the tokens through
+    a whole router and whole experts, and saves no gathered region input."""
     core = variant if cp > 1 and variant is not None and not moe else attention
     if tp > 1:
         check_tp(cfg, tp, seq_len=seq_len // cp, sequence_parallel=sequence_parallel)
@@ -170,25 +176,3 @@ def stage_activation_bytes(
         blocks = [n_blocks[plan.stage(stage, c)] > 0 for c in range(v)]
         return held_with_positions(plan, chunks, w, stage, once, blocks, graph_until_w=dims.tp > 1)
     return held_bytes(plan, chunks, w)[stage]
-
-
-def tp_cp_block_bytes(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    cp: int,
-    variant: str = "ring",
-    sequence_parallel: bool = False,
-    dtype_bytes: int = 4,
-) -> int:
-    """Bytes one block saves on a rank of a tp × cp layout: tensor parallelism's block at s/cp tokens
-    (norms, region inputs, the MLP's f/t channels, the o_proj input of a/t heads) with context
-    parallelism's attention core (RoPE at this shard's positions, q, the own K/V shard, the ring
-    output and its fp32 log-sum-exp) for this rank's a/t query and g/t key/value heads."""
-    check_tp(cfg, tp, seq_len=seq_len // cp, sequence_parallel=sequence_parallel)
-    if variant not in CP_CORES:
-        raise ValueError(f"variant must be one of {', '.join(CP_CORES)}; got {variant!r}")
-    sizes = dict(micro_batch=micro_batch, tp=tp, cp=cp, sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes)
-    return sum(view(ours_block(cfg, local(cfg, seq_len=seq_len, **sizes), core=variant)).values())

@@ -21,13 +21,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from playbook.config import ModelConfig, divisors, require_divides, require_positive
+from playbook.theory.activations import ATTENTION_KERNELS
 from playbook.theory.cp import check_layout, cp_activation_bytes
-from playbook.theory.inventory import CORES
 from playbook.theory.korthikanti import activation_bytes_per_layer
 from playbook.theory.model_state import (
     _STATE_BYTES,
-    DTYPE_BYTES,
-    GRAD_ACCUM,
     RECOMPUTE,
     ZERO_STAGES,
     TrainingMemory,
@@ -42,9 +40,9 @@ from playbook.theory.moe import inference_weight_bytes, moe_model_state_bytes
 from playbook.theory.stages import activation_bytes, layout_stage_memory, most_loaded_stage, pipeline_stage_memory
 from playbook.theory.tp import check_tp, params_per_rank, tp_model_activation_bytes
 
-ATTENTION = CORES[:2]  # "eager": our model's attention; "flash": a fused FlashAttention-style kernel
+ATTENTION = ATTENTION_KERNELS  # "eager": our model's attention; "flash": a fused FlashAttention-style kernel
 __all__ = [
-    "ATTENTION", "DTYPE_BYTES", "GRAD_ACCUM", "RECOMPUTE", "ZERO_STAGES", "InferenceMemory", "TrainingMemory",
+    "ATTENTION", "RECOMPUTE", "ZERO_STAGES", "InferenceMemory", "TrainingMemory",
     "activation_bytes_per_layer", "bytes_to_gb", "bytes_to_gib", "inference_memory", "kv_cache_bytes_per_token",
     "model_state_bytes", "training_memory",
 ]  # fmt: skip
@@ -98,7 +96,7 @@ def training_memory(
     Activations are the exact count for our Llama-style model (RMSNorm, SwiGLU, no dropout) for one
     micro-batch of ``micro_batch`` sequences of ``seq_len`` tokens, stored in 16 bits for
     ``"mixed"`` and 32 bits for ``"fp32"``: ``playbook.theory.activations`` for dense blocks,
-    ``playbook.theory.moe.moe_block_activation_bytes`` (even routing, no drops) for MoE blocks, at
+    ``playbook.theory.local_activations.block_bytes`` (even routing, no drops) for MoE blocks, at
     every ``pp`` and ``ep`` (``playbook.theory.stages.activation_bytes``). Compare with Korthikanti
     et al. 2022, Table 2 (:func:`activation_bytes_per_layer` × ``cfg.n_layers``), which counts a GPT block.
 

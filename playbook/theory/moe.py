@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from playbook.config import ModelConfig, divisors, require_positive
 from playbook.theory.comm import sent_bytes
-from playbook.theory.activations import _check, block_activation_bytes, check_attention, model_activation_breakdown
+from playbook.theory.activations import block_activation_bytes, model_activation_breakdown
 from playbook.theory.inventory import local, ours_block, view
 from playbook.theory.moe_inventory import moe_mlp_terms as moe_mlp_activation_terms
 from playbook.theory.model_state import TrainingMemory, model_state_bytes
 from playbook.theory.moe_capacity import (
-    SimulatedRouting,
     aux_loss_value,
     check_capacity_factor,
     check_ep,
@@ -48,7 +47,7 @@ from playbook.theory.moe_comm import (
 )
 
 __all__ = [  # the routing arithmetic and the all-to-all bytes live below this module, read through it
-    "SimulatedRouting", "aux_loss_value", "check_capacity_factor", "check_ep", "check_routing", "expert_capacity",
+    "aux_loss_value", "check_capacity_factor", "check_ep", "check_routing", "expert_capacity",
     "imbalance", "kept_counts", "load_entropy", "rank_rows", "simulate_routing", "alltoall_bytes_from_routing",
     "alltoall_bytes_per_step", "alltoall_rows", "routing_report", "tp_experts_bytes_per_step",
     "uniform_alltoall_bytes", "moe_mlp_activation_terms",
@@ -174,36 +173,6 @@ def step_comm_bytes(cfg: ModelConfig, n: int, ep: int, mode: str, tokens_per_ran
 
 
 # ---- activations: the exact count for our MoE layer, given its routing ------------------------
-def moe_block_activation_bytes(
-    cfg: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    dtype_bytes: int = 4,
-    recompute: str = "none",
-    attention: str = "eager",
-) -> int:
-    """Exact bytes one MoE block of our model saves for backward on one rank when routing is even
-    and nothing is dropped: the block's attention and norms (``theory.activations``) plus
-    :func:`moe_mlp_activation_terms` with T = b·s tokens, S = k·T slots sent and R = k·T rows
-    received. R = k·T holds at any ep: each of the ep ranks of a group sends k·T/E slots to each
-    expert, and a rank's E/ep experts receive ep · (E/ep) · k·T/E = k·T rows. ``training_memory``
-    uses this for every MoE layer, at every pp and ep; a real router's uneven counts move R (and,
-    with a capacity factor, S) around it: see :func:`model_activation_bytes_moe`.
-
-    ``recompute="full"`` keeps the block input only, as for a dense block; ``"selective"``
-    recomputes attention and leaves the MLP terms as they are. ``attention="flash"``: a fused
-    kernel's attention core (``theory.activations``, Dao et al. 2022)."""
-    _check(cfg, seq_len, micro_batch, dtype_bytes, recompute)
-    check_attention(attention)
-    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
-    slots = cfg.top_k * micro_batch * seq_len
-    terms = moe_mlp_activation_terms(
-        cfg, tokens=micro_batch * seq_len, slots=slots, rows=slots, dtype_bytes=dtype_bytes
-    )
-    return sum(view(ours_block(cfg, x, core=attention, moe=terms), recompute).values())
-
-
 def model_activation_bytes_moe(
     cfg: ModelConfig,
     *,

@@ -13,10 +13,12 @@ smaller part one micro-batch keeps from B until W (``chunk_w_bytes``). ``playboo
 from __future__ import annotations
 
 from playbook.dims import ParallelDims
-from playbook.theory.activations import INDEX_BYTES, block_activation_bytes
-from playbook.theory.inventory import local, ours_ends
+from playbook.theory.activations import block_activation_bytes
+from playbook.theory.inventory import INDEX_BYTES, local, ours_ends
+from playbook.theory.layer_partition import equal_partition
 from playbook.theory.rank_params import rank_units
-from playbook.theory.schedules import Schedule, equal_partition, held_bytes
+from playbook.theory.schedule_simulator import held_bytes
+from playbook.theory.schedule_types import Schedule
 
 
 def stage_ranges(cfg, n_stages: int, partition=None) -> list[tuple[int, int]]:

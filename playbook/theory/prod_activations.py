@@ -37,10 +37,9 @@ from __future__ import annotations
 import functools
 
 from playbook.config import ModelConfig
-from playbook.theory.inventory import production_block, view
+from playbook.theory.inventory import INDEX_BYTES, production_block, view
 
 ACTIVATION_MODELS = ("production", "ours")
-INDEX_BYTES = 8  # int64 token ids and labels
 V_SHAPES = ("zb-v", "dualpipe-v")  # rank 0 holds the first and the last chunk (plan_schedule.V_SHAPED)
 
 
@@ -65,7 +64,6 @@ def production_block_breakdown(
     norm: str = "rmsnorm",
     dropout: bool = False,
     moe: bool = False,
-    ep: int = 1,
 ) -> dict[str, float]:
     """Bytes one layer saves for backward on one rank, by tensor (module docstring). ``moe``: the
     MLP is a routed mixture of experts at even routing (each rank's experts see top_k/1 of the tokens
@@ -124,7 +122,7 @@ def rank_activations(
     tp: int = 1,
     pp: int = 1,
     cp: int = 1,
-    ep: int = 1,
+    ep: int = 1,  # the layout's degree: at even routing a rank's activations do not depend on it
     recompute: str = "none",
     schedule: str = "1f1b",
     v: int = 1,
@@ -145,7 +143,7 @@ def rank_activations(
     first, last = production_end_bytes(cfg, **sizes)
     sizes["attention"] = attention
     dense = production_block_bytes(cfg, **sizes, recompute=recompute)
-    moe = production_block_bytes(cfg, **sizes, recompute=recompute, moe=True, ep=ep) if cfg.is_moe else dense
+    moe = production_block_bytes(cfg, **sizes, recompute=recompute, moe=True) if cfg.is_moe else dense
     share = cfg.n_moe_layers / cfg.n_layers
     block = (1 - share) * dense + share * moe
     L = cfg.n_layers

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
-from playbook.theory.schedules import V_SCHEDULES, equal_partition
+from playbook.theory.layer_partition import equal_partition
+from playbook.theory.schedules import V_SCHEDULES
 
 
 def chunk_ranges(cfg: ModelConfig, pp: int, stage: int, schedule: str = "1f1b", v: int = 1) -> list[tuple[int, int]]:

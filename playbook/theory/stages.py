@@ -13,7 +13,7 @@ at its peak, so stage 0 holds about as many as the whole unsplit model does for 
 (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.3).
 
 Activations are the exact counts for our model: ``theory.activations.block_activation_bytes`` for
-a dense block, ``theory.moe.moe_block_activation_bytes`` (even routing, no drops) for an MoE block,
+a dense block, ``theory.local_activations.block_bytes`` (even routing, no drops) for an MoE block,
 the same at every ``pp`` and ``ep``. Model state follows ZeRO (``theory.memory.model_state_bytes``).
 Every function takes ``attention`` ("eager": our model's attention, the default; "flash": a fused
 kernel that keeps no [s, s] tensor, Dao et al. 2022, arXiv:2205.14135; ``theory.activations``).

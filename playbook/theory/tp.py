@@ -44,24 +44,13 @@ Units: bytes; seconds; FLOP/s. Pure arithmetic, fast enough for every slider mov
 from __future__ import annotations
 
 from playbook.config import ModelConfig
-from playbook.theory.inventory import INDEX_BYTES, MASK_BYTES, local, ours_block, ours_ends, view
+from playbook.theory.inventory import local, ours_block, ours_ends, view
 from playbook.theory.model_state import RECOMPUTE, TrainingMemory, model_state_bytes
-from playbook.theory.tp_comm import (
-    Collective,
-    layer_comm,
-    layer_comm_seconds,
-    layer_flops,
-    layer_seconds,
-    layer_summary,
-    op_counts,
-    step_collectives,
-    summarize,
-)
-from playbook.theory.tp_layout import _split_sizes, check_tp, matrix_shards, params_per_rank, valid_tp
+from playbook.theory.tp_comm import layer_comm, layer_seconds, layer_summary, step_collectives, summarize
+from playbook.theory.tp_layout import check_tp, matrix_shards, params_per_rank, valid_tp
 
 __all__ = [
-    "INDEX_BYTES", "MASK_BYTES", "Collective", "_split_sizes", "check_tp", "layer_comm", "layer_comm_seconds",
-    "layer_flops", "layer_seconds", "layer_summary", "matrix_shards", "op_counts", "params_per_rank",
+    "check_tp", "layer_comm", "layer_seconds", "layer_summary", "matrix_shards", "params_per_rank",
     "step_collectives", "summarize", "tp_block_activation_breakdown", "tp_model_activation_breakdown",
     "tp_model_activation_bytes", "tp_training_memory", "valid_tp",
 ]  # fmt: skip
@@ -128,13 +117,10 @@ def tp_model_activation_breakdown(
         tp=tp,
         sequence_parallel=sequence_parallel,
         regather=regather,
-        recompute=recompute,
         dtype_bytes=dtype_bytes,
     )
-    block = sum(tp_block_activation_breakdown(cfg, **sizes, attention=attention).values())
-    x = local(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
-              regather=regather, dtype_bytes=dtype_bytes)  # fmt: skip
-    first, last = ours_ends(cfg, x, tp=tp)
+    block = sum(tp_block_activation_breakdown(cfg, **sizes, recompute=recompute, attention=attention).values())
+    first, last = ours_ends(cfg, local(cfg, **sizes), tp=tp)
     return first | {"blocks": cfg.n_layers * block} | last
 
 

@@ -3,12 +3,11 @@
 Narayanan et al. 2021 (arXiv:2104.04473, §3.2): tensor parallelism all-reduces the [b, s, h]
 activation twice per layer forward (Megatron's g) and twice backward (f); sequence parallelism
 (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.2) splits each into an all-gather and a
-reduce-scatter, the same bytes. ``theory.tp``'s docstring derives every count; it re-exports these.
+reduce-scatter, the same bytes. ``theory.tp``'s docstring derives every count; it re-exports the ones the chapter calls.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from playbook.config import Hardware, ModelConfig
@@ -107,6 +106,11 @@ def layer_summary(collectives, layer: int = 0) -> dict[tuple, dict[str, float]]:
     return summarize([x for x in collectives if region(x).startswith(f"layer{layer}.")])
 
 
+def _layer0(cfg: ModelConfig, **sizes) -> list[Collective]:
+    """The collectives of layer 0 (every layer issues the same) among :func:`step_collectives`."""
+    return [x for x in step_collectives(cfg, **sizes) if x.region.startswith("layer0.")]
+
+
 def layer_comm(
     cfg: ModelConfig,
     *,
@@ -120,18 +124,9 @@ def layer_comm(
 ) -> dict[str, dict[str, int | float]]:
     """One transformer layer, forward and backward: ``{"forward": {op: count, ..., "sent_bytes": x}, ...}``
     (and "recompute" with ``recompute="full"``). TP: 2 all-reduces each way, 4·B·bsh(t−1)/t bytes sent each way."""
-    sizes = dict(
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        regather=regather,
-        recompute=recompute,
-        dtype_bytes=dtype_bytes,
-    )
-    layer = [x for x in step_collectives(cfg, **sizes) if x.region.startswith("layer0.")]
+    sizes = dict(sequence_parallel=sequence_parallel, regather=regather, recompute=recompute, dtype_bytes=dtype_bytes)
     out = {"forward": {"sent_bytes": 0.0}, "backward": {"sent_bytes": 0.0}}
-    for x in layer:
+    for x in _layer0(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, **sizes):
         out.setdefault(x.phase, {"sent_bytes": 0.0})
         out[x.phase][x.op] = out[x.phase].get(x.op, 0) + 1
         out[x.phase]["sent_bytes"] += x.sent_bytes
@@ -155,15 +150,8 @@ def layer_comm_seconds(
     ``theory.comm.collective_seconds``), collectives not overlapped. The link is ``hardware``'s
     intra-node one while the t ranks fit in one node (``devices_per_node``), its inter-node one
     beyond (which is why TP stays inside a node); ``bandwidth`` (bytes/s) overrides both."""
-    sizes = dict(
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        regather=regather,
-        dtype_bytes=dtype_bytes,
-    )
-    layer = [x for x in step_collectives(cfg, **sizes) if x.region.startswith("layer0.")]
+    sizes = dict(sequence_parallel=sequence_parallel, regather=regather, dtype_bytes=dtype_bytes)
+    layer = _layer0(cfg, seq_len=seq_len, micro_batch=micro_batch, tp=tp, **sizes)
     if bandwidth is None:
         bandwidth = hardware.intra_node_bandwidth if tp <= hardware.devices_per_node else hardware.inter_node_bandwidth
     return sum(collective_seconds(x.op, x.bytes, tp, bandwidth, latency) for x in layer)
@@ -208,8 +196,3 @@ def layer_seconds(
         bandwidth=bandwidth,
     )
     return {"tp": tp, "compute": compute, "comm": comm, "total": compute + comm}
-
-
-def op_counts(collectives) -> Counter:
-    """How many of each op: ``Counter({"all_reduce": 4, ...})``."""
-    return Counter(x.op if isinstance(x, Collective) else x["op"] for x in collectives)
