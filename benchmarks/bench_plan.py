@@ -43,6 +43,7 @@ def main() -> None:
         plan_cost._per_token,
         plan_bytes.dp_groups,
         plan_bytes.cp_layer,
+        plan_bytes._local,
         plan_memory._ours,
         plan_schedule.bubble_fraction,
     )

@@ -10,7 +10,7 @@ from playbook.config import Hardware, ModelConfig
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, step_cost, with_schedule
 from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_memory import memory_breakdown
-from playbook.theory.plan_schedule import ENDS, V_SHAPED
+from playbook.theory.plan_schedule import ENDS, stage_placement
 from playbook.theory.planner import MEM_UTIL, Layout, plan
 
 _KEYS = {"dp", "tp", "pp", "cp", "ep", "zero", "b", "m", "recompute", "schedule", "v", "ends"}
@@ -90,7 +90,7 @@ def cost_layout(
         precision=precision,
         mesh_order=mesh_order,
         grad_bytes=GRAD_REDUCE_BYTES[activations],
-        placement=lay.schedule if lay.schedule in V_SHAPED else "1f1b",
+        placement=stage_placement(lay.schedule),
     )
     cost = with_schedule(base, pp=lay.pp, microbatches=lay.microbatches, schedule=lay.schedule, v=lay.v)
     total, budget = sum(memory.values()), hw.capacity_bytes * mem_util

@@ -76,6 +76,14 @@ def bubble_fraction(name: str, p: int, m: int, v: int = 1) -> float:
     return closed_form(name, p, m, v, f=f, b=b, w=w)["bubble_over_ideal"]
 
 
+def stage_placement(name: str) -> str:
+    """The stage placement schedule ``name`` uses, which sets the data axis's most loaded rank
+    (``plan_bytes.dp_groups``): "zb-v" for either V shape (both put rank r's two chunks on stages r
+    and 2p − 1 − r, ``theory.rank_params.chunk_ranges``), "1f1b" for the rest: one name per placement,
+    so a search costs each once."""
+    return V_SHAPED[0] if name in V_SHAPED else "1f1b"
+
+
 def boundary_crossings(name: str, v: int) -> int:
     """Stage boundaries one micro-batch crosses per direction, in units of the p − 1 of 1F1B: v for
     interleaved, 2 for the V shapes (down and back up; the turn stays on one rank)."""

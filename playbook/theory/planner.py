@@ -39,7 +39,7 @@ from playbook.theory.plan_cost import (
 )
 from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
 from playbook.theory.plan_memory import placement_states
-from playbook.theory.plan_schedule import PLAN_SCHEDULES, V_SHAPED, check_schedules
+from playbook.theory.plan_schedule import PLAN_SCHEDULES, V_SHAPED, check_schedules, stage_placement
 from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan: the planner's public types)
     MAX_MICRO_BATCH,
     Candidate,
@@ -134,9 +134,10 @@ def plan(
         zeros = tuple(sorted({v.zero for v in variants}))
         by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute, placement) -> 1F1B cost per ZeRO stage
         for v in variants:
-            if (v.micro_batch, v.recompute, _placement(v)) not in by_zero:
+            key = (v.micro_batch, v.recompute, stage_placement(v.schedule))
+            if key not in by_zero:
                 plain = by_zero.get((v.micro_batch, v.recompute, "1f1b"))  # a V changes only dp's units
-                by_zero[v.micro_batch, v.recompute, _placement(v)] = step_costs(
+                by_zero[key] = step_costs(
                     cfg,
                     hw,
                     zeros=zeros,
@@ -145,13 +146,13 @@ def plan(
                     micro_batch=v.micro_batch,
                     microbatches=v.microbatches,
                     recompute=v.recompute,
-                    placement=_placement(v),
+                    placement=key[2],
                     **timing,
                     **common,
                 )
 
         def base(v: Layout) -> StepCost:
-            return by_zero[v.micro_batch, v.recompute, _placement(v)][v.zero]
+            return by_zero[v.micro_batch, v.recompute, stage_placement(v.schedule)][v.zero]
 
         def total(v: Layout) -> tuple[float, int]:
             at = dict(pp=dims.pp, microbatches=v.microbatches, schedule=v.schedule, v=v.v)
@@ -188,8 +189,3 @@ def plan(
         )
     out.candidates.sort(key=lambda c: (c.cost.total, c.memory))
     return out
-
-
-def _placement(lay: Layout) -> str:
-    """The stage placement that sets the data axis's most loaded rank (``plan_bytes.dp_groups``)."""
-    return lay.schedule if lay.schedule in V_SHAPED else "1f1b"
