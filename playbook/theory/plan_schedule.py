@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import functools
 
-from playbook.theory.schedules import _interleaved, _one_f_one_b, check_pipeline, closed_form
+from playbook.theory.schedule_orders import _interleaved, _one_f_one_b
+from playbook.theory.schedules import check_pipeline, closed_form
 
 PLAN_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 V_CHOICES = (2, 3, 4, 6, 8)  # chunks per stage tried for the interleaved schedule
