@@ -34,7 +34,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from playbook.config import Hardware, ModelConfig
+    from playbook.config import ModelConfig
+    from playbook.hardware import Hardware
     from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_dp, plan_memory, plan_schedule
     from playbook.theory import prod_activations
     from playbook.theory.planner import plan

@@ -51,7 +51,7 @@ def test_eq_3_without_the_recomputed_forward_is_palms_count():
 def test_megatron_runs_interleave_as_section_5_1_says_with_whole_layers_per_chunk():
     """§5.1: "the interleaved pipeline schedule"; Table 1 prints no v, so each pipelined run gets the v,
     among those that give every chunk the same whole number of layers, the planner predicts fastest."""
-    from playbook.config import Hardware
+    from playbook.hardware import Hardware
     from playbook.theory.plan_layout import cost_layout, parse_layout
 
     a100 = Hardware.preset("a100-80gb")

@@ -5,7 +5,8 @@ whether the most loaded rank's bytes fit the share of the device's memory the pl
 from __future__ import annotations
 
 from playbook.cli.checks import BadInput
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 
 DEFAULT_MODEL = "llama-3.1-8b"
 

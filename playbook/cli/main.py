@@ -21,7 +21,8 @@ import signal
 import sys
 import threading
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 
 from playbook.cli.checks import BadInput, check_numbers
 from playbook.cli.run import add_strategies

@@ -12,7 +12,8 @@ import argparse
 import json
 
 from playbook.cli.checks import BadInput
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
 from playbook.theory.plan_schedule import PLAN_SCHEDULES
 

@@ -46,7 +46,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import attention_flops_per_token, flops_per_token
 from playbook.theory.gemm_efficiency import compute_factor

@@ -6,7 +6,8 @@ planner's candidates for the same GPUs, sequence and batch. The same functions a
 
 from __future__ import annotations
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, step_cost, with_schedule
 from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_memory import memory_breakdown

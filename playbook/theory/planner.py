@@ -24,8 +24,8 @@ that fits is the layout's candidate, the slower ones counted as dominated. Pure:
 from __future__ import annotations
 
 
-from playbook.config import MEM_UTIL as CONFIG_MEM_UTIL
-from playbook.config import Hardware, ModelConfig, require_positive
+from playbook.config import ModelConfig, require_positive
+from playbook.hardware import MEM_UTIL, Hardware
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_advice import batch_advice, nothing_fits, nothing_plans
 from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
@@ -53,9 +53,9 @@ from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan
 )
 from playbook.theory.prod_activations import check_activations
 
-# Share of the device's memory (``Hardware.capacity_bytes``: what the driver reports where the profile
-# knows it, e.g. 81,559 MiB on an "80 GB" H100) a plan may fill: the product's one rule (``config.MEM_UTIL``).
-MEM_UTIL = CONFIG_MEM_UTIL
+# MEM_UTIL (imported above, and from here by the notebooks): the share of the device's memory
+# (``Hardware.capacity_bytes``: what the driver reports where the profile knows it, e.g. 81,559 MiB on
+# an "80 GB" H100) a plan may fill: the product's one rule (``playbook.hardware.MEM_UTIL``).
 
 
 def plan(
