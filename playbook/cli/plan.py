@@ -27,16 +27,11 @@ def cmd_serve_plan(args) -> int:
     from playbook.theory.serving_layouts import compare_layouts, recommend
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
-    checks = [  # --gpus, --mem-util, --block-size: their ranges are cli.checks.LIMITS
-        (
-            1 <= args.context <= cfg.max_seq_len,
+    if not 1 <= args.context <= cfg.max_seq_len:  # --gpus, --mem-util, --block-size: cli.checks.LIMITS
+        raise BadInput(
             f"--context {args.context} must be in 1..{cfg.max_seq_len} "
-            f"({args.model}'s max_seq_len); try --context {min(8192, cfg.max_seq_len)}",
-        ),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise BadInput(message)
+            f"({args.model}'s max_seq_len); try --context {min(8192, cfg.max_seq_len)}"
+        )
     rows = compare_layouts(
         cfg,
         hw,
@@ -146,24 +141,22 @@ def cmd_plan(args) -> int:
     if not 2 <= args.replay_ranks <= 8:
         raise BadInput(f"--replay-ranks must be in 2..8 (local ranks), got {args.replay_ranks}; try --replay-ranks 4")
     cfg, hw = _plan_inputs(args)
+    # what a search and a one-layout costing both take from the flags
+    options = dict(gpus_per_node=args.gpus_per_node, mem_util=args.mem_util, activations=args.activations)
+    options |= dict(overlap=args.overlap, precision=args.precision, mesh_order=args.mesh_order)
     if args.layout:
         from playbook.cli.plan_layout import one_layout
 
-        return one_layout(cfg, hw, args)
+        return one_layout(cfg, hw, args, options)
     result = plan(
         cfg,
         hw,
         gpus=args.gpus,
-        gpus_per_node=args.gpus_per_node,
         seq_len=args.seq_len,
         global_batch=args.global_batch,
-        mem_util=args.mem_util,
         attention=args.attention,
-        activations=args.activations,
         schedules=tuple(x for x in args.schedules.split(",") if x),
-        overlap=args.overlap,
-        precision=args.precision,
-        mesh_order=args.mesh_order,
+        **options,
     )
     best = result.candidates[0].layout
     where = dict(
