@@ -13,7 +13,7 @@ import json
 
 from playbook.cli.checks import BadInput
 from playbook.config import ModelConfig
-from playbook.hardware import Hardware
+from playbook.hardware import MEM_UTIL, Hardware
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
 from playbook.theory.plan_schedule import PLAN_SCHEDULES
 
@@ -237,7 +237,7 @@ def add_plan(sub) -> None:
     p.add_argument("--hardware", default="h100-sxm", help=f"one of: {', '.join(Hardware.presets())}")
     p.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence")
     p.add_argument("--global-batch", type=int, default=512, help="sequences per step")
-    p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory a layout may fill")
+    p.add_argument("--mem-util", type=float, default=MEM_UTIL, help="share of GPU memory a layout may fill")
     p.add_argument(
         "--attention",
         default="flash",
