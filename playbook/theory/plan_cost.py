@@ -103,6 +103,11 @@ class StepCost:
     def total(self) -> float:
         return self.compute + self.bubble + self.exposed
 
+    def mfu(self, gpus: int, peak: float) -> float:
+        """Model FLOPs utilization: useful FLOPs over (step time · GPUs · ``peak``) (Chowdhery et al.
+        2022, arXiv:2204.02311, Appendix B; the planner's peak is BF16's whatever the precision)."""
+        return self.model_flops / (self.total * gpus * peak)
+
     def as_dict(self) -> dict:
         axes = {a: {"comm": c, "exposed": e} for a, (c, e) in self.axes.items()}
         return {

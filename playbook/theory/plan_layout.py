@@ -103,7 +103,7 @@ def cost_layout(
         "fits": total <= budget,
         "margin_bytes": budget - total,
         "step": cost.as_dict(),
-        "mfu": cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops),
+        "mfu": cost.mfu(gpus, hw.peak_bf16_flops),
     }
     if rank:
         batch = lay.dp * lay.micro_batch * lay.microbatches

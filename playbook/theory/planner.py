@@ -173,7 +173,7 @@ def plan(
             mem = memory_bytes(cfg, v, seq_len, attention, activations)
             if mem <= budget:
                 cost = with_schedule(base(v), pp=dims.pp, microbatches=v.microbatches, schedule=v.schedule, v=v.v)
-                mfu = cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops)
+                mfu = cost.mfu(gpus, hw.peak_bf16_flops)
                 out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
                 out.dominated += len(order) - i - 1
                 break
