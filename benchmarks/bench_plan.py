@@ -36,7 +36,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from playbook.config import Hardware, ModelConfig
+    from playbook.config import ModelConfig
+    from playbook.hardware import Hardware
     from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_dp, plan_memory, plan_schedule
     from playbook.theory import prod_activations, stage_balance
     from playbook.theory.planner import plan
@@ -45,6 +46,7 @@ def main() -> None:
         plan_cost._per_token,
         plan_bytes.dp_groups,
         plan_bytes.cp_layer,
+        plan_bytes._local,
         plan_memory._ours,
         plan_schedule.bubble_fraction,
     )

@@ -5,7 +5,8 @@ The handful of names a notebook starts from; everything else lives in the stage 
 """
 
 from playbook.cluster import RankError, Ranks, RankTimeout, launch, ranks
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 
 __version__ = "0.1.0"
 __all__ = ["Hardware", "ModelConfig", "RankError", "RankTimeout", "Ranks", "__version__", "launch", "ranks"]

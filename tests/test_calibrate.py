@@ -9,7 +9,7 @@ import math
 import pytest
 
 from playbook.cli import main
-from playbook.config import HARDWARE_DIR, Hardware
+from playbook.hardware import HARDWARE_DIR, Hardware
 from playbook.theory.alpha_beta import fit_collective, fit_points, predict_seconds
 
 # ---- the fit (pure math: synthetic points are fine, it is the fit under test) -------------------

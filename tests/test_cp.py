@@ -385,7 +385,7 @@ def test_dashboard_step_slider_changes_the_figure_and_errors_are_shown():
 
 def test_chapter5_overlap_thresholds_full_block_and_zigzag():
     # chapter 5: g·B·peak / (2·a·bandwidth) = 8·2·989.4e12 / (64·bw); zig-zag does half the compute per step
-    from playbook.config import Hardware
+    from playbook.hardware import Hardware
 
     h100 = Hardware.preset("h100-sxm")
     cfg = ModelConfig.preset("llama-3.1-8b")

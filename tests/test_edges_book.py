@@ -86,7 +86,8 @@ def test_every_chapter_passes_the_sanitizer_unchanged():
     from nbconvert import HTMLExporter
 
     from playbook.book.sanitize import clean
-    from playbook.config import Hardware, ModelConfig
+    from playbook.config import ModelConfig
+    from playbook.hardware import Hardware
     from playbook.viz.cp_dashboard import cp_summary
 
     root = Path(__file__).resolve().parent.parent

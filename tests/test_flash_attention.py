@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.activations import block_activation_bytes, model_activation_bytes
 from playbook.theory.memory import training_memory
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.model import GPT
 from playbook.theory.buckets import (
     MIB,

@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.dims import ParallelDims
 from playbook.parallel.ep import model as E
 from playbook.parallel.hybrid.parallelize import Plan, train_hybrid

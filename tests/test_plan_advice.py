@@ -13,7 +13,8 @@ import re
 import pytest
 
 from playbook.cli import main
-from playbook.config import DATA_DIR, Hardware, ModelConfig
+from playbook.config import DATA_DIR, ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.planner import plan
 
 H100 = Hardware.preset("h100-sxm")  # 80 GB, 8 per node

@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from playbook.config import DATA_DIR, Hardware, ModelConfig
+from playbook.config import DATA_DIR, ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.gemm_efficiency import compute_factor, curve_rate, gemm_efficiency, wave_efficiency
 from playbook.theory.plan_cost import step_cost
 from playbook.theory.planner import plan

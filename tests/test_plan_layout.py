@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.plan_layout import cost_layout, parse_layout
 from playbook.theory.plan_memory import memory_breakdown
 from playbook.theory.prod_activations import production_block_bytes

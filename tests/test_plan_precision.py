@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.flops import flops_per_token
 from playbook.theory.plan_cost import link, step_cost
 from playbook.theory.planner import plan

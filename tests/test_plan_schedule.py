@@ -3,7 +3,8 @@ the V shapes' closed form against chapter 4's simulator, and the planner searchi
 
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.plan_cost import step_cost, with_schedule
 from playbook.theory.stage_balance import stage_imbalance
 from playbook.theory.plan_schedule import bubble_fraction, check_schedules, chunk_layers, layers_held, schedule_options

@@ -52,7 +52,7 @@ def test_what_table_1_does_not_print_is_the_planners_fastest_choice():
     """§5.1: "the interleaved pipeline schedule"; Table 1 prints neither the micro-batch nor v, so each
     run gets the b (of 1, 2, 4, 8) and, pipelined, the v (every chunk the same whole number of layers)
     the planner predicts fastest, exposed communication as Megatron-LM's 2021 stack ran it ("none")."""
-    from playbook.config import Hardware
+    from playbook.hardware import Hardware
     from playbook.theory.plan_layout import cost_layout, parse_layout
     from playbook.theory.plan_validation import MICRO_BATCHES
 
@@ -123,7 +123,7 @@ def test_megatron_2021_exposed_its_data_parallel_all_reduce():
     """Megatron-LM's 2021 local DDP all-reduced after the last backward: its stack's overlap, "none",
     exposes all of the 1.7B run's all-reduce; today's buckets ("dp") hide most of it behind the
     last micro-batch's backward."""
-    from playbook.config import Hardware
+    from playbook.hardware import Hardware
     from playbook.theory.plan_layout import cost_layout, parse_layout
 
     a100, run = Hardware.preset("a100-80gb"), megatron_runs()[0]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.plan_cost import step_cost, step_costs
 from playbook.theory.planner import plan
 

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from playbook.config import HARDWARE_DIR, MODELS_DIR, Hardware, ModelConfig
+from playbook.config import MODELS_DIR, ModelConfig
+from playbook.hardware import HARDWARE_DIR, Hardware
 
 # Total parameters of the published checkpoints: the safetensors totals shown on each model's
 # Hugging Face page (BF16 weights).

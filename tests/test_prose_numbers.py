@@ -35,7 +35,7 @@ def _layouts(cfg, hw, latency=None):
 def test_one_fit_rule_90_percent_of_what_the_device_reports():
     """Chapter 0 §2's question, chapter 2's lines and its question 3: a fit is MEM_UTIL of
     ``Hardware.capacity_bytes`` (``Hardware.usable_bytes``), as the planner judges it."""
-    from playbook.config import MEM_UTIL
+    from playbook.hardware import MEM_UTIL
     from playbook.theory.activations import block_activation_bytes
     from playbook.theory.planner import MEM_UTIL as PLANNER_MEM_UTIL
     from playbook.theory.zero import zero3_backward_by_unit

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.dims import ParallelDims
 from playbook.model import GPT
 from playbook.parallel.serve_ranks import serve_on_rank

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from playbook.cli import main
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.serving_layouts import serving_layout
 
 

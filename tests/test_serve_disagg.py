@@ -25,7 +25,7 @@ def test_prefill_rank_sends_exactly_the_predicted_kv_and_decode_rank_matches(ran
 
 
 def test_transfer_against_the_prefill_it_moves_by_hand():
-    from playbook.config import Hardware
+    from playbook.hardware import Hardware
     from playbook.theory.disagg import transfer
 
     llama70, h100 = ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm")

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory import serving as s
 from playbook.theory import serving_layouts
 

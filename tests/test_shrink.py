@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.dims import ParallelDims
 from playbook.theory.planner import Layout, plan
 from playbook.theory.shrink import first_shrinkable, shrink

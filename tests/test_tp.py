@@ -500,7 +500,7 @@ def test_dashboard_follows_its_controls():
 # ---- chapter 3's quoted shares -------------------------------------------------------------------
 def test_chapter3_communication_share_of_a_layer():
     # the chapter's cell: H100 profile, compute at half the bf16 peak, no overlap
-    from playbook.config import Hardware
+    from playbook.hardware import Hardware
     from playbook.theory.tp import layer_seconds
 
     h100 = Hardware.preset("h100-sxm")

@@ -3,7 +3,8 @@
 import plotly.graph_objects as go
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.memory import inference_memory, training_memory
 from playbook.viz import (
     CATEGORY_COLORS,

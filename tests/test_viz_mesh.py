@@ -2,7 +2,8 @@
 
 import pytest
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.dims import AXES, ParallelDims
 from playbook.theory.memory import training_memory
 from playbook.viz.mesh import (

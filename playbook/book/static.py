@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 
 from playbook.book.grid import grid_figure, nearest, once
 from playbook.book.static_parallel import static_cp, static_routing, static_tp
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.viz.memory_figures import memory_bars
 from playbook.viz.widgets import _count, memory_budgets
 

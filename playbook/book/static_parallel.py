@@ -6,7 +6,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from playbook.book.grid import grid_figure, once
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 
 
 @once

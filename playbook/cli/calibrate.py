@@ -82,7 +82,7 @@ def _write_or_keep(out: Path, text: str) -> None:
 
 def step_time(profile_path: Path, model: str) -> list[dict]:
     """Predicted (from the profile) vs measured step time of every chapter strategy at 2 and 4 ranks."""
-    from playbook.config import Hardware
+    from playbook.hardware import Hardware
     from playbook.measure.step_time import step_time_table
     from playbook.parallel.training import TrainSetup
 

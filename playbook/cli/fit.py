@@ -5,7 +5,8 @@ whether the most loaded rank's bytes fit the share of the device's memory the pl
 from __future__ import annotations
 
 from playbook.cli.checks import BadInput
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 
 DEFAULT_MODEL = "llama-3.1-8b"
 
@@ -21,9 +22,8 @@ def memory_model(args) -> ModelConfig:
 
 def device_fit(hardware: str, totals: dict[str, float], mem_util: float) -> dict:
     """For each of ``totals`` (bytes on the most loaded rank), whether it fits ``mem_util`` of the
-    device ``hardware`` and by what margin (negative: over)."""
-    if not 0 < mem_util <= 1:
-        raise BadInput(f"--mem-util must be in (0, 1], got {mem_util}; try 0.9")
+    device ``hardware`` and by what margin (negative: over); ``mem_util`` is in range
+    (``cli.checks.LIMITS``, checked before any command runs)."""
     hw = Hardware.preset(hardware)
     allowed = mem_util * hw.capacity_bytes
     out = {"hardware": hw.name, "capacity_bytes": hw.capacity_bytes, "mem_util": mem_util, "allowed_bytes": allowed}

@@ -21,7 +21,8 @@ import signal
 import sys
 import threading
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import MEM_UTIL, Hardware
 
 from playbook.cli.checks import BadInput, check_numbers
 from playbook.cli.run import add_strategies
@@ -39,7 +40,7 @@ def cmd_info(args) -> int:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
-        "cpu_cores": __import__("os").cpu_count(),
+        "cpu_cores": os.cpu_count(),
         "max_local_ranks": max_local_ranks(),
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
@@ -149,7 +150,7 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--model", help=f"default llama-3.1-8b; one of: {', '.join(ModelConfig.presets())}")
     p.add_argument("--hf-config", metavar="CONFIG_JSON", help="instead of --model: a Hugging Face config.json")
     p.add_argument("--hardware", default="h100-sxm", help=f"the device to fit: {', '.join(Hardware.presets())}")
-    p.add_argument("--mem-util", type=float, default=0.9, help="share of the device's memory a rank may fill")
+    p.add_argument("--mem-util", type=float, default=MEM_UTIL, help="share of the device's memory a rank may fill")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (at most the model's max_seq_len)")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per micro-batch")
     p.add_argument("--dp", type=int, default=1, help="data-parallel degree")

@@ -12,7 +12,8 @@ import argparse
 import json
 
 from playbook.cli.checks import BadInput
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import MEM_UTIL, Hardware
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
 from playbook.theory.plan_schedule import PLAN_SCHEDULES
 
@@ -26,16 +27,11 @@ def cmd_serve_plan(args) -> int:
     from playbook.theory.serving_layouts import compare_layouts, recommend
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
-    checks = [  # --gpus, --mem-util, --block-size: their ranges are cli.checks.LIMITS
-        (
-            1 <= args.context <= cfg.max_seq_len,
+    if not 1 <= args.context <= cfg.max_seq_len:  # --gpus, --mem-util, --block-size: cli.checks.LIMITS
+        raise BadInput(
             f"--context {args.context} must be in 1..{cfg.max_seq_len} "
-            f"({args.model}'s max_seq_len); try --context {min(8192, cfg.max_seq_len)}",
-        ),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise BadInput(message)
+            f"({args.model}'s max_seq_len); try --context {min(8192, cfg.max_seq_len)}"
+        )
     rows = compare_layouts(
         cfg,
         hw,
@@ -145,24 +141,22 @@ def cmd_plan(args) -> int:
     if not 2 <= args.replay_ranks <= 8:
         raise BadInput(f"--replay-ranks must be in 2..8 (local ranks), got {args.replay_ranks}; try --replay-ranks 4")
     cfg, hw = _plan_inputs(args)
+    # what a search and a one-layout costing both take from the flags
+    options = dict(gpus_per_node=args.gpus_per_node, mem_util=args.mem_util, activations=args.activations)
+    options |= dict(overlap=args.overlap, precision=args.precision, mesh_order=args.mesh_order)
     if args.layout:
         from playbook.cli.plan_layout import one_layout
 
-        return one_layout(cfg, hw, args)
+        return one_layout(cfg, hw, args, options)
     result = plan(
         cfg,
         hw,
         gpus=args.gpus,
-        gpus_per_node=args.gpus_per_node,
         seq_len=args.seq_len,
         global_batch=args.global_batch,
-        mem_util=args.mem_util,
         attention=args.attention,
-        activations=args.activations,
         schedules=tuple(x for x in args.schedules.split(",") if x),
-        overlap=args.overlap,
-        precision=args.precision,
-        mesh_order=args.mesh_order,
+        **options,
     )
     best = result.candidates[0].layout
     where = dict(
@@ -243,7 +237,7 @@ def add_plan(sub) -> None:
     p.add_argument("--hardware", default="h100-sxm", help=f"one of: {', '.join(Hardware.presets())}")
     p.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence")
     p.add_argument("--global-batch", type=int, default=512, help="sequences per step")
-    p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory a layout may fill")
+    p.add_argument("--mem-util", type=float, default=MEM_UTIL, help="share of GPU memory a layout may fill")
     p.add_argument(
         "--attention",
         default="flash",

@@ -7,8 +7,9 @@ import json
 from playbook.cli.checks import BadInput
 
 
-def one_layout(cfg, hw, args) -> int:
-    """``--layout``: cost one given layout (``theory.plan_layout``) and print it, or its JSON."""
+def one_layout(cfg, hw, args, options: dict) -> int:
+    """``--layout``: cost one given layout (``theory.plan_layout``) and print it, or its JSON;
+    ``options``: the flags' gpus_per_node, mem_util, activations, overlap, precision and mesh_order."""
     from playbook.theory.plan_layout import cost_layout, parse_layout
 
     lay = parse_layout(args.layout, global_batch=args.global_batch)
@@ -17,18 +18,7 @@ def one_layout(cfg, hw, args) -> int:
             f"--layout uses dp·tp·pp·cp = {lay.dp * lay.tp * lay.pp * lay.cp} GPUs but --gpus is {args.gpus}; "
             f"try --gpus {lay.dp * lay.tp * lay.pp * lay.cp}"
         )
-    r = cost_layout(
-        cfg,
-        hw,
-        lay,
-        seq_len=args.seq_len,
-        gpus_per_node=args.gpus_per_node,
-        activations=args.activations,
-        overlap=args.overlap,
-        mem_util=args.mem_util,
-        precision=args.precision,
-        mesh_order=args.mesh_order,
-    )
+    r = cost_layout(cfg, hw, lay, seq_len=args.seq_len, **options)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -50,7 +40,7 @@ def one_layout(cfg, hw, args) -> int:
     )
     ranks = (
         f"rank {r['rank']} of the {r['of']} layouts that fit, {r['rank_recompute']} of the {r['of_recompute']} "
-        f"that fit with recompute={parse_layout(args.layout, global_batch=args.global_batch).recompute}"
+        f"that fit with recompute={lay.recompute}"
     )
     if not r["fits"]:
         ranks = f"unranked, as it does not fit (its step time would place it at {ranks.removeprefix('rank ')})"

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.exercises._common import NotYetWritten, Verdict
 from playbook.serve.kv import PagedKVCache
 from playbook.theory.serving import kv_capacity

@@ -19,7 +19,7 @@ import os
 import statistics
 from collections import defaultdict
 
-from playbook.config import Hardware
+from playbook.hardware import Hardware
 from playbook.theory.step_time import Comm, family, pp_send_bytes, predict_step
 
 # label -> (strategy, options for its rank function, world sizes)

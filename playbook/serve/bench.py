@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.dims import ParallelDims
 from playbook.serve.generate import contiguous_store, forward_step
 from playbook.serve.kv import KVCache

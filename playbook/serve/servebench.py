@@ -28,7 +28,8 @@ from __future__ import annotations
 import functools
 import os
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.dims import ParallelDims
 
 BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "load")

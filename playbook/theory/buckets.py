@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import prod
 
-from playbook.config import Hardware, ModelConfig, require_positive
+from playbook.config import ModelConfig, require_positive
+from playbook.hardware import Hardware
 from playbook.theory.comm import collective_seconds, sent_bytes
 from playbook.theory.flops import compute_seconds, link_bandwidth, step_flops
 

@@ -12,7 +12,8 @@ is not repaid (decode-heavy traffic with short prompts barely stalls at all).
 
 from __future__ import annotations
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory import serving
 
 

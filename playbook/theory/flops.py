@@ -44,7 +44,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from playbook.config import Hardware, ModelConfig, require_positive
+from playbook.config import ModelConfig, require_positive
+from playbook.hardware import Hardware
 from playbook.theory.comm import collective_seconds
 
 BACKWARD_SHARE = 2 / 3  # backward is 4N of the 6N per token: the compute a gradient all-reduce can hide behind

@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 import math
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.flops import attention_head_dims, flops_per_token
 
 TILE = 128  # output tile edge (the guide's §3 examples; cuBLAS picks among 64-256)

@@ -14,7 +14,8 @@ Pure: no torch.
 
 from __future__ import annotations
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.plan_search import Plan, _modelled, _structures, _variants
 
 GPU_FACTORS = (2, 4, 8, 16, 32, 64)

@@ -29,7 +29,7 @@ from playbook.theory.cp import comm_bytes_per_layer, kv_shard_bytes
 from playbook.theory.hybrid import chunk_ranges
 from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer
 from playbook.theory.hybrid_zero import flat_units
-from playbook.theory.plan_schedule import V_SHAPED, boundary_crossings
+from playbook.theory.plan_schedule import V_SHAPED, boundary_crossings, stage_placement
 from playbook.theory.zero import padded
 
 FP32 = 4
@@ -52,8 +52,10 @@ def pp_message_bytes(cfg: ModelConfig, *, micro_batch: int, seq_len: int, cp: in
     return dtype_bytes * micro_batch * (seq_len // cp // tp) * cfg.hidden
 
 
+@functools.lru_cache(maxsize=64)
 def _local(cfg: ModelConfig, tp: int) -> ModelConfig:
-    """The heads one tp rank holds (at least one KV head: a KV head replicated over tp)."""
+    """The heads one tp rank holds (at least one KV head: a KV head replicated over tp); remembered:
+    ``cp_layer`` asks once per micro-batch size and recomputation, and ``replace`` re-validates."""
     return cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=max(cfg.kv_heads // tp, 1), head_dim=cfg.dim_head)
 
 
@@ -140,9 +142,13 @@ def axis_bytes(
         out["pp"] = m * pp_sends(schedule, pp, v) * msg
     if dp * cp > 1:
         degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
-        placement = schedule if schedule in V_SHAPED else "1f1b"
         out["dp"] = dp_bytes(
-            cfg, zero=zero, grad_bytes=grad_bytes, weight_bytes=dtype_bytes, placement=placement, **degrees
+            cfg,
+            zero=zero,
+            grad_bytes=grad_bytes,
+            weight_bytes=dtype_bytes,
+            placement=stage_placement(schedule),
+            **degrees,
         )
     return out
 

@@ -47,7 +47,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.comm import collective_seconds
 from playbook.theory.flops import attention_flops_per_token, flops_per_token
 from playbook.theory.gemm_efficiency import compute_factor
@@ -106,6 +107,11 @@ class StepCost:
     @property
     def total(self) -> float:
         return self.compute + self.bubble + self.exposed
+
+    def mfu(self, gpus: int, peak: float) -> float:
+        """Model FLOPs utilization: useful FLOPs over (step time · GPUs · ``peak``) (Chowdhery et al.
+        2022, arXiv:2204.02311, Appendix B; the planner's peak is BF16's whatever the precision)."""
+        return self.model_flops / (self.total * gpus * peak)
 
     def as_dict(self) -> dict:
         axes = {a: {"comm": c, "exposed": e} for a, (c, e) in self.axes.items()}

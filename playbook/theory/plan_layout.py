@@ -6,11 +6,12 @@ planner's candidates for the same GPUs, sequence and batch. The same functions a
 
 from __future__ import annotations
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.plan_cost import DEFAULT_OVERLAP, step_cost, with_schedule
 from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan_memory import memory_breakdown
-from playbook.theory.plan_schedule import ENDS, V_SHAPED
+from playbook.theory.plan_schedule import ENDS, stage_placement
 from playbook.theory.planner import MEM_UTIL, Layout, plan
 from playbook.theory.stage_balance import stage_imbalance
 
@@ -91,7 +92,7 @@ def cost_layout(
         precision=precision,
         mesh_order=mesh_order,
         grad_bytes=GRAD_REDUCE_BYTES[activations],
-        placement=lay.schedule if lay.schedule in V_SHAPED else "1f1b",
+        placement=stage_placement(lay.schedule),
     )
     imbalance = stage_imbalance(cfg, seq_len, lay.pp, lay.schedule, lay.v, lay.ends)
     cost = with_schedule(
@@ -106,7 +107,7 @@ def cost_layout(
         "fits": total <= budget,
         "margin_bytes": budget - total,
         "step": cost.as_dict(),
-        "mfu": cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops),
+        "mfu": cost.mfu(gpus, hw.peak_bf16_flops),
     }
     if rank:
         batch = lay.dp * lay.micro_batch * lay.microbatches

@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import json
 
-from playbook.config import HARDWARE_DIR, Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import HARDWARE_DIR, Hardware
 from playbook.theory.flops import attention_flops_per_token, flops_per_token
 
 PRECISIONS = ("bf16", "fp8")

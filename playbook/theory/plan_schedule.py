@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import functools
 
-from playbook.theory.schedules import _interleaved, _one_f_one_b, check_pipeline, closed_form
+from playbook.theory.schedule_orders import _interleaved, _one_f_one_b
+from playbook.theory.schedules import check_pipeline, closed_form
 
 PLAN_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 V_CHOICES = (2, 3, 4, 6, 8)  # chunks per stage tried for the interleaved schedule
@@ -74,6 +75,14 @@ def bubble_fraction(name: str, p: int, m: int, v: int = 1) -> float:
         return (p - 1) / m
     f, b, w = (1.0, 2.0, 0.0) if name != "zb-h1" else (1.0, 1.0, 1.0)
     return closed_form(name, p, m, v, f=f, b=b, w=w)["bubble_over_ideal"]
+
+
+def stage_placement(name: str) -> str:
+    """The stage placement schedule ``name`` uses, which sets the data axis's most loaded rank
+    (``plan_bytes.dp_groups``): "zb-v" for either V shape (both put rank r's two chunks on stages r
+    and 2p − 1 − r, ``theory.rank_params.chunk_ranges``), "1f1b" for the rest: one name per placement,
+    so a search costs each once."""
+    return V_SHAPED[0] if name in V_SHAPED else "1f1b"
 
 
 def boundary_crossings(name: str, v: int) -> int:

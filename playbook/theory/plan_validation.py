@@ -75,7 +75,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.flops import attention_flops_per_token, flops_per_token
 from playbook.theory.plan_cost import DEFAULT_OVERLAP
 from playbook.theory.plan_layout import cost_layout, parse_layout

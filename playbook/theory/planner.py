@@ -24,8 +24,8 @@ that fits is the layout's candidate, the slower ones counted as dominated. Pure:
 from __future__ import annotations
 
 
-from playbook.config import MEM_UTIL as CONFIG_MEM_UTIL
-from playbook.config import Hardware, ModelConfig, require_positive
+from playbook.config import ModelConfig, require_positive
+from playbook.hardware import MEM_UTIL, Hardware
 from playbook.theory.memory import ATTENTION, RECOMPUTE, ZERO_STAGES
 from playbook.theory.plan_advice import batch_advice, nothing_fits, nothing_plans
 from playbook.theory.plan_dp import GRAD_REDUCE_BYTES
@@ -39,7 +39,7 @@ from playbook.theory.plan_cost import (
 )
 from playbook.theory.plan_memory import _memory_key, _needs_more, memory_breakdown, memory_bytes  # noqa: F401
 from playbook.theory.plan_memory import placement_states
-from playbook.theory.plan_schedule import PLAN_SCHEDULES, V_SHAPED, check_schedules
+from playbook.theory.plan_schedule import PLAN_SCHEDULES, V_SHAPED, check_schedules, stage_placement
 from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan: the planner's public types)
     MAX_MICRO_BATCH,
     Candidate,
@@ -54,9 +54,9 @@ from playbook.theory.plan_search import (  # noqa: F401 (Layout, Candidate, Plan
 from playbook.theory.prod_activations import check_activations
 from playbook.theory.stage_balance import stage_imbalance
 
-# Share of the device's memory (``Hardware.capacity_bytes``: what the driver reports where the profile
-# knows it, e.g. 81,559 MiB on an "80 GB" H100) a plan may fill: the product's one rule (``config.MEM_UTIL``).
-MEM_UTIL = CONFIG_MEM_UTIL
+# MEM_UTIL (imported above, and from here by the notebooks): the share of the device's memory
+# (``Hardware.capacity_bytes``: what the driver reports where the profile knows it, e.g. 81,559 MiB on
+# an "80 GB" H100) a plan may fill: the product's one rule (``playbook.hardware.MEM_UTIL``).
 
 
 def plan(
@@ -135,9 +135,10 @@ def plan(
         zeros = tuple(sorted({v.zero for v in variants}))
         by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute, placement) -> 1F1B cost per ZeRO stage
         for v in variants:
-            if (v.micro_batch, v.recompute, _placement(v)) not in by_zero:
+            key = (v.micro_batch, v.recompute, stage_placement(v.schedule))
+            if key not in by_zero:
                 plain = by_zero.get((v.micro_batch, v.recompute, "1f1b"))  # a V changes only dp's units
-                by_zero[v.micro_batch, v.recompute, _placement(v)] = step_costs(
+                by_zero[key] = step_costs(
                     cfg,
                     hw,
                     zeros=zeros,
@@ -146,13 +147,13 @@ def plan(
                     micro_batch=v.micro_batch,
                     microbatches=v.microbatches,
                     recompute=v.recompute,
-                    placement=_placement(v),
+                    placement=key[2],
                     **timing,
                     **common,
                 )
 
         def base(v: Layout) -> StepCost:
-            return by_zero[v.micro_batch, v.recompute, _placement(v)][v.zero]
+            return by_zero[v.micro_batch, v.recompute, stage_placement(v.schedule)][v.zero]
 
         def total(v: Layout) -> tuple[float, int]:
             return scheduled_total(base(v), **at(v)), -v.zero
@@ -176,7 +177,7 @@ def plan(
             mem = memory_bytes(cfg, v, seq_len, attention, activations)
             if mem <= budget:
                 cost = with_schedule(base(v), **at(v))
-                mfu = cost.model_flops / (cost.total * gpus * hw.peak_bf16_flops)
+                mfu = cost.mfu(gpus, hw.peak_bf16_flops)
                 out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
                 out.dominated += len(order) - i - 1
                 break
@@ -192,8 +193,3 @@ def plan(
         )
     out.candidates.sort(key=lambda c: (c.cost.total, c.memory))
     return out
-
-
-def _placement(lay: Layout) -> str:
-    """The stage placement that sets the data axis's most loaded rank (``plan_bytes.dp_groups``)."""
-    return lay.schedule if lay.schedule in V_SHAPED else "1f1b"

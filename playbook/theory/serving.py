@@ -38,7 +38,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from playbook.config import Hardware, ModelConfig, divisors, require_positive
+from playbook.config import ModelConfig, divisors, require_positive
+from playbook.hardware import Hardware
 from playbook.theory import allreduce_algo
 from playbook.theory.comm import collective_seconds, sent_bytes
 from playbook.theory.flops import flops_per_token

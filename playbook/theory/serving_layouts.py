@@ -8,7 +8,8 @@ Units: bytes, seconds, tokens/s. Pure arithmetic, no torch.
 
 from __future__ import annotations
 
-from playbook.config import Hardware, ModelConfig, divisors, require_positive
+from playbook.config import ModelConfig, divisors, require_positive
+from playbook.hardware import Hardware
 from playbook.theory.serving import BLOCK_SIZE, RING_STEP, decode, kv_capacity, prefill
 
 

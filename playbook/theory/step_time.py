@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from playbook.config import Hardware, ModelConfig, require_positive
+from playbook.config import ModelConfig, require_positive
+from playbook.hardware import Hardware
 from playbook.theory.comm import ring_steps
 from playbook.theory.flops import step_flops
 from playbook.theory.schedules import closed_form, make_schedule

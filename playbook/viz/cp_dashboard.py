@@ -10,7 +10,8 @@ import html
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory import cp as th
 from playbook.viz.cp import score_matrix
 from playbook.viz.figures import format_value

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.buckets import MIB, Bucket, predict_dp_step
 
 # One colour per span name in every DP figure, so naive, bucketed, DDP and predictions read alike.

@@ -10,7 +10,8 @@ import html
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.buckets import bucket_cap_bytes
 from playbook.viz.dp import predict_both, predicted_timelines
 from playbook.viz.figures import format_value

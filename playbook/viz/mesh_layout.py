@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from playbook.config import Hardware
+from playbook.hardware import Hardware
 from playbook.dims import AXES, ParallelDims
 from playbook.viz.figures import _layout
 

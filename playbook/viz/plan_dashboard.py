@@ -17,7 +17,8 @@ from functools import lru_cache
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.plan_cost import DEFAULT_OVERLAP
 from playbook.theory.plan_schedule import PLAN_SCHEDULES
 from playbook.theory.planner import Plan, plan

@@ -11,7 +11,8 @@ import html
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.tp import layer_comm, layer_seconds, params_per_rank, tp_block_activation_breakdown, valid_tp
 from playbook.viz.figures import format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars

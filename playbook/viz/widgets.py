@@ -11,7 +11,8 @@ import html
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from playbook.config import MEM_UTIL, Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import MEM_UTIL, Hardware
 from playbook.theory.memory import inference_memory, training_memory
 from playbook.viz.figures import format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars
@@ -115,7 +116,7 @@ def _summary(
 ) -> str:
     s = unit_scale(unit)
     fmt = lambda b: f"{format_value(b / s)} {unit}"  # noqa: E731
-    cap, psi = hw.usable_bytes, cfg.num_params()  # the product's one rule (config.MEM_UTIL)
+    cap, psi = hw.usable_bytes, cfg.num_params()  # the product's one rule (hardware.MEM_UTIL)
     where = f"{MEM_UTIL * 100:.0f} % of the {fmt(hw.capacity_bytes)} it reports"
 
     def fits(total: float) -> str:

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from playbook.config import Hardware, ModelConfig
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
 from playbook.theory.memory import training_memory
 from playbook.theory.zero import STAGES, zero_comm_per_step
 from playbook.viz.figures import _layout, format_value, unit_scale
