@@ -56,7 +56,7 @@ from playbook.theory.plan_dp import GRAD_BYTES, dp_seconds, overlapped
 from playbook.theory.plan_precision import FP8_DISPATCH_SHARE, time_factor
 from playbook.theory.plan_bytes import cp_layer, pp_message_bytes, pp_sends
 from playbook.theory.plan_schedule import bubble_fraction
-from playbook.theory.stage_balance import stage_imbalance
+from playbook.theory.stage_balance import pipeline_idle, stage_imbalance
 
 # Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
 # "megatron-tp". dp: gradient buckets reduced during the backward and weights gathered ahead of use
@@ -93,7 +93,7 @@ def _per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float, float, flo
 @dataclass(frozen=True)
 class StepCost:
     """Seconds of one step: compute (the average rank's), bubble (the pipeline's idle time: fill and
-    drain, and the wait on the busiest rank, :func:`pipeline_idle`), and per axis (comm, exposed)."""
+    drain, and the wait on the busiest rank, ``stage_balance.pipeline_idle``), and per axis (comm, exposed)."""
 
     compute: float
     bubble: float
@@ -264,18 +264,11 @@ def step_costs(
     return out
 
 
-def pipeline_idle(compute: float, exposed: float, fraction: float, imbalance: float) -> float:
-    """Seconds the average rank idles in a pipeline: the busiest rank's extra work (``imbalance``, its
-    FLOPs over the average's, ``theory.stage_balance``), and the bubble, ``fraction`` of the busiest
-    rank's pipelined time (its compute and the exposed tp, cp, ep and pp time of the m micro-batches)."""
-    return compute * (imbalance - 1) + (compute * imbalance + exposed) * fraction
-
-
 def with_schedule(
     base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float = 1.0
 ) -> StepCost:
     """``base`` (a 1F1B step) under another schedule: pp's point-to-point time times the boundaries
-    crossed, and the idle time (:func:`pipeline_idle`) from the new pipelined time and the
+    crossed, and the idle time (``stage_balance.pipeline_idle``) from the new pipelined time and the
     schedule's ``imbalance`` (``stage_balance.stage_imbalance``); the rest does not depend on it."""
     if pp == 1:
         return base

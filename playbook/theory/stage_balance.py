@@ -2,7 +2,7 @@
 state every rank waits for the slowest (Narayanan et al. 2021, arXiv:2104.04473, §2.2), so a step
 lasts m micro-batches of the busiest rank's work, not of the average. The planner's compute is the
 average (the step's FLOPs over every GPU); :func:`stage_imbalance` is the busiest rank's FLOPs over
-that average, and ``plan_cost`` counts the difference as pipeline idle time beside the bubble.
+that average, and :func:`pipeline_idle` counts the difference as idle time beside the bubble.
 
 What makes ranks unequal: the output head (6·h·V FLOPs per token for training, a fifth of a layer of
 Megatron-LM's 1.7B GPT with a 51,200 vocabulary and more than one whole layer of it when a stage holds few)
@@ -51,3 +51,10 @@ def stage_imbalance(
     if pp == 1:
         return 1.0
     return max(rank_flops_per_token(cfg, seq_len, pp, schedule, v, ends)) * pp / flops_per_token(cfg, seq_len)
+
+
+def pipeline_idle(compute: float, exposed: float, fraction: float, imbalance: float) -> float:
+    """Seconds the average rank idles in a pipeline: the busiest rank's extra work (``imbalance``, its
+    FLOPs over the average's, ``theory.stage_balance``), and the bubble, ``fraction`` of the busiest
+    rank's pipelined time (its compute and the exposed tp, cp, ep and pp time of the m micro-batches)."""
+    return compute * (imbalance - 1) + (compute * imbalance + exposed) * fraction
