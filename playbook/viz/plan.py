@@ -4,7 +4,8 @@ Pure functions from a :class:`playbook.theory.planner.Plan` (or its candidates) 
 ``viz.table.table`` and to plotly figures; no processes, no widgets. The step time is the planner's
 own breakdown (``playbook.theory.plan_cost.StepCost``): compute, the *exposed* communication of
 each mesh axis (what overlap with compute does not hide), and the pipeline bubble (Narayanan et
-al. 2021, arXiv:2104.04473, §2.2, §3.3). The bars of a candidate sum to its predicted step time.
+al. 2021, arXiv:2104.04473, §2.2, §3.3): fill and drain, and the wait on the busiest stage
+(``theory.stage_balance``). The bars of a candidate sum to its predicted step time.
 """
 
 from __future__ import annotations
