@@ -14,11 +14,14 @@ published MFU = X / 312 TFLOP/s × model / eq. 3. Their GPT's MLP is GeLU of wid
 ours is SwiGLU, so each model is a SwiGLU of width 8·round(h/3) (the same 8h² weights, and the same
 saved MLP tensors: h + 4h + 4h per token either way), tied embeddings, multi-head attention. As
 §5.1 states: "the interleaved pipeline schedule with the scatter/gather optimization enabled", and
-full recomputation (eq. 3 counts it). Assumed where the paper is silent: micro-batch 1 (Table 1
-does not print it; §5.5 finds 2 best for one 91B model and calls the best "model-dependent"), v
-chunks per stage (not printed either: we cost every v that gives each chunk the same whole number of
-layers and keep the fastest, :func:`megatron_v`), no ZeRO (Megatron-LM's distributed optimizer came
-later). Ranked among 1F1B and interleaved layouts without ZeRO.
+full recomputation (eq. 3 counts it); its communication as the 2021 stack ran it, none of it
+overlapped (``overlap="none"``: the local DDP all-reduced the gradients after the last backward).
+Where the paper is silent the planner chooses, as it would for its own layouts: the micro-batch
+(Table 1 does not print it; §5.5 finds 2 best for one 91B model and calls the best
+"model-dependent") among 1, 2, 4, 8, and the chunks per stage v among those that give each chunk the
+same whole number of layers, the fastest pair that fits (:func:`megatron_unprinted`); no ZeRO
+(Megatron-LM's distributed optimizer came later). Ranked among 1F1B and interleaved layouts
+without ZeRO.
 
 **Llama 3** (Dubey et al. 2024, arXiv:2407.21783, Table 4): 405B on 80 GB H100s, BF16 MFU 43 %
 (8,192 GPUs), 41 % (16,384) at 8K tokens, 38 % at 128K; TP8·PP16 with DP64 / DP128, and
