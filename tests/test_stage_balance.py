@@ -49,7 +49,7 @@ def test_the_wait_on_the_busiest_rank_is_pipeline_idle_time():
     """with_schedule: at imbalance 1.2 a step idles 0.2 × compute beyond the bubble (of the busiest
     rank's time, 1.2 × compute + its exposed communication)."""
     base = StepCost(compute=10.0, bubble=0.0, axes={"pp": (1.0, 1.0), "dp": (3.0, 2.0)}, model_flops=1.0)
-    even = with_schedule(base, pp=4, microbatches=8, schedule="1f1b", v=1)
+    even = with_schedule(base, pp=4, microbatches=8, schedule="1f1b", v=1, imbalance=1.0)
     slow = with_schedule(base, pp=4, microbatches=8, schedule="1f1b", v=1, imbalance=1.2)
     assert even.bubble == pytest.approx((10 + 1) * 3 / 8)
     assert slow.bubble == pytest.approx(0.2 * 10 + (12 + 1) * 3 / 8)

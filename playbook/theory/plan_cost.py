@@ -61,8 +61,9 @@ from playbook.theory.stage_balance import pipeline_idle, stage_imbalance
 # Which axes' collectives a stack overlaps with compute (``overlap=``); the planner's default is
 # "megatron-tp". dp: gradient buckets reduced during the backward and weights gathered ahead of use
 # (``plan_dp``; PyTorch DDP, Li et al. 2020, arXiv:2006.15704); "none" overlaps nothing, as
-# Megatron-LM's 2021 local DDP, which all-reduced after the whole backward. tp: a collective matmul, the all-gather / reduce-scatter cut into t chunks each
-# overlapped with the GEMM on the previous one, so only the first chunk is exposed (Wang et al. 2023,
+# Megatron-LM's 2021 local DDP, which all-reduced after the whole backward. tp: a collective matmul,
+# the all-gather / reduce-scatter cut into t chunks each overlapped with the GEMM on the previous
+# one, so only the first chunk is exposed (Wang et al. 2023,
 # "Overlap communication with dependent computation via decomposition", ASPLOS 2023, doi:10.1145/3567955.3567959;
 # Megatron-LM's --tp-comm-overlap). ep and pp: DeepSeek-V3's DualPipe runs one micro-batch's
 # all-to-all and pipeline sends under another's compute (DeepSeek-AI 2024, arXiv:2412.19437,
@@ -264,9 +265,7 @@ def step_costs(
     return out
 
 
-def with_schedule(
-    base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float = 1.0
-) -> StepCost:
+def with_schedule(base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float) -> StepCost:
     """``base`` (a 1F1B step) under another schedule: pp's point-to-point time times the boundaries
     crossed, and the idle time (``stage_balance.pipeline_idle``) from the new pipelined time and the
     schedule's ``imbalance`` (``stage_balance.stage_imbalance``); the rest does not depend on it."""
@@ -281,9 +280,7 @@ def with_schedule(
     return StepCost(base.compute, bubble, axes, base.model_flops)
 
 
-def scheduled_total(
-    base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float = 1.0
-) -> float:
+def scheduled_total(base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float) -> float:
     """``with_schedule(base, ...).total`` (the same sums in the same order, so the same float) without
     building the StepCost: the search orders every variant by it and builds only those it tries."""
     if pp == 1:
