@@ -13,7 +13,7 @@ import functools
 
 from playbook.config import ModelConfig
 from playbook.theory.memory import RECOMPUTE, model_state_bytes, training_memory
-from playbook.theory.plan_schedule import V_SHAPED, chunk_layers
+from playbook.theory.plan_schedule import V_SHAPED, chunk_layers, chunks_per_rank
 from playbook.theory.prod_activations import in_flight, production_rank_activations
 from playbook.theory.rank_params import chunk_ranges
 from playbook.theory.stages import _stage_params
@@ -24,7 +24,7 @@ def rank_chunks(cfg: ModelConfig, pp: int, rank: int, schedule: str, v: int, end
     """The chunks pipeline rank ``rank`` holds, each (first layer, layers, holds the embedding, holds
     the head): "even" as ``theory.rank_params.chunk_ranges`` places the pieces (Megatron's loop, or
     the V), "light" with ``plan_schedule.chunk_layers``' sizes, chunk c on virtual stage c·p + rank."""
-    L = cfg.n_layers
+    L, v = cfg.n_layers, chunks_per_rank(schedule, v)
     if ends == "even":
         pieces = chunk_ranges(cfg, pp, rank, schedule, v)
     else:
@@ -112,10 +112,9 @@ def memory_breakdown(
     state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
     if lay.pp == 1:
         return dict(zip(("params", "grads", "optimizer"), state[:3]), activations=acts[0])
-    v_state = 2 if schedule in V_SHAPED else v
     rows = []
     for rank, act in acts.items():
-        chunks = rank_chunks(cfg, lay.pp, rank, schedule, v_state, ends)
+        chunks = rank_chunks(cfg, lay.pp, rank, schedule, v, ends)
         state = rank_state(cfg, tuple(lay.degrees.items()), zero, accum, chunks)
         rows.append((sum(state) + act, dict(zip(("params", "grads", "optimizer"), state), activations=act)))
     return max(rows, key=lambda row: row[0])[1]
@@ -143,12 +142,10 @@ def placement_states(cfg: ModelConfig, v, activations: str = "production") -> tu
     one ZeRO stage, placement (a V or not, v) and ends."""
     if activations != "production" or v.pp == 1:
         return ()
-    v_state = 2 if v.schedule in V_SHAPED else v.v
     ranks = range(v.pp) if v.ends != "even" else (0,) if v.schedule in V_SHAPED else (0, v.pp - 1)
     accum, degrees = "main_grad" if v.zero < 3 else False, tuple(v.degrees.items())
     return tuple(
-        sum(rank_state(cfg, degrees, v.zero, accum, rank_chunks(cfg, v.pp, r, v.schedule, v_state, v.ends)))
-        for r in ranks
+        sum(rank_state(cfg, degrees, v.zero, accum, rank_chunks(cfg, v.pp, r, v.schedule, v.v, v.ends))) for r in ranks
     )
 
 

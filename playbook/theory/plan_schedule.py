@@ -85,10 +85,16 @@ def stage_placement(name: str) -> str:
     return V_SHAPED[0] if name in V_SHAPED else "1f1b"
 
 
-def boundary_crossings(name: str, v: int) -> int:
-    """Stage boundaries one micro-batch crosses per direction, in units of the p − 1 of 1F1B: v for
-    interleaved, 2 for the V shapes (down and back up; the turn stays on one rank)."""
+def chunks_per_rank(name: str, v: int) -> int:
+    """Model chunks one pipeline rank holds under schedule ``name``: v interleaved, 2 on a V, else 1."""
     return v if name == "interleaved" else 2 if name in V_SHAPED else 1
+
+
+def boundary_crossings(name: str, v: int) -> int:
+    """Stage boundaries one micro-batch crosses per direction, in units of the p − 1 of 1F1B: one per
+    chunk a rank holds (:func:`chunks_per_rank`), v interleaved, 2 on a V (down and back up; the
+    turn stays on one rank)."""
+    return chunks_per_rank(name, v)
 
 
 def chunk_layers(n_layers: int, p: int, v: int = 1, ends: str = "even") -> tuple[int, ...]:

@@ -20,7 +20,6 @@ import functools
 from playbook.config import ModelConfig
 from playbook.theory.flops import flops_per_token
 from playbook.theory.plan_memory import rank_chunks
-from playbook.theory.plan_schedule import V_SHAPED
 
 
 def head_flops_per_token(cfg: ModelConfig) -> float:
@@ -36,7 +35,6 @@ def rank_flops_per_token(
     Megatron's loop, the V, or Llama 3's light ends), and the head on the rank that holds it."""
     head = head_flops_per_token(cfg)
     layer = (flops_per_token(cfg, seq_len) - head) / cfg.n_layers
-    v = 2 if schedule in V_SHAPED else v
     return tuple(
         sum(n * layer + holds_head * head for _, n, _, holds_head in rank_chunks(cfg, pp, r, schedule, v, ends))
         for r in range(pp)
