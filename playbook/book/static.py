@@ -141,13 +141,13 @@ def static_pipeline(
     Gantt chart over schedule × p × m (v chunks per rank for the interleaved one, two for the V
     schedules; a setting a schedule refuses, DualPipe-V's m < 2p, says why in its title)."""
     from playbook.theory.schedule_simulator import simulate
-    from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, make_schedule
+    from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, chunks_per_rank, make_schedule
     from playbook.viz.pp import gantt
 
     ps, ms = sorted({2, 4, 8, p}), sorted({1, 2, 4, 8, 16, m})
 
     def build(schedule, p, m):
-        vv = v if schedule == "interleaved" else (2 if schedule in V_SCHEDULES else 1)
+        vv = chunks_per_rank(schedule, v)
         tl = simulate(make_schedule(schedule, p, m, vv))
         return gantt(tl, title=f"{schedule}: p={p}, m={m}" + (f", v={vv}" if vv > 1 else "") + " (F = 1, B = 1, W = 1)")
 

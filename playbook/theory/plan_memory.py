@@ -13,7 +13,8 @@ import functools
 
 from playbook.config import ModelConfig
 from playbook.theory.memory import RECOMPUTE, model_state_bytes, training_memory
-from playbook.theory.plan_schedule import V_SHAPED, chunk_layers, chunks_per_rank
+from playbook.theory.plan_schedule import V_SHAPED, chunk_layers
+from playbook.theory.schedules import chunks_per_rank
 from playbook.theory.prod_activations import in_flight, production_rank_activations
 from playbook.theory.rank_params import chunk_ranges
 from playbook.theory.stages import _stage_params

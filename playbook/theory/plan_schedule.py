@@ -32,11 +32,11 @@ from __future__ import annotations
 import functools
 
 from playbook.theory.schedule_orders import _interleaved, _one_f_one_b
-from playbook.theory.schedules import check_pipeline, closed_form
+from playbook.theory.schedules import V_SCHEDULES, check_pipeline, chunks_per_rank, closed_form
 
 PLAN_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 V_CHOICES = (2, 3, 4, 6, 8)  # chunks per stage tried for the interleaved schedule
-V_SHAPED = ("zb-v", "dualpipe-v")
+V_SHAPED = V_SCHEDULES  # the planner's name for chapter 4's V-shaped schedules
 ENDS = ("even", "light")  # layers per virtual stage (module docstring)
 
 
@@ -83,11 +83,6 @@ def stage_placement(name: str) -> str:
     and 2p − 1 − r, ``theory.rank_params.chunk_ranges``), "1f1b" for the rest: one name per placement,
     so a search costs each once."""
     return V_SHAPED[0] if name in V_SHAPED else "1f1b"
-
-
-def chunks_per_rank(name: str, v: int) -> int:
-    """Model chunks one pipeline rank holds under schedule ``name``: v interleaved, 2 on a V, else 1."""
-    return v if name == "interleaved" else 2 if name in V_SHAPED else 1
 
 
 def boundary_crossings(name: str, v: int) -> int:

@@ -63,6 +63,11 @@ DEFINITIONS = {
 }
 
 
+def chunks_per_rank(name: str, v: int) -> int:
+    """Model chunks one pipeline rank holds under schedule ``name``: v interleaved, 2 on a V, else 1."""
+    return v if name == "interleaved" else 2 if name in V_SCHEDULES else 1
+
+
 def check_pipeline(p: int, m: int, v: int = 1, *, name: str = "1f1b", n_layers: int | None = None) -> None:
     """Raise ``ValueError`` naming the broken constraint and values that would work."""
     for label, value in (("p (pipeline stages)", p), ("m (micro-batches)", m), ("v (chunks per rank)", v)):

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playbook.theory.schedule_simulator import Costs, Timeline, simulate
-from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, closed_form, make_schedule
+from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, chunks_per_rank, closed_form, make_schedule
 from playbook.viz.widgets import fit_controls, show_figure
 
 KIND_COLORS = {"F": "#3b7dd8", "B": "#e4572e", "W": "#52a852"}
@@ -112,7 +112,7 @@ def bubble_vs_m(
     colors = {"gpipe": "#7f7f7f", "1f1b": "#3b7dd8", "interleaved": "#8a63b8", "zb-h1": "#52a852"}
     colors |= {"zb-v": "#d9822b", "dualpipe-v": "#c0392b"}
     for name in (*SCHEDULES, *V_SCHEDULES):
-        vv = v if name == "interleaved" else (2 if name in V_SCHEDULES else 1)
+        vv = chunks_per_rank(name, v)
         xs = [m for m in ms if not (name == "interleaved" and m % p) and not (name == "dualpipe-v" and m < 2 * p)]
         sim = [simulate(make_schedule(name, p, m, vv), costs).bubble()[definition] for m in xs]
         fig.add_trace(
@@ -196,7 +196,7 @@ def pipeline_explorer(
     def update(_change=None) -> None:
         s = {k: ctl.value for k, ctl in c.items()}
         is_v = s["schedule"] in V_SCHEDULES  # the V placement: always two chunks per rank
-        vv = s["v"] if s["schedule"] == "interleaved" else (2 if is_v else 1)
+        vv = chunks_per_rank(s["schedule"], s["v"])
         c["v"].disabled = s["schedule"] != "interleaved"  # only the interleaved schedule has a choice of chunks
         c["v"].tooltip = "chunks per rank: the interleaved schedule takes any v; zb-v and dualpipe-v have 2"
         try:
