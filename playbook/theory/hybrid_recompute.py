@@ -31,8 +31,9 @@ FP32 = 4
 
 
 def local_heads(cfg: ModelConfig, tp: int) -> ModelConfig:
-    """``cfg`` with the a/tp query and g/tp key/value heads one tp rank holds (head dim unchanged)."""
-    return cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=cfg.kv_heads // tp, head_dim=cfg.dim_head)
+    """``cfg`` with the a/tp query and g/tp key/value heads one tp rank holds (head dim unchanged; at
+    least one KV head: where tp exceeds g, a KV head is replicated over tp)."""
+    return cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=max(cfg.kv_heads // tp, 1), head_dim=cfg.dim_head)
 
 
 def positions_bytes(dims: ParallelDims, seq_len: int, recompute: str) -> int:

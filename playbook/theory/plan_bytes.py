@@ -27,7 +27,7 @@ from playbook.dims import ParallelDims
 from playbook.theory.comm import sent_bytes
 from playbook.theory.cp import comm_bytes_per_layer, kv_shard_bytes
 from playbook.theory.hybrid import chunk_ranges
-from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer
+from playbook.theory.hybrid_recompute import cp_replay_bytes_per_layer, local_heads
 from playbook.theory.hybrid_zero import flat_units
 from playbook.theory.plan_schedule import V_SHAPED, boundary_crossings, stage_placement
 from playbook.theory.zero import padded
@@ -52,11 +52,7 @@ def pp_message_bytes(cfg: ModelConfig, *, micro_batch: int, seq_len: int, cp: in
     return dtype_bytes * micro_batch * (seq_len // cp // tp) * cfg.hidden
 
 
-@functools.lru_cache(maxsize=64)
-def _local(cfg: ModelConfig, tp: int) -> ModelConfig:
-    """The heads one tp rank holds (at least one KV head: a KV head replicated over tp); remembered:
-    ``cp_layer`` asks once per micro-batch size and recomputation, and ``replace`` re-validates."""
-    return cfg.replace(n_heads=cfg.n_heads // tp, n_kv_heads=max(cfg.kv_heads // tp, 1), head_dim=cfg.dim_head)
+_local = functools.lru_cache(maxsize=64)(local_heads)  # cp_layer asks per b and recompute; replace re-validates
 
 
 @functools.lru_cache(maxsize=4096)
