@@ -245,19 +245,18 @@ def validate(run: PublishedRun, *, rank: bool = True) -> dict:
     }
     row["ratio_compared"] = row["ratio_causal"] if run.compare == "causal" else row["ratio"]
     if causal:
-        row["attention_utilization"] = implied_attention_utilization(run, r)
+        row["attention_utilization"] = implied_attention_utilization(run, r, hw)
     if rank:
         row |= {"rank": r["rank_recompute"], "of": r["of_recompute"], "rank_stack": r["rank"], "of_stack": r["of"]}
         row["top_quarter"] = r["fits"] and row["rank"] <= TOP * row["of"]
     return row
 
 
-def implied_attention_utilization(run: PublishedRun, cost: dict) -> dict[str, float]:
+def implied_attention_utilization(run: PublishedRun, cost: dict, hw: Hardware) -> dict[str, float]:
     """Per reading of the published MFU ("palm", "causal"), the share of peak a causal attention
     kernel (the masked half skipped) would have run at for the published step time, if everything
     else took the planner's predicted time (``cost``: ``cost_layout``'s); and "planner": the
     planner's own. Module docstring."""
-    hw = Hardware.preset(run.hardware)
     train, attention = flops_per_token(run.cfg, run.seq_len), attention_flops_per_token(run.cfg, run.seq_len)
     tokens, peak = run.global_batch * run.seq_len, cost["gpus"] * hw.peak_bf16_flops
     executed = tokens * attention / 2  # a causal kernel's FLOPs over all GPUs
