@@ -10,7 +10,7 @@
 # CPU wheel index when there is no GPU; empty for pip's usual index) choose another build.
 # pip runs only when pyproject.toml changed since the last successful setup (a stamp in the venv).
 # The JupyterLab browser tests (tests/browser) run when Chromium and Playwright are present, and then
-# they are what executes the chapters (else tests/test_book.py does); under CI=true their absence is an error.
+# they are what executes the chapters (else tests/book/test_book.py does); under CI=true their absence is an error.
 set -euo pipefail
 cd "$(dirname "$0")"
 venv="${PLAYBOOK_VENV:-.venv}"
@@ -64,17 +64,17 @@ stage_done lint
 browser="$(python -c 'import sys; sys.path.insert(0, "tests"); from browser.conftest import why_not_here; print(why_not_here() or "")')"
 # In tests/, each chapter is executed once: by Run All in JupyterLab when a browser is here (tests/browser fails
 # on any error output, a cell left unrun or a timeout, and checks every widget), which keeps the executed copy
-# in build/executed/; tests/test_book.py then builds the book from those copies (else it executes the chapters).
+# in build/executed/; tests/book/test_book.py then builds the book from those copies (else it executes the chapters).
 # nbmake executes every chapter once more, as a course that adopts them does in its own CI.
 if [ -z "$browser" ]; then
   say "tests: every chapter in JupyterLab under headless Chromium, then the book built from those runs; the other tests"
-  chapters=(tests/browser tests/test_book.py)
+  chapters=(tests/browser tests/book/test_book.py)
 elif [ "${CI:-}" = true ]; then
   say "CI=true, and the JupyterLab browser tests cannot run: $browser" >&2
   exit 1
 else
-  say "tests: tests/test_book.py executes every chapter; the other tests; browser tests skipped: $browser"
-  chapters=(tests/test_book.py)
+  say "tests: tests/book/test_book.py executes every chapter; the other tests; browser tests skipped: $browser"
+  chapters=(tests/book/test_book.py)
 fi
 # Three pytest runs side by side, each with its own ranks and kernels: on 2 cores each leaves a core idle
 # much of the time (a browser that draws, a kernel that waits on its ranks, a test waiting on a subprocess),
@@ -86,7 +86,7 @@ fi
 say "beside them: the other tests in tests/, and pytest --nbmake notebooks/ (every chapter executed as a course's CI would; each cell within 120 s)"
 logs="$(mktemp -d)" started=$(date +%s)
 # (trap - INT: bash starts a command put in the background with Ctrl-C ignored, and the tests of Ctrl-C need it)
-(trap - INT; exec python -m pytest tests --ignore=tests/browser --ignore=tests/test_book.py --durations=15 "$@") >"$logs/tests" 2>&1 &
+(trap - INT; exec python -m pytest tests --ignore=tests/browser --ignore=tests/book/test_book.py --durations=15 "$@") >"$logs/tests" 2>&1 &
 testspid=$!
 (trap - INT; exec python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@") >"$logs/nbmake" 2>&1 &
 nbpid=$!

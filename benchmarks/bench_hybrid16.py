@@ -9,7 +9,7 @@ load shown, under 3 s on 2 cores"):
   have in common, so it is what they cost the machine together);
 - ``first_call_s``: the first training call, which builds the mesh's process groups;
 - ``step_s``: the median over the steps after the first of one training step (the slowest rank
-  sets it), with ZeRO-1 over dp×cp and sequence parallelism, as tests/test_hybrid16.py runs it;
+  sets it), with ZeRO-1 over dp×cp and sequence parallelism, as tests/parallel/hybrid/test_hybrid16.py runs it;
 - ``loadavg_before`` / ``loadavg_after``: /proc/loadavg. Above ~2 on 2 cores other work was
   competing for them and the figures say more about the load than about the code.
 """
@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     from playbook.cluster import Ranks
     from playbook.dims import ParallelDims
-    from playbook.parallel.hybrid.parallelize import Plan
+    from playbook.theory.hybrid.plan import Plan
     from playbook.parallel.training import TrainSetup
 
     setup = TrainSetup(steps=args.steps)

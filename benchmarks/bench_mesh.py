@@ -8,7 +8,7 @@ Reports (issue: "8 gloo ranks start in under 6 s, one dp2×tp2×pp2 step of gpt-
 - ``mesh_s``: the first call that builds the dp2×tp2×pp2 mesh's groups, and ``mesh_again_s`` a
   call that finds them cached;
 - ``step_s``: median seconds of one training step of gpt-tiny on dp2×tp2×pp2 (steps after the first);
-- with ``--matrix``: the wall time of ``pytest tests/test_hybrid.py``.
+- with ``--matrix``: the wall time of ``pytest tests/parallel/hybrid/test_hybrid.py``.
 Every figure comes with the 1-minute load average it was measured under: on a busy 2-core machine
 the numbers mean little (os.getloadavg() above ~2 means other work was competing).
 """
@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     from playbook.cluster import Ranks
     from playbook.dims import ParallelDims
-    from playbook.parallel.hybrid.parallelize import Plan
+    from playbook.theory.hybrid.plan import Plan
     from playbook.parallel.training import TrainSetup
 
     out = {"load_before": os.getloadavg()[0]}
@@ -67,7 +67,7 @@ def main() -> None:
     ranks.stop()
     if args.matrix:
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_hybrid.py"], check=True)
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/parallel/hybrid/test_hybrid.py"], check=True)
         out["matrix_s"] = time.perf_counter() - t0
     out["load_after"] = os.getloadavg()[0]
     print(json.dumps(out, indent=2))

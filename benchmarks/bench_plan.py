@@ -2,7 +2,7 @@
 
     python benchmarks/bench_plan.py [--repeats 5] [--overlap megatron-tp] [--json]
 
-Runs ``playbook.theory.planner.plan`` ``--repeats`` times in this process, every schedule (v
+Runs ``playbook.theory.plan.planner.plan`` ``--repeats`` times in this process, every schedule (v
 searched) and the chosen overlap preset, with the planner's caches cleared before each run (every
 run does the same work, the GEMM-efficiency tables included) and reports the median and the spread of
 wall time, the median CPU time of this process (what the search costs whatever else the machine
@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
+from playbook.theory.plan.cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
 
 GOAL_S = 2.0
 
@@ -38,9 +38,17 @@ def main() -> None:
 
     from playbook.config import ModelConfig
     from playbook.hardware import Hardware
-    from playbook.theory import gemm_efficiency, plan_bytes, plan_cost, plan_dp, plan_memory, plan_schedule
-    from playbook.theory import prod_activations, stage_balance
-    from playbook.theory.planner import plan
+    from playbook.theory.cost import gemm_efficiency
+    from playbook.theory.plan import (
+        axis_bytes as plan_bytes,
+        cost as plan_cost,
+        dp as plan_dp,
+        memory as plan_memory,
+        schedule as plan_schedule,
+    )
+    from playbook.theory.inventory import prod_activations
+    from playbook.theory.plan import stage_balance
+    from playbook.theory.plan.planner import plan
 
     caches = (
         plan_cost._per_token,

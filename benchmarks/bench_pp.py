@@ -20,8 +20,9 @@ import statistics
 
 from playbook.cluster import Ranks
 from playbook.measure.pipeline import compare_bubble
-from playbook.parallel.pp.pipeline import PipelineSetup, native_on_rank, on_rank
-from playbook.theory.schedules import make_schedule
+from playbook.parallel.pp.run import PipelineSetup, on_rank
+from playbook.parallel.pp.native import native_on_rank
+from playbook.theory.pp.schedules import make_schedule
 
 
 def main() -> None:

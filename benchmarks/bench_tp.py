@@ -25,7 +25,7 @@ def step_time(ctx, setup, kind: str, sequence_parallel: bool, steps: int) -> flo
     import torch
     import torch.distributed as dist
 
-    from playbook.model import GPT
+    from playbook.model.gpt import GPT
     from playbook.parallel.tp.model import TPGPT, sync_replicated_grads
 
     ref = GPT(setup.config(), seed=setup.seed).to(ctx.device)
@@ -62,7 +62,7 @@ def step_time(ctx, setup, kind: str, sequence_parallel: bool, steps: int) -> flo
 def single_step_time(setup, steps: int) -> float:
     import torch
 
-    from playbook.model import GPT
+    from playbook.model.gpt import GPT
 
     torch.set_num_threads(1)
     model = GPT(setup.config(), seed=setup.seed)
@@ -102,7 +102,7 @@ def main() -> None:
                     rows.append({"tp": t, "sp": sp, "kind": kind, "seconds": max(per_rank)})
     out = {"setup": setup.as_dict(), "step_times": rows}
     if args.matmul:
-        from playbook.parallel.tp.model import matmul_throughput
+        from playbook.measure.matmul import matmul_throughput
 
         cfg = setup.config()
         out["matmul"] = matmul_throughput(

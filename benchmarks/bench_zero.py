@@ -53,7 +53,7 @@ def bench_rank(ctx, setup: TrainSetup, which: str, steps: int):
     import torch.distributed as dist
 
     from playbook.measure.sharding import held_bytes
-    from playbook.model import GPT
+    from playbook.model.gpt import GPT
     from playbook.parallel.zero.fsdp2 import shard_model
     from playbook.parallel.zero.zero import Zero
 

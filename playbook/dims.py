@@ -1,7 +1,7 @@
 """The parallel layout: how many ranks along each axis, and which rank sits where.
 
 ``ParallelDims(dp, tp, pp, cp, ep)`` is pure Python (no torch): the calculators in ``theory/``,
-the rank grid in ``viz/`` and the runtime mesh (``playbook.parallel.mesh``) all read the same
+the rank grid in ``viz/`` and the runtime mesh (``playbook.cluster.mesh``) all read the same
 object. The world is a 4-D grid, ``world = pp × dp × cp × tp``; a rank's coordinates are read off
 its number with **tp varying fastest**, then cp, then dp, and pp slowest::
 

@@ -42,7 +42,7 @@ class Hardware:
     inter_node_bandwidth: float  # per device (NIC)
     devices_per_node: int = 8
     source: str = field(default="", compare=False)
-    # for the planner (playbook.theory.planner); defaults keep older profiles and callers working
+    # for the planner (playbook.theory.plan.planner); defaults keep older profiles and callers working
     intra_node_latency: float = 5e-6  # seconds per ring step inside a node (alpha of the alpha-beta model)
     inter_node_latency: float = 5e-6  # seconds per ring step between nodes
     achievable_flops_fraction: float = 0.5  # share of peak_bf16_flops the matmul-bound compute reaches

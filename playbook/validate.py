@@ -1,5 +1,5 @@
 """One way to check what comes from a file: read it as one JSON object, then check each field
-against a range table (kind, lowest, highest, example), as ``cli.LIMITS`` does for the flags.
+against a range table (kind, lowest, highest, example), as ``cli.checks.LIMITS`` does for the flags.
 
 A bad file or field is refused with one ``ValueError`` line naming the file, the field, the
 constraint and a value that works; nothing reaches a constructor, a float conversion or a loop

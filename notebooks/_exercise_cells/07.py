@@ -13,7 +13,7 @@ CELLS = [
         "tensor-parallel replica in bf16: the KV bytes one token occupies on that GPU, and how many sequences "
         "of `context` tokens its cache holds when the cache gets what the weights (2 bytes per parameter, "
         "split over tp) leave of 90% of the memory, in blocks of 16 tokens. The check compares with "
-        "`playbook.theory.serving.kv_capacity` and with a real bf16 cache block of the model's shape.\n\n"
+        "`playbook.theory.serving.serving.kv_capacity` and with a real bf16 cache block of the model's shape.\n\n"
         "*Hint:* `cfg.n_layers`, `cfg.kv_heads`, `cfg.dim_head`, `cfg.num_params()`, `hw.memory_bytes`. "
         "What does each layer cache per token, and per KV head? And when tp exceeds the KV heads, serving "
         "engines replicate them: each GPU keeps one whole KV head.",

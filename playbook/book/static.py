@@ -16,7 +16,7 @@ from playbook.book.static_parallel import static_cp, static_routing, static_tp
 from playbook.config import ModelConfig
 from playbook.hardware import Hardware
 from playbook.viz.memory_figures import memory_bars
-from playbook.viz.widgets import _count, memory_budgets
+from playbook.viz.widgets import params_label, memory_budgets
 
 MEMORY_MODELS = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"]
 POWERS = [1, 4, 8, 16, 64, 256]
@@ -35,7 +35,7 @@ def static_memory(
     hardware: str = "h100-sxm",
     unit: str = "GB",
 ) -> go.Figure:
-    """Chapter 0's memory dashboard (:func:`~playbook.viz.widgets.memory_dashboard`): training and
+    """Chapter 0's memory dashboard (:func:`~playbook.viz.memory_dashboard.memory_dashboard`): training and
     serving memory per rank over model × ZeRO stage × recomputation × dp, the other settings fixed
     at the cell's values. Same budgets (:func:`memory_budgets`), same figure (:func:`memory_bars`)."""
     models = MEMORY_MODELS if model in MEMORY_MODELS else [*MEMORY_MODELS, model]
@@ -46,7 +46,7 @@ def static_memory(
         budgets = memory_budgets(
             cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision, recompute=recompute, zero=zero, dp=dp
         )
-        title = f"{cfg.name}: {_count(cfg.num_params())} params, ZeRO-{zero} over dp={dp}, seq {seq_len:,} × micro-batch {micro_batch}"
+        title = f"{cfg.name}: {params_label(cfg.num_params())} params, ZeRO-{zero} over dp={dp}, seq {seq_len:,} × micro-batch {micro_batch}"
         return memory_bars(budgets, unit=unit, capacity=hw.usable_bytes, capacity_label=hw.fit_label, title=title)
 
     return grid_figure(
@@ -67,7 +67,7 @@ def static_zero(
     seq_len: int = 4096,
     recompute: str = "selective",
 ) -> go.Figure:
-    """Chapter 2's ZeRO dashboard (:func:`~playbook.viz.zero.zero_dashboard`), its memory figure:
+    """Chapter 2's ZeRO dashboard (:func:`~playbook.viz.zero_dashboard.zero_dashboard`), its memory figure:
     bytes per rank over model × ZeRO stage × dp, against the smallest device that holds them."""
     from playbook.viz.zero import STAGE_NAMES, fitting_devices, zero_budget
 
@@ -137,11 +137,11 @@ def static_dp(
 def static_pipeline(
     *, p: int = 4, m: int = 8, v: int = 2, schedule: str = "1f1b", last_run=None, last_run_label: str = ""
 ) -> go.Figure:
-    """Chapter 4's explorer (:func:`~playbook.viz.pp.pipeline_explorer`): the simulated schedule's
+    """Chapter 4's explorer (:func:`~playbook.viz.pp_dashboard.pipeline_explorer`): the simulated schedule's
     Gantt chart over schedule × p × m (v chunks per rank for the interleaved one, two for the V
     schedules; a setting a schedule refuses, DualPipe-V's m < 2p, says why in its title)."""
-    from playbook.theory.schedule_simulator import simulate
-    from playbook.theory.schedules import SCHEDULES, V_SCHEDULES, chunks_per_rank, make_schedule
+    from playbook.theory.pp.simulator import simulate
+    from playbook.theory.pp.schedules import SCHEDULES, V_SCHEDULES, chunks_per_rank, make_schedule
     from playbook.viz.pp import gantt
 
     ps, ms = sorted({2, 4, 8, p}), sorted({1, 2, 4, 8, 16, m})

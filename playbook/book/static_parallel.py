@@ -24,7 +24,7 @@ def static_tp(
 ) -> go.Figure:
     """Chapter 3's TP dashboard (:func:`~playbook.viz.tp_dashboard.tp_dashboard`), its memory figure: weights
     and activations per rank for every valid t, over model × sequence parallelism × seq_len."""
-    from playbook.theory.tp import valid_tp
+    from playbook.theory.tp.layout import valid_tp
     from playbook.viz.tp_dashboard import tp_memory_bars, tp_mode, tp_numbers
     from playbook.viz.widgets import dense_presets
 
@@ -102,9 +102,9 @@ def static_routing(
     last_run=None,
     layer: int = 0,
 ) -> go.Figure:
-    """Chapter 6's routing dashboard (:func:`~playbook.viz.ep.routing_dashboard`): a simulated
+    """Chapter 6's routing dashboard (:func:`~playbook.viz.ep_dashboard.routing_dashboard`): a simulated
     router's tokens per expert, kept and dropped, over experts × top-k × capacity factor."""
-    from playbook.theory.moe import simulate_routing
+    from playbook.theory.moe.capacity import simulate_routing
     from playbook.viz.ep import routing_figure
 
     def build(n_experts, top_k, capacity_factor):

@@ -83,7 +83,7 @@ def _write_or_keep(out: Path, text: str) -> None:
 def step_time(profile_path: Path, model: str) -> list[dict]:
     """Predicted (from the profile) vs measured step time of every chapter strategy at 2 and 4 ranks."""
     from playbook.hardware import Hardware
-    from playbook.measure.step_time import step_time_table
+    from playbook.parallel.step_time import step_time_table
     from playbook.parallel.training import TrainSetup
 
     setup = TrainSetup(model=model, global_batch=16, seq_len=min(128, _max_seq(model)), steps=3)

@@ -1,6 +1,6 @@
 """``playbook memory``'s model (a preset or a Hugging Face config.json) and its verdict on a device:
 whether the most loaded rank's bytes fit the share of the device's memory the planner allows
-(``theory.planner.MEM_UTIL`` of ``Hardware.capacity_bytes``, what the driver reports)."""
+(``theory.plan.planner.MEM_UTIL`` of ``Hardware.capacity_bytes``, what the driver reports)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,8 @@ def cmd_info(args) -> int:
 
 
 def cmd_memory(args) -> int:
-    from playbook.theory.memory import bytes_to_gb, bytes_to_gib, inference_memory, training_memory
+    from playbook.theory.inventory.model_state import bytes_to_gb, bytes_to_gib
+    from playbook.theory.hybrid.memory import inference_memory, training_memory
 
     from playbook.cli.fit import device_fit, memory_model
 
@@ -89,7 +90,7 @@ def cmd_memory(args) -> int:
     }
     stages = []
     if args.pp > 1:  # every stage's bytes per rank; training_memory reports the most loaded one
-        from playbook.theory.stages import layout_stage_memory, most_loaded_stage
+        from playbook.theory.hybrid.stages import layout_stage_memory, most_loaded_stage
 
         stages = layout_stage_memory(cfg, seq_len=args.seq_len, micro_batch=args.micro_batch, **degrees)
         train = stages[most_loaded_stage(stages)].memory.as_dict()

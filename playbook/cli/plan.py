@@ -14,17 +14,17 @@ import json
 from playbook.cli.checks import BadInput
 from playbook.config import ModelConfig
 from playbook.hardware import MEM_UTIL, Hardware
-from playbook.theory.plan_cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
-from playbook.theory.plan_schedule import PLAN_SCHEDULES
+from playbook.theory.plan.cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
+from playbook.theory.plan.schedule import PLAN_SCHEDULES
 
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
 
 def cmd_serve_plan(args) -> int:
     """Every tp × dp layout of ``--gpus`` that holds the model and one ``--context`` sequence: KV
-    room, TTFT, time per token and tokens/s from ``playbook.theory.serving``, and which to pick."""
-    from playbook.theory.serving import BY_SIZE, RING_STEP
-    from playbook.theory.serving_layouts import compare_layouts, recommend
+    room, TTFT, time per token and tokens/s from ``playbook.theory.serving.serving``, and which to pick."""
+    from playbook.theory.serving.serving import BY_SIZE, RING_STEP
+    from playbook.theory.serving.layouts import compare_layouts, recommend
 
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     if not 1 <= args.context <= cfg.max_seq_len:  # --gpus, --mem-util, --block-size: cli.checks.LIMITS
@@ -133,10 +133,10 @@ def _plan_inputs(args) -> tuple[ModelConfig, Hardware]:
 
 def cmd_plan(args) -> int:
     """Every layout of ``--gpus`` GPUs for training ``--model``: rejections by reason, the fastest
-    that fit (memory, step time, MFU, tokens/s; ``playbook.theory.planner``) and launch text."""
-    from playbook.theory.plan_launch import sbatch_script, torchrun_command
-    from playbook.theory.planner import plan
-    from playbook.theory.shrink import first_shrinkable
+    that fit (memory, step time, MFU, tokens/s; ``playbook.theory.plan.planner``) and launch text."""
+    from playbook.theory.plan.launch import sbatch_script, torchrun_command
+    from playbook.theory.plan.planner import plan
+    from playbook.theory.plan.shrink import first_shrinkable
 
     if not 2 <= args.replay_ranks <= 8:
         raise BadInput(f"--replay-ranks must be in 2..8 (local ranks), got {args.replay_ranks}; try --replay-ranks 4")

@@ -1,4 +1,4 @@
-"""``playbook plan --layout``: cost one given layout (``theory.plan_layout``) and print it."""
+"""``playbook plan --layout``: cost one given layout (``theory.plan.layout``) and print it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from playbook.cli.checks import BadInput
 
 
 def one_layout(cfg, hw, args, options: dict) -> int:
-    """``--layout``: cost one given layout (``theory.plan_layout``) and print it, or its JSON;
+    """``--layout``: cost one given layout (``theory.plan.layout``) and print it, or its JSON;
     ``options``: the flags' gpus_per_node, mem_util, activations, overlap, precision and mesh_order."""
-    from playbook.theory.plan_layout import cost_layout, parse_layout
+    from playbook.theory.plan.layout import cost_layout, parse_layout
 
     lay = parse_layout(args.layout, global_batch=args.global_batch)
     if lay.dp * lay.tp * lay.pp * lay.cp != args.gpus:

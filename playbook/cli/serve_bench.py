@@ -10,35 +10,13 @@ import json
 
 from playbook.config import ModelConfig
 
+from playbook.serve.serve_bench import summary
+
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
 
-def summary(report: dict) -> str:
-    """The report as lines: setup, one row per metric (ms), throughput, goodput, cache, load."""
-    s, m, p = report["setup"], report["measured"], report["predicted"]
-    lines = [
-        f"serve-bench {s['model']} {s['layout']}: {m['requests']} requests, router {s['router']}, prefix cache "
-        f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}",
-        f"{'ms':<6}{'p50':>9}{'p90':>9}{'p99':>9}   predicted on {s['predicted_on']}: p50, p99",
-    ]
-    for k in ("ttft", "tpot", "itl", "e2e"):
-        lines.append(
-            f"{k:<6}"
-            + "".join(f"{m[k][q] * 1e3:>9.1f}" for q in ("p50", "p90", "p99"))
-            + f"   {p[k]['p50'] * 1e3:.2f}, {p[k]['p99'] * 1e3:.2f}"
-        )
-    c = report["cache"]
-    lines += [
-        f"throughput {m['throughput_tokens_per_s']:.0f} tokens/s; goodput {m['goodput_requests_per_s']:.2f} "
-        f"requests/s ({m['slo_met']} of {m['requests']} met SLO {s['slo_ms']} ms)",
-        f"cache: {c['cached_tokens']} of {c['prompt_tokens']} prompt tokens found ({c['hit_rate']:.0%}), "
-        f"{c['evictions']} evictions; load {report['load']['before']:.1f} -> {report['load']['after']:.1f}",
-    ]
-    return "\n".join(lines)
-
-
 def cmd_serve_bench(args) -> int:
-    from playbook.serve.servebench import serve_bench
+    from playbook.serve.serve_bench import serve_bench
 
     report = serve_bench(
         ModelConfig.preset(args.model),
@@ -68,7 +46,7 @@ def cmd_serve_bench(args) -> int:
 
 
 def add_serve_bench(sub) -> None:
-    from playbook.serve.router import POLICIES
+    from playbook.theory.serving.router import POLICIES
 
     p = sub.add_parser(
         "serve-bench",

@@ -27,7 +27,7 @@ def check_trace_path(path: str) -> None:
 def write_trace(path: str, title: str) -> None:
     """Write the first launch's spans of this command to ``path`` and say where, on stderr."""
     from playbook.cluster import LAUNCHED_TRACES, under_torchrun
-    from playbook.measure.chrome_trace import write_chrome_trace
+    from playbook.cluster.trace.chrome import write_chrome_trace
 
     if under_torchrun() or not LAUNCHED_TRACES:
         print(

@@ -29,13 +29,15 @@ The package, one job per module: ``checks`` (backend, world size, options: refus
 starts), ``rank`` (inside a rank: its loop, its context, its watchdog), ``processes`` (the forkserver,
 the loopback store), ``pool`` (:class:`Ranks`), ``collect`` (one call's replies and the error that
 names the cause), ``errors`` (:class:`RankError`, :class:`RankTimeout`), ``launch`` (``ranks()``,
-``launch()``, torchrun).
+``launch()``, torchrun); and what every rank stands on: ``mesh`` (a process group per mesh axis, built
+once per layout), ``trace/`` (the tracer of every collective, its sizes, spans and Chrome trace file).
+The cluster imports only the configure layer (``config``, ``dims``) and torch.
 """
 
 from playbook.cluster.checks import check_world_size, default_backend, max_local_ranks
 from playbook.cluster.collect import no_progress
 from playbook.cluster.errors import RankError, RankTimeout
-from playbook.cluster.launch import LAUNCHED_TRACES, _shared, launch, launch_timeout, ranks, under_torchrun
+from playbook.cluster.launch import LAUNCHED_TRACES, launch, launch_timeout, ranks, running_ranks, under_torchrun
 from playbook.cluster.pool import Ranks
 from playbook.cluster.processes import PRELOAD
 from playbook.cluster.rank import RankContext
@@ -47,7 +49,6 @@ __all__ = [
     "RankError",
     "RankTimeout",
     "Ranks",
-    "_shared",
     "check_world_size",
     "default_backend",
     "launch",
@@ -55,5 +56,6 @@ __all__ = [
     "max_local_ranks",
     "no_progress",
     "ranks",
+    "running_ranks",
     "under_torchrun",
 ]

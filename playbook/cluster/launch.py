@@ -53,6 +53,11 @@ def ranks(world_size: int, *, backend: str = "auto", **options) -> Ranks:
     return fresh.start()
 
 
+def running_ranks() -> Ranks | None:
+    """The notebook's shared set of ranks (the last ``ranks()`` started), or None."""
+    return _shared.get("ranks")
+
+
 @atexit.register
 def _stop_shared() -> None:
     for r in _shared.values():
@@ -105,7 +110,7 @@ def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:
     import torch
     import torch.distributed as dist
 
-    from playbook.measure import trace
+    from playbook.cluster.trace import tracer as trace
 
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size is not None and world_size != env_world:

@@ -178,6 +178,6 @@ class Ranks(_Replies):
         """Write the last call's spans of every rank (``last_trace``) as a Chrome trace, to open in
         Perfetto (https://ui.perfetto.dev) or ``chrome://tracing``: one row per rank, compute and
         communication threads, a flow arrow from each send to its receive. Returns the path."""
-        from playbook.measure.chrome_trace import write_chrome_trace
+        from playbook.cluster.trace.chrome import write_chrome_trace
 
         return write_chrome_trace(path, self.last_trace, title=title)

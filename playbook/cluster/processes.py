@@ -20,7 +20,7 @@ PRELOAD = [
     "torch.distributed.tensor",
     "torch.distributed.pipelining",
     "playbook.cluster",
-    "playbook.measure.trace",
+    "playbook.cluster.trace.tracer",
 ]
 
 

@@ -42,13 +42,13 @@ class RankContext:
     @property
     def mesh(self):
         """The default mesh: every rank along one data-parallel axis (the world group)."""
-        from playbook.parallel.mesh import world_mesh
+        from playbook.cluster.mesh import world_mesh
 
         return world_mesh()
 
     def mesh_for(self, dims):
-        """This rank's :class:`~playbook.parallel.mesh.Mesh` for a ``ParallelDims`` (built once per rank set)."""
-        from playbook.parallel.mesh import build_mesh
+        """This rank's :class:`~playbook.cluster.mesh.Mesh` for a ``ParallelDims`` (built once per rank set)."""
+        from playbook.cluster.mesh import build_mesh
 
         return build_mesh(dims)
 
@@ -141,7 +141,7 @@ def _init_rank(rank: int, world_size: int, backend: str, store_port: int, thread
     import torch
     import torch.distributed as dist
 
-    from playbook.measure import trace
+    from playbook.cluster.trace import tracer as trace
 
     # Local ranks talk over loopback only. Left alone, gloo binds each rank's device to whatever the
     # hostname resolves to: on a host whose name maps to a routable address, every rank (and the
@@ -188,7 +188,7 @@ def _rank_main(rank, world_size, backend, store_port, threads, conn, status, sin
         return
     import torch.distributed as dist
 
-    from playbook.measure.trace import Tracer, label_groups, recording
+    from playbook.cluster.trace.tracer import Tracer, label_groups, recording
 
     set_status("idle")
     send(("ready", rank))

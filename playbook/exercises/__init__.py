@@ -14,7 +14,7 @@ bytes than predicted; a hang named within seconds), or, when right, the measured
 - ``cp``: the log-sum-exp merge of attention blocks; real ranks (a block of keys each), scores of 1e3.
 - ``ep``: the dispatch permutation, the send counts and the inverse; real tokens, real all-to-alls.
 - ``mesh``: the ranks of every group of a layout; against ``ParallelDims.groups`` (the runtime's).
-- ``serving``: KV bytes per token and sequences that fit; ``theory.serving`` and a real cache block.
+- ``serving``: KV bytes per token and sequences that fit; ``theory.serving.serving`` and a real cache block.
 
 ``pp``, ``mesh`` and ``serving`` check pure functions in this process: ranks would add start-up
 time and nothing else.
@@ -25,7 +25,7 @@ the next cell calls ``check`` and prints its verdict, which for a blank says "no
 in the cell above". Nothing raises, so a notebook runs top to bottom as shipped; the solution sits
 folded in a markdown ``<details>`` cell (the module's own ``solution``, copied in by
 ``notebooks/_exercise_cells/NN.py``, which inserts a chapter's cells), and
-``tests/test_exercises.py`` / ``test_exercises_offline.py`` check every solution and a set of
+``tests/exercises/test_exercises.py`` / ``test_exercises_offline.py`` check every solution and a set of
 realistic wrong answers. Running the solutions in the notebooks instead was rejected: the chapter
 would then show the answer before the learner tried.
 

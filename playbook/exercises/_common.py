@@ -67,7 +67,7 @@ def shared_ranks(ranks=None):
     (so a check does not restart it), else ``playbook.cluster.ranks(2)``."""
     if ranks is not None:
         return ranks
-    current = cluster._shared.get("ranks")
+    current = cluster.running_ranks()
     n = current.world_size if current is not None and 2 <= current.world_size <= 4 else 2
     return cluster.ranks(n)
 
@@ -157,7 +157,7 @@ def run_checked(ranks, rank_fn, *args, timeout: float = HANG_SECONDS) -> tuple[l
 def traced_call(ctx, fn, *args):
     """Inside a rank: ``fn(*args)`` with its collectives recorded apart from the checker's own;
     returns (result, [(op, buffer bytes, sent bytes, group size)] in call order)."""
-    from playbook.measure.trace import Tracer, recording
+    from playbook.cluster.trace.tracer import Tracer, recording
 
     tracer = Tracer(ctx.rank, on_status=ctx.tracer.on_status)  # a hang is still named
     with recording(tracer):

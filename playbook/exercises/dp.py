@@ -1,7 +1,7 @@
 """Exercise 1 — data parallelism: average the gradient buckets across ranks.
 
 Each rank ran backward on its own slice of the batch; its gradients are packed into flat buckets
-(``playbook.theory.buckets.bucket_plan``, as DDP packs them). Write ``average_buckets(buckets,
+(``playbook.theory.dp.buckets.bucket_plan``, as DDP packs them). Write ``average_buckets(buckets,
 group)``: start one asynchronous all-reduce per bucket (what DDP's hook does the moment a bucket
 is full), then wait for each and divide by the world size, in place. With equal slices and a mean
 loss, the average is the gradient of the whole batch (Li et al. 2020, arXiv:2006.15704, §3.2).
@@ -27,9 +27,9 @@ from playbook.exercises._common import (
     shared_ranks,
     traced_call,
 )
-from playbook.measure.collectives import op_family
-from playbook.theory.buckets import bucket_plan
-from playbook.theory.comm import sent_bytes
+from playbook.cluster.trace.spans import op_family
+from playbook.theory.dp.buckets import bucket_plan
+from playbook.theory.cost.comm import sent_bytes
 
 NAME = "data parallel: average the gradient buckets"
 ROWS = 8  # global batch; 2 or 4 ranks take equal slices

@@ -8,15 +8,15 @@ never holds more than min(p−r, m) micro-batches of activations; the bubble is 
 (p−1)/(m+p−1) of the step.
 
 Write ``one_f_one_b(rank, p, m)`` returning that rank's list, e.g. ``[("F", 0), ("F", 1), ("B", 0),
-...]``. ``check`` plays the lists of every rank in ``playbook.theory.schedule_simulator`` (sends
+...]``. ``check`` plays the lists of every rank in ``playbook.theory.pp.simulator`` (sends
 and receives inserted, as the executor on real ranks runs them) and compares with 1F1B.
 """
 
 from __future__ import annotations
 
 from playbook.exercises._common import NotYetWritten, Verdict
-from playbook.theory.schedule_simulator import Deadlock, in_flight, simulate
-from playbook.theory.schedules import closed_form, with_communication
+from playbook.theory.pp.simulator import Deadlock, in_flight, simulate
+from playbook.theory.pp.schedules import closed_form, with_communication
 
 NAME = "pipelines: the 1F1B action list of one rank"
 CASES = [(4, 6), (4, 2), (2, 5)]  # (p stages, m micro-batches): m > p, m < p, and two stages

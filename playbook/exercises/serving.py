@@ -12,7 +12,7 @@ blocks of 16 tokens, and a sequence of ``context`` tokens holds ceil(context/16)
     budget = 0.9 · memory − 2 · params / tp;   max_seqs = ⌊budget / block bytes⌋ // ceil(context/16)
 
 Write ``capacity(cfg, hw, context, tp) -> (kv_bytes_per_token, max_seqs)`` in bf16 (2 bytes).
-``check`` compares with ``playbook.theory.serving.kv_capacity`` and with the bytes of a real paged
+``check`` compares with ``playbook.theory.serving.serving.kv_capacity`` and with the bytes of a real paged
 cache block (``playbook.serve.kv.PagedKVCache``) of the model's shape, allocated and measured.
 """
 
@@ -24,7 +24,7 @@ from playbook.config import ModelConfig
 from playbook.hardware import Hardware
 from playbook.exercises._common import NotYetWritten, Verdict
 from playbook.serve.kv import PagedKVCache
-from playbook.theory.serving import kv_capacity
+from playbook.theory.serving.serving import kv_capacity
 
 NAME = "serving: KV-cache capacity by hand"
 MEM_UTIL = 0.9

@@ -28,9 +28,9 @@ from playbook.exercises._common import (
     shared_ranks,
     traced_call,
 )
-from playbook.measure.collectives import op_family
-from playbook.parallel.comm import f, g  # noqa: F401  f(x, group, label), g(x, group, label): Megatron's pair
-from playbook.theory.comm import sent_bytes
+from playbook.cluster.trace.spans import op_family
+from playbook.parallel.comm import f, g  # f(x, group, label), g(x, group, label): Megatron's pair
+from playbook.theory.cost.comm import sent_bytes
 
 NAME = "tensor parallel: column- and row-parallel linear with f and g"
 B, H, F = 4, 8, 16  # rows, model width, hidden width (F divisible by 2 and 4 ranks)

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from playbook.exercises._common import Verdict, close, collective_diff, max_err, run_checked, shared_ranks, traced_call
-from playbook.measure.collectives import op_family
-from playbook.theory.comm import sent_bytes
+from playbook.cluster.trace.spans import op_family
+from playbook.theory.cost.comm import sent_bytes
 
 NAME = "ZeRO-1: reduce-scatter, update the local shard, all-gather"
 P = 48  # parameters; divisible by 2 and 4 ranks

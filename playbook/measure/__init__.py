@@ -1,4 +1,11 @@
-"""Measure: what a run actually did, by category, to put beside ``playbook.theory``'s predictions."""
+"""Measure: what a run actually did, to put beside ``playbook.theory``'s predictions. Instruments only:
+nothing here runs a strategy (that is ``parallel``'s, e.g. ``parallel.step_time``).
+
+- ``memory.py``: one rank's bytes by category (parameters, gradients, optimizer state, saved activations).
+- ``held.py``: the bytes autograd holds right now; ``sharding.py``: a sharded rank's bytes, from storages.
+- ``pipeline.py``: a pipeline run's measured timeline, bubble and held activations.
+- ``matmul.py``: one rank's matmul throughput; ``calibrate.py``: this machine's rates, fitted into a profile.
+"""
 
 from playbook.measure.memory import (
     MemorySnapshot,

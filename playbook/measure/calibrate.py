@@ -2,8 +2,8 @@
 
 ``calibrate(n)`` times every collective the chapters use (all-reduce, all-gather, reduce-scatter,
 all-to-all, send/recv) on ``n`` real gloo ranks (``playbook.cluster.Ranks``) over a range of
-buffer sizes, fits α and β per collective with ``playbook.theory.alpha_beta`` (the ring counts of
-``playbook.theory.comm``), times square matmuls with ``playbook.measure.matmul`` at one thread (one
+buffer sizes, fits α and β per collective with ``playbook.theory.cost.alpha_beta`` (the ring counts of
+``playbook.theory.cost.comm``), times square matmuls with ``playbook.measure.matmul`` at one thread (one
 rank's share of this machine), and returns a hardware profile in the schema of
 ``data/hardware/*.json`` with the fits, the raw points, the load average and the date added.
 
@@ -22,7 +22,7 @@ import os
 import platform
 import time
 
-from playbook.theory.alpha_beta import fit_collective
+from playbook.theory.cost.alpha_beta import fit_collective
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
 FULL = {
@@ -36,7 +36,7 @@ QUICK = {"elements": [256, 4096, 65536, 1048576], "repeats": 5, "warmup": 1, "ma
 
 def _time_collectives(ctx, elements: list[int], repeats: int, warmup: int) -> dict:
     """Rank function: {op: {elements: [seconds per repetition]}} for fp32 buffers of each size.
-    The buffer size S is the full (gathered / unscattered) size, as ``theory.comm`` counts it."""
+    The buffer size S is the full (gathered / unscattered) size, as ``theory.cost.comm`` counts it."""
     import torch
     import torch.distributed as dist
 

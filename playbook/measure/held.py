@@ -4,7 +4,7 @@ A pipeline rank holds the activations of several micro-batches at once, and how 
 the schedule (GPipe: all m; 1F1B: at most p, Narayanan et al. 2021 §2.2), and a split backward
 (ZB-H1) keeps a smaller set from B until W (``keep``). ``HeldActivations`` counts them as they come
 and go, so the peak of a real step can be put beside
-``playbook.theory.pipeline``'s prediction to the byte.
+``playbook.theory.pp.pipeline``'s prediction to the byte.
 """
 
 from __future__ import annotations

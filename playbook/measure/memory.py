@@ -121,7 +121,7 @@ class MemorySnapshot:
     """One rank's memory in bytes by category (see ``measure_training_step`` for when each is taken).
 
     ``peak``: params + grads + optimizer + activations, the category total that
-    ``playbook.theory.memory`` predicts. It is an upper bound of the live tensors rather than a
+    ``playbook.theory.hybrid.memory`` predicts. It is an upper bound of the live tensors rather than a
     moment observed: during backward, activations are freed as gradients appear. ``cuda_allocated``
     and ``cuda_reserved`` (CUDA only) are the allocator's true peaks over the step, which also
     include temporaries, workspaces and (reserved) the caching allocator's free blocks.
@@ -155,7 +155,7 @@ def measure_training_step(
 ) -> MemorySnapshot:
     """Run one training step (zero_grad, forward, backward, ``after_backward``, optimizer.step) and measure it.
 
-    ``model(tokens, targets)`` must return ``(logits, loss)`` as ``playbook.model.GPT`` does.
+    ``model(tokens, targets)`` must return ``(logits, loss)`` as ``playbook.model.gpt.GPT`` does.
     ``after_backward(model)`` is where a strategy synchronises (or shards) gradients.
     params: before the step; activations: saved during the forward; grads: after backward and
     ``after_backward``; optimizer: after the step (so the first call already shows AdamW's state).

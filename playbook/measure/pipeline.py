@@ -1,26 +1,20 @@
 """Measure: what a pipeline run did, beside what the schedule predicts.
 
-From the per-step logs of ``playbook.parallel.pp.pipeline.on_rank`` (``StepLog``: compute slots, message
+From the per-step logs of ``playbook.parallel.pp.run.on_rank`` (``StepLog``: compute slots, message
 times, held-activation bytes): the measured timeline and its bubble (both definitions of
-``playbook.theory.schedules.DEFINITIONS``), the per-stage costs that make the simulator's
-prediction, and the peak of held activations next to ``playbook.theory.pipeline``'s count. And
-``piece_costs``: each piece of the GPT timed alone, to balance stages (Narayanan et al. 2021 §2.2
-assume equal stages; a real model's embedding and head are not).
+``playbook.theory.pp.schedules.DEFINITIONS``), the per-stage costs that make the simulator's
+prediction, and the peak of held activations next to ``playbook.theory.pp.pipeline``'s count
+(each piece of the GPT timed alone, to balance stages: ``playbook.parallel.pp.costs``).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
-import torch
-
-from playbook.model import GPT, lm_loss
-from playbook.parallel.pp.executor import Chunk
-from playbook.theory.pipeline import chunk_activation_bytes, chunk_w_bytes
-from playbook.theory.schedule_simulator import Costs, Slot, Timeline, held_bytes, simulate
-from playbook.theory.schedule_types import Schedule
-from playbook.theory.schedules import DEFINITIONS
+from playbook.theory.pp.pipeline import chunk_activation_bytes, chunk_w_bytes
+from playbook.theory.pp.simulator import Costs, Slot, Timeline, held_bytes, simulate
+from playbook.theory.pp.types import Schedule
+from playbook.theory.pp.schedules import DEFINITIONS
 
 
 def measured_timeline(results: list[dict], step: int = -1) -> Timeline:
@@ -104,41 +98,3 @@ def activation_report(results: list[dict], schedule: Schedule, setup) -> dict:
         "peak_in_flight": tl.peak_in_flight,
         "peak_held": tl.peak_held,
     }
-
-
-def piece_costs(setup, micro_batch: int, repeats: int = 5) -> dict[str, list[float]]:
-    """Measure each piece (embedding, every block, head + loss) alone in this process: median
-    forward and backward seconds for one micro-batch (the fastest of ``repeats`` after a warm-up, on
-    one thread like a rank: the least disturbed by other work on the machine), and the exact
-    activation bytes it saves. Feed ``f + b`` (time) or ``bytes`` (memory) to ``balanced_partition``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _piece_costs(setup, micro_batch, repeats)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _piece_costs(setup, micro_batch: int, repeats: int) -> dict[str, list[float]]:
-    cfg = setup.config()
-    model = GPT(cfg, seed=setup.seed)
-    tokens, targets = setup.task().batch(0, micro_batch, setup.seq_len)  # [micro_batch, s]
-    out = {"f": [], "b": [], "bytes": []}
-    for i in range(cfg.n_layers + 2):
-        chunk = Chunk(model, i, i + 1)
-        fs, bs = [], []
-        for _ in range(repeats + 1):
-            x = tokens if i == 0 else torch.randn(micro_batch, setup.seq_len, cfg.hidden, requires_grad=True)
-            t0 = time.perf_counter()
-            y = chunk(x)  # [b, s, hidden] or [b, s, vocab]
-            y = lm_loss(y, targets) if chunk.last else y
-            t1 = time.perf_counter()
-            y.backward(None if chunk.last else torch.ones_like(y))
-            t2 = time.perf_counter()
-            fs.append(t1 - t0)
-            bs.append(t2 - t1)
-        out["f"].append(min(fs[1:]))
-        out["b"].append(min(bs[1:]))
-        out["bytes"].append(chunk_activation_bytes(cfg, i, i + 1, micro_batch, setup.seq_len))
-    model.zero_grad(set_to_none=True)
-    return out

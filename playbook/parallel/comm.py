@@ -5,7 +5,7 @@ Why our own: ``torch.distributed.nn.functional.all_gather`` returns wrong gradie
 non-contiguous incoming gradient (the appendix's case 4: its backward's receive buffers are
 ``empty_like(grad)``, with the gradient's strides); here every buffer handed to a collective
 is ``.contiguous()``, and every path is checked against a single process. Each call goes through
-the ``torch.distributed`` namespace, so the tracer (``playbook.measure.trace``) records it with its
+the ``torch.distributed`` namespace, so the tracer (``playbook.cluster.trace.tracer``) records it with its
 group and mesh axis.
 
 - Megatron's conjugate pair (Shoeybi et al. 2019, §3): ``f`` = identity forward, all-reduce
@@ -29,7 +29,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from playbook.measure import trace
+from playbook.cluster.trace import tracer as trace
 
 
 # ---- collectives on traced dist.* calls (not differentiable) ----------------------------------

@@ -7,7 +7,7 @@ if applied in 16 bits (bf16 keeps 8 significant bits: near 1.0 anything below 2�
 lost); in the fp32 master it accumulates until it shows. ZeRO (Rajbhandari et al. 2019,
 arXiv:1910.02054, §3.1) counts the bytes this costs per parameter: 2 (bf16 weights) + 2 (bf16
 gradients) + K = 12 (fp32 master, Adam momentum, Adam variance), 16Ψ in all:
-``playbook.theory.memory.model_state_bytes(precision="mixed")``.
+``playbook.theory.hybrid.memory.model_state_bytes(precision="mixed")``.
 
 :class:`MixedPrecisionAdamW` is the optimizer hook of ``playbook.parallel.training.train`` (it
 has ``zero_grad`` and ``step``); the model is cast to bf16 by :func:`to_mixed`, so its
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from playbook.model import GPT
+from playbook.model.gpt import GPT
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.memory import TrainingMemory
+from playbook.theory.inventory.model_state import TrainingMemory
 
 PRECISIONS = ("fp32", "mixed")
 LOW = torch.bfloat16  # what the model's parameters, gradients and activations are stored in

@@ -20,7 +20,7 @@ dp2×pp2, ``blocks.1.attn.o_proj.weight``, 3.4 floors from the float64 answer on
 on another, while loss and gradients stayed within one floor). A real bug moves whole
 
 tensors: a missing gradient reduction by O(1), a 0.3% learning-rate error by ~1e-3 of a tensor
-(``tests/test_parity_gate.py`` keeps both red against the bound).
+(``tests/parallel/test_parity_gate.py`` keeps both red against the bound).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import functools
 
 import torch
 
-from playbook.model import GPT
-from playbook.model import build_moe as build
+from playbook.model.gpt import GPT
+from playbook.model.gpt import build_moe as build
 from playbook.parallel.mixed import train_mixed
 from playbook.parallel.report import compare, failures
 from playbook.parallel.training import TrainResult, TrainSetup, train
@@ -111,7 +111,7 @@ def single_in(setup: TrainSetup, precision: str = "fp32") -> TrainResult:
 def against_single(result: TrainResult, setup: TrainSetup, precision: str = "fp32", single=None) -> dict:
     """``result``'s parity with the single process in its own precision (``single``, or
     :func:`single_in`), as ``playbook run`` reports it: float32 gated (:func:`gated`); mixed not
-    gated: bf16 against bf16, the float32 bounds do not apply (tests/test_mixed.py)."""
+    gated: bf16 against bf16, the float32 bounds do not apply (tests/parallel/test_mixed.py)."""
     single = single_in(setup, precision) if single is None else single
     if precision == "mixed":
         return compare(result, single, MIXED)

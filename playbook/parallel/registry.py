@@ -1,6 +1,6 @@
 """The strategies ``playbook run`` knows, and the one shape every strategy has.
 
-A strategy is a module of ``playbook/parallel/`` that provides (see :class:`Strategy`):
+A strategy is a module (``STRATEGY_MODULES``) that provides (see :class:`Strategy`):
 
 - ``on_rank(ctx, setup, *, option=...)``: its rank entry, keyword options only, groups from
   ``ctx.mesh_for(ParallelDims(...))``, training through ``parallel.training.train`` and hooks;
@@ -25,18 +25,18 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-# name -> module of playbook/parallel/ that registers it
+# name -> the module that registers it (absolute: a strategy may live outside parallel/, as serving does)
 STRATEGY_MODULES = {
-    "single": "single",
-    "dp": "dp.run",
-    "zero": "zero.run",
-    "fsdp2": "zero.fsdp2",
-    "tp": "tp.run",
-    "pp": "pp.pipeline",
-    "cp": "cp.model",
-    "ep": "ep.run",
-    "hybrid": "hybrid.run",
-    "serve": "serve",
+    "single": "playbook.parallel.single",
+    "dp": "playbook.parallel.dp.run",
+    "zero": "playbook.parallel.zero.run",
+    "fsdp2": "playbook.parallel.zero.fsdp2",
+    "tp": "playbook.parallel.tp.run",
+    "pp": "playbook.parallel.pp.run",
+    "cp": "playbook.parallel.cp.run",
+    "ep": "playbook.parallel.ep.run",
+    "hybrid": "playbook.parallel.hybrid.run",
+    "serve": "playbook.serve.run",
 }
 
 
@@ -108,7 +108,7 @@ def names() -> list[str]:
 def get(name: str) -> Strategy:
     """The strategy ``name``, importing its module (and only that one) on first use."""
     if name not in _registry and name in STRATEGY_MODULES:
-        importlib.import_module(f"playbook.parallel.{STRATEGY_MODULES[name]}")
+        importlib.import_module(STRATEGY_MODULES[name])
     if name not in _registry:
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(names())}")
     return _registry[name]

@@ -13,7 +13,7 @@ from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport
 from playbook.parallel.training import TrainSetup, train
 from playbook.parallel.parity import against_single
-from playbook.theory.memory import training_memory
+from playbook.theory.hybrid.memory import training_memory
 
 
 def on_rank(ctx, setup: TrainSetup):

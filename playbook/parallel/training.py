@@ -16,10 +16,11 @@ import torch
 
 from playbook.config import ModelConfig, require_positive
 from playbook.data import SyntheticTask, rows_per_rank
-from playbook.measure import trace
+from playbook.cluster.trace import tracer as trace
 from playbook.measure.memory import measure_training_step
-from playbook.model import GPT
-from playbook.theory.memory import TrainingMemory, training_memory
+from playbook.model.gpt import GPT
+from playbook.theory.inventory.model_state import TrainingMemory
+from playbook.theory.hybrid.memory import training_memory
 
 
 @dataclass(frozen=True)

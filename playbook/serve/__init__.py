@@ -1,2 +1,13 @@
-"""Serving our GPT: KV caches (contiguous and paged), greedy generation in one process or over
-tensor-parallel ranks, and a continuous-batching scheduler. Predictions: ``playbook.theory.serving``."""
+"""Serving our GPT on real ranks (chapter 7), each layout checked against one process's greedy tokens.
+
+- The engine: ``kv.py`` (contiguous and paged KV caches), ``generate.py`` (greedy decoding with a
+  cache, one process or TP shards), ``batching.py`` (continuous batching, chunked prefill),
+  ``packed.py`` (one forward over a step's mixed tokens), ``prefix.py`` (prefix caching).
+- On ranks: ``run.py`` (``playbook run serve``: TP replicas in DP), ``ranks.py`` (each rank's work),
+  ``checks.py`` (refused before any rank starts), ``report.py`` (against the reference),
+  ``pipeline.py`` and ``experts.py`` (PP and EP decoding), ``disagg.py`` (prefill and decode apart).
+- Measured: ``rates.py`` (prefill and decode timed, the roofline's rates), ``latency.py`` (TTFT,
+  TPOT, goodput), ``serve_bench.py`` (``playbook serve-bench``), ``prefix_bench.py``.
+
+Predictions live in ``playbook.theory.serving``.
+"""

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from playbook.measure import trace
+from playbook.cluster.trace import tracer as trace
 from playbook.serve.kv import PagedKVCache
 from playbook.serve.packed import forward_packed
 from playbook.serve.prefix import PrefixKVCache
-from playbook.theory.serving import kv_bytes_per_token, paged_kv_bytes
+from playbook.theory.serving.serving import kv_bytes_per_token, paged_kv_bytes
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class BatchRun:
 class ContinuousBatcher:
     """Serves requests with ``model`` (a ``GPT`` or a ``TPGPT`` shard) over a ``PagedKVCache`` of
     ``n_blocks`` blocks of ``block_size`` tokens, at most ``max_batch`` requests at a time; with
-    ``prefix_cache``, blocks of equal prefixes are shared (``serve.prefix``); with ``token_budget``,
+    ``theory.serving.prefix_cache``, blocks of equal prefixes are shared (``serve.prefix``); with ``token_budget``,
     a step computes at most that many tokens, decodes first, prompts in chunks (chunked prefill)."""
 
     def __init__(

@@ -6,7 +6,7 @@ al. 2024, "DistServe: Disaggregating Prefill and Decoding for Goodput-optimized 
 OSDI) and Splitwise (Patel et al. 2024, "Splitwise: Efficient Generative LLM Inference Using Phase
 Splitting", ISCA) run them on separate GPUs: a prefill instance computes the prompt's KV cache and
 first token and ships the cache to a decode instance. The price is that transfer: every layer's
-keys and values of the prompt, ``paged_kv_bytes`` for whole blocks (``theory.serving``); it pays
+keys and values of the prompt, ``paged_kv_bytes`` for whole blocks (``theory.serving.serving``); it pays
 when the link moves it faster than the decode steps a co-located prefill would stall (DistServe §3).
 
 ``disagg_on_rank`` on 2 ranks: rank 0 prefills each request into its paged cache and sends the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from playbook.model import GPT
+from playbook.model.gpt import GPT
 from playbook.serve.generate import forward_step
 from playbook.serve.kv import PagedKVCache
 

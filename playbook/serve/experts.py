@@ -10,9 +10,9 @@ arXiv:2201.05596, §5). Every forward of every MoE layer costs each rank one all
 routed counts and two all-to-alls (dispatch, combine; GShard, Lepikhin et al. 2020,
 arXiv:2006.16668); the ranks decode in lockstep because every rank must join them.
 
-Checked against the single process (``tests/test_serve_pp_ep.py``): tokens equal greedy decoding of
-``model.build_moe(cfg, seed)`` without a cache, logits within 1e-5; the all-to-all bytes each rank sent
-while decoding equal ``theory.serving_parallel.ep_forward_alltoall_bytes`` of the routing counts
+Checked against the single process (``tests/serve/test_serve_pp_ep.py``): tokens equal greedy decoding of
+``model.gpt.build_moe(cfg, seed)`` without a cache, logits within 1e-5; the all-to-all bytes each rank sent
+while decoding equal ``theory.serving.parallel.ep_forward_alltoall_bytes`` of the routing counts
 every MoE layer saw at every step.
 """
 
@@ -23,7 +23,7 @@ import torch
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.serve.generate import greedy
-from playbook.theory.serving_parallel import ep_forward_alltoall_bytes
+from playbook.theory.serving.parallel import ep_forward_alltoall_bytes
 
 
 def check(cfg: ModelConfig, *, ep: int, rows: int) -> None:
@@ -35,8 +35,9 @@ def check(cfg: ModelConfig, *, ep: int, rows: int) -> None:
 
 def build(ctx, cfg: ModelConfig, seed: int, ep: int):
     """The single-process MoE model (no capacity limit) with its experts split over this rank's ep group."""
-    from playbook.model import build_moe
-    from playbook.parallel.hybrid.parallelize import Plan, parallelize
+    from playbook.model.gpt import build_moe
+    from playbook.theory.hybrid.plan import Plan
+    from playbook.parallel.hybrid.parallelize import parallelize
 
     dims = ParallelDims(dp=ep, ep=ep)
     mesh = ctx.mesh_for(dims)
@@ -54,7 +55,7 @@ def expert_decode_on_rank(ctx, *, cfg: ModelConfig, seed: int, ep: int, prompts:
     split over ``ep`` ranks. Returns its tokens and logits, the all-to-all and counts all-gather bytes
     it sent while decoding, the routing counts of every decode forward of every MoE layer, and the
     decode seconds."""
-    from playbook.moe import moe_layers
+    from playbook.model.moe import moe_layers
 
     model, mesh = build(ctx, cfg, seed, ep)
     me = mesh.index("dp_cp")
@@ -101,7 +102,7 @@ def merge(answers: list[dict], cfg: ModelConfig, *, ep: int, want) -> dict:
     """Every rank's rows against the reference ``want`` = (tokens [R, new], logits [R, new, V]):
     token agreement, worst logit difference, all-to-all bytes per decoded token measured and
     predicted from the routing counts (and under even routing), counts all-gather bytes, tokens/s."""
-    from playbook.theory.serving_parallel import ep_counts_bytes_per_forward, ep_uniform_bytes_per_token
+    from playbook.theory.serving.parallel import ep_counts_bytes_per_forward, ep_uniform_bytes_per_token
 
     answers = sorted(answers, key=lambda a: a["ep_rank"])
     tokens, logits = want
@@ -137,7 +138,7 @@ def serve_ep(
     import os
 
     from playbook.cluster import launch
-    from playbook.model import build_moe
+    from playbook.model.gpt import build_moe
     from playbook.serve.generate import greedy_without_cache
 
     check(cfg, ep=ep, rows=rows)

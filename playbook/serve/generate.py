@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from playbook.measure import trace
+from playbook.cluster.trace import tracer as trace
 from playbook.parallel.comm import all_gather
 from playbook.serve.kv import KVCache
 
@@ -35,7 +35,7 @@ Store = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Te
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """softmax(q kᵀ/√d + mask) v for s new queries at positions start..start+s−1 over n = start + s
     cached keys. q: [b, a, s, d]; k, v: [b, g, n, d] (query head j reads KV head j // (a/g)).
-    Same arithmetic as ``attention.causal_attention``, whose mask is this one with start = 0."""
+    Same arithmetic as ``model.attention.causal_attention``, whose mask is this one with start = 0."""
     b, heads, s, d = q.shape
     kv_heads, n = k.shape[1], k.shape[2]
     k = k[:, :, None].expand(b, kv_heads, heads // kv_heads, n, d).reshape(b, heads, n, d)  # [b, a, n, d]

@@ -94,8 +94,8 @@ def latency_report(
 def fused_step_seconds(cfg, hw, *, chunks, decode_rows: int, context: int, tp: int = 1, dtype="bf16", **rates) -> float:
     """One step that computes prompt ``chunks`` (token counts) and ``decode_rows`` decode tokens in one
     batch, by the roofline: the FLOPs of all of them at the achievable rate, against the weights read
-    once (plus the decode rows' KV), plus every TP all-reduce (``theory.serving.prefill``/``decode``)."""
-    from playbook.theory import serving
+    once (plus the decode rows' KV), plus every TP all-reduce (``theory.serving.serving.prefill``/``decode``)."""
+    from playbook.theory.serving import serving
 
     phases = [serving.prefill(cfg, hw, prompt=n, tp=tp, dtype=dtype, **rates) for n in chunks if n]
     if decode_rows:

@@ -13,10 +13,10 @@ every step each group goes through the stages in turn:
 Sends are ``isend`` (never block), receives block; each stage handles (step, micro-batch) in the
 same order, so every receive meets its send and nothing waits in a cycle. While stage 1 works on
 micro-batch 0, stage 0 works on micro-batch 1: with m ≥ pp micro-batches in flight no stage waits
-but at the start and the end (``theory.serving_parallel.pp_decode_bubble``). Peers are addressed by
+but at the start and the end (``theory.serving.parallel.pp_decode_bubble``). Peers are addressed by
 ``Mesh.global_rank("pp", i)``.
 
-Checked against the single process (``tests/test_serve_pp_ep.py``): tokens equal greedy decoding of
+Checked against the single process (``tests/serve/test_serve_pp_ep.py``): tokens equal greedy decoding of
 the reference GPT without a cache, logits within 1e-5; bytes each stage sends per decoded token
 equal ``pp_stage_bytes_per_token`` (4·h from every stage but the last, an 8-byte id from the last).
 """
@@ -28,14 +28,14 @@ import torch.distributed as dist
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
-from playbook.model import GPT
+from playbook.model.gpt import GPT
 from playbook.serve.generate import attend, contiguous_store
 from playbook.serve.kv import KVCache
-from playbook.theory.stages import stage_layers as all_stage_layers
+from playbook.theory.hybrid.stages import stage_layers as all_stage_layers
 
 
 def stage_layers(n_layers: int, pp: int, stage: int) -> range:
-    """The layers of ``stage`` when ``n_layers`` are cut into ``pp`` stages (``theory.stages``)."""
+    """The layers of ``stage`` when ``n_layers`` are cut into ``pp`` stages (``theory.hybrid.stages``)."""
     return all_stage_layers(n_layers, pp)[stage]
 
 
@@ -154,7 +154,7 @@ def merge(answers: list[dict], cfg: ModelConfig, *, pp: int, microbatches: int, 
     """Every stage's result against the reference ``want`` = (tokens [R, new], logits [R, new, V]):
     token agreement, worst logit difference, bytes per decoded token per stage measured and
     predicted, and the decode timeline (tokens/s, bubble measured beside the ideal)."""
-    from playbook.theory.serving_parallel import pp_decode_bubble, pp_stage_bytes_per_token
+    from playbook.theory.serving.parallel import pp_decode_bubble, pp_stage_bytes_per_token
 
     answers = sorted(answers, key=lambda a: a["stage"])
     out = answers[-1]

@@ -23,7 +23,7 @@ Model Programs", §3, RadixAttention) keeps the same blocks in a radix tree of t
 instead of a hash table: a lookup walks the tree, eviction takes least-recently-used leaves, and
 a router can ask a tree how much of a prompt it holds; what is cached and reused is the same.
 
-``theory.prefix_cache.ReferencePrefixCache`` is the brute-force model this one is tested against.
+``theory.serving.prefix_cache.ReferencePrefixCache`` is the brute-force model this one is tested against.
 """
 
 from __future__ import annotations

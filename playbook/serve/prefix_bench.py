@@ -1,7 +1,7 @@
 """Prefix caching per serving layout, measured on real ranks at a shrunk scale.
 
 The claim of the chapter: a lower tensor-parallel degree leaves less memory per replica for the KV
-cache, and that hurts prefix caching. ``theory.prefix_cache.prefix_layouts`` predicts hit rates at
+cache, and that hurts prefix caching. ``theory.serving.prefix_cache.prefix_layouts`` predicts hit rates at
 scale (Llama-3.1-70B on 8 H100s); ``shrunk_blocks`` turns its KV blocks per replica into a laptop
 budget that keeps the ratios between layouts (the budget knob: ``kv_scale`` of the tokens, in
 blocks of ``block_size``), and ``measure`` serves the shrunk trace with those budgets on real ranks,
@@ -24,9 +24,9 @@ def shrunk_blocks(rows: list[dict], *, scale_block: int, block_size: int, kv_sca
 def measure(ranks, cfg, trace, *, layouts, blocks: dict, block_size: int, router: str, seed: int = 0) -> list[dict]:
     """For each ``(name, tp, dp)`` of ``layouts`` on ``ranks`` (a ``Ranks`` of tp·dp): prompt tokens
     found cached, hit rate, evictions, and each request's tokens (to hold against the reference)."""
-    from playbook.parallel.serve_ranks import serve_on_rank
+    from playbook.serve.ranks import serve_on_rank
     from playbook.serve.batching import Request
-    from playbook.serve.router import route
+    from playbook.theory.serving.router import route
 
     reqs = [Request(i, t.prompt, t.max_new, i) for i, t in enumerate(trace)]
     rows = []

@@ -1,10 +1,116 @@
-"""The report of ``playbook run serve --pp N`` and ``--ep N``: pipeline or expert-parallel decoding
-on real ranks against the single process (``serve.pipeline.serve_pp``, ``serve.experts.serve_ep``)."""
+"""The reports of ``playbook run serve`` against the single process.
+
+TP × DP serving (``serve.run``): greedy decoding of every request by the reference GPT without a
+cache (``reference``), the ranks' answers compared with it (``merge``: tokens, logits within
+``LOGIT_TOLERANCE``, TP all-reduce bytes per token per layer against
+``theory.serving.serving.tp_allreduce_bytes``, KV bytes against the paged prediction), and the
+:class:`ServeReport` that prints them. Pipeline and expert-parallel decoding (``serve --pp N``,
+``--ep N``: ``serve.pipeline.serve_pp``, ``serve.experts.serve_ep``): :class:`ParallelDecodeReport`.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
+from playbook.model.gpt import GPT
+from playbook.serve.batching import Request
+from playbook.serve.generate import greedy_without_cache
+from playbook.theory.serving.serving import tp_allreduce_bytes
+
+LOGIT_TOLERANCE = 1e-5
+
+
+def reference(cfg: ModelConfig, seed: int, requests: list[Request]) -> dict[int, tuple[list[int], torch.Tensor]]:
+    """Greedy decoding of each request by the reference GPT in this process, without a cache."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = GPT(cfg, seed=seed).eval()
+        out = {}
+        for r in requests:
+            tokens, logits = greedy_without_cache(model, torch.tensor([r.prompt]), r.max_new)
+            out[r.id] = (tokens[0].tolist(), logits[0])
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def merge(answers: list[dict], cfg: ModelConfig, dims: ParallelDims, want: dict) -> dict:
+    """Rank results against the reference: token agreement, worst logit difference, all-reduce bytes
+    per token per layer measured (every rank, over every step's tokens) and predicted, KV bytes per step."""
+    per_layer = tp_allreduce_bytes(cfg, tokens=1, tp=dims.tp, act_bytes=4)
+    mismatched, worst, kv = [], 0.0, []
+    for a in answers:
+        for rid, tokens in a["tokens"].items():
+            if tokens != want[rid][0]:
+                mismatched.append(rid)
+            worst = max(worst, float((a["logits"][rid] - want[rid][1]).abs().max()))
+        for s in a["steps"]:
+            kv.append(s["kv_predicted"] is None or s["kv_bytes"] == s["kv_predicted"])
+    measured = [a["layer_bytes"] / max(a["computed"], 1) / cfg.n_layers for a in answers]
+    return {
+        "requests": len(want),
+        "tokens_identical": not mismatched,
+        "mismatched_requests": sorted(set(mismatched)),
+        "max_abs_logit_diff": worst,
+        "tp_bytes_per_token_per_layer": {"predicted": per_layer, "measured": measured},
+        "kv_bytes_match_every_step": all(kv),
+        "steps": max(len(a["steps"]) for a in answers),
+    }
+
+
+@dataclass
+class ServeReport:
+    """What ``playbook run serve --json`` prints."""
+
+    strategy: str
+    world_size: int
+    backend: str
+    layout: str
+    parity: dict
+    setup: dict = field(default_factory=dict)
+    replicas: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def problem(self) -> str | None:
+        p = self.parity
+        if not p["tokens_identical"]:
+            return f"requests {p['mismatched_requests']} generated other tokens than the reference"
+        if not p["max_abs_logit_diff"] <= LOGIT_TOLERANCE:
+            return f"logits differ by {p['max_abs_logit_diff']:.2e} > {LOGIT_TOLERANCE:g}"
+        if not p["kv_bytes_match_every_step"]:
+            return "KV bytes held differ from the paged prediction at some step"
+        return None
+
+    def summary(self) -> str:
+        p, b = self.parity, self.parity["tp_bytes_per_token_per_layer"]
+        lines = [
+            f"serve {self.layout} on {self.world_size} rank(s), backend {self.backend}: {p['requests']} requests "
+            f"in {p['steps']} scheduler steps",
+            f"  tokens identical to the reference (greedy, no cache): {p['tokens_identical']}; "
+            f"max |logit diff| {p['max_abs_logit_diff']:.2e}",
+            f"  TP all-reduce bytes per token per layer: predicted {b['predicted']:,.0f}, measured "
+            + ", ".join(f"{x:,.0f}" for x in b["measured"]),
+            f"  KV bytes held == paged prediction at every step: {p['kv_bytes_match_every_step']}",
+        ]
+        for r in self.replicas:
+            lines.append(
+                f"  replica {r['dp']}: requests {r['requests']}, {r['decoded']} tokens decoded, "
+                f"{r['cached']} prompt tokens found cached"
+            )
+        if self.problem():
+            lines.insert(1, f"  PARITY FAILED: {self.problem()}")
+        return "\n".join(lines)
 
 
 @dataclass

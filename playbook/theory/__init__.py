@@ -1,1 +1,15 @@
-"""Predict: pure functions of configs and degrees. Nothing here starts a process or imports torch."""
+"""Predict: pure functions of configs, layouts and hardware. Nothing here starts a process or imports torch.
+
+Groups in layers; a group imports only from its own layer or below (``tests/docs/test_import_graph.py``):
+
+    0  cost/       collectives, FLOPs, matmul speed        inventory/  a block's saved tensors, model state
+    1  dp/  zero/  tp/  pp/  cp.py  moe/                    one strategy each
+    2  hybrid/     any layout at once: the layout value (``Plan``), its refusals, bytes and memory per rank
+    3  plan/       the planner at scale                      serving/    inference
+
+Each group's ``__init__`` maps its files and exports what the chapters use.
+"""
+
+from playbook.theory.hybrid.memory import inference_memory, training_memory
+
+__all__ = ["inference_memory", "training_memory"]

@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from playbook.config import ModelConfig, divisors, require_positive
-from playbook.theory.inventory import check_ulysses, local, ours_block, view
+from playbook.theory.inventory.inventory import check_ulysses, local, ours_block, view
 
 VARIANTS = ("ring", "allgather", "ulysses")
 GRAD_BYTES = 4  # ... and accumulates the travelling key/value gradients in fp32
@@ -191,7 +191,7 @@ def cp_block_activation_breakdown(
 ) -> dict[str, int]:
     """Bytes one block of our GPT saves for backward on one rank under context parallelism.
 
-    As ``playbook.theory.activations.block_activation_breakdown`` with s → s/n for everything
+    As ``playbook.theory.inventory.activations.block_activation_breakdown`` with s → s/n for everything
     outside attention, plus RoPE's cos/sin gathered at this rank's explicit positions (4·(s/n)·d),
     and the attention core per variant:
     - ring: the custom autograd function keeps q, k, v, its output and the fp32 log-sum-exp; no
@@ -225,7 +225,7 @@ def cp_activation_bytes(
     """Bytes one rank saves for one forward of the whole model and its loss under cp = n: the
     blocks (``cp_block_activation_breakdown``) and, at s/n tokens, the token ids and targets
     (int64), the final norm (3·b·(s/n)·h + b·(s/n)), the log-probabilities b·(s/n)·V and the
-    loss's 0-d ``total_weight``, as in ``playbook.theory.activations.model_activation_bytes``.
+    loss's 0-d ``total_weight``, as in ``playbook.theory.inventory.activations.model_activation_bytes``.
     The lead wires this into ``training_memory(cp=n)``. Only ``recompute="none"`` is counted (and
     measured): the CP forward here does not checkpoint; note that the ring kernel already
     recomputes its probabilities, so for the ring "selective" would change nothing."""

@@ -1,4 +1,13 @@
-"""Compare & show: figures (pure, data -> plotly figure) and dashboards (controls -> figures)."""
+"""Compare & show: figures (pure, data -> plotly figure) and dashboards (controls -> figures).
+
+- Shared: ``figures.py`` (colours, units, loss curves, timelines, ``figure_layout``),
+  ``memory_figures.py`` (memory by category), ``table.py`` (rows as a table), ``diagrams.py``,
+  ``widgets.py`` (controls, stale marks, ``show_figure``).
+- A module per chapter, its dashboard beside it in ``<chapter>_dashboard.py``: ``memory_dashboard``
+  (0), ``dp`` (1), ``zero`` (2), ``tp`` (3), ``pp`` (4), ``cp`` (5), ``ep`` + ``moe_balance`` (6),
+  ``serving`` + ``serving_engine`` (7), ``mesh`` + ``mesh_layout`` (8), ``plan`` + ``calibrate`` (8b),
+  ``activations`` (chapter 0's formulas).
+"""
 
 from playbook.viz._plotly import pio  # first: plotly.io without nbformat, before any module here imports it
 from playbook.viz.figures import (
@@ -12,7 +21,7 @@ from playbook.viz.figures import (
     unit_scale,
 )
 from playbook.viz.memory_figures import memory_bars, predicted_vs_measured
-from playbook.viz.widgets import memory_budgets, memory_dashboard
+from playbook.viz.widgets import memory_budgets
 
 __all__ = [
     "CATEGORY_COLORS",
@@ -22,7 +31,6 @@ __all__ = [
     "loss_curves",
     "memory_bars",
     "memory_budgets",
-    "memory_dashboard",
     "predicted_vs_measured",
     "timeline",
     "unit_scale",

@@ -1,13 +1,13 @@
 """Activation memory per layer: the paper's GPT-3 formula beside our exact count, against sequence length.
 
-Pure: rows from ``playbook.theory.activations.korthikanti_vs_exact`` -> a plotly figure.
+Pure: rows from ``playbook.theory.inventory.activations.korthikanti_vs_exact`` -> a plotly figure.
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from playbook.viz.figures import _layout, unit_scale
+from playbook.viz.figures import figure_layout, unit_scale
 
 SERIES = {  # row key -> legend
     "korthikanti": "Korthikanti et al. (GPT-3 block, dropout): 34sbh + 5as²b",
@@ -31,7 +31,7 @@ def activation_formulas_figure(rows: list[dict], *, unit: str = "GB", title: str
                 hovertemplate=f"s=%{{x}}: %{{y:.3g}} {unit}<extra></extra>",
             )
         )
-    return _layout(
+    return figure_layout(
         fig,
         title=title,
         xaxis=dict(title="sequence length s", type="log", tickvals=x),

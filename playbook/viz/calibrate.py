@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.theory.alpha_beta import model_terms
+from playbook.theory.cost.alpha_beta import model_terms
 
 LABELS = {
     "all_reduce": "all-reduce",

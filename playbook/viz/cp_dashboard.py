@@ -94,7 +94,7 @@ def cp_dashboard(
 ) -> w.VBox:
     """Controls (model, hardware, seq_len, n, variant, causal, zig-zag, ring step) -> the score
     matrix (``score_matrix``) and the summary (``cp_summary``). Returns a VBox with ``figure``,
-    ``controls`` and ``message`` attributes, like ``playbook.viz.widgets.memory_dashboard``."""
+    ``controls`` and ``message`` attributes, like ``playbook.viz.memory_dashboard.memory_dashboard``."""
     c = {
         "model": w.Dropdown(
             options=[p for p in ModelConfig.presets() if not ModelConfig.preset(p).is_moe],

@@ -23,7 +23,7 @@ def ring_allreduce_figure(steps: list[dict], *, title: str = "") -> go.Figure:
     """One column per moment (start, then each of the 2(n−1) steps), one row per rank; each cell shows
     the rank's n chunks, shaded and labelled by how many ranks' contributions the chunk holds. The
     chunk a rank just received is outlined. ``steps`` comes from
-    :func:`playbook.theory.ring.ring_allreduce_steps`."""
+    :func:`playbook.theory.cost.ring.ring_allreduce_steps`."""
     n = len(steps[0]["held"])
     cell_w, gap = n + 1.0, 1.0
     fig = go.Figure()

@@ -2,7 +2,7 @@
 dashboard that predicts a step from a model, a device and a bucket size.
 
 Figures are pure functions from plain data (span dicts as the tracer records them, or as
-``playbook.theory.buckets.predict_dp_step`` predicts them; ``Bucket`` objects; rows of numbers) to a
+``playbook.theory.dp.buckets.predict_dp_step`` predicts them; ``Bucket`` objects; rows of numbers) to a
 plotly figure. ``playbook.viz.dp_dashboard`` wires controls to them. Times in the figures are milliseconds.
 """
 
@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from playbook.config import ModelConfig
 from playbook.hardware import Hardware
-from playbook.theory.buckets import MIB, Bucket, predict_dp_step
+from playbook.theory.dp.buckets import MIB, Bucket, predict_dp_step
 
 # One colour per span name in every DP figure, so naive, bucketed, DDP and predictions read alike.
 COLORS = {

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from playbook.config import ModelConfig
 from playbook.hardware import Hardware
-from playbook.theory.buckets import bucket_cap_bytes
+from playbook.theory.dp.buckets import bucket_cap_bytes
 from playbook.viz.dp import predict_both, predicted_timelines
 from playbook.viz.figures import format_value
 from playbook.viz.widgets import dense_presets, fit_controls, show_figure

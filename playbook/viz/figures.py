@@ -75,7 +75,7 @@ def format_value(x: float) -> str:
     return f"{x:.2g}"
 
 
-def _layout(fig: go.Figure, *, title: str, height: int = HEIGHT, **kwargs) -> go.Figure:
+def figure_layout(fig: go.Figure, *, title: str, height: int = HEIGHT, **kwargs) -> go.Figure:
     fig.update_layout(
         height=height,
         title=dict(text=title, x=0.01, xanchor="left") if title else None,
@@ -116,7 +116,7 @@ def loss_curves(curves: Mapping[str, list[float]], *, floor: float | None = None
             annotation_position="top left",
             annotation_font_color="#555",
         )
-    return _layout(
+    return figure_layout(
         fig,
         title=title,
         xaxis=dict(title="step"),
@@ -130,7 +130,7 @@ def loss_curves(curves: Mapping[str, list[float]], *, floor: float | None = None
 def timeline(spans: Iterable[Mapping | object], *, title: str = "") -> go.Figure:
     """A Gantt chart of tracer spans: one row per rank, time in milliseconds since the first span.
 
-    ``spans`` are dicts (or :class:`playbook.measure.trace.Span` objects) with ``rank``, ``kind``
+    ``spans`` are dicts (or :class:`playbook.cluster.trace.tracer.Span` objects) with ``rank``, ``kind``
     (``"comm"`` or ``"compute"``), ``name``, ``start`` and ``end`` in seconds (``perf_counter``),
     and optionally ``bytes``, ``sent_bytes`` and ``group``; spans whose ``end`` is ``None`` (never
     waited on) are skipped. One horizontal bar trace per span name: ``base`` is the start in ms,
@@ -141,7 +141,7 @@ def timeline(spans: Iterable[Mapping | object], *, title: str = "") -> go.Figure
     rows = [s for s in rows if s.get("end") is not None]
     fig = go.Figure()
     if not rows:
-        return _layout(fig, title=title or "no finished spans", xaxis=dict(title="time (ms)"))
+        return figure_layout(fig, title=title or "no finished spans", xaxis=dict(title="time (ms)"))
     t0 = min(s["start"] for s in rows)
     ranks = sorted({int(s["rank"]) for s in rows})
 
@@ -184,7 +184,7 @@ def timeline(spans: Iterable[Mapping | object], *, title: str = "") -> go.Figure
             )
         )
     labels = [f"rank {r}" for r in ranks]
-    return _layout(
+    return figure_layout(
         fig,
         title=title,
         barmode="overlay",

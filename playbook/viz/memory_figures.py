@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 
 import plotly.graph_objects as go
 
-from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS, _layout, format_value, unit_scale
+from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS, figure_layout, format_value, unit_scale
 
 OFF_SCALE = 5  # memory_bars draws the capacity line only up to this many times the tallest bar
 # Keys of a measured or predicted dict that are sums of the categories, not categories.
@@ -113,7 +113,7 @@ def memory_bars(
                 font_color="#444",
             )
     top = (top or 1) / scale
-    return _layout(
+    return figure_layout(
         fig,
         title=title,
         barmode="stack",
@@ -181,7 +181,7 @@ def predicted_vs_measured(
                 ),
             )
         )
-    return _layout(
+    return figure_layout(
         fig,
         title=title,
         barmode="group",

@@ -4,7 +4,7 @@ layouts side by side.
 Figures are pure (plain data -> plotly figure; no torch, no processes), so tests read ``fig.data``.
 The inputs are the per-rank rows of a hybrid run (``playbook.parallel.hybrid.run.comm_table``:
 ``{rank, coords, predicted, measured, memory}``, bytes per step by axis and bytes by category).
-``training_rows`` turns ``theory.memory.training_memory`` into the rows of the chapter's table.
+``training_rows`` turns ``theory.hybrid.memory.training_memory`` into the rows of the chapter's table.
 Where the ranks sit: ``playbook.viz.mesh_layout``; tables: ``playbook.viz.table``.
 """
 
@@ -16,8 +16,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playbook.config import ModelConfig
-from playbook.theory.memory import training_memory
-from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS, _layout, timeline, unit_scale
+from playbook.theory.hybrid.memory import training_memory
+from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS, figure_layout, timeline, unit_scale
 from playbook.viz.mesh_layout import AXIS_COLORS, axis_seconds, ordered_axes, rank_grid
 from playbook.viz.table import table
 
@@ -54,7 +54,7 @@ def bytes_per_axis(rows: Sequence[Mapping], *, unit: str = "KB", title: str = ""
             )
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text=f"bytes sent per step ({unit})", row=1, col=1)
-    return _layout(
+    return figure_layout(
         fig,
         title=title,
         barmode="group",
@@ -106,7 +106,7 @@ def memory_per_rank(rows: Sequence[Mapping], *, unit: str = "KB", title: str = "
                 hovertemplate="predicted total %{x}<br>%{customdata:,.0f} bytes<extra></extra>",
             )
         )
-    return _layout(
+    return figure_layout(
         fig,
         title=title,
         barmode="stack",
@@ -201,7 +201,7 @@ def compare_layouts(runs: Mapping[str, Sequence[Mapping]], *, unit: str = "KB", 
             col=2,
         )
     fig.update_yaxes(title_text=f"bytes ({unit})", rangemode="tozero")
-    _layout(fig, title=title, barmode="stack", height=440)
+    figure_layout(fig, title=title, barmode="stack", height=440)
     return fig.update_layout(margin=dict(t=100))
 
 

@@ -3,7 +3,7 @@
 Controls for dp, tp, pp, cp and ep (their product must be the 8 ranks; ep borrows ranks from dp·cp
 and adds none), the model (``gpt-tiny`` or the mixture of experts ``gpt-tiny-moe``), sequence
 parallelism and the ZeRO stage. Every change redraws three figures of ``playbook.viz.mesh`` with the
-predictions of ``playbook.theory.hybrid``: the rank grid (``rank_grid``), bytes each rank sends per
+predictions of ``playbook.theory.hybrid.hybrid``: the rank grid (``rank_grid``), bytes each rank sends per
 step on every mesh axis (``comm_per_axis`` into ``bytes_per_axis``) and memory per rank by category
 (``memory_per_rank``). A layout that ``Plan.check`` refuses is explained in one red line (its
 ``ValueError``) and the figures keep the last valid layout, marked stale. The button runs the layout
@@ -24,10 +24,11 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from playbook.dims import ParallelDims
-from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
+from playbook.theory.hybrid.plan import Plan
+from playbook.parallel.hybrid.parallelize import train_hybrid
 from playbook.parallel.training import TrainSetup
-from playbook.theory.hybrid import comm_per_axis
-from playbook.theory.hybrid import memory_per_rank as predict_memory
+from playbook.theory.hybrid.hybrid import comm_per_axis
+from playbook.theory.hybrid.hybrid import memory_per_rank as predict_memory
 from playbook.viz.mesh import bytes_per_axis, memory_per_rank
 from playbook.viz.mesh_layout import rank_grid
 from playbook.viz.widgets import fit_controls, show_figure
@@ -210,7 +211,7 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
 
     def run(_button=None) -> None:
         """Run the current layout on the ranks and overlay what they measured."""
-        from playbook.parallel.hybrid.run import comm_table
+        from playbook.parallel.hybrid.merge import comm_table
 
         s, plan = state["setup"], state["plan"]
         if plan is None or button.disabled:

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from playbook.hardware import Hardware
 from playbook.dims import AXES, ParallelDims
-from playbook.viz.figures import _layout
+from playbook.viz.figures import figure_layout
 
 PALETTE = [
     "#2f6db5",
@@ -146,7 +146,7 @@ def rank_grid(dims: ParallelDims, *, devices_per_node: int = 8, title: str = "")
     xt = [f"cp{x // dims.tp} tp{x % dims.tp}" if dims.cp > 1 else f"tp{x}" for x in range(cols)]
     yt = [f"pp{y // dims.dp} dp{y % dims.dp}" if dims.pp > 1 else f"dp{y}" for y in range(rows)]
     title = title or f"{dims}: {dims.world} ranks, {devices_per_node} per node (thick lines: node boundaries)"
-    _layout(
+    figure_layout(
         fig,
         title=title,
         height=160 + rows * cell_h,

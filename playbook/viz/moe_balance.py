@@ -1,6 +1,6 @@
 """Figures for balancing a mixture of experts: the capacity buffer's slots, and routing over training.
 
-``capacity_figure`` draws ``theory.moe_routing.capacity_buffer``: per expert the slots filled, the
+``capacity_figure`` draws ``theory.moe.routing.capacity_buffer``: per expert the slots filled, the
 padded slots a fixed ``[E, C, h]`` buffer would carry, and the slots dropped over capacity.
 ``balance_figure`` draws, for several runs (``MoERun.routing``), the router entropy (as a share of
 ln E, its most) and the share of slots over capacity, step by step.

@@ -1,11 +1,11 @@
 """Show the planner: the ranked layouts, why the top ones win, and why the others were rejected.
 
-Pure functions from a :class:`playbook.theory.planner.Plan` (or its candidates) to rows for
+Pure functions from a :class:`playbook.theory.plan.planner.Plan` (or its candidates) to rows for
 ``viz.table.table`` and to plotly figures; no processes, no widgets. The step time is the planner's
-own breakdown (``playbook.theory.plan_cost.StepCost``): compute, the *exposed* communication of
+own breakdown (``playbook.theory.plan.cost.StepCost``): compute, the *exposed* communication of
 each mesh axis (what overlap with compute does not hide), and the pipeline bubble (Narayanan et
 al. 2021, arXiv:2104.04473, §2.2, §3.3): fill and drain, and the wait on the busiest stage
-(``theory.stage_balance``). The bars of a candidate sum to its predicted step time.
+(``theory.plan.stage_balance``). The bars of a candidate sum to its predicted step time.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.theory.planner import Candidate, Plan
-from playbook.viz.figures import _layout
+from playbook.theory.plan.search import Candidate, Plan
+from playbook.viz.figures import figure_layout
 from playbook.viz.mesh_layout import AXIS_COLORS
 
 COMPUTE, BUBBLE = "#3b7dd8", "#9e9e9e"
@@ -142,7 +142,7 @@ def step_breakdown(plan: Plan | Sequence[Candidate], *, top: int | None = 8, tit
         fig.add_annotation(
             x=r, y=label, text=f" {c.cost.total:.3g} s, MFU {c.mfu:.0%}", showarrow=False, xanchor="left", row=1, col=2
         )
-    _layout(fig, title=title or "predicted step time, by part", height=170 + 34 * len(cands))
+    figure_layout(fig, title=title or "predicted step time, by part", height=170 + 34 * len(cands))
     fig.update_layout(barmode="stack", legend=dict(x=1.02, y=1, traceorder="normal"), margin=dict(l=10, r=10))
     fig.update_xaxes(title_text="seconds per step", row=1, col=1)
     fig.update_xaxes(title_text="seconds beyond compute", range=[0, max(rest, default=1.0) * 1.6], row=1, col=2)

@@ -1,6 +1,6 @@
 """The planner's what-if dashboard: model, GPUs, context, global batch and hardware -> the ranked
 layouts (a table), their step time by part (``viz.plan.step_breakdown``) and the rejections by
-reason, all from ``playbook.theory.planner.plan`` (no ranks start).
+reason, all from ``playbook.theory.plan.planner.plan`` (no ranks start).
 
 Every control re-plans. The teaching presets (``gpt-*``) are not offered: their max_seq_len (64 or
 128 tokens) is below every context on the slider. A setting the planner refuses (nothing fits, no
@@ -19,9 +19,10 @@ import plotly.graph_objects as go
 
 from playbook.config import ModelConfig
 from playbook.hardware import Hardware
-from playbook.theory.plan_cost import DEFAULT_OVERLAP
-from playbook.theory.plan_schedule import PLAN_SCHEDULES
-from playbook.theory.planner import Plan, plan
+from playbook.theory.plan.cost import DEFAULT_OVERLAP
+from playbook.theory.plan.schedule import PLAN_SCHEDULES
+from playbook.theory.plan.search import Plan
+from playbook.theory.plan.planner import plan
 from playbook.viz.table import table
 from playbook.viz.plan import candidate_rows, rejected_rows, step_breakdown
 from playbook.viz.widgets import show_figure
@@ -48,7 +49,7 @@ def cached_plan(
     schedules: tuple[str, ...] = PLAN_SCHEDULES,
     overlap: str = DEFAULT_OVERLAP,
 ) -> Plan:
-    """``theory.planner.plan`` for preset names, remembered (the notebook and the dashboard share it)."""
+    """``theory.plan.planner.plan`` for preset names, remembered (the notebook and the dashboard share it)."""
     hw = Hardware.preset(hardware)
     sizes = dict(gpus=gpus, seq_len=seq_len, global_batch=global_batch, activations=activations, schedules=schedules)
     sizes["overlap"] = overlap

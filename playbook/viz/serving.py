@@ -1,6 +1,6 @@
 """Figures of the serving chapter: pure functions from plain data to plotly figures (no torch).
 
-Inputs come from ``playbook.theory.serving`` (predictions), ``playbook.serve.bench`` (timings on
+Inputs come from ``playbook.theory.serving.serving`` (predictions), ``playbook.serve.rates`` (timings on
 real ranks) and ``playbook.serve.batching`` (the scheduler's step records).
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.viz.figures import _layout
+from playbook.viz.figures import figure_layout
 from playbook.viz.mesh_layout import PALETTE
 
 MEMORY_COLORS = {
@@ -45,7 +45,7 @@ def stacked_memory(
             )
         )
     fig.update_yaxes(title_text=unit_name, rangemode="tozero")
-    return _layout(fig, title=title, barmode="stack", height=420)
+    return figure_layout(fig, title=title, barmode="stack", height=420)
 
 
 def kv_growth(
@@ -76,7 +76,7 @@ def kv_growth(
         )
     fig.update_xaxes(title_text="tokens in the cache (batch × context)", type="log")
     fig.update_yaxes(title_text="KV cache (GB)", type="log")
-    return _layout(fig, title=title, height=420)
+    return figure_layout(fig, title=title, height=420)
 
 
 def roofline(measured: Sequence[Mapping], predicted: Sequence[Mapping], *, title: str = "") -> go.Figure:
@@ -114,7 +114,7 @@ def roofline(measured: Sequence[Mapping], predicted: Sequence[Mapping], *, title
         ticks = sorted({r["x"] for r in [*measured, *predicted] if r["phase"] == phase})
         fig.update_xaxes(title_text=label, type="log", tickvals=ticks, row=1, col=col)
     fig.update_yaxes(title_text="milliseconds", rangemode="tozero")
-    return _layout(fig, title=title, height=430)
+    return figure_layout(fig, title=title, height=430)
 
 
 def layouts(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
@@ -145,7 +145,7 @@ def layouts(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
         col=2,
     )
     fig.update_yaxes(rangemode="tozero")
-    return _layout(fig, title=title, barmode="group", height=430)
+    return figure_layout(fig, title=title, barmode="group", height=430)
 
 
 def block_table(steps: Sequence[Mapping], n_blocks: int, *, title: str = "") -> go.Figure:
@@ -180,7 +180,7 @@ def block_table(steps: Sequence[Mapping], n_blocks: int, *, title: str = "") -> 
     )
     fig.update_xaxes(title_text="scheduler step", dtick=1)
     fig.update_yaxes(title_text="physical block", dtick=1, autorange="reversed")
-    return _layout(fig, title=title, height=max(320, 26 * n_blocks + 140))
+    return figure_layout(fig, title=title, height=max(320, 26 * n_blocks + 140))
 
 
 __all__ = ["block_table", "kv_growth", "layouts", "roofline", "stacked_memory"]

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from playbook.viz.figures import _layout
+from playbook.viz.figures import figure_layout
 from playbook.viz.mesh_layout import PALETTE
 
 
@@ -24,7 +24,7 @@ def prefix_hits(series: Mapping[str, Sequence[Mapping]], *, title: str = "") -> 
             textposition="outside",
         )
     fig.update_layout(barmode="group", yaxis_title="prompt tokens found cached (%)", yaxis_range=[0, 100])
-    return _layout(fig, title=title)
+    return figure_layout(fig, title=title)
 
 
 def step_times(runs: Mapping[str, Sequence[float]], *, title: str = "") -> go.Figure:
@@ -39,7 +39,7 @@ def step_times(runs: Mapping[str, Sequence[float]], *, title: str = "") -> go.Fi
             line_color=PALETTE[k % len(PALETTE)],
         )
     fig.update_layout(xaxis_title="scheduler step", yaxis_title="step time (ms)")
-    return _layout(fig, title=title)
+    return figure_layout(fig, title=title)
 
 
 def latency_percentiles(report: Mapping, *, title: str = "") -> go.Figure:
@@ -52,7 +52,7 @@ def latency_percentiles(report: Mapping, *, title: str = "") -> go.Figure:
     # linear, each bar labelled: a log axis over 40-900 ms printed every minor digit as a tick label
     fig.update_traces(textposition="outside", cliponaxis=False)
     fig.update_layout(barmode="group", yaxis_title="measured (ms)")
-    return _layout(fig, title=title)
+    return figure_layout(fig, title=title)
 
 
 def chunked_p99(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
@@ -78,7 +78,7 @@ def chunked_p99(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
             cliponaxis=False,
         )
     fig.update_layout(barmode="group", yaxis_title="p99 (ms)")
-    return _layout(fig, title=title)
+    return figure_layout(fig, title=title)
 
 
 def disagg_costs(rows: Sequence[Mapping], links: Sequence[str], *, title: str = "") -> go.Figure:
@@ -97,4 +97,4 @@ def disagg_costs(rows: Sequence[Mapping], links: Sequence[str], *, title: str = 
     fig.update_layout(
         barmode="group", yaxis_type="log", yaxis_dtick=1, yaxis_title="milliseconds (log)", xaxis_title="prompt"
     )
-    return _layout(fig, title=title)
+    return figure_layout(fig, title=title)

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from playbook.viz.figures import _layout, format_value
+from playbook.viz.figures import figure_layout, format_value
 
 
 def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, title: str = "") -> go.Figure:
@@ -54,5 +54,5 @@ def table(rows: Sequence[Mapping], *, columns: Sequence[str] | None = None, titl
             columnwidth=widths,
         )
     )
-    _layout(fig, title=title, height=(50 if title else 10) + header + sum(heights) + 24)
+    figure_layout(fig, title=title, height=(50 if title else 10) + header + sum(heights) + 24)
     return fig.update_layout(margin=dict(l=10, r=10, t=50 if title else 10, b=10))

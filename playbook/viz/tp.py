@@ -1,7 +1,7 @@
 """Show tensor parallelism: who holds which slice, collectives per layer, memory and time per rank.
 
 Figures are pure (data -> plotly figure, no torch, no processes); ``playbook.viz.tp_dashboard`` wires
-controls to them and to the calculators in ``playbook.theory.tp``. Memory inputs are bytes.
+controls to them and to the calculators in ``playbook.theory.tp.tp``. Memory inputs are bytes.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from collections.abc import Mapping
 import plotly.graph_objects as go
 
 from playbook.config import ModelConfig
-from playbook.theory.memory import activation_bytes_per_layer
-from playbook.theory.tp import matrix_shards, tp_block_activation_breakdown
-from playbook.viz.figures import _layout, format_value, unit_scale
+from playbook.theory.inventory.korthikanti import activation_bytes_per_layer
+from playbook.theory.tp.layout import matrix_shards
+from playbook.theory.tp.tp import tp_block_activation_breakdown
+from playbook.viz.figures import figure_layout, format_value, unit_scale
 
 RANK_COLORS = ["#2f6db5", "#e8893a", "#5b9a48", "#c94a4a", "#8a63b8", "#3aa6a0", "#b8860b", "#d36fa5"]
 REPLICATED = "#9e9e9e"
@@ -94,7 +95,7 @@ def shard_diagram(cfg: ModelConfig, tp: int, *, title: str = "", per_row: int = 
     )
     n_rows = (len(mats) + per_row - 1) // per_row
     more = f" (first 16 of {tp} ranks drawn)" if tp > shown else ""
-    return _layout(
+    return figure_layout(
         fig,
         title=title or f"{cfg.name}, t={tp}: which rank holds which slice{more}",
         height=205 * n_rows + 100,
@@ -125,7 +126,7 @@ def comm_bars(summaries: Mapping[str, Mapping], *, value: str = "count", title: 
             )
         )
     ytitle = {"count": "collectives", "bytes": "buffer bytes", "sent_bytes": "bytes sent per rank"}[value]
-    return _layout(fig, title=title, barmode="group", yaxis=dict(title=ytitle, rangemode="tozero"), height=360)
+    return figure_layout(fig, title=title, barmode="group", yaxis=dict(title=ytitle, rangemode="tozero"), height=360)
 
 
 # ---- memory -------------------------------------------------------------------------------------
@@ -178,7 +179,7 @@ def activation_rows(
             hovertemplate="%{y}: %{customdata:,.0f} bytes<extra></extra>",
         )
     )
-    fig = _layout(
+    fig = figure_layout(
         fig,
         title=title or f"{cfg.name}: activations of one layer per rank, {8 * dtype_bytes}-bit",
         xaxis=dict(title=f"bytes per layer per rank ({unit})", range=[0, max(bars.values()) / scale * 1.25]),
@@ -190,7 +191,7 @@ def activation_rows(
 
 # ---- time ---------------------------------------------------------------------------------------
 def matmul_efficiency(curve: list[dict], *, title: str = "") -> go.Figure:
-    """FLOP/s of one rank's local matmul against t (``parallel.tp.model.matmul_throughput``'s rows)."""
+    """FLOP/s of one rank's local matmul against t (``measure.matmul.matmul_throughput``'s rows)."""
     x = [r["tp"] for r in curve]
     y = [r["flops_per_s"] / 1e9 for r in curve]
     text = [f"[{a}×{b}]·[{b}×{c}]" for a, b, c in (r["shape"] for r in curve)]
@@ -204,7 +205,7 @@ def matmul_efficiency(curve: list[dict], *, title: str = "") -> go.Figure:
             hovertemplate="t=%{x}: %{y:.1f} GFLOP/s<br>%{text}<extra></extra>",
         )
     )
-    return _layout(
+    return figure_layout(
         fig,
         title=title or "matmul throughput as the local matrix shrinks",
         xaxis=dict(title="t (the local matrix has 1/t of the columns)", type="log", tickvals=x),
@@ -214,7 +215,7 @@ def matmul_efficiency(curve: list[dict], *, title: str = "") -> go.Figure:
 
 
 def layer_time(rows: list[dict], *, title: str = "") -> go.Figure:
-    """Stacked bars per t: compute and communication seconds of one layer (``theory.tp.layer_seconds``),
+    """Stacked bars per t: compute and communication seconds of one layer (``theory.tp.tp.layer_seconds``),
     in milliseconds; the total is written on top. Where the bars stop shrinking, TP stopped paying."""
     x = [f"t={r['tp']}" for r in rows]
     fig = go.Figure(
@@ -229,7 +230,7 @@ def layer_time(rows: list[dict], *, title: str = "") -> go.Figure:
         fig.add_annotation(
             x=xi, y=r["total"] * 1e3, text=f"{format_value(r['total'] * 1e3)} ms", showarrow=False, yanchor="bottom"
         )
-    return _layout(
+    return figure_layout(
         fig,
         title=title or "one layer, forward + backward, per rank",
         barmode="stack",

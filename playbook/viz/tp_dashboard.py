@@ -1,6 +1,6 @@
 """Chapter 3's dashboard: controls (preset, t, sequence parallelism, sequence length, micro-batch,
 device) -> per-rank weights and activations for every valid t, one layer's communication and time,
-and the shard diagram, all from the calculators in ``playbook.theory.tp`` (``tp_numbers``) drawn by
+and the shard diagram, all from the calculators in ``playbook.theory.tp.tp`` (``tp_numbers``) drawn by
 the figures of ``playbook.viz.tp``.
 """
 
@@ -13,7 +13,9 @@ import plotly.graph_objects as go
 
 from playbook.config import ModelConfig
 from playbook.hardware import Hardware
-from playbook.theory.tp import layer_comm, layer_seconds, params_per_rank, tp_block_activation_breakdown, valid_tp
+from playbook.theory.tp.comm import layer_comm, layer_seconds
+from playbook.theory.tp.layout import params_per_rank, valid_tp
+from playbook.theory.tp.tp import tp_block_activation_breakdown
 from playbook.viz.figures import format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars
 from playbook.viz.tp import layer_time, shard_diagram

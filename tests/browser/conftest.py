@@ -1,6 +1,6 @@
 """Fixtures for the chapters in a real JupyterLab under headless Chromium.
 
-One JupyterLab server and one browser for this package's tests (closed before tests/test_book.py
+One JupyterLab server and one browser for this package's tests (closed before tests/book/test_book.py
 opens its own Playwright: two sync Playwrights cannot share a thread); per notebook, a fresh tab that opens
 the notebook and runs it all once (``ran``), shared by the tests on that notebook; its kernel is shut
 down when they are done. Screenshots and timings go to ``build/browser-artifacts/``.

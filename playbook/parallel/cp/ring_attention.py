@@ -35,9 +35,10 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from playbook.measure import trace
+from playbook.cluster.trace import tracer as trace
 from playbook.parallel.comm import _neighbours, _wait, gather_shards, ring_pass
-from playbook.theory.cp import check_layout, check_ulysses, shard_chunks, shard_positions
+from playbook.theory.cp import check_layout, shard_chunks, shard_positions
+from playbook.theory.inventory.inventory import check_ulysses
 
 
 # ---- pieces shared by every variant -------------------------------------------------------------

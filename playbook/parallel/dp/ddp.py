@@ -13,7 +13,7 @@ Grouping decides *when* and *how many times* we pay, not how many bytes:
 1. **naive**: after backward, one blocking all-reduce per parameter tensor (t calls, each paying
    the collective's fixed latency, none overlapping compute);
 2. **bucketed**: a hook on each parameter's gradient accumulation packs ready gradients into flat
-   buckets (``playbook.theory.buckets.bucket_plan``) and starts each bucket's all-reduce
+   buckets (``playbook.theory.dp.buckets.bucket_plan``) and starts each bucket's all-reduce
    asynchronously while backward goes on; we wait for all of them before the optimizer step
    (Li et al. 2020, "PyTorch Distributed", VLDB, arXiv:2006.15704, §3.2.3);
 3. **gradient accumulation**: K micro-batches per step, gradients summed locally and reduced only
@@ -39,9 +39,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from playbook.config import divisors, require_positive
-from playbook.measure.trace import Tracer, recording
+from playbook.cluster.trace.tracer import Tracer, recording
 from playbook.parallel.training import TrainSetup
-from playbook.theory.buckets import bucket_plan
+from playbook.theory.dp.buckets import bucket_plan
 
 VARIANTS = ("naive", "bucketed", "ddp")
 

@@ -4,7 +4,7 @@ Each rank trains ``GPT(cfg, seed)`` on its rows of every global batch with ``tra
 variant plugs in as hooks: the micro-batches of a step and their forward and backward
 (``forward_backward``), then the all-reduce of every gradient or the wait for the buckets
 (``sync_grads``). The report puts the run beside the single process and beside DDP (parity), and
-its bytes and calls per step beside ``theory.dp`` (Li et al. 2020, arXiv:2006.15704). One rank's
+its bytes and calls per step beside ``theory.dp.dp`` (Li et al. 2020, arXiv:2006.15704). One rank's
 training is ``parallel.dp.train``; scaling over 1, 2, 4 ranks, ``parallel.dp.scaling``.
 """
 
@@ -13,17 +13,17 @@ from __future__ import annotations
 import functools
 
 from playbook.cluster import default_backend, launch
-from playbook.measure.collectives import measured_comm
+from playbook.cluster.trace.spans import measured_comm
 from playbook.parallel.dp.ddp import VARIANTS, micro_batch
 from playbook.parallel.dp.train import DPResult, median_after_first, train_dp
 from playbook.parallel.mixed import PRECISIONS, check_precision
 from playbook.parallel.registry import register
-from playbook.parallel.report import RunReport, compare, rel_l2_diff  # noqa: F401  (rel_l2_diff: part of this chapter's API)
+from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainSetup
 from playbook.parallel.parity import against_single
-from playbook.theory.buckets import bucket_cap_bytes
-from playbook.theory.dp import predicted_comm
-from playbook.theory.memory import training_memory
+from playbook.theory.dp.buckets import bucket_cap_bytes
+from playbook.theory.dp.dp import predicted_comm
+from playbook.theory.hybrid.memory import training_memory
 
 DEFAULT_BUCKET_MB = 0.1  # MiB: four buckets for gpt-tiny (DDP's default, 25 MiB, would make one)
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from playbook.parallel.dp.run import DEFAULT_BUCKET_MB
 from playbook.parallel.dp.train import median_after_first, train_dp
 from playbook.parallel.training import TrainSetup
-from playbook.theory.buckets import bucket_cap_bytes
+from playbook.theory.dp.buckets import bucket_cap_bytes
 
 
 def scaling_on_rank(

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from playbook.measure.collectives import without_loop_steps
+from playbook.cluster.trace.spans import without_loop_steps
 from playbook.measure.memory import SavedActivations, gradient_bytes, optimizer_bytes, parameter_bytes
-from playbook.measure.trace import Tracer
-from playbook.model import GPT
+from playbook.cluster.trace.tracer import Tracer
+from playbook.model.gpt import GPT
 from playbook.parallel.dp.ddp import VARIANTS, BucketedAllReduce, accumulating, allreduce_each, micro_batch, wrap_ddp
 from playbook.parallel.mixed import check_precision, optimizer_for, to_mixed
 from playbook.parallel.training import TrainResult, TrainSetup, train

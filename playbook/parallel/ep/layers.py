@@ -1,7 +1,7 @@
 """The expert-parallel MoE layer, and tensor parallelism inside the experts for contrast.
 
 :class:`ExpertParallelMoE`: each of ``ep`` ranks holds E/ep experts. A rank routes its own tokens
-(``playbook.moe``, whose layer asks the three questions overridden here), then
+(``playbook.model.moe``, whose layer asks the three questions overridden here), then
 
     1. counts: all-gather every rank's routed counts [n, E]; from them every rank knows the
        global capacity decisions and every split below (nothing else has to be exchanged);
@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from playbook.config import require_divides
-from playbook.moe import MoEMLP
+from playbook.model.moe import MoEMLP
 from playbook.parallel.comm import GatherRows, ScatterSumRows, all_to_all
 
 
@@ -60,7 +60,7 @@ class ExpertParallelMoE(MoEMLP):
 
     def aux_scale(self) -> float:
         """× n_data where the data ranks' gradients are averaged (chapter 7's ``parallel.ep.model``), so that
-        the mean of the n shares is the aux loss; 1 where they are summed (``parallel.hybrid.grads``)."""
+        the mean of the n shares is the aux loss; 1 where they are summed (``parallel.grads``)."""
         return float(self.n_data) if self.n_data_scale else 1.0
 
     def run_experts(self, xs, kept_by_rank):

@@ -12,12 +12,12 @@ plus n × its share of the aux loss; averaging over n gives the global batch's g
 expert's gradient, which arrives summed over the n ranks' tokens by the all-to-all, is divided by n.
 The groups are the mesh's (``ParallelDims(dp=n, ep=ep)``: ``ep`` groups of consecutive ranks,
 ``ep_replica`` strided by ep, ``dp_cp`` all n), and the gradients are summed by the hybrid
-mesh's own table (``hybrid.grads``), then divided by n: here each rank's loss is its own mean.
+mesh's own table (``parallel.grads``), then divided by n: here each rank's loss is its own mean.
 
 Training is ``parallel.training.train`` with hooks: ``sync_grads`` as above, and ``sync_loss``
 (:class:`StepRecord`) reporting the global loss and recording each step's routing and bytes.
 
-Parity target: ``playbook.moe`` on one process, same global batch (``train_moe`` without ``ctx``).
+Parity target: ``playbook.model.moe`` on one process, same global batch (``train_moe`` without ``ctx``).
 Capacity is global (over the whole global batch, first come first served in global token order),
 so EP drops exactly the slots the single process drops; real systems often use per-rank capacity.
 
@@ -37,22 +37,19 @@ import torch.nn as nn
 
 from playbook.config import ModelConfig, divisors, require_divides
 from playbook.dims import ParallelDims
-from playbook.model import build_moe as build
-from playbook.moe import AUX_ALPHA, MoEMLP, moe_layers
+from playbook.model.gpt import build_moe as build
+from playbook.model.moe import AUX_ALPHA, MoEMLP, moe_layers
 from playbook.parallel.ep.layers import ExpertParallelMoE, TensorParallelExperts
-from playbook.parallel.hybrid.grads import reduce_gradients
+from playbook.parallel.grads import reduce_gradients
 from playbook.parallel.report import all_finite, max_abs_loss_diff, max_rel_diff, rel_l2_diff
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.moe import (
-    alltoall_bytes_from_routing,
-    check_capacity_factor,
-    check_ep,
-)
-from playbook.theory.moe import step_comm_bytes as predicted_comm  # noqa: F401  (the chapter calls it by this name)
+from playbook.theory.moe.comm import alltoall_bytes_from_routing
+from playbook.theory.moe.capacity import check_capacity_factor, check_ep
+from playbook.model.moe import is_expert
 
 
 def sync_gradients(model: nn.Module, mesh, **options) -> None:
-    """The hybrid's sums by parameter class (``hybrid.grads``), then ÷ n: this chapter's ranks each
+    """The hybrid's sums by parameter class (``parallel.grads``), then ÷ n: this chapter's ranks each
     train on the mean of their own rows, so the global mean gradient is the mean of theirs."""
     reduce_gradients(model, mesh, **options)
     for p in model.parameters():
@@ -61,10 +58,6 @@ def sync_gradients(model: nn.Module, mesh, **options) -> None:
 
 
 # ---- the model on this rank's mesh -------------------------------------------------------------
-def is_expert(name: str) -> bool:
-    return ".mlp.experts." in name
-
-
 def parallelize(model: nn.Module, mesh, mode: str) -> nn.Module:
     """Swap every MoE layer for its expert-parallel version over the mesh's ``ep`` axis (routing
     counts over all its data ranks, ``dp_cp``), or (``mode="tp"``) for tensor parallelism inside

@@ -11,17 +11,13 @@ import torch
 
 
 from playbook.config import ModelConfig, require_positive
-from playbook.moe import AUX_ALPHA
+from playbook.model.moe import AUX_ALPHA
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, max_rel_diff, rel_l2_diff
 from playbook.parallel.training import TrainSetup
-from playbook.theory.moe import (
-    model_activation_bytes_moe,
-    moe_model_state_bytes,
-    param_tensors_per_rank,
-    routing_report,
-)
-from playbook.theory.moe import step_comm_bytes as predicted_comm  # the chapter calls it by this name
+from playbook.theory.moe.moe import model_activation_bytes_moe, moe_model_state_bytes, param_tensors_per_rank
+from playbook.theory.moe.comm import routing_report
+from playbook.theory.moe.moe import step_comm_bytes as predicted_comm  # the chapter calls it by this name
 from playbook.parallel.ep.model import merge, parity, predicted_alltoall_bytes, replicas_agree, train_moe, validate
 from playbook.parallel.parity import floor_of, gated
 

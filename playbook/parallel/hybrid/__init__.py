@@ -1,9 +1,14 @@
 """The hybrid mesh (chapter 8): every axis at once, composed in one fixed order.
 
-- ``parallelize.py``: the layout (``Plan``) and ``parallelize``: pipeline split, TP (+SP), EP, CP,
-  recomputation, DP/ZeRO, and the training run.
-- ``pipeline.py`` (the one pipeline driver), ``zero.py`` (ZeRO over dp×cp), ``moe.py`` (every stage's
-  aux loss, routing), ``tied.py`` (the embedding group), ``recompute.py`` (activation recomputation).
+- ``parallelize.py``: ``parallelize`` (TP (+SP), CP, EP, recomputation) and ``train_hybrid``, the rank
+  function; ``pipeline.py``: the one pipeline driver of every layout; ``zero.py``: ZeRO over dp×cp;
+  ``moe.py``: every stage's aux loss, routing; ``recompute.py``: activation recomputation.
 - ``run.py``: ``playbook run hybrid``; ``merge.py``: the one reassembly of whole tensors for parity;
   ``native.py``: FSDP2 + DTensor on the same mesh; ``replay.py``: a planner candidate shrunk and replayed.
 """
+
+from playbook.parallel.hybrid.parallelize import train_hybrid
+from playbook.parallel.hybrid.merge import comm_table, merge
+from playbook.parallel.hybrid.replay import replay
+
+__all__ = ["comm_table", "merge", "replay", "train_hybrid"]

@@ -1,6 +1,6 @@
 """What the ranks of a hybrid run return, put back together: the one reassembly of whole tensors
 for parity against the single process (``merge``), and per rank the bytes per axis and memory by
-category beside ``theory.hybrid``'s prediction (``comm_table``). Read by ``run hybrid``, the native
+category beside ``theory.hybrid.hybrid``'s prediction (``comm_table``). Read by ``run hybrid``, the native
 comparison, the planner's replays, chapter 8 and the tests."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from collections import defaultdict
 
 import torch
 
-from playbook.measure.collectives import bytes_by_axis
-from playbook.parallel.hybrid.parallelize import Plan
+from playbook.cluster.trace.spans import bytes_by_axis
+from playbook.theory.hybrid.plan import Plan
 from playbook.parallel.training import TrainResult, TrainSetup
-from playbook.theory.hybrid import comm_per_axis, memory_per_rank
+from playbook.theory.hybrid.hybrid import comm_per_axis, memory_per_rank
 
 
 def merge(answers: list[dict], tp: int) -> TrainResult:

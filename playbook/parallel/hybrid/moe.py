@@ -10,7 +10,7 @@ forward; backward passes the output gradient through and gives the aux loss the 
 (``aux_loss`` None). Every stage's aux loss so counts once, at the scale of the micro-batch's
 cross-entropy (its tokens over the global batch's: 1/m), whichever stage the layer sits on; each
 rank's share of it is unscaled, the data ranks' shares summing to the micro-batch's aux loss as
-their gradients are summed (``hybrid.grads``). One stage (pp = 1) is the same driver. For the
+their gradients are summed (``parallel.grads``). One stage (pp = 1) is the same driver. For the
 reported loss each rank adds the aux values of its stage; ``hybrid.global_loss`` sums the stages and
 the data ranks.
 
@@ -34,9 +34,9 @@ import functools
 import torch
 import torch.distributed as dist
 
-from playbook.measure import trace
-from playbook.model import build_moe as build
-from playbook.moe import moe_layers
+from playbook.cluster.trace import tracer as trace
+from playbook.model.gpt import build_moe as build
+from playbook.model.moe import moe_layers
 from playbook.parallel.parity import floor_of
 from playbook.parallel.training import TrainResult, TrainSetup, train
 
@@ -45,7 +45,7 @@ def parallelize_experts(model, mesh, sequence_parallel: bool) -> None:
     """Every MoE layer of ``model`` swapped for its expert-parallel version over the mesh's ``ep``
     axis, its routing counts over dp×cp (and tp, whose ranks route 1/tp of the tokens each, their
     sequence slice: ``parallel.tp.moe``); in place."""
-    from playbook.moe import MoEMLP
+    from playbook.model.moe import MoEMLP
     from playbook.parallel.ep.layers import ExpertParallelMoE
     from playbook.parallel.tp.moe import TPExpertParallelMoE, split_tokens
 

@@ -30,15 +30,16 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from playbook.cluster import default_backend, launch
 from playbook.dims import ParallelDims
-from playbook.model import GPT
+from playbook.model.gpt import GPT
 from playbook.parallel.zero.fsdp2 import shard_model
-from playbook.parallel.hybrid.parallelize import Plan, global_loss, train_hybrid
+from playbook.theory.hybrid.plan import Plan
+from playbook.parallel.hybrid.parallelize import global_loss, train_hybrid
 from playbook.parallel.hybrid.merge import merge
 from playbook.parallel.parity import reference
 from playbook.parallel.report import compare
 from playbook.parallel.tp.native import dtensor_gpt
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.tp import valid_tp
+from playbook.theory.tp.layout import valid_tp
 
 NAME = "PyTorch FSDP2 over dp + DTensor TP over tp, same mesh and global batch"
 

@@ -14,13 +14,13 @@ torchtitan's ``parallelize_llama`` and Megatron-LM do:
        full on the blocks as TP, CP and EP left them, before the pipeline cuts them;
     4. pipeline parallelism: this rank's chunk of the (already parallel) model, or its v chunks
        (interleaved 1F1B's virtual stages; the V of ZB-V and DualPipe-V, rank 0 holding the first
-       and the last stage), played by the schedule executor of ``parallel.pp.pipeline`` over ``pp``: the one
+       and the last stage), played by the schedule executor of ``parallel.pp.run`` over ``pp``: the one
        driver of every layout, pp = 1 a one-stage pipeline whose m micro-batches are gradient
        accumulation (``hybrid.pipeline``);
     5. data parallelism: every gradient summed over the mesh axes of its parameter's class, one
-       table (``hybrid.grads``), or ZeRO's sharded optimizer: dense units over ``dp×cp``, routed
+       table (``parallel.grads``), or ZeRO's sharded optimizer: dense units over ``dp×cp``, routed
        experts over their replicas (this stage's units, ``hybrid.zero``); a tied embedding's copies on
-       the first and last stage then summed over them (``hybrid.tied``).
+       the first and last stage then summed over them (``parallel.tied``).
 
 Why this order: each step changes what the next one sees. TP changes the modules and their
 shapes; CP and EP swap pieces inside them; the pipeline cuts the result into stages; only then
@@ -28,105 +28,31 @@ are the parameters a rank owns known, and data parallelism (or ZeRO) reduces exa
 
 Every rank reads rows ``dp_i`` of the global batch (split over dp), the tokens of its cp shard,
 and computes its share of the global batch's loss: Σ of its token losses / the global token count,
-the one division (``hybrid.pipeline``). Summing the shares' gradients over the ranks that hold a parameter
+the one division (``parallel.hybrid.pipeline``). Summing the shares' gradients over the ranks that hold a parameter
 gives the gradient of the global batch's mean loss, which the single process computes on the whole batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
-from playbook.dims import ParallelDims
-from playbook.measure import trace
-from playbook.model import GPT
-from playbook.parallel.hybrid.grads import reduce_gradients
+from playbook.cluster.trace import tracer as trace
+from playbook.model.gpt import GPT
+from playbook.parallel.grads import reduce_gradients
 from playbook.parallel.hybrid.pipeline import pipeline_hooks
-from playbook.parallel.hybrid.recompute import apply_recompute, check_recompute
-from playbook.parallel.hybrid.tied import tie_across_stages
+from playbook.parallel.hybrid.recompute import apply_recompute
+from playbook.parallel.tied import tie_across_stages
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.composition import refusal
-from playbook.theory.schedules import V_SCHEDULES, check_pipeline
-
-CP_VARIANTS = ("ring", "allgather", "ulysses")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything about a layout beyond its degrees: which variant of each strategy."""
-
-    dims: ParallelDims
-    zero: int = 0
-    sequence_parallel: bool = False
-    cp_variant: str = "ring"
-    zigzag: bool = False
-    schedule: str = "1f1b"
-    microbatches: int | None = None  # None: as many as pipeline stages
-    virtual_stages: int | None = None  # model chunks per pp rank; None: 2 for interleaved and the V shapes, else 1
-    recompute: str = "none"  # activation recomputation: none, selective, full (``hybrid.recompute``)
-
-    @property
-    def m(self) -> int:
-        return self.microbatches or (self.dims.pp if self.dims.pp > 1 else 1)
-
-    @property
-    def played_schedule(self) -> str:
-        """The schedule the driver plays: ``schedule``, or at pp = 1 1F1B of one stage (F₀ B₀ F₁ B₁ …:
-        gradient accumulation over the m micro-batches)."""
-        return self.schedule if self.dims.pp > 1 else "1f1b"
-
-    @property
-    def v(self) -> int:
-        """Chunks per pipeline rank: interleaved 1F1B's v (Narayanan et al. 2021, §2.2.2), 2 for the V
-        shapes ZB-V and DualPipe-V (rank 0 holds the first and the last stage), 1 otherwise."""
-        if self.dims.pp == 1:
-            return 1
-        return self.virtual_stages or (2 if self.schedule == "interleaved" or self.schedule in V_SCHEDULES else 1)
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "dims": asdict(self.dims)}
-
-    def check(self, setup: TrainSetup) -> None:
-        """Every constraint, before any rank starts: one ``ValueError`` naming it and what would work."""
-        cfg, d = setup.config(), self.dims
-        d.check(
-            cfg,
-            seq_len=setup.seq_len,
-            global_batch=setup.global_batch,
-            zigzag=self.zigzag,
-            microbatches=self.m if self.m > 1 else None,
-        )
-        if self.zero not in (0, 1, 2, 3):
-            raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.virtual_stages not in (None, 1) and d.pp == 1:
-            raise ValueError(
-                f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
-            )
-        check_recompute(self.recompute)
-        if self.cp_variant not in CP_VARIANTS:
-            raise ValueError(f"cp_variant must be one of {', '.join(CP_VARIANTS)}, got {self.cp_variant!r}")
-        why = refusal(
-            cfg,
-            d,
-            zero=self.zero,
-            sequence_parallel=self.sequence_parallel,
-            seq_len=setup.seq_len,
-            cp_variant=self.cp_variant,
-        )
-        if why:  # the one composition table (``theory.composition``), which the shrinker reads too
-            raise ValueError(why)
-        if d.pp > 1:
-            # stages need not be equal: executor and theory cut the same pieces (``theory.pipeline.stage_ranges``)
-            check_pipeline(d.pp, self.m, self.v, name=self.schedule, n_layers=cfg.n_layers)
+from playbook.theory.hybrid.plan import Plan
 
 
 # ---- 1-3: parallelize the one GPT --------------------------------------------------------------
 def parallelize(model: GPT, mesh, plan: Plan, positions: torch.Tensor | None = None):
     """Apply TP (+SP), the CP attention core, EP and recomputation to ``model`` for this rank of
     ``mesh``, in that order; returns the model to train (a new module for TP, the same one otherwise). The pipeline
-    (step 4, ``hybrid.pipeline``) and the gradient reduction (step 5, ``hybrid.grads``) belong to the
+    (step 4, ``hybrid.pipeline``) and the gradient reduction (step 5, ``parallel.grads``) belong to the
     training loop: see ``train_hybrid``."""
     d = mesh.dims
     if d.tp > 1:
@@ -175,7 +101,7 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
             shard_positions(setup.seq_len, d.cp, mesh.coords["cp"], plan.zigzag), device=ctx.device
         )
     if cfg.is_moe:
-        from playbook.model import build_moe as build
+        from playbook.model.gpt import build_moe as build
 
         model = build(cfg, setup.seed)
     else:
@@ -183,7 +109,7 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     model = parallelize(model.to(ctx.device), mesh, plan, positions)
     split = {}
     if d.tp > 1:  # which tensors are tensor-parallel shards (before ZeRO-3 takes the parameters away)
-        from playbook.parallel.tp.model import shard_dims
+        from playbook.parallel.grads import shard_dims
 
         split = shard_dims(model)
     task, rows = setup.task(), setup.global_batch // d.dp

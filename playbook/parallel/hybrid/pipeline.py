@@ -2,11 +2,11 @@
 
 Every layout trains through this driver: pp = 1 is a pipeline of one stage, whose schedule (1F1B of
 one stage: F₀ B₀ F₁ B₁ …) is gradient accumulation over its m micro-batches; there is no other loop.
-The loop's ``forward_backward`` hook is the schedule executor of ``parallel.pp.pipeline`` (``run_step``),
+The loop's ``forward_backward`` hook is the schedule executor of ``parallel.pp.run`` (``run_step``),
 playing this rank's list of the schedule with its stage index ``mesh.index("pp")`` and the ``pp``
 process group; peers are group-local indices, translated to global ranks where the messages are
 sent. A rank holds ``plan.v`` chunks, virtual stages of pp·v equal-as-possible ones
-(``theory.pipeline.stage_ranges``) where the schedule places them: chunk c is stage c·pp + r for
+(``theory.pp.pipeline.stage_ranges``) where the schedule places them: chunk c is stage c·pp + r for
 interleaved 1F1B (Narayanan et al. 2021, §2.2.2), stages r and 2·pp − 1 − r on the V (ZB-V, Qi et
 al. 2023, §6; DualPipe-V, DeepSeek-AI 2024, §3.2.1). The stage (``pp.executor.Chunk``) holds the
 GPT's own modules under their own names, so parameters and gradients compare with the single
@@ -16,7 +16,7 @@ its blocks this rank's RoPE positions, and a message holds this rank's tokens: [
 
 The loss, the one normalisation: each micro-batch's Σ token cross-entropy divided by the global
 batch's token count (``Chunk.over``), so that the m backward passes of every rank add up to its
-share of the global batch's mean gradient, and the ranks' shares are summed (``hybrid.grads``).
+share of the global batch's mean gradient, and the ranks' shares are summed (``parallel.grads``).
 
 ZeRO (Rajbhandari et al. 2020) shards the stage's units over dp×cp (``hybrid.zero``). With one
 micro-batch and one stage, ZeRO-3 runs each piece through its own runner in the ``Chunk``: gather the
@@ -32,8 +32,10 @@ import torch
 import torch.nn as nn
 
 from playbook.measure.memory import gradient_bytes, optimizer_bytes, parameter_bytes
-from playbook.parallel.pp.pipeline import Chunk, HeldActivations, Pieces, run_step, stage_ranges
-from playbook.theory.schedules import make_schedule
+from playbook.parallel.pp.executor import Chunk, Pieces, run_step
+from playbook.measure.held import HeldActivations
+from playbook.theory.pp.pipeline import stage_ranges
+from playbook.theory.pp.schedules import make_schedule
 
 
 def pipeline_hooks(

@@ -13,7 +13,7 @@ activation checkpointing at the same point, after TP/EP/CP and before FSDP):
 
 Both use non-reentrant ``torch.utils.checkpoint``, so a pipeline stage calling its blocks one by
 one (``pp.executor.Chunk``) recomputes them as the single process does. In an MoE block "full"
-reruns the routing and the dispatch and combine all-to-alls too (``theory.hybrid_recompute``); the
+reruns the routing and the dispatch and combine all-to-alls too (``theory.hybrid.recompute``); the
 replay stops inside the MoE layer, so its forward hooks (``parallel.hybrid.moe``) record each
 forward once. "selective" leaves the MoE layer alone. The recomputed forward's
 tensors are held by the checkpoint's own saved-tensor hooks, not by the pipeline's counter
@@ -26,8 +26,8 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from playbook.model import RECOMPUTE_MODES
-from playbook.moe import replay_context
+from playbook.theory.inventory.inventory import RECOMPUTE_MODES
+from playbook.model.moe import replay_context
 
 
 def check_recompute(mode: str) -> None:
@@ -51,10 +51,10 @@ def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
 def _checkpointed(forward, block: nn.Module):
     """``forward(x, positions)`` that keeps only its inputs and reruns in backward. Early stop is set
     here, not left to a global setting: the replay ends at the last tensor backward needs, so what
-    it sends again is fixed (``theory.hybrid_recompute``), and in an MoE block it ends inside the
+    it sends again is fixed (``theory.hybrid.recompute``), and in an MoE block it ends inside the
     MoE layer, before its forward hooks (routing records, the aux loss, ``parallel.hybrid.moe``):
     they fire once per forward, never for the replay; its routing is its forward's (the route biases
-    of aux-loss-free balancing kept for it, ``moe.replay_context``)."""
+    of aux-loss-free balancing kept for it, ``model.moe.replay_context``)."""
 
     def run(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if not torch.is_grad_enabled():

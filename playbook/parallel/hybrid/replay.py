@@ -2,7 +2,7 @@
 every rank measured (bytes sent per step on each axis, bytes held by category), and parity with the
 single process.
 
-The layout comes from ``playbook.theory.shrink`` and runs through ``playbook run hybrid``'s own API
+The layout comes from ``playbook.theory.plan.shrink`` and runs through ``playbook run hybrid``'s own API
 (``run_layout`` on fresh ranks, or ``train_hybrid`` on a running ``Ranks`` set); the prediction is
 ``Shrunk.predict``, made before any rank starts (a mixture of experts' all-to-all bytes and
 activations follow from the routing, so for those the run's routing completes it).
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from playbook.parallel.hybrid.parallelize import Plan, train_hybrid
-from playbook.parallel.hybrid.run import comm_table, merge, run_layout
+from playbook.theory.hybrid.plan import Plan
+from playbook.parallel.hybrid.parallelize import train_hybrid
+from playbook.parallel.hybrid.merge import comm_table, merge
+from playbook.parallel.hybrid.run import run_layout
 from playbook.parallel.training import TrainSetup
 from playbook.parallel.parity import against_single
-from playbook.theory.shrink import Shrunk
+from playbook.theory.plan.shrink import Shrunk
 
 
 @dataclass

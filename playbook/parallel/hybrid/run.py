@@ -1,7 +1,7 @@
 """``playbook run hybrid``: a layout on real ranks, against the single process on the same batch.
 
 The report gives parity (loss, every gradient, parameters after the last step), bytes per rank per
-step on every mesh axis (predicted by ``theory.hybrid``, measured by the tracer), and each rank's
+step on every mesh axis (predicted by ``theory.hybrid.hybrid``, measured by the tracer), and each rank's
 memory by category as measured.
 """
 
@@ -12,17 +12,19 @@ from dataclasses import dataclass, field
 
 from playbook.cluster import default_backend, launch
 from playbook.dims import ParallelDims
-from playbook.model import RECOMPUTE_MODES
-from playbook.parallel.hybrid.parallelize import CP_VARIANTS, Plan, train_hybrid
-from playbook.parallel.hybrid.merge import comm_table, merge  # noqa: F401  (imported from here too)
+from playbook.theory.inventory.inventory import RECOMPUTE_MODES
+from playbook.theory.cp import VARIANTS as CP_VARIANTS
+from playbook.theory.hybrid.plan import Plan
+from playbook.parallel.hybrid.parallelize import train_hybrid
+from playbook.parallel.hybrid.merge import comm_table, merge
 from playbook.parallel.hybrid.moe import reference as moe_reference
 from playbook.parallel.hybrid.native import check_native, native_parity, summary_line
-from playbook.parallel.parity import gated, reference  # noqa: F401  (chapter 8 and tests import it here)
+from playbook.parallel.parity import gated
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, bounds_lines, compare
 from playbook.parallel.training import TrainSetup
-from playbook.theory.hybrid import comm_per_axis
-from playbook.theory.schedules import SCHEDULES, V_SCHEDULES
+from playbook.theory.hybrid.hybrid import comm_per_axis
+from playbook.theory.pp.schedules import SCHEDULES, V_SCHEDULES
 
 
 @dataclass

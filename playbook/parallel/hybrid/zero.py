@@ -20,7 +20,7 @@ them only between steps; ZeRO-3 there gathers its weights once a step and frees 
 micro-batch (``parallel.zero.pipeline``).
 
 Every rank's loss is its share of the global batch's mean (``hybrid.pipeline``), so ``Zero`` sums, never
-divides. The gradients the table of ``hybrid.grads`` sums over tp first (the norms under sequence
+divides. The gradients the table of ``parallel.grads`` sums over tp first (the norms under sequence
 parallelism, an MoE layer's router, shared and routed experts under tp) are summed over tp unit by
 unit, in place in the flat gradient, just before that unit's reduction over dp×cp, wherever it
 happens: after backward (ZeRO-1, and ZeRO-2/3 over micro-batches) or during it (ZeRO-2 and 3), so that
@@ -29,8 +29,8 @@ the reduce-scatter never runs on a gradient that holds only this tp rank's token
 
 from __future__ import annotations
 
-from playbook.measure import trace
-from playbook.parallel.hybrid.grads import tp_summed
+from playbook.cluster.trace import tracer as trace
+from playbook.parallel.grads import tp_summed
 from playbook.parallel.zero.zero import Zero
 from playbook.parallel.zero.pipeline import PipelineZero, readable
 

@@ -2,7 +2,7 @@
 
 Our GPT in pieces: piece 0 is the embedding, pieces 1..L the blocks, piece L+1 the final norm,
 head and loss; a stage is a contiguous range of pieces (``Chunk``). ``run_step`` plays the *same*
-``Schedule`` objects that the simulator plays (``playbook.theory.schedule_types``): its actions, in
+``Schedule`` objects that the simulator plays (``playbook.theory.pp.types``): its actions, in
 order, with ``isend`` (never blocks) and receives that block where the list has them (posted up
 front with ``irecv``, waited on there), tagged by (micro-batch, receiving stage). Each
 micro-batch's loss is the sum of its token losses divided by the global batch's token count, so
@@ -15,7 +15,7 @@ stage output w.r.t. the stage input *and* w.r.t. the output of every module that
 only each such module's input and its output gradient: F keeps the inputs (forward hooks), B keeps
 the output gradients and frees the graph, and W is ``grad_out.T @ input`` per linear layer (a norm
 or an embedding, elementwise or a lookup, replays its forward on its input, one node deep). So a
-micro-batch between B and W holds ``theory.pipeline.chunk_w_bytes``, not its whole graph. A stage
+micro-batch between B and W holds ``theory.pp.pipeline.chunk_w_bytes``, not its whole graph. A stage
 with any other parameter-owning module (tensor-parallel layers, whose forward may communicate)
 keeps its graph until W, and W is ``autograd.grad`` of each module's output, one node deep.
 
@@ -38,8 +38,8 @@ from torch.autograd.graph import get_gradient_edge
 
 from playbook.measure.held import HeldActivations
 from playbook.parallel.pp.weights import REPLAYED, accumulate, compact, recomputed, weight_grads
-from playbook.theory.schedule_simulator import Slot
-from playbook.theory.schedule_types import Schedule
+from playbook.theory.pp.simulator import Slot
+from playbook.theory.pp.types import Schedule
 
 
 # ---- the model in pieces -----------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """The native counterpart of our pipeline: ``torch.distributed.pipelining`` on the same chunks.
 
 ``PipelineStage`` wraps each of this rank's ``Chunk``s (the GPT's own modules, cut where ours are
-cut, ``playbook.theory.pipeline.stage_ranges``), and one of torch's schedules plays them:
+cut, ``playbook.theory.pp.pipeline.stage_ranges``), and one of torch's schedules plays them:
 ScheduleGPipe (Huang et al. 2019), Schedule1F1B and ScheduleInterleaved1F1B (Narayanan et al.
 2021 §2.2), ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble (Qi et al. 2023),
 ScheduleDualPipeV (DeepSeek-AI 2024, arXiv:2412.19437 §3.2.1). Its ``step`` is one pipeline step:
 the ``forward_backward`` hook of the one training loop, as ``run_step`` is for ours.
 ``native_orders``: the compute order torch's V schedules build for each rank, read without ranks,
-to put beside ours (``playbook.theory.schedules_v``).
+to put beside ours (``playbook.theory.pp.v``).
 
 Every stage is built in torch's static mode: the shapes it receives and sends are known from the
 config (``stage_shapes``), so no stage asks its neighbours for them. Left to infer them, torch
@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 
 from playbook.dims import ParallelDims
-from playbook.model import GPT, lm_loss
+from playbook.model.gpt import GPT, lm_loss
 from playbook.parallel.pp.executor import Chunk, Pieces, check_microbatches
 from playbook.parallel.training import TrainSetup, train
-from playbook.theory.pipeline import stage_ranges
-from playbook.theory.schedules import check_pipeline
+from playbook.theory.pp.pipeline import stage_ranges
+from playbook.theory.pp.schedules import check_pipeline
 
 NATIVE = {
     "gpipe": "ScheduleGPipe",

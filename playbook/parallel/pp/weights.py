@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from playbook.model import RMSNorm
+from playbook.model.gpt import RMSNorm
 from playbook.parallel.comm import all_gather
 from playbook.parallel.tp.layers import RowParallelLinear
 

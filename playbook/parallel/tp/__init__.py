@@ -1,7 +1,12 @@
-"""Tensor and sequence parallelism (chapter 3), Megatron-LM's split of every block.
+"""Tensor and sequence parallelism (chapter 3): Megatron-LM's split of every block.
 
-- ``layers.py``: f/g, column- and row-parallel linears, the vocab-parallel embedding and loss.
-- ``model.py``: the GPT with its blocks split over tp (+SP), and the algorithm's helpers.
-- ``moe.py``: a mixture of experts under tp (router replicated, tokens split).
-- ``run.py``: ``playbook run tp``; ``native.py``: the native counterpart, DTensor's ``parallelize_module``.
+- ``layers.py``: column- and row-parallel linears, the vocab-parallel embedding and loss, ``shard``.
+- ``model.py``: the GPT with its blocks split over tp (+SP); ``moe.py``: a mixture of experts under tp.
+- ``run.py``: ``playbook run tp``; ``native.py``: DTensor's ``parallelize_module`` on the same model.
 """
+
+from playbook.parallel.tp.layers import shard
+from playbook.parallel.tp.native import tp_plan, train_dtensor
+from playbook.parallel.tp.run import gather_result, run_tp, train_tp
+
+__all__ = ["gather_result", "run_tp", "shard", "tp_plan", "train_dtensor", "train_tp"]

@@ -11,7 +11,7 @@ Two conjugate operators mark each parallel region:
     g: all-reduce forward, identity backward   (leaves a region: the output is partial)
 
 so a layer costs 2 all-reduces of the [b, s, h] activation forward and 2 backward,
-8bsh(t−1)/t bytes per rank per direction in 16-bit (``playbook.theory.tp``).
+8bsh(t−1)/t bytes per rank per direction in 16-bit (``playbook.theory.tp.tp``).
 
 Sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.2): an all-reduce is a
 reduce-scatter followed by an all-gather. Keep the residual stream and the norms on sequence shards
@@ -46,11 +46,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from playbook.attention import Attention
-from playbook.model import GPT, RECOMPUTE_MODES
-from playbook.measure.matmul import matmul_throughput  # noqa: F401  (the chapter imports it from here)
-from playbook.parallel.comm import all_reduce, f, g  # noqa: F401  (f, g: the chapter imports them from here)
-from playbook.parallel.tp.layers import (  # noqa: F401  (layers, re-exported for the chapter and tests)
+from playbook.model.attention import Attention
+from playbook.model.gpt import GPT
+from playbook.theory.inventory.inventory import RECOMPUTE_MODES
+from playbook.parallel.comm import all_reduce
+from playbook.parallel.tp.layers import (
     ColumnParallelLinear,
     Region,
     RowParallelLinear,
@@ -58,7 +58,8 @@ from playbook.parallel.tp.layers import (  # noqa: F401  (layers, re-exported fo
     VocabParallelEmbedding,
     shard,
 )
-from playbook.theory.tp import check_tp
+from playbook.theory.tp.layout import check_tp
+from playbook.parallel.grads import shard_dims
 
 
 # ---- the model, cut from the reference GPT ------------------------------------------------------
@@ -182,12 +183,6 @@ class TPGPT(nn.Module):
         if targets is None:
             return logits
         return logits, self.loss(logits, targets)
-
-
-def shard_dims(model: nn.Module) -> dict[str, int | None]:
-    """Parameter name -> the dim it is split along (0 or 1), None if replicated."""
-    owner = {id(p): getattr(m, "shard_dim", None) for m in model.modules() for p in m.parameters(recurse=False)}
-    return {n: owner[id(p)] for n, p in model.named_parameters()}
 
 
 def sync_replicated_grads(model: nn.Module, group) -> None:

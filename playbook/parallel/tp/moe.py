@@ -12,10 +12,10 @@ as torchtitan does, because then ep would depend on tp, and the mesh's ep lives 
   :class:`GatherTokens` all-gathers the outputs (its gradient sliced backward).
 
 So the router, the shared and routed experts are replicated parameters fed a sequence-sharded
-input: their gradients are summed over tp, then over dp×cp (``parallel.hybrid.grads``). Routing
+input: their gradients are summed over tp, then over dp×cp (``parallel.grads``). Routing
 counts are all-gathered over tp, then over dp×cp, so capacity and the Switch aux loss (Fedus et
 al. 2022, §2.2) see the whole batch; each rank's aux share is unscaled, since the gradients are
-summed over tp and dp×cp (``parallel.hybrid.grads``).
+summed over tp and dp×cp (``parallel.grads``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ outputs have (torch.distributed.tensor.parallel; the plan below follows torchtit
 - ``loss_parallel()`` computes the cross-entropy from vocabulary-sharded logits ``Shard(-1)``.
 
 The model's modules read ``n_heads``/``kv_heads`` to reshape, so those become the local head counts.
-DTensor issues its collectives as functional collectives, which ``playbook.measure.trace`` does not
+DTensor issues its collectives as functional collectives, which ``playbook.cluster.trace.tracer`` does not
 see: compare this version for parity and for time only.
 """
 
@@ -31,9 +31,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 from playbook.dims import ParallelDims
-from playbook.model import GPT
+from playbook.model.gpt import GPT
 from playbook.parallel.training import TrainSetup, train
-from playbook.theory.tp import check_tp
+from playbook.theory.tp.layout import check_tp
 
 
 def tp_plan(n_layers: int, sequence_parallel: bool = False) -> dict:

@@ -9,12 +9,16 @@ from __future__ import annotations
 import torch
 
 from playbook.cluster import default_backend, launch
-from playbook.model import GPT, RECOMPUTE_MODES
+from playbook.model.gpt import GPT
+from playbook.theory.inventory.inventory import RECOMPUTE_MODES
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, compare
 from playbook.parallel.training import TrainResult, TrainSetup, train
-from playbook.theory.tp import check_tp, step_collectives, summarize, tp_training_memory
-from playbook.parallel.tp.model import TPGPT, shard_dims, sync_replicated_grads, unshard
+from playbook.theory.tp.layout import check_tp
+from playbook.theory.tp.comm import step_collectives, summarize
+from playbook.theory.tp.tp import tp_training_memory
+from playbook.parallel.grads import shard_dims
+from playbook.parallel.tp.model import TPGPT, sync_replicated_grads, unshard
 from playbook.parallel.mixed import PRECISIONS, check_precision, optimizer_for, to_mixed
 from playbook.parallel.parity import against_single, single_in
 

@@ -19,9 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from playbook.moe import moe_layers
-
-ROUTED = ".mlp.experts."  # the routed experts' parameter names contain this (``parallel.ep.model.is_expert``)
+from playbook.model.moe import moe_layers
+from playbook.model.moe import ROUTED
 
 
 class FlatUnit:

@@ -12,7 +12,7 @@ optimizer afterwards so that it sees the sharded parameters.
 FSDP2 issues its all-gathers and reduce-scatters through ``torch.distributed``'s
 ``all_gather_single`` / ``reduce_scatter_single`` (torch 2.13), so our tracer records them like
 our own. What it keeps per rank, in fp32, when the ranks divide each weight's first dimension:
-4Ψ/N + 4Ψ/N + 8Ψ/N, plus one AdamW ``step`` per parameter tensor (``theory.zero.fsdp2_state_bytes``).
+4Ψ/N + 4Ψ/N + 8Ψ/N, plus one AdamW ``step`` per parameter tensor (``theory.zero.zero.fsdp2_state_bytes``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from torch.distributed.tensor import DTensor
 
 from playbook.cluster import default_backend, launch
 from playbook.measure.sharding import held_bytes, local, storages
-from playbook.model import GPT
+from playbook.model.gpt import GPT
 from playbook.parallel.registry import register
 from playbook.parallel.zero.sharded import MOMENTS, ShardedReport, ShardedResult, train_sharded
 from playbook.parallel.training import TrainSetup
 from playbook.parallel.parity import against_single
-from playbook.theory.sharded import fsdp2_comm_per_step
-from playbook.theory.zero import fsdp2_state_bytes
+from playbook.theory.zero.sharded import fsdp2_comm_per_step
+from playbook.theory.zero.zero import fsdp2_state_bytes
 
 
 def shard_model(model: GPT, mesh, *, reshard_after_forward: bool = True) -> GPT:

@@ -17,7 +17,7 @@ alive together while the micro-batches run, and ZeRO-3 holds its slice on top (t
 survives between steps). So inside a pipeline ZeRO-2/3 save memory only *between* steps, never at
 the step's peak: this is why DeepSpeed's pipeline engine accepts ZeRO-1 only (it asserts the stage is
 below 2: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"); under a pipeline what
-ZeRO saves at the peak is the optimizer states, ZeRO-1's share. ``theory.hybrid_zero.pipeline_peak_state`` predicts that peak.
+ZeRO saves at the peak is the optimizer states, ZeRO-1's share. ``theory.hybrid.zero.pipeline_peak_state`` predicts that peak.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each rank trains ``GPT(cfg, seed)`` on its rows of every global batch with ``Zero`` as the loop's
 optimizer (``parallel.zero.sharded.train_sharded``); the report puts beside the single process (parity)
-and beside ``theory.zero`` (Rajbhandari et al. 2019, arXiv:1910.02054, §5 and §7) what rank 0 held
+and beside ``theory.zero.zero`` (Rajbhandari et al. 2019, arXiv:1910.02054, §5 and §7) what rank 0 held
 by category and by moment, and the bytes it sent per step by collective.
 """
 
@@ -11,15 +11,15 @@ from __future__ import annotations
 import argparse
 
 from playbook.cluster import default_backend, launch
-from playbook.model import GPT
+from playbook.model.gpt import GPT
 from playbook.parallel.mixed import PRECISIONS, check_precision, to_mixed
 from playbook.parallel.registry import register
 from playbook.parallel.zero.sharded import MOMENTS, ShardedReport, ShardedResult, train_sharded
 from playbook.parallel.training import TrainSetup
 from playbook.parallel.zero.zero import Zero
 from playbook.parallel.parity import against_single
-from playbook.theory.sharded import padding_note, predicted_memory
-from playbook.theory.zero import check_stage, zero_comm_per_step, zero_memory_by_moment
+from playbook.theory.zero.sharded import padding_note, predicted_memory
+from playbook.theory.zero.zero import check_stage, zero_comm_per_step, zero_memory_by_moment
 
 
 def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True, precision: str = "fp32") -> ShardedResult:
@@ -90,7 +90,7 @@ def run_zero(
 ):
     check_stage(stage)
     check_precision(precision)
-    if setup.config().tie_embeddings:  # the chapter's predictions (``theory.zero.zero_units``) are an untied GPT's
+    if setup.config().tie_embeddings:  # the chapter's predictions (``theory.zero.zero.zero_units``) are an untied GPT's
         raise ValueError(
             f"{setup.model}: playbook run zero predicts the units of an untied GPT; a tied embedding runs "
             f"under ZeRO in playbook run hybrid --dp {world_size} --zero {stage}, or use an untied preset such as gpt-tiny"

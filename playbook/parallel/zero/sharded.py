@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from playbook.measure.collectives import comm_per_step, without_loop_steps
+from playbook.cluster.trace.spans import comm_per_step, without_loop_steps
 from playbook.measure.sharding import SavedActivationsBesides
 from playbook.parallel.report import RunReport
 from playbook.parallel.training import TrainResult, TrainSetup, train

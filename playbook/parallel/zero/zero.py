@@ -13,11 +13,11 @@ ranks; ZeRO gives each rank one N-th of it and moves the rest in when needed:
   forward and freed after it, all-gathered again before its backward and freed after; the next
   unit's gather is issued early (prefetch) so that it can overlap compute. Sent: 3S(N-1)/N (1.5×).
 
-The model is cut into *units* (the embedding, each block, the head: ``theory.zero.zero_units``;
+The model is cut into *units* (the embedding, each block, the head: ``theory.zero.zero.zero_units``;
 each routed expert is a unit of its own, sharded over its replicas: ``parallel.zero.flat_unit``),
 each one flat fp32 buffer padded with zeros to a multiple of N so that every rank owns an equal
 slice [r·s, (r+1)·s). Stage 0 (plain data parallelism, one all-reduce per unit) uses the same
-buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero``. A tied embedding is one
+buffers, for comparison. Exact bytes and volumes: ``playbook.theory.zero.zero``. A tied embedding is one
 unit that the head reads too (ZeRO-3 keeps it gathered from the embedding's forward to the head's).
 
 ``Zero`` is the algorithm (its ``zero_grad`` and ``step`` make it the optimizer of the one training
@@ -34,11 +34,11 @@ import torch.distributed as dist
 
 from playbook.measure.memory import optimizer_bytes
 from playbook.measure.sharding import storage_bytes, storages
-from playbook.measure.trace import Span
-from playbook.model import GPT
+from playbook.cluster.trace.tracer import Span
+from playbook.model.gpt import GPT
 from playbook.parallel.zero.flat_unit import FlatUnit, Fed, build_units, gather_units, piece_map
 from playbook.parallel.mixed import MixedPrecisionAdamW, check_precision
-from playbook.theory.zero import check_stage
+from playbook.theory.zero.zero import check_stage
 
 
 class Zero:

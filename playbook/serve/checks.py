@@ -1,0 +1,109 @@
+"""What ``playbook run serve`` checks before any rank starts (its ``check`` hook and ``run_serve``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from playbook.dims import ParallelDims
+from playbook.serve.batching import make_requests
+
+KV_TOKENS_PER_RANK = 1 << 20  # the most tokens a rank's paged pool may hold here (a CPU process)
+
+
+def check_counts(**counts: int) -> None:
+    """``--requests``, ``--blocks``, ``--block-size``, ``--max-batch``: each a positive integer."""
+    for name, value in counts.items():
+        if value < 1:
+            flag = name.replace("_", "-")
+            raise ValueError(f"--{flag} must be a positive integer, got {value}; try --{flag} 4")
+
+
+def check_serve(
+    setup,
+    world_size,
+    tp: int,
+    dp: int,
+    requests: int,
+    blocks: int,
+    block_size: int,
+    max_batch: int,
+    *,
+    router: str = "round-robin",
+    token_budget: int | None = None,
+    shared_prefix: int = 0,
+):
+    """(dims, cfg, requests) of a dp × tp serving run, or one ``ValueError`` before any rank starts."""
+    from playbook.theory.serving.router import POLICIES
+
+    if router not in POLICIES:
+        raise ValueError(f"--router {router} is not one of {', '.join(POLICIES)}; try --router prefix")
+    if token_budget is not None:
+        check_counts(token_budget=token_budget)
+    dims = ParallelDims(dp=dp, tp=tp)
+    if world_size and world_size != dims.world:
+        raise ValueError(
+            f"--world-size {world_size} but --tp {tp} --dp {dp} need {dims.world} ranks; omit --world-size"
+        )
+    check_counts(requests=requests, blocks=blocks, block_size=block_size, max_batch=max_batch)
+    cfg = setup.config()
+    dims.check(cfg)
+    new = (2, min(10, cfg.max_seq_len // 4))
+    reqs = make_requests(requests, cfg.vocab_size, seed=setup.seed, new=new)
+    if shared_prefix:  # one system prompt before every request's own tokens: what a prefix cache finds
+        if shared_prefix < 0 or shared_prefix + 12 + new[1] > cfg.max_seq_len:
+            most = cfg.max_seq_len - 12 - new[1]
+            raise ValueError(
+                f"--shared-prefix {shared_prefix} must be in 0..{most} ({cfg.name} holds {cfg.max_seq_len} tokens "
+                f"per sequence, a request up to 12 of its own + {new[1]} new); try --shared-prefix {min(8, most)}"
+            )
+        system = tuple(make_requests(1, cfg.vocab_size, seed=setup.seed + 1, prompt=(shared_prefix,) * 2)[0].prompt)
+        reqs = [replace(r, prompt=system + r.prompt) for r in reqs]
+    longest = max(len(r.prompt) + r.max_new - 1 for r in reqs)
+    need = -(-longest // block_size)
+    if need > blocks:
+        raise ValueError(
+            f"--blocks {blocks} of {block_size} tokens cannot hold a request of {longest} tokens; "
+            f"use --blocks {need} or more"
+        )
+    if blocks * block_size > KV_TOKENS_PER_RANK:
+        raise ValueError(
+            f"--blocks {blocks} × --block-size {block_size} = {blocks * block_size:,} tokens of KV per rank is more "
+            f"than a rank here holds ({KV_TOKENS_PER_RANK:,}); these requests need --blocks {need} of {block_size} "
+            f"tokens, e.g. --blocks {max(need, 16)}"
+        )
+    return dims, cfg, reqs
+
+
+def check_options(args) -> None:
+    """``playbook run serve``'s constraints, before the memory check and any rank."""
+    from playbook.parallel.training import TrainSetup
+
+    o = vars(args)
+    setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
+    if o["pp"] > 1 or o["ep"] > 1:
+        _check_alone(o.get("world_size"), tp=o["tp"], dp=o["dp"], pp=o["pp"], ep=o["ep"])
+        return
+    check_serve(
+        setup,
+        o.get("world_size"),
+        o["tp"],
+        o["dp"],
+        o["requests"],
+        o["blocks"],
+        o["block_size"],
+        o["max_batch"],
+        router=o.get("router", "round-robin"),
+        token_budget=o.get("token_budget"),
+        shared_prefix=o.get("shared_prefix", 0),
+    )
+
+
+def _check_alone(world_size, *, tp: int, dp: int, pp: int, ep: int) -> int:
+    if (pp > 1) + (ep > 1) + (tp > 1) + (dp > 1) > 1:
+        raise ValueError(
+            f"--pp and --ep run alone here (got tp={tp}, dp={dp}, pp={pp}, ep={ep}); e.g. --pp 2 or --ep 2"
+        )
+    degree = max(pp, ep)
+    if world_size and world_size != degree:
+        raise ValueError(f"--world-size {world_size} but --{'pp' if pp > 1 else 'ep'} {degree} needs {degree} ranks")
+    return degree

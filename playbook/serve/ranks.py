@@ -1,0 +1,116 @@
+"""What each rank does in ``playbook run serve``: build its model (the seeded reference GPT, or its
+``TPGPT`` shard over the mesh's tp group), then greedy-decode (``greedy_on_rank``) or serve by
+continuous batching (``serve_on_rank``) the requests of its replica, and count the bytes its TP
+layers all-reduced (``layer_allreduce_bytes``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from playbook.config import ModelConfig
+from playbook.dims import ParallelDims
+from playbook.model.gpt import GPT
+from playbook.serve.batching import ContinuousBatcher, Request
+from playbook.serve.generate import greedy
+
+
+@functools.lru_cache(maxsize=2)
+def _reference_model(cfg: ModelConfig, seed: int) -> GPT:
+    """The seeded reference GPT, built once per rank process: a ``Ranks`` pool serving several
+    layouts in turn slices every TP shard from the same weights instead of initialising them again.
+    Serving never writes to it (inference only, ``torch.no_grad``)."""
+    return GPT(cfg, seed=seed).eval()
+
+
+def build(ctx, cfg: ModelConfig, seed: int, dims: ParallelDims):
+    """This rank's model: the reference GPT, or its TPGPT shard over the mesh's tp group."""
+    mesh = ctx.mesh_for(dims)
+    ref = _reference_model(cfg, seed)
+    if dims.tp == 1:
+        return ref, mesh
+    from playbook.parallel.tp.model import TPGPT
+
+    return TPGPT(ref, mesh.group("tp")).eval(), mesh
+
+
+def layer_allreduce_bytes(spans, window: str = "decode") -> float:
+    """Bytes this rank sent in all-reduces inside TP layer regions (``tp:layer...`` spans) during
+    the compute spans whose name starts with ``window``: the per-layer traffic of decoding."""
+    spans = [s if isinstance(s, dict) else s.as_dict() for s in spans]
+    windows = [s for s in spans if s["kind"] == "compute" and s["name"].startswith(window + " ")]
+    layers = [s for s in spans if s["kind"] == "compute" and s["name"].startswith("tp:layer")]
+    total = 0.0
+    for c in spans:
+        if c["kind"] != "comm" or c["name"] != "all_reduce":
+            continue
+        if any(w["start"] <= c["start"] <= w["end"] for w in windows) and any(
+            r["start"] <= c["start"] and c["end"] <= r["end"] for r in layers
+        ):
+            total += c["sent_bytes"]
+    return total
+
+
+def greedy_on_rank(ctx, *, cfg: ModelConfig, seed: int, dims: ParallelDims, prompts: torch.Tensor, new_tokens: int):
+    """Each replica greedy-decodes its rows of ``prompts`` [R, p] (row i on replica i mod dp) with a
+    contiguous KV cache; returns its rows' tokens and logits, timings and the layer all-reduce bytes."""
+    model, mesh = build(ctx, cfg, seed, dims)
+    rows = [i for i in range(prompts.shape[0]) if i % dims.dp == mesh.coords["dp"]]
+    out = greedy(model, prompts[rows], new_tokens)
+    return {
+        "rank": ctx.rank,
+        "coords": mesh.coords,
+        "rows": rows,
+        "tokens": out.tokens,
+        "logits": out.logits,
+        "prefill_seconds": out.prefill_seconds,
+        "step_seconds": out.step_seconds,
+        "kv_bytes": out.kv_bytes,
+        "decoded": len(rows) * (new_tokens - 1),
+        "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans),
+    }
+
+
+def serve_on_rank(
+    ctx,
+    *,
+    cfg: ModelConfig,
+    seed: int,
+    dims: ParallelDims,
+    requests: list[Request],
+    n_blocks: int,
+    block_size: int,
+    max_batch: int,
+    prefix_cache: bool = False,
+    assign: list[int] | None = None,
+    token_budget: int | None = None,
+):
+    """Each replica serves its requests (``assign[i]``, a router's choice; default i mod dp) by
+    continuous batching, with a prefix cache of its own if asked; returns tokens, logits, prompt
+    tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding."""
+    model, mesh = build(ctx, cfg, seed, dims)
+    where = assign if assign is not None else [r.id % dims.dp for r in requests]
+    mine = [r for r in requests if where[r.id] == mesh.coords["dp"]]
+    batcher = ContinuousBatcher(
+        model,
+        n_blocks=n_blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        prefix_cache=prefix_cache,
+        token_budget=token_budget,
+    )
+    run = batcher.run(mine)
+    return {
+        "rank": ctx.rank,
+        "coords": mesh.coords,
+        "tokens": run.tokens,
+        "logits": run.logits,
+        "cached": run.cached,
+        "evictions": getattr(batcher.cache, "evictions", 0),
+        "steps": run.steps,
+        "decoded": sum(len(s["decoded"]) for s in run.steps),
+        "computed": sum(len(s["decoded"]) + s["prefill_tokens"] for s in run.steps),  # through the steps' forwards
+        "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans, window="step"),  # every token of every step
+    }

@@ -1,0 +1,155 @@
+"""``playbook run serve``: tensor-parallel replicas serving requests on real ranks (``--tp T --dp D``).
+
+The ranks form a ``ParallelDims(dp=D, tp=T)`` mesh. Each of the D replicas serves its own requests
+(request i goes to replica i mod D) with continuous batching over a paged KV cache
+(``playbook.serve.batching``); inside a replica the T ranks hold ``TPGPT`` shards of the reference
+GPT (Megatron TP: heads and ffn channels split, two all-reduces per layer per step). Data-parallel
+replicas never talk to each other while serving: DP buys requests served, TP buys latency and room
+(Pope et al. 2022, arXiv:2211.05102, §3: the TP×DP trade of serving).
+
+Checked against the single process: every request's tokens equal greedy decoding of the reference
+``GPT`` without a cache, logits within 1e-5; the tracer's all-reduce bytes per token per
+layer equal ``theory.serving.serving.tp_allreduce_bytes``; KV bytes held at every step equal the paged
+prediction (whole blocks of each sequence's tokens). The ranks' work: ``serve.ranks``; the
+comparison and the report: ``serve.report``.
+"""
+
+from __future__ import annotations
+
+from playbook.cluster import default_backend, launch
+from playbook.parallel.registry import register
+from playbook.serve.checks import _check_alone, check_options, check_serve
+from playbook.serve.ranks import serve_on_rank
+from playbook.serve.report import ServeReport, merge, reference
+from playbook.theory.serving.serving import tp_allreduce_bytes
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica")
+    parser.add_argument("--dp", type=int, default=1, help="replicas, each serving its own requests")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages: micro-batched decode (alone)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks for an MoE model (alone)")
+    parser.add_argument("--requests", type=int, default=6, help="requests to serve, one arriving per step")
+    parser.add_argument("--blocks", type=int, default=16, help="KV blocks per rank (paged cache)")
+    parser.add_argument("--block-size", type=int, default=4, help="tokens per KV block")
+    parser.add_argument("--max-batch", type=int, default=4, help="requests decoded together per replica")
+    parser.add_argument("--prefix-cache", action="store_true", help="reuse KV blocks of prompt prefixes (vLLM APC)")
+    parser.add_argument("--router", default="round-robin", help="which replica serves a request: round-robin, prefix")
+    parser.add_argument("--shared-prefix", type=int, default=0, help="tokens of one system prompt before every request")
+    parser.add_argument("--token-budget", type=int, default=None, help="tokens per step, chunking long prefills")
+    parser.set_defaults(world_size=None)  # implied by the degrees
+
+
+def implied_world_size(options: dict) -> int:
+    return options["dp"] * options["tp"] * options.get("pp", 1) * options.get("ep", 1)
+
+
+@register(
+    "serve",
+    help="serving on real ranks: --tp T --dp D replicas, continuous batching over a paged KV cache",
+    arguments=add_arguments,
+    world_size=implied_world_size,
+    on_rank=serve_on_rank,
+    predict=tp_allreduce_bytes,
+    check=check_options,
+)
+def run_serve(
+    setup,
+    *,
+    world_size: int | None = None,
+    backend: str = "auto",
+    tp: int = 1,
+    dp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    requests: int = 6,
+    blocks: int = 16,
+    block_size: int = 4,
+    max_batch: int = 4,
+    prefix_cache: bool = False,
+    router: str = "round-robin",
+    token_budget: int | None = None,
+    shared_prefix: int = 0,
+) -> ServeReport:
+    """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
+    reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
+    pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``)."""
+    if pp > 1 or ep > 1:
+        return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep)
+    dims, cfg, reqs = check_serve(
+        setup,
+        world_size,
+        tp,
+        dp,
+        requests,
+        blocks,
+        block_size,
+        max_batch,
+        router=router,
+        token_budget=token_budget,
+        shared_prefix=shared_prefix,
+    )
+    from playbook.theory.serving.router import route
+
+    backend = default_backend(dims.world) if backend == "auto" else backend
+    answers = launch(
+        serve_on_rank,
+        dims.world,
+        cfg=cfg,
+        seed=setup.seed,
+        dims=dims,
+        requests=reqs,
+        n_blocks=blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        prefix_cache=prefix_cache,
+        assign=route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router),
+        token_budget=token_budget,
+        backend=backend,
+    )
+    parity = merge(answers, cfg, dims, reference(cfg, setup.seed, reqs))
+    replicas = [
+        {
+            "dp": a["coords"]["dp"],
+            "requests": sorted(a["tokens"]),
+            "decoded": a["decoded"],
+            "cached": sum(a["cached"].values()),
+        }
+        for a in answers
+        if a["coords"]["tp"] == 0
+    ]
+    return ServeReport(
+        "serve",
+        dims.world,
+        backend,
+        str(dims),
+        parity,
+        {
+            "model": setup.model,
+            "seed": setup.seed,
+            "tp": tp,
+            "dp": dp,
+            "requests": requests,
+            "blocks": blocks,
+            "block_size": block_size,
+            "max_batch": max_batch,
+            "prefix_cache": prefix_cache,
+            "router": router,
+            "token_budget": token_budget,
+            "shared_prefix": shared_prefix,
+        },
+        replicas,
+    )
+
+
+def _pipeline_or_experts(setup, world_size, *, tp: int, dp: int, pp: int, ep: int):
+    from playbook.serve.report import ParallelDecodeReport
+
+    _check_alone(world_size, tp=tp, dp=dp, pp=pp, ep=ep)
+    if pp > 1:
+        from playbook.serve.pipeline import serve_pp
+
+        return ParallelDecodeReport("serve pp", pp, pp, serve_pp(setup.config(), pp=pp, seed=setup.seed))
+    from playbook.serve.experts import serve_ep
+
+    return ParallelDecodeReport("serve ep", ep, ep, serve_ep(setup.config(), ep=ep, seed=setup.seed))

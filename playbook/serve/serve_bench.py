@@ -1,0 +1,203 @@
+"""``playbook serve-bench``: a seeded request trace served on real ranks, reported as serving benchmarks do.
+
+vLLM's and SGLang's serving benchmarks replay a trace of requests at a given arrival rate and
+report latency distributions: time to first token, time per output token, end-to-end, at p50, p90
+and p99, with throughput and the goodput under a latency target. This one does the same on a
+``ParallelDims(dp, tp)`` layout of real ranks: the trace is ``theory.serving.workload.poisson_trace``
+(Poisson arrivals in scheduler steps, shared-prefix groups), a router spreads it over the replicas
+(``theory.serving.router``), each replica serves its share by continuous batching with, as asked, a prefix
+cache and a token budget per step (``serve.batching``), and ``serve.latency`` turns each replica's
+step records into the report. Every generated token is checked against the single process.
+
+The JSON (``BENCH_KEYS`` at the top level):
+
+- ``setup``: model, layout, seed, the trace's options, router, prefix cache, token budget, SLO (ms);
+- ``measured``: ``ttft``, ``tpot``, ``itl`` (inter-token), ``e2e``, each ``{"p50", "p90", "p99"}``
+  in seconds; ``duration`` (s), ``throughput_tokens_per_s``, ``slo_met`` (requests),
+  ``goodput_requests_per_s``, ``requests``, ``step_seconds`` (each replica's steps, in order);
+- ``predicted``: the same keys for the same schedules timed by the roofline on ``--predict-model``
+  and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8), every prompt chunk
+  and context ``predict_scale`` times longer (a shrunk trace replayed at its real lengths);
+- ``cache``: prompt tokens, tokens found cached, hit rate, evictions (over all replicas);
+- ``tokens_identical``: every request's tokens equal greedy decoding without a cache;
+- ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
+from playbook.dims import ParallelDims
+
+BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "load")
+
+
+def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, token_budget, slo_ttft_ms, slo_tpot_ms):
+    """Every option, before a rank starts: one ValueError naming the constraint and a value that works."""
+    from playbook.serve.checks import check_counts
+
+    check_counts(requests=requests, blocks=blocks, block_size=block_size, max_batch=max_batch)
+    if token_budget is not None and token_budget <= max_batch:
+        raise ValueError(f"--token-budget {token_budget} must exceed --max-batch {max_batch}; try {max_batch + 8}")
+    for name, value in (("slo-ttft-ms", slo_ttft_ms), ("slo-tpot-ms", slo_tpot_ms)):
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be > 0 milliseconds, got {value}")
+    ParallelDims(dp=dp, tp=tp).check(cfg)
+
+
+@functools.lru_cache(maxsize=4)
+def _reference(cfg: ModelConfig, seed: int, requests: tuple) -> dict:
+    """One process's greedy tokens without a cache, computed once per trace (a run with and one
+    without a token budget check against the same)."""
+    from playbook.serve.report import reference
+
+    return reference(cfg, seed, list(requests))
+
+
+def serve_bench(
+    cfg: ModelConfig,
+    *,
+    tp: int = 1,
+    dp: int = 1,
+    seed: int = 0,
+    requests: int = 16,
+    rate: float = 0.5,
+    groups: int = 2,
+    prefix: int = 16,
+    suffix: tuple[int, int] = (2, 12),
+    new: tuple[int, int] = (4, 12),
+    router: str = "prefix",
+    prefix_cache: bool = True,
+    token_budget: int | None = None,
+    blocks: int = 64,
+    block_size: int = 4,
+    max_batch: int = 4,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    predict_model: str = "llama-3.1-8b",
+    predict_hardware: str = "h100-sxm",
+    predict_scale: int = 1,
+    ranks=None,
+) -> dict:
+    """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
+    from playbook.cluster import launch
+    from playbook.serve.ranks import serve_on_rank
+    from playbook.serve.batching import Request
+    from playbook.serve.latency import predicted_steps, request_latencies, summarize
+    from playbook.theory.serving.router import route
+    from playbook.theory.serving.workload import poisson_trace
+
+    check(
+        cfg,
+        tp=tp,
+        dp=dp,
+        requests=requests,
+        blocks=blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        token_budget=token_budget,
+        slo_ttft_ms=slo_ttft_ms,
+        slo_tpot_ms=slo_tpot_ms,
+    )
+    trace = poisson_trace(
+        n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
+    )
+    reqs = [Request(i, t.prompt, t.max_new, t.arrival) for i, t in enumerate(trace)]
+    longest = max(-(-(len(r.prompt) + r.max_new - 1) // block_size) for r in reqs)
+    if longest > blocks:
+        raise ValueError(f"--blocks {blocks} cannot hold a request of {longest} blocks; use --blocks {longest}")
+    if max(len(r.prompt) + r.max_new for r in reqs) > cfg.max_seq_len:
+        raise ValueError(f"prompts plus new tokens exceed {cfg.name}'s max_seq_len {cfg.max_seq_len}; shorten them")
+    where = route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router)
+    options = dict(
+        cfg=cfg,
+        seed=seed,
+        dims=ParallelDims(dp=dp, tp=tp),
+        requests=reqs,
+        n_blocks=blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        prefix_cache=prefix_cache,
+        assign=where,
+        token_budget=token_budget,
+    )
+    before = os.getloadavg()[0]
+    answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
+    after = os.getloadavg()[0]
+    want = _reference(cfg, seed, tuple(reqs))
+    leads = [a for a in answers if a["coords"]["tp"] == 0]  # one per replica
+    slo = dict(
+        slo_ttft=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
+        slo_tpot=None if slo_tpot_ms is None else slo_tpot_ms / 1e3,
+    )
+    mine = [[r for r in reqs if where[r.id] == a["coords"]["dp"]] for a in leads]
+    measured = summarize([request_latencies(a["steps"], m) for a, m in zip(leads, mine)], **slo)
+    measured["step_seconds"] = [[s["seconds"] for s in a["steps"]] for a in leads]
+    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
+    timed = [
+        predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8, scale=predict_scale) for a in leads
+    ]
+    predicted = summarize([request_latencies(s, m) for s, m in zip(timed, mine)], **slo)
+    prompt_tokens = sum(len(r.prompt) for r in reqs)
+    cached = sum(sum(a["cached"].values()) for a in leads)
+    return {
+        "setup": {
+            "model": cfg.name,
+            "layout": f"tp{tp}×dp{dp}",
+            "seed": seed,
+            "trace": {
+                "requests": requests,
+                "rate_per_step": rate,
+                "groups": groups,
+                "prefix": prefix,
+                "suffix": list(suffix),
+                "new": list(new),
+            },
+            "router": router,
+            "prefix_cache": prefix_cache,
+            "token_budget": token_budget,
+            "blocks": blocks,
+            "block_size": block_size,
+            "max_batch": max_batch,
+            "slo_ms": {"ttft": slo_ttft_ms, "tpot": slo_tpot_ms},
+            "predicted_on": f"{predict_model} on {predict_hardware}",
+            "predict_scale": predict_scale,
+        },
+        "measured": measured,
+        "predicted": predicted,
+        "cache": {
+            "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached,
+            "hit_rate": cached / prompt_tokens,
+            "evictions": sum(a["evictions"] for a in leads),
+        },
+        "tokens_identical": all(t == want[i][0] for a in answers for i, t in a["tokens"].items()),
+        "load": {"before": before, "after": after},
+    }
+
+
+def summary(report: dict) -> str:
+    """The report as lines: setup, one row per metric (ms), throughput, goodput, cache, load."""
+    s, m, p = report["setup"], report["measured"], report["predicted"]
+    lines = [
+        f"serve-bench {s['model']} {s['layout']}: {m['requests']} requests, router {s['router']}, prefix cache "
+        f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}",
+        f"{'ms':<6}{'p50':>9}{'p90':>9}{'p99':>9}   predicted on {s['predicted_on']}: p50, p99",
+    ]
+    for k in ("ttft", "tpot", "itl", "e2e"):
+        lines.append(
+            f"{k:<6}"
+            + "".join(f"{m[k][q] * 1e3:>9.1f}" for q in ("p50", "p90", "p99"))
+            + f"   {p[k]['p50'] * 1e3:.2f}, {p[k]['p99'] * 1e3:.2f}"
+        )
+    c = report["cache"]
+    lines += [
+        f"throughput {m['throughput_tokens_per_s']:.0f} tokens/s; goodput {m['goodput_requests_per_s']:.2f} "
+        f"requests/s ({m['slo_met']} of {m['requests']} met SLO {s['slo_ms']} ms)",
+        f"cache: {c['cached_tokens']} of {c['prompt_tokens']} prompt tokens found ({c['hit_rate']:.0%}), "
+        f"{c['evictions']} evictions; load {report['load']['before']:.1f} -> {report['load']['after']:.1f}",
+    ]
+    return "\n".join(lines)

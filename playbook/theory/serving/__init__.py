@@ -1,0 +1,15 @@
+"""Serving, predicted (chapter 7): memory, the prefill/decode roofline, layouts, caches and traces.
+
+- ``serving.py``: KV bytes and capacity, prefill and decode time; ``layouts.py``: TP against DP
+  replicas on N GPUs; ``parallel.py``: pipeline and expert parallelism at inference.
+- ``prefix_cache.py``: the brute-force prefix cache the engine is tested against, hit rates per
+  layout; ``router.py``: round robin or prefix-aware; ``workload.py``: seeded traces;
+  ``disagg.py``: when disaggregating prefill from decode pays.
+"""
+
+from playbook.theory.serving.serving import kv_capacity
+from playbook.theory.serving.disagg import transfer
+from playbook.theory.serving.prefix_cache import prefix_layouts
+from playbook.theory.serving.workload import conversations, poisson_trace
+
+__all__ = ["conversations", "kv_capacity", "poisson_trace", "prefix_layouts", "transfer"]

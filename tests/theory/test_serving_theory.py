@@ -1,0 +1,107 @@
+"""The serving calculator against numbers worked out by hand from the published configs."""
+
+import math
+
+import pytest
+
+from playbook.config import ModelConfig
+from playbook.hardware import Hardware
+from playbook.theory.serving import serving as s
+from playbook.theory.serving import layouts as serving_layouts
+
+LLAMA70 = ModelConfig.preset("llama-3.1-70b")  # 80 layers, 8 KV heads of 128, 70,553,706,496 parameters
+H100 = Hardware.preset("h100-sxm")  # 80 GB, 989.4 TFLOP/s, 3.35 TB/s, NVLink 450 GB/s
+
+
+def test_kv_per_token_mha_gqa_mla():
+    assert s.kv_bytes_per_token(LLAMA70) == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert s.kv_bytes_per_token(LLAMA70, tp=4) == 327_680 / 4
+    assert s.kv_bytes_per_token(LLAMA70, tp=16 // 2, pp=2) == 327_680 / 8 / 2
+    by = s.kv_per_token_by_attention(LLAMA70)
+    assert by == {"MHA": 2 * 80 * 64 * 128 * 2, "GQA": 327_680}  # 64 query heads: 8x the GQA cache
+    ds = ModelConfig.preset("deepseek-v3")  # 61 layers, latent 512 + rope key 64
+    assert s.kv_bytes_per_token(ds) == 61 * 576 * 2 == 70_272
+    assert s.kv_bytes_per_token(ds, tp=8) == 70_272  # the latent is not split by heads
+    assert s.kv_per_token_by_attention(ds) == {"MHA": 61 * 128 * (128 + 64 + 128) * 2, "MLA": 70_272}
+
+
+def test_weights_per_gpu_under_tp_pp_ep():
+    assert s.weights_per_gpu(LLAMA70, tp=4) == 70_553_706_496 * 2 / 4
+    assert s.weights_per_gpu(LLAMA70, tp=2, pp=2) == 70_553_706_496 * 2 / 4
+    mix = ModelConfig.preset("mixtral-8x7b")
+    expert = 3 * 4096 * 14336  # one routed expert's SwiGLU
+    dense = mix.num_params() - 32 * 8 * expert
+    assert s.weights_per_gpu(mix, ep=8) == pytest.approx((dense + 32 * 1 * expert) * 2)
+
+
+def test_kv_capacity_70b_on_h100_by_hand():
+    cap = s.kv_capacity(LLAMA70, H100, context=8192, tp=4)
+    budget = 0.9 * 80e9 - 70_553_706_496 * 2 / 4  # 36,723,146,752 bytes
+    assert cap["kv_budget"] == pytest.approx(budget)
+    block = 16 * 81_920  # 1,310,720 bytes per block of 16 tokens
+    assert cap["blocks"] == 28_017 == math.floor(budget / block)
+    assert cap["tokens"] == 28_017 * 16 and cap["blocks_per_seq"] == 512 and cap["max_seqs"] == 54
+    assert s.kv_capacity(LLAMA70, H100, context=8192, tp=4, block_size=1)["tokens"] == math.floor(budget / 81_920)
+
+
+def test_weights_that_do_not_fit_name_a_tp_that_does():
+    with pytest.raises(ValueError, match=r"tp=1 .* try tp >= 2"):
+        s.kv_capacity(LLAMA70, H100, context=8192, tp=1)
+    with pytest.raises(ValueError, match="mem_util"):
+        s.kv_capacity(LLAMA70, H100, context=8192, tp=4, mem_util=1.5)
+
+
+def test_decode_is_memory_bound_and_reads_weights_plus_kv():
+    d = s.decode(LLAMA70, H100, context=8192, batch=1, tp=4, mbu=1.0, mfu=1.0, latency=0.0)
+    read = 70_553_706_496 * 2 / 4 + 8192 * 81_920
+    assert d.bytes == read and d.memory == pytest.approx(read / 3.35e12) and d.bound == "memory"
+    flops = (2 * (70_553_706_496 - 128_256 * 8192) + 2 * 80 * 64 * 8192 * 256) / 4
+    assert d.flops == pytest.approx(flops)
+    msg = 8192 * 2  # one token's hidden state in bf16
+    assert d.comm == pytest.approx(2 * 80 * (2 * msg * 3 / 4) / 450e9)
+    with_latency = s.decode(LLAMA70, H100, context=8192, batch=1, tp=4, mbu=1.0, mfu=1.0, latency=5e-6)
+    assert with_latency.comm - d.comm == pytest.approx(2 * 80 * 6 * 5e-6)  # 2(t-1) ring steps per all-reduce
+    assert with_latency.seconds == pytest.approx(d.memory + with_latency.comm)
+
+
+def test_prefill_is_compute_bound_and_tp_divides_it():
+    p1 = s.prefill(LLAMA70, H100, prompt=4096, tp=1, mfu=1.0, latency=0.0)
+    p4 = s.prefill(LLAMA70, H100, prompt=4096, tp=4, mfu=1.0, latency=0.0)
+    assert p1.bound == "compute" and p1.compute == pytest.approx(p1.flops / 989.4e12)
+    assert p4.compute == pytest.approx(p1.compute / 4)
+    assert p1.comm == 0 and p4.comm == pytest.approx(2 * 80 * 2 * 4096 * 8192 * 2 * 3 / 4 / 450e9)
+
+
+def test_critical_batch_is_where_decode_turns_compute_bound():
+    b = s.critical_batch(LLAMA70, H100, mfu=1.0, mbu=1.0)
+    assert b == pytest.approx(989.4e12 / 3.35e12)  # bf16: 2 bytes per weight, 2 FLOPs per weight
+    low = s.decode(LLAMA70, H100, context=1, batch=int(b * 0.5), mfu=1.0, mbu=1.0)
+    high = s.decode(LLAMA70, H100, context=1, batch=int(b * 2), mfu=1.0, mbu=1.0)
+    assert (low.bound, high.bound) == ("memory", "compute")
+
+
+def test_article_2_tp4_dp2_vs_tp2_dp4():
+    rows = {r["layout"]: r for r in serving_layouts.compare_layouts(LLAMA70, H100, gpus=8, context=8192)}
+    assert set(rows) == {"tp2×dp4", "tp4×dp2", "tp8×dp1"}  # tp1 does not hold 141 GB of weights
+    tp4, tp2 = rows["tp4×dp2"], rows["tp2×dp4"]
+    assert tp2["seqs_per_replica"] == 1 and tp2["seqs"] == 4  # 70.6 GB of weights leave 1.4 GB of cache
+    assert tp4["seqs"] == 2 * 54
+    assert tp2["tp_comm_per_token"] < tp4["tp_comm_per_token"]  # less TP: less communication per token...
+    assert tp4["tpot_batch1"] < tp2["tpot_batch1"]  # ...but each GPU reads half the weights
+    assert tp4["tokens_per_s"] > 10 * tp2["tokens_per_s"]
+    assert tp4["tokens_per_s"] == pytest.approx(2 * 54 / tp4["tpot"])
+    best, why = serving_layouts.recommend(list(rows.values()))
+    assert best["layout"] == "tp8×dp1" and "tokens/s" in why
+
+
+def test_pipeline_stages_add_latency_not_throughput_per_micro_batch():
+    one = serving_layouts.serving_layout(LLAMA70, H100, tp=4, dp=1, context=4096, batch=8)
+    two = serving_layouts.serving_layout(LLAMA70, H100, tp=2, dp=1, pp=2, context=4096, batch=8)
+    assert two["weights_per_gpu"] == one["weights_per_gpu"]
+    d = s.decode(LLAMA70, H100, context=4096, batch=4, tp=2, pp=2)
+    assert d.seconds == pytest.approx(2 * max(d.compute, d.memory) + d.comm)
+    assert two["tpot"] == d.seconds and two["tokens_per_s"] == pytest.approx(8 / d.seconds)
+
+
+def test_paged_bytes_round_each_sequence_up_to_whole_blocks():
+    assert s.paged_kv_bytes([1, 16, 17], kv_per_token=10.0, block_size=16) == (1 + 1 + 2) * 16 * 10.0
