@@ -37,20 +37,41 @@ else
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then index="" why="a GPU was found"; fi
     if [ -n "${PLAYBOOK_TORCH_INDEX+set}" ]; then index="$PLAYBOOK_TORCH_INDEX" why="PLAYBOOK_TORCH_INDEX"; fi
     say "installing PyTorch (${PLAYBOOK_TORCH:-torch}) from ${index:-$usual} ($why; about a minute)"
-    if ! pip install --quiet --disable-pip-version-check ${index:+--index-url "$index"} "${PLAYBOOK_TORCH:-torch}"; then
-      say "could not install PyTorch from ${index:-$usual}. If that index is unreachable, set" >&2
-      say "PLAYBOOK_TORCH_INDEX to a mirror of it, or to empty for pip's usual index (on Linux that is the CUDA build, several GB)" >&2
-      exit 1
+    # pip retries an unreachable index for minutes, a line per retry: ask once, quietly, and say what follows
+    if ! pip install --quiet --disable-pip-version-check --retries 0 --timeout 15 \
+        ${index:+--index-url "$index"} "${PLAYBOOK_TORCH:-torch}" 2>"$venv/.torch-install.log"; then
+      if [ -n "$index" ] && [ -z "${PLAYBOOK_TORCH_INDEX+set}" ]; then
+        say "PyTorch's CPU index $index is unreachable: taking torch from pip's usual index instead (on Linux the CUDA build, several GB, which runs on CPU too; set PLAYBOOK_TORCH_INDEX to a mirror of the CPU index to avoid it)"
+        if ! pip install --quiet --disable-pip-version-check "${PLAYBOOK_TORCH:-torch}" 2>"$venv/.torch-install.log"; then
+          say "could not install PyTorch from pip's usual index either: see $venv/.torch-install.log" >&2
+          exit 1
+        fi
+      else
+        say "could not install PyTorch from ${index:-$usual} (pip's message: $venv/.torch-install.log). If that index is unreachable, set" >&2
+        say "PLAYBOOK_TORCH_INDEX to a mirror of it, or to empty for pip's usual index (on Linux that is the CUDA build, several GB)" >&2
+        exit 1
+      fi
     fi
   fi
   say "installing the playbook and its dependencies (pip install -e '.[dev]')"
   pip install --quiet --disable-pip-version-check -e ".[dev]"
   echo "$want" > "$stamp"
 fi
+# Chapters stay without outputs in git however JupyterLab saves them: a clean filter strips outputs and
+# execution counts from what git stores (the working copy keeps them). .gitattributes names the filter.
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  git config filter.playbook-strip-outputs.clean "python3 playbook/book/strip.py"
+  git config filter.playbook-strip-outputs.smudge cat
+fi
 
 if [ "$what" = lab ]; then
-  say "starting JupyterLab on notebooks/"
-  exec python -m jupyter lab notebooks/ "$@"
+  root=()
+  if [ "$(id -u)" = 0 ]; then
+    root=(--allow-root)   # Jupyter refuses root without it; a container's only user is often root
+    say "running as root: passing --allow-root to JupyterLab"
+  fi
+  say "starting JupyterLab on notebooks/ (the CLI: .venv/bin/playbook, or 'source .venv/bin/activate' then playbook)"
+  exec python -m jupyter lab notebooks/ "${root[@]}" "$@"
 fi
 if [ "$what" = book ]; then
   say "building the static book: every chapter executed, then build/book/"

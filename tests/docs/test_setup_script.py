@@ -25,11 +25,28 @@ say() {
 case "$*" in
   *hashlib*) exec "$REAL_PYTHON" "$@" ;;
   *why_not_here*) echo ""; exit 0 ;;  # the browser is here
+  *"jupyter lab"*) echo "jupyter lab with: $*"; exit 0 ;;
+  *"import torch"*) [ -n "${NO_TORCH:-}" ] && exit 1; exit 0 ;;
   *--nbmake*) say nbmake "$SLEEP" "$NB_RC" ;;
   *--ignore=tests/book/test_book.py*) say others "$SLEEP" "$OTHERS_RC" ;;
   *"tests/browser tests/book/test_book.py"*) say chapters "$SLEEP" "$CHAPTERS_RC" ;;
 esac
 exit 0
+"""
+
+
+# pip: an index named in UNREACHABLE fails as an unreachable one does; everything else installs
+PIP = r"""#!/usr/bin/env bash
+for a in "$@"; do
+  if [ -n "${UNREACHABLE:-}" ] && [ "$a" = "$UNREACHABLE" ]; then
+    echo "WARNING: Retrying ... NewConnectionError" >&2; echo "ERROR: No matching distribution found for torch" >&2; exit 1
+  fi
+done
+echo "pip $*" >> "$PIP_LOG"; exit 0
+"""
+ID = r"""#!/usr/bin/env bash
+[ "$1" = -u ] && { echo "${FAKE_UID:-1000}"; exit 0; }
+exec /usr/bin/id "$@"
 """
 
 
@@ -41,8 +58,8 @@ def checkout(tmp_path):
     venv = tmp_path / ".venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "activate").write_text(f'export PATH="{venv}:$PATH"\n')
-    for tool in ("python", "ruff"):
-        (venv / tool).write_text(STUB)
+    for tool, text in (("python", STUB), ("ruff", STUB), ("pip", PIP), ("id", ID)):
+        (venv / tool).write_text(text)
         (venv / tool).chmod(0o755)
     digest = hashlib.sha256((tmp_path / "pyproject.toml").read_bytes()).hexdigest()
     (tmp_path / ".venv" / ".playbook-setup").write_text(f"{digest} {sys.version.split()[0]}\n")
@@ -91,3 +108,37 @@ def test_the_exit_status_is_the_first_failure(checkout, codes, want):
     assert done.returncode == want, done.stdout + done.stderr
     for what, code in zip(("chapters", "others", "nbmake"), codes):
         assert f"{what} says {code}" in done.stdout  # each waited for and shown, whatever the others said
+
+
+def lab(checkout: Path, **env) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "REAL_PYTHON": sys.executable,
+        "PLAYBOOK_VENV": ".venv",
+        "PIP_LOG": str(checkout / "pip.log"),
+        **env,
+    }
+    env.pop("PLAYBOOK_TORCH_INDEX", None)
+    return subprocess.run(
+        ["bash", "setup.sh", "lab"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("uid, root", [("0", True), ("1000", False)])
+def test_lab_passes_allow_root_to_jupyter_only_for_root_and_says_so(checkout, uid, root):
+    done = lab(checkout, FAKE_UID=uid)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ("--allow-root" in done.stdout.split("jupyter lab with:")[-1]) == root
+    assert ("running as root" in done.stdout) == root
+    assert ".venv/bin/playbook" in done.stdout  # where the CLI is
+
+
+def test_an_unreachable_cpu_index_is_one_line_and_the_fallback_it_takes(checkout):
+    (checkout / ".venv" / ".playbook-setup").unlink()  # pip runs
+    done = lab(checkout, NO_TORCH="1", UNREACHABLE="https://download.pytorch.org/whl/cpu", FAKE_UID="1000")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in done.stdout.splitlines() if "unreachable" in line]
+    assert len(said) == 1 and "PLAYBOOK_TORCH_INDEX" in said[0] and "usual index" in said[0], done.stdout
+    assert "Retrying" not in done.stdout + done.stderr  # pip's retries stay in the log file
+    installs = (checkout / "pip.log").read_text().splitlines()
+    assert "--index-url" not in installs[0] and installs[0].endswith("torch"), installs  # the fallback install
