@@ -100,9 +100,18 @@ def cmd_memory(args) -> int:
         cfg, batch=args.micro_batch, seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.serve_dtype
     ).as_dict()
     fit = device_fit(args.hardware, {"training": train["total"], "inference": serve["total"]}, args.mem_util)
+    would_fit = []
+    if not fit["training"]["fits"]:
+        from playbook.cli.advice import what_would_fit
+
+        options = dict(seq_len=args.seq_len, micro_batch=args.micro_batch, **degrees)
+        would_fit = what_would_fit(cfg, options, fit["allowed_bytes"])
     if args.json:
         report = {"model": cfg.name, "num_params": cfg.num_params(), "attention": args.attention}
         report |= {"training": train, "inference": serve, "device": fit}
+        report["training_would_fit"] = [
+            {"flags": c.flags, "total_bytes": c.total_bytes, "fits": c.fits} for c in would_fit
+        ]
         if stages:
             report["training_stages"] = [st.as_dict() for st in stages]
         print(json.dumps(report, indent=2))
@@ -117,6 +126,16 @@ def cmd_memory(args) -> int:
         print(f"  {title}: {verdict} {args.hardware}, margin {bytes_to_gb(fit[what]['margin_bytes']):+.2f} GB")
         for k, v in budget.items():
             print(f"    {k:<12} {bytes_to_gb(v):>10.2f} GB {bytes_to_gib(v):>10.2f} GiB")
+        if what == "training" and would_fit:
+            alone = would_fit[0].flags.count("--") == 1 or len(would_fit) > 1
+            head = (
+                "what would fit"
+                if alone
+                else "no one flag fits; these together"
+                if would_fit[0].fits
+                else "even all of"
+            )
+            print(f"    {head} (cheapest first): " + "; ".join(c.line() for c in would_fit))
     print(
         f"  {args.hardware}: {args.mem_util:g} × {bytes_to_gb(fit['capacity_bytes']):.1f} GB the device reports "
         f"= {bytes_to_gb(fit['allowed_bytes']):.1f} GB allowed"

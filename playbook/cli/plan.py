@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from playbook.cli.plan_layout import LABEL_KEY
 from playbook.cli.checks import BadInput
 from playbook.config import ModelConfig
 from playbook.hardware import MEM_UTIL, Hardware
@@ -187,6 +188,7 @@ def cmd_plan(args) -> int:
             f"  {str(c.layout):<40} {c.memory / 1e9:>7.1f} GB {c.cost.total:>7.2f}s {c.cost.bubble:>6.2f}s "
             f"{c.cost.exposed:>7.2f}s {c.mfu:>6.1%} {c.tokens_per_s:>11,.0f}"
         )
+    print(f"  ({LABEL_KEY})")
     print("rejected:")
     for kind, (count, example) in result.rejected.items():
         print(f"  {kind}: {count}, e.g. {example}")
@@ -224,6 +226,7 @@ def add_plan(sub) -> None:
         "plan",
         help="training layouts (dp × tp × pp × cp, ZeRO, micro-batches, recomputation) on N GPUs",
         formatter_class=_Formatter,
+        description="Every layout of N GPUs ranked by predicted step time; " + LABEL_KEY + ".",
     )
     p.add_argument("--model", help=f"a preset, one of: {', '.join(ModelConfig.presets())}")
     p.add_argument(

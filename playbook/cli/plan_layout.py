@@ -6,6 +6,12 @@ import json
 
 from playbook.cli.checks import BadInput
 
+# what a layout label says, printed under every answer and in --help
+LABEL_KEY = (
+    "a label reads dp8×tp8×pp16 (the degrees; cp, ep when > 1) z1 (ZeRO stage) b1 (micro-batch, sequences) "
+    "m32 (micro-batches per step) none (recomputation: none, selective, full), then the schedule and v (chunks per rank)"
+)
+
 
 def one_layout(cfg, hw, args, options: dict) -> int:
     """``--layout``: cost one given layout (``theory.plan.layout``) and print it, or its JSON;
@@ -45,4 +51,27 @@ def one_layout(cfg, hw, args, options: dict) -> int:
     if not r["fits"]:
         ranks = f"unranked, as it does not fit (its step time would place it at {ranks.removeprefix('rank ')})"
     print(f"  MFU {r['mfu']:.1%} of the BF16 peak; {ranks}")
+    if not r["fits"]:
+        print_what_would_fit(cfg, hw, lay, args, options, r)
+    print(f"  ({LABEL_KEY})")
     return 0
+
+
+def print_what_would_fit(cfg, hw, lay, args, options: dict, r: dict) -> None:
+    """The single changes of ``cli.advice.layout_variants`` that fit, and the planner's fastest layout."""
+    from playbook.cli.advice import layout_variants
+    from playbook.theory.plan.layout import cost_layout
+
+    fits = []
+    for flags, variant in layout_variants(lay):
+        v = cost_layout(cfg, hw, variant, seq_len=args.seq_len, rank=False, **options)
+        if v["fits"]:
+            fits.append(
+                f"{flags} ({v['memory_total'] / 1e9:.1f} GB, margin {v['margin_bytes'] / 1e9:+.1f} GB, step {v['step']['total']:.2f} s)"
+            )
+    print("  what would fit: " + ("; ".join(fits[:3]) if fits else "no single change of recompute, zero or b"))
+    best = r.get("fastest_that_fits")
+    if best:
+        print(
+            f"  the planner's fastest layout that fits on {r['gpus']} GPUs: {best['layout']} ({best['step_s']:.2f} s a step)"
+        )

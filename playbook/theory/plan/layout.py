@@ -119,4 +119,7 @@ def cost_layout(
             p = plan(cfg, hw, gpus=gpus, seq_len=seq_len, global_batch=batch, **(options | narrow))
             out["rank" + suffix] = 1 + sum(c.cost.total < cost.total for c in p.candidates)
             out["of" + suffix] = len(p.candidates)
+            if not suffix and p.candidates:  # what would work instead, on the same GPUs
+                best = p.candidates[0]
+                out["fastest_that_fits"] = {"layout": str(best.layout), "step_s": best.cost.total}
     return out
