@@ -394,3 +394,30 @@ def test_ch08b_the_ranking_by_overlap_preset():
         tp[preset] = p.candidates[0].layout.tp
     assert tp == {"none": 4, "dp": 4, "megatron-tp": 8, "deepseek-ep": 8}
     assert rank["none"] == 43 and rank["megatron-tp"] == 31
+
+
+def test_ch04_interleaving_messages_and_adams_step_on_a_rounding_level_gradient():
+    from playbook.theory.pp import make_schedule
+
+    sends = lambda s: sum(a.kind.startswith("send") for acts in s.actions for a in acts)  # noqa: E731
+    # Q1: 1F1B at m = 70 against interleaved v = 4 at m = 24, p = 8: 2·m·(p·v − 1) messages a step
+    one, inter = sends(make_schedule("1f1b", 8, 70)), sends(make_schedule("interleaved", 8, 24, 4))
+    assert (one, inter, round(inter / one, 1)) == (980, 1488, 1.5)
+    assert round(31 / 7, 1) == 4.4  # per micro-batch, (p·v − 1)/(p − 1)
+    eps = 1e-8  # torch.optim.AdamW's default
+    assert round(1e-9 / (1e-9 + eps), 2) == 0.09 and 1e-7 / (1e-7 + eps) > 0.9  # "a tenth", "nearly all"
+    import torch
+
+    assert torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults["eps"] == eps
+
+
+def test_ch04_the_v_schedules_idle_and_the_batch_a_pipeline_takes():
+    from playbook.theory.pp import Costs, make_schedule, readme_bubble, simulate
+
+    half = Costs(0.5, 0.5, 0.5)
+    zbv, dpv = (simulate(make_schedule(n, 4, 8, 2), half) for n in ("zb-v", "dualpipe-v"))
+    zbh1 = simulate(make_schedule("zb-h1", 4, 8), Costs(1, 1, 1))
+    assert max(dpv.idle()) == 2 * max(zbv.idle()) == max(zbh1.idle()) == 3  # "twice ZB-V, as much as ZB-H1"
+    assert all(x["inside"] == 0 for x in zbv.idle_parts())  # the slanted ends only
+    assert readme_bubble(8, 0.5, 0.5, 0.5) == max(dpv.idle())  # the README's formula, exactly, at equal costs
+    assert max(dpv.peak_held) / 2 == 4.5 > max(zbv.peak_held) / 2 == 4  # one chunk more

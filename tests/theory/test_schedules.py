@@ -211,3 +211,20 @@ def test_chapter4_gpipe_and_1f1b_coincide_for_m_up_to_p(m):
     one_f = simulate(make_schedule("1f1b", p=4, m=m), Costs(f=1, b=1, w=1))
     assert gpipe.bubble() == one_f.bubble()
     assert max(gpipe.peak_in_flight) == max(one_f.peak_in_flight) == gpipe.peak_in_flight[0] == m
+
+
+def test_a_receive_posted_after_its_message_was_sent_still_pays_the_transfer():
+    """gloo's point-to-point is a rendezvous: the payload moves once both sides are ready, so a late
+    receiver waits ``comm`` after it posts, not after the send (issue 48's third near-miss)."""
+    from playbook.theory.pp.simulator import Costs, simulate
+    from playbook.theory.pp.types import Action, Schedule
+
+    rank0 = (Action("F", 0), Action("send_F", 0, 0, 1), Action("B", 0))
+    rank1 = (Action("W", 9), Action("recv_F", 0, 0, 0), Action("F", 0))  # busy 5 before it posts the receive
+    s = Schedule("late receiver", 2, 1, 1, True, (rank0, rank1))
+    tl = simulate(s, Costs(f=1, b=1, w=5, comm=0.25))
+    f1 = next(x for x in tl.slots if x.rank == 1 and x.kind == "F")
+    assert f1.start == 5 + 0.25  # posted at 5, long after the send at 1: still the transfer
+    early = Schedule("early receiver", 2, 1, 1, True, (rank0, (Action("recv_F", 0, 0, 0), Action("F", 0))))
+    f1 = next(x for x in simulate(early, Costs(f=1, b=1, comm=0.25)).slots if x.rank == 1 and x.kind == "F")
+    assert f1.start == 1 + 0.25  # waiting from the start: the send at 1, then the transfer

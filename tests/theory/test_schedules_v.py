@@ -5,7 +5,7 @@ import pytest
 from playbook.parallel.pp.native import native_orders
 from playbook.theory.pp.simulator import Costs, in_flight, simulate
 from playbook.theory.pp.schedules import check_pipeline, closed_form, make_schedule, validate
-from playbook.theory.pp.v import v_orders
+from playbook.theory.pp.v import v_orders, v_pairs
 
 V_GRID = [
     (name, p, m)
@@ -70,15 +70,24 @@ def test_v_memory_zb_v_holds_p_stages_dualpipe_v_one_chunk_more(p, m):
 
 
 @pytest.mark.parametrize("p, m", [(2, 8), (4, 8), (4, 16), (8, 32)])
-def test_v_bubble_with_equal_costs_is_half_of_zb_h1(p, m):
-    """With a chunk costing half a stage (f = b = w = 1/2 against ZB-H1's 1), every rank of ZB-V and
-    of DualPipe-V idles (p − 1)/2, half of ZB-H1's (p − 1)(T_F + T_B − T_W) = p − 1."""
+def test_v_bubble_with_equal_costs_zb_v_half_of_zb_h1_and_dualpipe_v_as_much(p, m):
+    """With a chunk costing half a stage (f = b = w = 1/2 against ZB-H1's 1), every rank of ZB-V idles
+    (p − 1)/2, half of ZB-H1's (p − 1)(T_F + T_B − T_W) = p − 1; DualPipe-V, its overlapped pairs one
+    unit each, idles p − 1, as ZB-H1 does (Qi et al. 2023 §6; DeepSeek's DualPipe README)."""
     zb_h1 = simulate(make_schedule("zb-h1", p, m), Costs(1, 1, 1))
     assert zb_h1.idle() == pytest.approx([p - 1] * p)
-    for name in ("zb-v", "dualpipe-v"):
+    for name, idle in (("zb-v", (p - 1) / 2), ("dualpipe-v", p - 1)):
         tl = simulate(make_schedule(name, p, m, 2), Costs(0.5, 0.5, 0.5))
-        assert tl.idle() == pytest.approx([(p - 1) / 2] * p), name
-        assert tl.makespan == pytest.approx(3 * m + (p - 1) / 2)
+        assert tl.idle() == pytest.approx([idle] * p), name
+        assert tl.makespan == pytest.approx(3 * m + idle)
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (3, 6), (4, 8), (4, 16)])
+def test_our_overlapped_pairs_are_torchs_overlap_f_b(p, m):
+    from playbook.parallel.pp.native import native_pairs
+
+    assert v_pairs("dualpipe-v", p, m) == native_pairs("dualpipe-v", p, m)
+    assert v_pairs("zb-v", p, m) == [[]] * p
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@
 """
 
 from playbook.parallel.pp.run import PipelineSetup, merge, on_rank
-from playbook.parallel.pp.native import native_on_rank, native_orders
+from playbook.parallel.pp.native import native_on_rank, native_orders, native_pairs
 from playbook.parallel.pp.costs import piece_costs
 
-__all__ = ["PipelineSetup", "merge", "native_on_rank", "native_orders", "on_rank", "piece_costs"]
+__all__ = ["PipelineSetup", "merge", "native_on_rank", "native_orders", "native_pairs", "on_rank", "piece_costs"]

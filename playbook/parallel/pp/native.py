@@ -71,6 +71,28 @@ def native_orders(name: str, p: int, m: int) -> list[list[tuple[str, int, int]]]
     ]
 
 
+def native_pairs(name: str, p: int, m: int) -> list[list[int]]:
+    """Per rank, where in :func:`native_orders`' order each of torch's ``OVERLAP_F_B`` actions opens
+    (the position of its F): what ``theory.pp.v.v_pairs`` must give."""
+    import torch.distributed.pipelining.schedules as sched
+
+    cls = getattr(sched, NATIVE[name])
+    plan = object.__new__(cls)
+    plan.pp_group_size, plan.num_stages, plan._num_stages, plan._n_microbatches = p, 2 * p, 2 * p, m
+    out = []
+    for r in range(p):
+        at, opens = 0, []
+        for a in plan._calculate_single_rank_operations(r):
+            if a is None:
+                continue
+            if a.sub_actions:
+                opens.append(at)
+            parts = a.sub_actions or (a,)
+            at += sum(2 if x.computation_type.value == "B" else 1 for x in parts)  # a full B is our B and W
+        out.append(opens)
+    return out
+
+
 def native_limits(name: str, p: int, m: int) -> str | None:
     """Why torch's counterpart cannot run this case (None if it can): its 1F1B-style schedules
     need at least as many micro-batches as stages."""

@@ -11,10 +11,15 @@ and W (weights) where a schedule splits it:
   micro-batch crosses v times as many stage boundaries.
 - **zb-h1** (Qi et al. 2023, arXiv:2401.10241, §3): (p − 1)(F + B − W)/(m·(F + B + W)) = (p − 1)/(3m)
   with F = B = W, at 1F1B's memory.
-- **zb-v**, **dualpipe-v** (Qi et al. §6; DeepSeek-AI 2024, arXiv:2412.19437, §3.2.1): two chunks
-  per rank in a V, m ≥ 2p: (p − 1)/(6m), each rank idle (p − 1)/2 chunk-forwards in fill and drain,
-  what ``theory.pp.schedules.simulate`` gives for both orders at F = B = W (the test plays them).
-  Rank 0 holds p stages' worth, 1F1B's peak (``theory.pp.v``).
+- **zb-v** (Qi et al. §6): two chunks per rank in a V, m ≥ 2p: (p − 1)/(6m), each rank idle
+  (p − 1)/2 chunk-forwards in fill and drain; zero inside the step, as the paper's condition says.
+- **dualpipe-v** (DeepSeek's DualPipe repository, after Sea AI Lab's "cut-in-half"): the same V with
+  its overlapped F&B pairs each one unit (both inputs received before the pair, both outputs sent
+  after it: ``theory.pp.v``): (p − 1)/(3m), twice ZB-V's, as much as ZB-H1, DualPipe's README formula
+  at F = B = W. What it buys is the all-to-all hidden under the pair, which the overlap presets of
+  ``theory.plan.cost`` credit; with nothing to hide ZB-V dominates it. Both are what
+  ``theory.pp.schedules.simulate`` gives at F = B = W (the test plays them). Rank 0 holds p stages'
+  worth, 1F1B's peak.
 
 ``closed_form`` is chapter 4's (``theory.pp.schedules``), not copies.
 
@@ -68,8 +73,10 @@ def bubble_fraction(name: str, p: int, m: int, v: int = 1) -> float:
     """Bubble over the ideal pipelined time (module docstring)."""
     if p == 1:
         return 0.0
-    if name in V_SCHEDULES:
+    if name == "zb-v":
         return (p - 1) / (6 * m)
+    if name == "dualpipe-v":
+        return (p - 1) / (3 * m)  # its overlapped pairs are units (module docstring)
     if name == "1f1b":
         return (p - 1) / m
     f, b, w = (1.0, 2.0, 0.0) if name != "zb-h1" else (1.0, 1.0, 1.0)

@@ -14,7 +14,7 @@ from playbook.theory.pp.simulator import Costs, Deadlock, simulate
 from playbook.theory.pp.layer_partition import balanced_partition, equal_partition
 from playbook.theory.pp.pipeline import chunk_activation_bytes, chunk_w_bytes
 from playbook.theory.pp.dual import dualpipe_memory, make_dualpipe, readme_bubble
-from playbook.theory.pp.v import v_orders
+from playbook.theory.pp.v import v_orders, v_pairs
 
 __all__ = [
     "Action",
@@ -35,4 +35,5 @@ __all__ = [
     "readme_bubble",
     "simulate",
     "v_orders",
+    "v_pairs",
 ]

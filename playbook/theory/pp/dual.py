@@ -22,10 +22,13 @@ directions' stages) and the activations held at the peak (in micro-batch-stages,
 README's table, where 1F1B's rank 0 holds p); ``README_TABLE`` is that table.
 
 :func:`readme_bubble` is the README's idle time per device, (PP/2 − 1)(F&B + B − 3W), with its B the
-*full* backward (our B + W) and F&B = F + B + W (no overlap, as on a CPU). It is an upper bound on
-the simulated orders, not their idle: at F = B = W they idle (PP/2 − 1)·F per rank, half of it, which
-is the fill of the deepest rank (h = PP/2 − 1 forwards before its first micro-batch arrives), mirrored
-by rank 0's wait for its last input-gradients at the end.
+*full* backward (our B + W) and F&B = F + B + W (the pair's two parts one after the other, nothing
+overlapped, as on a CPU). With each overlapped pair one unit (both inputs received before it, both
+outputs sent after it: DeepSeek's ``dualpipe.py`` steps, torch's ``OVERLAP_F_B``), the simulated
+order idles exactly that at F = B = W: (PP/2 − 1)·2F per rank, twice the fill of the deepest rank
+(h = PP/2 − 1 forwards before its first micro-batch arrives). At other cost ratios it is neither
+above nor below the simulation in general (tests/theory/test_schedules_dual.py): a formula for the
+equal-cost case, not a bound.
 
 Pure Python; no torch.
 """
@@ -35,7 +38,7 @@ from __future__ import annotations
 from playbook.theory.pp.simulator import in_flight, simulate
 from playbook.theory.pp.types import Schedule
 from playbook.theory.pp.schedules import with_communication
-from playbook.theory.pp.v import _dualpipe_v
+from playbook.theory.pp.v import _dualpipe_v, _dualpipe_v_order
 
 # DeepSeek's DualPipe README, "Pipeline Bubbles and Memory Usage Comparison" (PP stages, per device):
 # parameters in units of 1F1B's, activations in micro-batch-stages.
@@ -73,9 +76,18 @@ def dualpipe_orders(p: int, m: int) -> list[list[tuple[str, int, int]]]:
     return orders
 
 
+def dualpipe_pairs(p: int, m: int) -> list[list[int]]:
+    """Per rank, where each overlapped F&B pair opens in :func:`dualpipe_orders`' order (the same
+    places as the DualPipe-V order it is built from)."""
+    check_dualpipe(p, m)
+    return [_dualpipe_v_order(p // 2, m // 2, min(r, p - 1 - r)).pairs for r in range(p)]
+
+
 def make_dualpipe(p: int, m: int) -> Schedule:
-    """DualPipe for p ranks and m micro-batches, with its sends and receives; checked by playing it."""
-    schedule = with_communication("dualpipe", p, m, 2, True, dualpipe_orders(p, m), placement="dual")
+    """DualPipe for p ranks and m micro-batches, with its sends and receives (each overlapped pair one
+    unit: both receives before it, both sends after it); checked by playing it."""
+    orders = dualpipe_orders(p, m)
+    schedule = with_communication("dualpipe", p, m, 2, True, orders, placement="dual", pairs=dualpipe_pairs(p, m))
     simulate(schedule)  # raises if it does not play
     return schedule
 
@@ -108,6 +120,7 @@ __all__ = [
     "check_dualpipe",
     "dualpipe_memory",
     "dualpipe_orders",
+    "dualpipe_pairs",
     "make_dualpipe",
     "readme_bubble",
     "readme_rows",

@@ -113,39 +113,68 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
         orders = [_interleaved(p, m, v, r) for r in range(p)]
     elif name == "zb-h1":
         orders = [_zb_h1(p, m, r) for r in range(p)]
-    elif name in V_SCHEDULES:
-        from playbook.theory.pp.v import v_orders
+    pairs = None
+    if name in V_SCHEDULES:
+        from playbook.theory.pp.v import v_orders, v_pairs
 
-        orders = v_orders(name, p, m)
-    else:
+        orders, pairs = v_orders(name, p, m), v_pairs(name, p, m)
+    elif name not in ("gpipe", "1f1b", "interleaved", "zb-h1"):
         orders = _zb_greedy(p, m)
     placement = "v" if name in V_SCHEDULES else "loop"
-    schedule = with_communication(name, p, m, v, is_split(name), orders, placement)
+    schedule = with_communication(name, p, m, v, is_split(name), orders, placement, pairs=pairs)
     simulate(schedule)  # raises if it does not play (deadlock, or a message never received)
     return schedule
 
 
 def with_communication(
-    name: str, p: int, m: int, v: int, split: bool, orders: Sequence[Sequence[tuple]], placement: str = "loop"
+    name: str,
+    p: int,
+    m: int,
+    v: int,
+    split: bool,
+    orders: Sequence[Sequence[tuple]],
+    placement: str = "loop",
+    *,
+    pairs: Sequence[Sequence[int]] | None = None,
 ) -> Schedule:
     """Insert the point-to-point messages into per-rank compute orders ``[(kind, mb, chunk), ...]``:
     a receive right before each F (B) that needs another stage's activation (gradient), a send
-    right after each F (B) whose result another stage needs (to the same rank where the V turns)."""
+    right after each F (B) whose result another stage needs (to the same rank where the V turns).
+    ``pairs[r]``: positions in rank r's order of each F that opens an overlapped pair with the B (and
+    its W) after it (DualPipe's F&B, ``theory.pp.v``): one unit, both receives before it and both sends
+    after it, as DeepSeek's ``_forward_backward_chunk`` and torch's ``OVERLAP_F_B`` run it."""
     where = Schedule(name, p, m, v, split, (), placement)  # stage <-> (rank, chunk) only
+
+    def recv(kind: str, mb: int, chunk: int, s: int) -> list[Action]:
+        if kind == "F" and where.feeds(s - 1):
+            return [Action("recv_F", mb, chunk, where.place(s - 1)[0])]
+        if kind == "B" and where.feeds(s):
+            return [Action("recv_B", mb, chunk, where.place(s + 1)[0])]
+        return []
+
+    def send(kind: str, mb: int, chunk: int, s: int) -> list[Action]:
+        if kind == "F" and where.feeds(s):
+            return [Action("send_F", mb, chunk, where.place(s + 1)[0])]
+        if kind == "B" and where.feeds(s - 1):
+            return [Action("send_B", mb, chunk, where.place(s - 1)[0])]
+        return []
+
     actions = []
     for r, order in enumerate(orders):
-        out: list[Action] = []
-        for kind, mb, chunk in order:
-            s = where.stage(r, chunk)
-            if kind == "F" and where.feeds(s - 1):
-                out.append(Action("recv_F", mb, chunk, where.place(s - 1)[0]))
-            if kind == "B" and where.feeds(s):
-                out.append(Action("recv_B", mb, chunk, where.place(s + 1)[0]))
-            out.append(Action(kind, mb, chunk))
-            if kind == "F" and where.feeds(s):
-                out.append(Action("send_F", mb, chunk, where.place(s + 1)[0]))
-            if kind == "B" and where.feeds(s - 1):
-                out.append(Action("send_B", mb, chunk, where.place(s - 1)[0]))
+        order, out, i = list(order), [], 0
+        opens = set(pairs[r]) if pairs else set()
+        while i < len(order):
+            # one unit: a single action, or an overlapped pair F, B (and the W of that B right after it)
+            n = 1
+            if i in opens:
+                if not (i + 1 < len(order) and order[i][0] == "F" and order[i + 1][0] == "B"):
+                    raise ValueError(f"rank {r}: a pair opens at {order[i]} without a B after it")
+                n = 3 if i + 2 < len(order) and order[i + 2] == ("W", *order[i + 1][1:]) else 2
+            unit = [(kind, mb, chunk, where.stage(r, chunk)) for kind, mb, chunk in order[i : i + n]]
+            out += [a for u in unit for a in recv(*u)]
+            out += [Action(kind, mb, chunk) for kind, mb, chunk, _ in unit]
+            out += [a for u in unit for a in send(*u)]
+            i += n
         actions.append(tuple(out))
     schedule = Schedule(name, p, m, v, split, tuple(actions), placement)
     validate(schedule)

@@ -92,6 +92,19 @@ class Timeline:
     def bubble_over_ideal(self) -> float:
         return sum(self.idle()) / sum(self.busy())
 
+    def idle_parts(self) -> list[dict[str, float]]:
+        """Each rank's idle time split where it falls: before its first slot (``start``), after its last
+        (``end``) and between slots (``inside``). Only ``inside`` is a bubble that consecutive steps
+        cannot fill: with no synchronisation between steps (Qi et al. 2023, arXiv:2401.10241, §4:
+        post-validation instead of the optimizer's all-reduce) the next step starts into a rank's end."""
+        t0, t1 = self.start, self.start + self.makespan
+        out = []
+        for r, idle in enumerate(self.idle()):
+            mine = [s for s in self.slots if s.rank == r]
+            first, last = min(s.start for s in mine), max(s.end for s in mine)
+            out.append({"start": first - t0, "end": t1 - last, "inside": idle - (first - t0) - (t1 - last)})
+        return out
+
     def bubble(self) -> dict[str, float]:
         return {"idle_over_total": self.bubble_over_total, "bubble_over_ideal": self.bubble_over_ideal}
 

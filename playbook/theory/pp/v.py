@@ -14,8 +14,10 @@ chunk 0 leaves chunk 1 of the same rank late, and vice versa.
   held back, p − r pairs B, W on chunk 0, then the held-back W passes, chunk 1's first. With
   m < 2p − 1 the same order is built for 2p − 1 micro-batches and the missing ones dropped.
   With T_F = T_B = T_W every rank holds at most 2p chunk sets, p whole stages: 1F1B's rank 0.
-- **DualPipe-V** (DeepSeek-AI 2024, arXiv:2412.19437, §3.2.1, DualPipe "cut in half": one copy
-  of the parameters on the V placement, m >= 2p). Its steady state pairs a forward of one chunk
+- **DualPipe-V** (DeepSeek's DualPipe repository, ``dualpipe/dualpipev.py`` and its README: "a
+  concise V-shape schedule derived from DualPipe using a 'cut-in-half' procedure", after Sea AI
+  Lab's "Cut-in-half" post; DualPipe itself is DeepSeek-AI 2024, arXiv:2412.19437, §3.2.1): one copy
+  of the parameters on the V placement, m >= 2p. Its steady state pairs a forward of one chunk
   with a *full* backward of the other (DualPipe's overlapped F&B: one chunk's all-to-all hides
   under the other's compute); only the end of the warm-up and the cool-down split B from W to
   fill holes. Phases for rank r: 2(p − r − 1) forwards of chunk 0; r + 1 pairs F0 F1; p − r − 1
@@ -25,10 +27,17 @@ chunk 0 leaves chunk 1 of the same rank late, and vice versa.
   B0 (split); r + 1 remaining W passes, oldest first.
 
 A full backward is written ``B`` then ``W`` right after it (so every schedule here splits, and
-one micro-batch's W part is held for no time at all); the overlap of F&B is a property of
-communication inside a rank (expert all-to-all), not of this order: our executor runs the pair
-one after the other. PyTorch 2.13's ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` build the
-same orders (``playbook.parallel.pp.native.native_orders``, tests/theory/test_schedules_v.py).
+one micro-batch's W part is held for no time at all). An **overlapped pair** is one unit, as both
+implementations run it: DeepSeek's ``_forward_backward_chunk`` receives the F's input and the B's
+output-gradient, computes both, then sends both results; PyTorch 2.13's ``ScheduleDualPipeV`` builds
+``OVERLAP_F_B`` actions whose sends follow both sub-actions. :func:`v_pairs` says where each pair
+starts; ``theory.pp.schedules.with_communication`` posts both receives before the pair and both sends
+after it. That costs idle time: paired, at T_F = T_B = T_W, DualPipe-V idles (p − 1)·T_F per rank
+in chunk units, twice ZB-V's fill and as much as ZB-H1 (DualPipe's README formula
+(PP/2 − 1)(F&B + B − 3W) exactly, with PP = 2p): the bubble it pays for the all-to-all it hides.
+Our executor runs a pair's two parts one after the other, in that unit. PyTorch 2.13's
+``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` build the same orders and pairs
+(``playbook.parallel.pp.native.native_orders``, tests/theory/test_schedules_v.py).
 
 Pure Python; no torch.
 """
@@ -59,13 +68,17 @@ class _Order:
         self.out: list[tuple[str, int, int]] = []
         self.next: dict[tuple[str, int], int] = {}
         self.owed: list[tuple[int, int]] = []  # (mb, chunk) whose B ran and whose W did not
+        self.pairs: list[int] = []  # positions in ``out`` of each F that opens an overlapped F&B pair
 
     def count(self, kind: str, chunk: int) -> int:
         return self.next.get((kind, chunk), 0)
 
-    def add(self, kind: str, chunk: int, *, full: bool = False) -> None:
-        """Append the next F or B of ``chunk``; a B ``full`` is followed by its W at once, else it is owed."""
+    def add(self, kind: str, chunk: int, *, full: bool = False, pair: bool = False) -> None:
+        """Append the next F or B of ``chunk``; a B ``full`` is followed by its W at once, else it is owed;
+        an F ``pair`` opens an overlapped pair with the full B added next (one unit, see the module docstring)."""
         mb = self.count(kind, chunk)
+        if pair:
+            self.pairs.append(len(self.out))
         self.next[(kind, chunk)] = mb + 1
         self.out.append((kind, mb, chunk))
         if kind == "B":
@@ -114,6 +127,10 @@ def _zb_v(p: int, m: int, r: int) -> list[tuple[str, int, int]]:
 
 
 def _dualpipe_v(p: int, m: int, r: int) -> list[tuple[str, int, int]]:
+    return _dualpipe_v_order(p, m, r).out
+
+
+def _dualpipe_v_order(p: int, m: int, r: int) -> _Order:
     o = _Order()
     for _ in range(2 * (p - r - 1)):
         o.add("F", 0)
@@ -124,14 +141,14 @@ def _dualpipe_v(p: int, m: int, r: int) -> list[tuple[str, int, int]]:
         o.add("B", 1)
         o.pay()
         o.add("F", 1)
-    for _ in range(m - 2 * p + r + 1):  # the overlapped pairs: F of one chunk with the full B of the other
-        o.add("F", 0)
+    for i in range(m - 2 * p + r + 1):  # the overlapped pairs: F of one chunk with the full B of the other
+        o.add("F", 0, pair=not (i == 0 and r == p - 1))  # DeepSeek: the last rank's first two are not overlapped
         o.add("B", 1, full=True)
-        o.add("F", 1)
+        o.add("F", 1, pair=True)
         o.add("B", 0, full=True)
     for _ in range(p - r - 1):
         o.add("B", 1, full=True)
-        o.add("F", 1)
+        o.add("F", 1, pair=True)
         o.add("B", 0, full=True)
     half = (r + 1) // 2
     for i in range(r + 1):  # from the middle on, B leaves its W for later to fill the cool-down
@@ -142,7 +159,15 @@ def _dualpipe_v(p: int, m: int, r: int) -> list[tuple[str, int, int]]:
         o.add("B", 0)
     while o.owed:
         o.pay()
-    return o.out
+    return o
+
+
+def v_pairs(name: str, p: int, m: int) -> list[list[int]]:
+    """Per rank, the positions in :func:`v_orders`' order of each F that opens an overlapped F&B pair
+    (DualPipe-V's; ZB-V has none)."""
+    if name == "zb-v":
+        return [[] for _ in range(p)]
+    return [_dualpipe_v_order(p, m, r).pairs for r in range(p)]
 
 
 def v_orders(name: str, p: int, m: int) -> list[list[tuple[str, int, int]]]:
