@@ -118,7 +118,8 @@ def lab(checkout: Path, **env) -> subprocess.CompletedProcess:
         "PIP_LOG": str(checkout / "pip.log"),
         **env,
     }
-    env.pop("PLAYBOOK_TORCH_INDEX", None)
+    for inherited in ("PLAYBOOK_TORCH_INDEX", "PLAYBOOK_TORCH"):  # CI sets both; each test names its own
+        env.pop(inherited, None)
     return subprocess.run(
         ["bash", "setup.sh", "lab"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
     )
