@@ -12,14 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from playbook.config import DATA_DIR, preset_file
-from playbook.validate import (
-    HARDWARE_LIMITS,
-    HARDWARE_REQUIRED,
-    check_fields,
-    check_types,
-    read_json_object,
-    require_keys,
-)
+from playbook.validate import check_hardware, read_json_object
 
 HARDWARE_DIR = DATA_DIR / "hardware"
 # The product's one rule for "does it fit": a rank's bytes against MEM_UTIL of the memory the device
@@ -70,9 +63,7 @@ class Hardware:
             )
         raw = read_json_object(path, "hardware profile")
         where = f"hardware profile {str(path)!r}"
-        require_keys(where, raw, HARDWARE_REQUIRED, "hardware profile")
-        check_fields(where, raw, HARDWARE_LIMITS, sep=": ")
-        check_types(where, raw, {"collectives": dict, "matmul": list, "load_average": dict, "date": str, "source": str})
+        check_hardware(where, raw)
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in fields and k != "name"}, name=name)
 

@@ -143,6 +143,32 @@ HARDWARE_LIMITS = {
     "intra_node_latency": Range("number", 0, 1, "3e-6"),
     "inter_node_latency": Range("number", 0, 1, "1e-5"),
     "achievable_flops_fraction": Range("number", 0, 1, "0.5", open_low=True),
+    "sms": Range("int", 0, 10**5, "132"),
+    "reported_memory_bytes": Range("number", 0, 1e15, "85.5e9"),  # 0: memory_bytes (Hardware.capacity_bytes)
+    "peak_fp8_flops": Range("number", 0, 1e19, "1979e12", open_low=True),
+    # what `playbook calibrate` writes beside its fits (playbook.measure.calibrate)
+    "ranks": Range("int", 1, 10**6, "2"),
+    "threads_per_rank": Range("int", 1, 4096, "1"),
+    "calibration_seconds": Range("number", 0, 1e9, "60"),
+}
+# A calibrated profile's nested fields: each collective's α–β fit (theory.cost.alpha_beta.Fit, its
+# measured points) and each matmul measured (measure.calibrate.matmul_rates).
+COLLECTIVE_FIT = {
+    "alpha": Range("number", 0, 1, "2e-5"),
+    "beta": Range("number", 0, 1, "1e-10"),
+    "rms_rel_residual": Range("number", 0, 1e6, "0.1"),
+    "group_size": Range("int", 1, 10**6, "2"),
+}
+COLLECTIVE_POINT = {
+    "bytes": Range("number", 0, 1e15, "4096", open_low=True),
+    "seconds": Range("number", 0, 1e6, "1e-4"),
+    "median_seconds": Range("number", 0, 1e6, "1e-4"),
+}
+MATMUL_POINT = {
+    "size": Range("number", 0, 1e6, "512", open_low=True),
+    "flops_per_s": Range("number", 0, 1e19, "5e10", open_low=True),
+    "seconds": Range("number", 0, 1e6, "1e-3"),
+    "median_seconds": Range("number", 0, 1e6, "1e-3"),
 }
 
 
@@ -156,3 +182,55 @@ def check_types(where: str, values: dict, types: dict) -> None:
             kinds = kind if isinstance(kind, tuple) else (kind,)
             what = " or ".join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
             raise ValueError(f"{where}: {name} must be a JSON {what}, got {shown(values[name])}")
+
+
+def _each(where: str, name: str, value, kind: type, what: str) -> None:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ValueError(f"{where}: {name} must be {what}, got {shown(value)}")
+
+
+def check_hardware(where: str, raw: dict) -> None:
+    """Every field of a hardware profile (``data/hardware/``, or what ``playbook calibrate`` wrote)
+    by type and range, nested ones too, so a wrong one is one line here and never a TypeError in a
+    planner's arithmetic: the numbers of :data:`HARDWARE_LIMITS`, text for ``source``, ``*_source``
+    and ``date``, ``quick`` true or false, and ``collectives``, ``matmul`` and ``load_average``."""
+    require_keys(where, raw, HARDWARE_REQUIRED, "hardware profile")
+    check_fields(where, raw, HARDWARE_LIMITS, sep=": ")
+    for name, value in raw.items():
+        if name.endswith("source") or name in ("date", "name"):
+            _each(where, name, value, str, "text (a JSON string)")
+    if "quick" in raw:
+        _each(where, "quick", raw["quick"], bool, "true or false")
+    _each(where, "collectives", raw.get("collectives", {}), dict, "a JSON object (collective -> its α–β fit)")
+    for op, fit in raw.get("collectives", {}).items():
+        name = f"collectives.{op}"
+        _each(where, name, fit, dict, 'a JSON object, e.g. {"alpha": 2e-5, "beta": 1e-10}')
+        require_keys(f"{where}: {name}", fit, ["alpha", "beta"], "collective's fit")
+        check_fields(where, {f"{name}.{k}": v for k, v in fit.items()}, _prefixed(name, COLLECTIVE_FIT), sep=": ")
+        if "bandwidth" in fit:  # 1/β: infinite when β is 0
+            _each(where, f"{name}.bandwidth", fit["bandwidth"], (int, float), "a number (bytes/s)")
+        if "pinned" in fit:
+            _each(where, f"{name}.pinned", fit["pinned"], str, 'text ("", "alpha" or "beta")')
+        _each(where, f"{name}.points", fit.get("points", []), list, "a JSON list of measured points")
+        for i, point in enumerate(fit.get("points", [])):
+            _points(where, f"{name}.points[{i}]", point, COLLECTIVE_POINT, ["bytes", "seconds"])
+    _each(where, "matmul", raw.get("matmul", []), list, "a JSON list of measured matmuls")
+    for i, point in enumerate(raw.get("matmul", [])):
+        _points(where, f"matmul[{i}]", point, MATMUL_POINT, ["size", "flops_per_s"])
+    load = raw.get("load_average", {})
+    _each(where, "load_average", load, dict, 'a JSON object, e.g. {"before": [1.0, 1.2, 1.1]}')
+    for when, values in load.items():
+        _each(where, f"load_average.{when}", values, list, "a JSON list of numbers (os.getloadavg())")
+        for i, x in enumerate(values):
+            if not Range("number", 0, 1e6, "1.0").ok(x):
+                raise ValueError(f"{where}: load_average.{when}[{i}] must be a number at least 0, got {shown(x)}")
+
+
+def _prefixed(prefix: str, table: dict[str, Range]) -> dict[str, Range]:
+    return {f"{prefix}.{k}": rule for k, rule in table.items()}
+
+
+def _points(where: str, name: str, point, table: dict[str, Range], required: list[str]) -> None:
+    _each(where, name, point, dict, f"a JSON object with {' and '.join(required)}")
+    require_keys(f"{where}: {name}", point, required, "measured point")
+    check_fields(where, {f"{name}.{k}": v for k, v in point.items()}, _prefixed(name, table), sep=": ")

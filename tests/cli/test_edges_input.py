@@ -152,3 +152,64 @@ def test_calibrate_keeps_the_measurement_when_writing_fails(tmp_path, capsys, mo
     kept = Path(err.split("the measurement is kept in ")[1])
     assert json.loads(kept.read_text())["measured"] is True
     kept.unlink()
+
+
+# ---- a hardware profile with a wrong type in EVERY field, nested ones too -----------------------
+CALIBRATED = json.loads((DATA_DIR / "measurements" / "cpu-2core" / "profile.json").read_text())
+EVERY_FIELD = {**CALIBRATED, **{k: v for k, v in H100.items() if k not in CALIBRATED}}  # calibrate's and a datasheet's
+
+
+def _leaves(value, path=()):
+    """(path, value) of every field, and of the first item of each list (the others are alike)."""
+    yield path, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(value, list) and value:
+        yield from _leaves(value[0], (*path, 0))
+
+
+def _wrong(value):
+    """A value of another JSON type: text for a number, a number for text, and so on."""
+    if isinstance(value, bool):
+        return "yes"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return 3
+    return 5 if isinstance(value, list) else [1]
+
+
+def _with(profile: dict, path: tuple, new) -> dict:
+    out = json.loads(json.dumps(profile))
+    here = out
+    for key in path[:-1]:
+        here = here[key]
+    here[path[-1]] = new
+    return out
+
+
+FIELDS = [path for path, _ in _leaves(EVERY_FIELD) if path]
+
+
+def test_every_field_is_reached():
+    assert len(FIELDS) > 60 and ("collectives", "all_reduce", "points", 0, "seconds") in FIELDS
+    assert ("matmul", 0, "flops_per_s") in FIELDS and ("load_average", "before", 0) in FIELDS
+
+
+@pytest.mark.parametrize("path", FIELDS, ids=[".".join(map(str, p)) for p in FIELDS])
+def test_a_wrong_type_in_any_hardware_field_is_one_line(tmp_path, capsys, path):
+    value = EVERY_FIELD
+    for key in path:
+        value = value[key]
+    bad = _with(EVERY_FIELD, path, _wrong(value))
+    err = one_line(
+        capsys, ["plan", "--model", "gpt-tiny", "--gpus", "2", "--hardware", _file(tmp_path, "hw.json", bad)]
+    )
+    name = next(k for k in reversed(path) if isinstance(k, str))  # the field named, e.g. alpha or before
+    assert name in err and "hw.json" in err, err
+
+
+def test_the_profile_with_every_field_is_itself_accepted(tmp_path, capsys):
+    path = _file(tmp_path, "hw.json", EVERY_FIELD)
+    assert main(["serve-plan", "--model", "gpt-tiny", "--gpus", "2", "--hardware", path, "--context", "32"]) == 0
