@@ -213,3 +213,51 @@ def test_a_wrong_type_in_any_hardware_field_is_one_line(tmp_path, capsys, path):
 def test_the_profile_with_every_field_is_itself_accepted(tmp_path, capsys):
     path = _file(tmp_path, "hw.json", EVERY_FIELD)
     assert main(["serve-plan", "--model", "gpt-tiny", "--gpus", "2", "--hardware", path, "--context", "32"]) == 0
+
+
+# ---- every --layout key at 0, and a schedule's v, refused in one line before any costing ---------
+LAYOUT = "dp=8 tp=2 pp=4 m=64"
+LAYOUT_KEYS = ["dp", "tp", "pp", "cp", "ep", "b", "m"]
+
+
+@pytest.mark.parametrize("key", LAYOUT_KEYS)
+@pytest.mark.parametrize("value", [0, -2])
+def test_every_layout_key_at_zero_is_one_line(capsys, key, value):
+    layout = " ".join(p for p in LAYOUT.split() if not p.startswith(f"{key}=")) + f" {key}={value}"
+    err = one_line(capsys, ["plan", "--model", "llama-3.1-8b", "--gpus", "64", "--layout", layout])
+    assert f"{key} must be a positive integer, got {key}={value}" in err, err
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (
+            "schedule=interleaved",
+            "schedule=interleaved needs pp >= 2 and v >= 2 model chunks per rank, got pp=4 v=(none)",
+        ),
+        ("schedule=interleaved v=0", "got pp=4 v=0; e.g. pp=4 v=2"),
+        ("schedule=interleaved v=1", "got pp=4 v=1"),
+        ("v=0", "schedule=1f1b holds v=1 model chunks per rank, got v=0; omit v"),
+        ("schedule=zb-v v=0", "schedule=zb-v holds v=2"),
+        ("schedule=dualpipe-v v=3", "schedule=dualpipe-v holds v=2"),
+    ],
+)
+def test_a_schedule_without_its_v_is_one_line(capsys, extra, expected):
+    err = one_line(capsys, ["plan", "--model", "llama-3.1-8b", "--gpus", "64", "--layout", f"{LAYOUT} {extra}"])
+    assert expected in err, err
+
+
+def test_interleaved_on_one_stage_is_refused(capsys):
+    err = one_line(
+        capsys,
+        ["plan", "--model", "llama-3.1-8b", "--gpus", "64", "--layout", "dp=8 tp=8 m=64 schedule=interleaved v=2"],
+    )
+    assert "got pp=1 v=2; e.g. pp=2 v=2" in err
+
+
+def test_a_v_shape_takes_its_two_chunks_by_itself():
+    from playbook.theory.plan.layout import parse_layout
+
+    assert parse_layout(f"{LAYOUT} schedule=zb-v", global_batch=512).v == 2
+    assert parse_layout(f"{LAYOUT} schedule=interleaved v=4", global_batch=512).v == 4
+    assert parse_layout(LAYOUT, global_batch=512).v == 1

@@ -12,6 +12,7 @@ from playbook.theory.plan.cost import DEFAULT_OVERLAP, step_cost, with_schedule
 from playbook.theory.plan.dp import GRAD_REDUCE_BYTES
 from playbook.theory.plan.memory import memory_breakdown
 from playbook.theory.plan.schedule import ENDS, stage_placement
+from playbook.theory.pp import V_SCHEDULES
 from playbook.hardware import MEM_UTIL
 from playbook.theory.plan.search import Layout
 from playbook.theory.plan.planner import plan
@@ -37,12 +38,17 @@ def parse_layout(text: str, *, global_batch: int) -> Layout:
         zero, b, v = int(fields.get("zero", 0)), int(fields.get("b", 1)), int(fields.get("v", 1))
     except ValueError:
         raise ValueError(f"--layout: degrees, zero, b, m and v are integers; e.g. {_EXAMPLE}") from None
+    schedule = fields.get("schedule", "1f1b")
+    v = chunks_in_layout(schedule, v if "v" in fields else None, ints["pp"])
+    for key, value in (*ints.items(), ("b", b), ("m", int(fields.get("m", 1)))):
+        if value < 1:
+            raise ValueError(f"--layout: {key} must be a positive integer, got {key}={value}; e.g. {_EXAMPLE}")
     if global_batch % (ints["dp"] * b):
         raise ValueError(f"--layout: global batch {global_batch} does not split into dp={ints['dp']} × b={b}")
     m = int(fields.get("m", global_batch // (ints["dp"] * b)))
     if ints["dp"] * b * m != global_batch:
         raise ValueError(f"--layout: dp·b·m = {ints['dp'] * b * m} but the global batch is {global_batch}")
-    schedule, ends = fields.get("schedule", "1f1b"), fields.get("ends", "even")
+    ends = fields.get("ends", "even")
     if ends not in ENDS:
         raise ValueError(f"--layout: ends is {' or '.join(ENDS)} (light: Llama 3's lighter first and last stages)")
     return Layout(
@@ -55,6 +61,22 @@ def parse_layout(text: str, *, global_batch: int) -> Layout:
         v=v,
         ends=ends,
     )
+
+
+def chunks_in_layout(schedule: str, v: int | None, pp: int) -> int:
+    """The v a layout's schedule holds (``v``: as given, None when not), or one line saying what would:
+    interleaved needs pp >= 2 and v >= 2 (v = 1 is 1f1b), a V shape holds 2 (the default), others 1."""
+    if schedule == "interleaved":
+        if pp < 2 or v is None or v < 2:
+            raise ValueError(
+                f"--layout: schedule=interleaved needs pp >= 2 and v >= 2 model chunks per rank, got pp={pp} "
+                f"v={'(none)' if v is None else v}; e.g. pp={max(pp, 2)} v=2 (or schedule=1f1b)"
+            )
+        return v
+    want = 2 if schedule in V_SCHEDULES else 1
+    if v not in (None, want):
+        raise ValueError(f"--layout: schedule={schedule} holds v={want} model chunks per rank, got v={v}; omit v")
+    return want
 
 
 def cost_layout(
