@@ -99,8 +99,11 @@ def check_numbers(args: argparse.Namespace) -> None:
 def check_before_run(args: argparse.Namespace, strategy) -> None:
     """``playbook run``'s checks after the numbers, before any rank starts, most specific first:
     how many ranks this machine can start, the strategy's own constraints, then the memory."""
-    from playbook.cluster import check_world_size, default_backend
+    from playbook.cluster import check_world_size, default_backend, torchrun_env_problem
 
+    problem = torchrun_env_problem()  # (under a whole torchrun environment none of this runs: cli.run)
+    if problem:
+        raise BadInput(problem)
     if strategy.check is not None:
         strategy.check(args)
     else:  # the rule every strategy without its own check has had: the batch splits over the ranks

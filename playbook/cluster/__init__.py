@@ -37,7 +37,15 @@ The cluster imports only the configure layer (``config``, ``dims``) and torch.
 from playbook.cluster.checks import check_world_size, default_backend, max_local_ranks
 from playbook.cluster.collect import no_progress
 from playbook.cluster.errors import RankError, RankTimeout
-from playbook.cluster.launch import LAUNCHED_TRACES, launch, launch_timeout, ranks, running_ranks, under_torchrun
+from playbook.cluster.launch import (
+    LAUNCHED_TRACES,
+    launch,
+    launch_timeout,
+    ranks,
+    running_ranks,
+    torchrun_env_problem,
+    under_torchrun,
+)
 from playbook.cluster.pool import Ranks
 from playbook.cluster.processes import PRELOAD
 from playbook.cluster.rank import RankContext
@@ -57,5 +65,6 @@ __all__ = [
     "no_progress",
     "ranks",
     "running_ranks",
+    "torchrun_env_problem",
     "under_torchrun",
 ]

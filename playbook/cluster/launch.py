@@ -64,8 +64,38 @@ def _stop_shared() -> None:
         r.stop()
 
 
+# What torchrun sets for every process it starts, and what init_process_group("env://") reads.
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    """This process was started by torchrun (or a launcher like it): its whole environment is here."""
+    return all(name in os.environ for name in TORCHRUN_ENV)
+
+
+def torchrun_env_problem() -> str | None:
+    """One line when the environment holds part of torchrun's variables but not all of them (a stray
+    ``TORCHELASTIC_RUN_ID`` from an outer job, a ``RANK`` and ``WORLD_SIZE`` set by hand), or
+    values that are not what torchrun writes; None when it is all there or none of it is."""
+    env = os.environ
+    if not under_torchrun():
+        if "TORCHELASTIC_RUN_ID" not in env and not ("RANK" in env and "WORLD_SIZE" in env):
+            return None
+        have = [n for n in ("TORCHELASTIC_RUN_ID", *TORCHRUN_ENV) if n in env]
+        missing = [n for n in TORCHRUN_ENV if n not in env]
+        return (
+            f"{', '.join(have)} {'is' if len(have) == 1 else 'are'} set but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not: part of torchrun's environment; start it under torchrun "
+            f"(torchrun --nproc-per-node 2 -m playbook.cli run ...) or unset {', '.join(have)} to start local ranks"
+        )
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+        if not env[name].isdigit():
+            return (
+                f"{name}={env[name]!r} is not a whole number; torchrun sets it (a launcher that imitates it must too)"
+            )
+    if int(env["RANK"]) >= int(env["WORLD_SIZE"]):
+        return f"RANK={env['RANK']} is not below WORLD_SIZE={env['WORLD_SIZE']}; torchrun numbers ranks 0..WORLD_SIZE-1"
+    return None
 
 
 _launch_timeout = [300.0]  # seconds a fresh launch() waits for every result, unless told otherwise
@@ -112,6 +142,9 @@ def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:
 
     from playbook.cluster.trace import tracer as trace
 
+    problem = torchrun_env_problem()
+    if problem:
+        raise ValueError(problem)
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size is not None and world_size != env_world:
         raise ValueError(

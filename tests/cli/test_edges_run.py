@@ -112,3 +112,57 @@ def test_the_memory_advice_names_only_values_the_user_could_type(capsys):
 )
 def test_flags_that_would_do_nothing_are_refused_alike(capsys, argv, expected):
     assert expected in one_line(capsys, argv)
+
+
+# ---- part of torchrun's environment (a stray TORCHELASTIC_RUN_ID): one line, no KeyError ----------
+TORCHRUN_NAMES = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    for name in TORCHRUN_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        (
+            {"TORCHELASTIC_RUN_ID": "x"},
+            "TORCHELASTIC_RUN_ID is set but RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not",
+        ),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, "RANK, WORLD_SIZE are set but MASTER_ADDR, MASTER_PORT are not"),
+    ],
+)
+def test_part_of_torchrun_s_environment_is_one_line(no_torchrun, capsys, env, expected):
+    for name, value in env.items():
+        no_torchrun.setenv(name, value)
+    err = one_line(capsys, ["run", "dp", "--world-size", "2"])
+    assert expected in err and "torchrun --nproc-per-node" in err, err
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, None),
+        ({"RANK": "0"}, None),  # RANK alone is not torchrun's (other tools set it): local ranks start
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, None),
+        (
+            {"RANK": "0", "WORLD_SIZE": "x", "MASTER_ADDR": "h", "MASTER_PORT": "29500"},
+            "WORLD_SIZE='x' is not a whole number",
+        ),
+        (
+            {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"},
+            "RANK=2 is not below WORLD_SIZE=2",
+        ),
+    ],
+)
+def test_torchrun_env_problem(no_torchrun, env, expected):
+    from playbook.cluster import torchrun_env_problem, under_torchrun
+
+    for name, value in env.items():
+        no_torchrun.setenv(name, value)
+    problem = torchrun_env_problem()
+    assert (problem is None) == (expected is None) and (expected is None or expected in problem), problem
+    assert under_torchrun() == ("MASTER_PORT" in env)
