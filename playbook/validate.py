@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,3 +235,72 @@ def _points(where: str, name: str, point, table: dict[str, Range], required: lis
     _each(where, name, point, dict, f"a JSON object with {' and '.join(required)}")
     require_keys(f"{where}: {name}", point, required, "measured point")
     check_fields(where, {f"{name}.{k}": v for k, v in point.items()}, _prefixed(name, table), sep=": ")
+
+
+_KERNEL_FOLDERS = ("/proc", "/sys")  # the kernel's interfaces: a file there is a setting, not a file
+
+
+def check_output_path(flag: str, path: str, example: str, *, suffix: str | None = None, also=()) -> Path:
+    """Refuse, in one line and before anything runs, an output path that could not be written at the
+    end: empty, a folder, the wrong suffix, inside /proc or /sys, an existing FIFO or device (a
+    write would block or go nowhere), a missing folder, a name longer than the file system allows,
+    or a place this process cannot create a file in (tried: the file is created and, if it was not
+    there before, removed again). ``also``: names of files written beside it (checked for length).
+    Returns the path, ``~`` expanded."""
+    if not path:
+        raise ValueError(f"{flag} is empty; name a file, e.g. {flag} {example}")
+    target = Path(path).expanduser()
+    if suffix and target.suffix != suffix:
+        raise ValueError(f"{flag} must name a {suffix} file, got {shown(path)}; e.g. {flag} {example}")
+    folder = target.parent  # (a name too long for the file system makes even is_dir() raise: first)
+    try:
+        longest = os.pathconf(folder if folder.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        longest = 255
+    for name in (target.name, *also):
+        if len(os.fsencode(name)) > longest:
+            raise ValueError(
+                f"{flag} {shown(path)}: a file name of {len(os.fsencode(name))} bytes"
+                f"{'' if name == target.name else f' ({shown(name)}, written beside it)'}, more than the "
+                f"{longest} this file system allows; choose a shorter name, e.g. {flag} {example}"
+            )
+    if target.is_dir():
+        raise ValueError(f"{flag} {shown(path)} is a folder; name a file in it, e.g. {flag} {target / example}")
+    real = str(target.resolve())
+    for kernel in _KERNEL_FOLDERS:
+        if real == kernel or real.startswith(kernel + "/"):
+            raise ValueError(f"{flag} {shown(path)} is inside {kernel}, the kernel's interface; e.g. {flag} /tmp/{example}")
+    if target.exists() and not target.is_file():
+        raise ValueError(
+            f"{flag} {shown(path)} is not a regular file (a pipe or a device: writing it could block or go "
+            f"nowhere); e.g. {flag} /tmp/{example}"
+        )
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {shown(path)}: the folder {shown(str(folder))} does not exist; create it first")
+    existed = target.exists()
+    try:
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644))
+        if not existed:
+            target.unlink()
+    except OSError as e:
+        raise ValueError(
+            f"{flag} {shown(path)} cannot be written ({e.strerror or e}); choose a writable place, "
+            f"e.g. {flag} /tmp/{example}"
+        ) from None
+    return target
+
+
+def write_output(flag: str, path, text: str) -> None:
+    """Write ``text`` to ``path`` (checked by :func:`check_output_path` before the work), or one
+    line saying why not: the disk filled, the folder went away."""
+    import tempfile
+
+    target = Path(path)
+    fd, part = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".part")  # whole or not at all
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(part, target)
+    except OSError as e:
+        Path(part).unlink(missing_ok=True)
+        raise ValueError(f"could not write {flag} {shown(str(path))} ({e.strerror or e}); nothing was written there") from None

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from playbook.cli.checks import BadInput
+from playbook.validate import check_output_path, write_output
 
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
@@ -26,15 +27,8 @@ def cmd_calibrate(args) -> int:
     limit = min(8, max_local_ranks())
     if not 2 <= args.ranks <= limit:
         raise BadInput(f"--ranks must be between 2 and {limit} local ranks, got {args.ranks}; try --ranks 2")
-    out = Path(args.out)
-    if out.suffix != ".json":
-        raise BadInput(f"--out must name a .json file (Hardware.preset reads it by path), got {args.out!r}")
-    if not out.parent.exists():
-        raise BadInput(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist; create it or pick another")
-    if out.is_dir():
-        raise BadInput(f"--out {args.out!r} is a folder; name a file in it, e.g. --out {out / 'calibrated.json'}")
-    if not os.access(out if out.exists() else out.parent, os.W_OK):
-        raise BadInput(f"--out {args.out!r} cannot be written (permission); pick a path you can write")
+    beside = (f"{Path(args.out).stem}-step-time.json",) if args.step_time else ()
+    out = check_output_path("--out", args.out, "calibrated.json", suffix=".json", also=beside)
     if args.step_time:
         _max_seq(args.model)  # an unknown preset is refused before anything is measured
     profile = calibrate(args.ranks, quick=args.quick)
@@ -61,7 +55,7 @@ def cmd_calibrate(args) -> int:
     if args.step_time:
         rows = step_time(profile_path=out, model=args.model)
         table = out.with_name(f"{out.stem}-step-time.json")
-        table.write_text(json.dumps(rows, indent=2) + "\n")
+        write_output("--out", table, json.dumps(rows, indent=2) + "\n")
         print(f"wrote {table}")
     return 0
 

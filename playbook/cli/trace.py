@@ -7,27 +7,21 @@ command (a native counterpart, when one runs, comes after it and is left out).
 
 from __future__ import annotations
 
-import os
+import json
 import sys
-from pathlib import Path
+
+from playbook.validate import check_output_path, write_output
 
 
 def check_trace_path(path: str) -> None:
-    """Refuse, in one line, a ``--trace`` path that cannot be written."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ValueError(f"--trace {path} is a directory; give a file name such as {target / 'run.json'}")
-    if not folder.is_dir():
-        raise ValueError(f"--trace {path}: the folder {folder} does not exist; create it or write to ./run.json")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ValueError(f"--trace {path} cannot be written here; choose a writable place such as /tmp/run.json")
+    """Refuse, in one line, a ``--trace`` path that cannot be written (``validate.check_output_path``)."""
+    check_output_path("--trace", path, "run.json")
 
 
 def write_trace(path: str, title: str) -> None:
     """Write the first launch's spans of this command to ``path`` and say where, on stderr."""
     from playbook.cluster import LAUNCHED_TRACES, under_torchrun
-    from playbook.cluster.trace.chrome import write_chrome_trace
+    from playbook.cluster.trace.chrome import chrome_trace
 
     if under_torchrun() or not LAUNCHED_TRACES:
         print(
@@ -35,7 +29,7 @@ def write_trace(path: str, title: str) -> None:
         )
         return
     spans = LAUNCHED_TRACES[0]
-    write_chrome_trace(path, spans, title=title)
+    write_output("--trace", path, json.dumps(chrome_trace(spans, title=title)))  # a failure: one line
     ranks = len({s["rank"] for s in spans})
     print(
         f"playbook: trace of {ranks} rank(s), {len(spans)} spans, written to {path} (open it in Perfetto)",

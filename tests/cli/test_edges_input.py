@@ -261,3 +261,84 @@ def test_a_v_shape_takes_its_two_chunks_by_itself():
     assert parse_layout(f"{LAYOUT} schedule=zb-v", global_batch=512).v == 2
     assert parse_layout(f"{LAYOUT} schedule=interleaved v=4", global_batch=512).v == 4
     assert parse_layout(LAYOUT, global_batch=512).v == 1
+
+
+# ---- every output path: checked before the work, a write failure in one line ---------------------
+def _bad_paths(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """name -> (path, what the one line says)."""
+    import os
+
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)  # writing it would block until a reader comes: the hang the sweep found
+    folder = tmp_path / "out.json"
+    folder.mkdir()
+    return {
+        "300-character name": (str(tmp_path / ("a" * 295 + ".json")), "more than the 255 this file system allows"),
+        "missing folder": (str(tmp_path / "no" / "such" / "x.json"), "does not exist; create it first"),
+        "a folder": (str(folder), "is a folder; name a file in it"),
+        "a fifo": (str(fifo), "is not a regular file"),
+        "a device": ("/dev/full", "is not a regular file"),
+        "/proc": ("/proc/x.json", "is inside /proc, the kernel's interface"),
+        "/sys": ("/sys/kernel/x.json", "is inside /sys, the kernel's interface"),
+        "unwritable": ("/proc/self/x.json", "is inside /proc"),
+    }
+
+
+BAD_PATHS = ["300-character name", "missing folder", "a folder", "a fifo", "a device", "/proc", "/sys", "unwritable"]
+
+
+@pytest.mark.parametrize("case", BAD_PATHS)
+def test_trace_paths_are_checked_before_any_rank_starts(tmp_path, capsys, case):
+    path, expected = _bad_paths(tmp_path)[case]
+    err = one_line(capsys, ["run", "single", "--world-size", "1", "--trace", path])
+    assert expected in err and "--trace" in err, err
+
+
+@pytest.mark.parametrize("case", BAD_PATHS)
+def test_calibrate_out_paths_are_checked_before_measuring(tmp_path, capsys, monkeypatch, case):
+    calls = []
+    _fake_calibrate(monkeypatch, calls)
+    path, expected = _bad_paths(tmp_path)[case]
+    err = one_line(capsys, ["calibrate", "--out", path])
+    assert (expected in err or "must name a .json file" in err) and calls == [], err
+
+
+def test_calibrate_checks_the_step_time_table_s_name_too(tmp_path, capsys, monkeypatch):
+    calls = []
+    _fake_calibrate(monkeypatch, calls)
+    path = str(tmp_path / ("a" * 245 + ".json"))  # fits; its "-step-time.json" sibling does not
+    err = one_line(capsys, ["calibrate", "--out", path, "--step-time"])
+    assert "written beside it" in err and calls == [], err
+    assert not any(tmp_path.iterdir())  # the probe left nothing behind
+
+
+def test_a_checked_path_is_left_as_it_was(tmp_path):
+    from playbook.validate import check_output_path
+
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    old.write_text("kept")
+    assert check_output_path("--out", str(new), "x.json") == new and not new.exists()
+    check_output_path("--out", str(old), "x.json")
+    assert old.read_text() == "kept"
+
+
+def test_a_write_that_fails_at_the_end_is_one_line_and_leaves_the_old_file(tmp_path, capsys, monkeypatch):
+    import os
+
+    from playbook.cluster import LAUNCHED_TRACES
+    from playbook.cli.trace import write_trace
+
+    out = tmp_path / "run.json"
+    out.write_text("old")
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    LAUNCHED_TRACES[:] = [[{"rank": 0, "kind": "compute", "name": "step", "start": 0.0, "end": 1.0}]]
+    try:
+        with pytest.raises(ValueError, match=r"could not write --trace .*No space left on device"):
+            write_trace(str(out), "t")
+    finally:
+        LAUNCHED_TRACES.clear()
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
