@@ -269,7 +269,9 @@ def check_output_path(flag: str, path: str, example: str, *, suffix: str | None 
     real = str(target.resolve())
     for kernel in _KERNEL_FOLDERS:
         if real == kernel or real.startswith(kernel + "/"):
-            raise ValueError(f"{flag} {shown(path)} is inside {kernel}, the kernel's interface; e.g. {flag} /tmp/{example}")
+            raise ValueError(
+                f"{flag} {shown(path)} is inside {kernel}, the kernel's interface; e.g. {flag} /tmp/{example}"
+            )
     if target.exists() and not target.is_file():
         raise ValueError(
             f"{flag} {shown(path)} is not a regular file (a pipe or a device: writing it could block or go "
@@ -303,4 +305,6 @@ def write_output(flag: str, path, text: str) -> None:
         os.replace(part, target)
     except OSError as e:
         Path(part).unlink(missing_ok=True)
-        raise ValueError(f"could not write {flag} {shown(str(path))} ({e.strerror or e}); nothing was written there") from None
+        raise ValueError(
+            f"could not write {flag} {shown(str(path))} ({e.strerror or e}); nothing was written there"
+        ) from None
