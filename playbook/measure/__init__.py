@@ -5,6 +5,7 @@ nothing here runs a strategy (that is ``parallel``'s, e.g. ``parallel.step_time`
 - ``held.py``: the bytes autograd holds right now; ``sharding.py``: a sharded rank's bytes, from storages.
 - ``pipeline.py``: a pipeline run's measured timeline, bubble and held activations.
 - ``flight_recorder.py``: PyTorch's record of each rank's last collectives, and the first the ranks disagree on.
+- ``stacks.py``: a rank's Python stack, dumped by ``faulthandler`` while it waits.
 - ``matmul.py``: one rank's matmul throughput; ``calibrate.py``: this machine's rates, fitted into a profile.
 """
 

@@ -47,3 +47,15 @@ def test_the_tracer_finds_the_straggler_that_makes_the_others_wait(ranks4):
     for i in range(3):  # the others wait about the straggler's 0.3 s longer than it does, whatever the load
         waits = [spans[r][i][1] for r in range(4)]  # (a busy machine stretches every wait, the straggler's too)
         assert all(w - waits[1] > 0.15 for r, w in enumerate(waits) if r != 1), waits
+
+
+def test_the_stack_dumps_name_the_collective_each_rank_waits_in_and_the_line_that_called_it(ranks4):
+    ns = _cells("dbg-stacks")
+    frames = ranks4.run(ns["out_of_order_stacks"], timeout=60)
+    assert [f[0][0] for f in frames] == ["all_reduce", "all_gather", "all_gather", "all_gather"], frames
+    assert all(f[-1][0] == "out_of_order_stacks" for f in frames), frames
+
+
+def test_one_rank_s_inf_poisons_every_rank_after_the_all_reduce_and_only_the_check_before_names_it(ranks4):
+    ns = _cells("dbg-nan")
+    assert ranks4.run(ns["poisoned_all_reduce"], 2) == [(True, False), (True, False), (False, False), (True, False)]
