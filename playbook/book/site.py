@@ -5,6 +5,7 @@ written once beside them, and a manifest (figures per page, static dashboards) f
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,23 +51,36 @@ def build(executed: list[Path], out: Path) -> list[Page]:
     return pages
 
 
+def chapter_label(notebook: str, title: str) -> str:
+    """What the index puts before a chapter: its file's number as the chapters say it ("0", "8b"), and
+    nothing for an appendix (its title says so)."""
+    found = re.match(r"(\d+)([a-z]?)_", notebook)
+    if title.lower().startswith("appendix") or not found:
+        return ""
+    return f"{int(found[1])}{found[2]}"
+
+
 def index_html(pages: list[Page]) -> str:
     import html
 
-    rows = "\n".join(
-        f'  <li><a href="{html.escape(p.href, quote=True)}">{html.escape(p.title)}</a></li>' for p in pages
-    )
+    def row(p: Page) -> str:
+        label = chapter_label(p.notebook, p.title)
+        shown = f'<span class="n">{label}</span> ' if label else ""
+        return f'  <li>{shown}<a href="{html.escape(p.href, quote=True)}">{html.escape(p.title)}</a></li>'
+
+    rows = "\n".join(row(p) for p in pages)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Parallelism Playbook</title>
-<style>body {{ font-family: system-ui, sans-serif; max-width: 48em; margin: 3em auto; line-height: 1.6; }}</style>
+<style>body {{ font-family: system-ui, sans-serif; max-width: 48em; margin: 3em auto; line-height: 1.6; }}
+ul.toc {{ list-style: none; padding-left: 0; }} ul.toc .n {{ display: inline-block; min-width: 2em; }}</style>
 </head><body>
 <h1>Parallelism Playbook</h1>
 <p>Every chapter executed on real processes, with its outputs. Figures are interactive; the dashboards
 offer a grid of settings (the notebooks, run in JupyterLab, offer every setting).</p>
 <h2>Contents</h2>
-<ol start="0">
+<ul class="toc">
 {rows}
-</ol>
+</ul>
 </body></html>
 """
 
@@ -87,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     if not sources:
         print(f"book: no notebooks in {args.notebooks}/ (pass --notebooks DIR)")
         return 2
+    for src in sources:  # every chapter readable before anything runs
+        if why := not_a_notebook(src):
+            print(f"book: {src} is not a notebook ({why}); fix it or move it out of {args.notebooks}/")
+            return 2
     if args.execute:
         for src in sources:
             run = execute(src, args.executed, timeout=args.timeout)
@@ -106,4 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["Page", "build", "index_html", "main"]
+def not_a_notebook(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a notebook, in a few words; None when it can."""
+    import nbformat
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"not JSON: {type(e).__name__} {str(e).splitlines()[0][:80]}"
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
+        return "no list of cells"
+    try:
+        nbformat.validate(nbformat.reads(json.dumps(raw), as_version=4))
+    except Exception as e:  # nbformat's ValidationError and its relatives: say the first line
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    return None
+
+
+__all__ = ["Page", "build", "chapter_label", "index_html", "main", "not_a_notebook"]

@@ -84,12 +84,16 @@ def predicted_rows(setup: TrainSetup, plan: Plan) -> list[dict]:
     return rows
 
 
+# What each ZeRO stage shards (Rajbhandari et al. 2020, §5: P_os, P_os+g, P_os+g+p).
+SHARDED = {1: "Adam's state", 2: "Adam's state and gradients", 3: "Adam's state, gradients and weights"}
+
+
 def notes(setup: TrainSetup, plan: Plan, measured: bool) -> list[str]:
     """What the predicted figures leave out for this layout, one sentence each."""
     cfg, out = setup.config(), []
     if plan.zero:
         out.append(
-            f"ZeRO-{plan.zero}: weights, gradients and Adam's state sharded over dp×cp as chapter 2 shards them; "
+            f"ZeRO-{plan.zero}: {SHARDED[plan.zero]} sharded over dp×cp as chapter 2 shards them; "
             "its data-axis bytes are one reduce-scatter and "
             + (
                 "two all-gathers (parameters forward and backward)"

@@ -108,3 +108,39 @@ def test_every_chapter_passes_the_sanitizer_unchanged():
     )
     tags = re.compile(r"<(/?\w+)")
     assert tags.findall(clean(summary)) == tags.findall(summary) and 'style="color:#' in clean(summary)
+
+
+def test_the_index_numbers_chapters_as_their_files_do_and_appendices_not_at_all():
+    from playbook.book.site import Page, chapter_label, index_html
+
+    assert chapter_label("08b_planning.ipynb", "8b. Planning") == "8b"
+    assert chapter_label("00_memory_budgets.ipynb", "Memory budgets") == "0"
+    assert chapter_label("09_debugging.ipynb", "Appendix — A debugging lab") == ""
+    pages = [
+        Page(n, n.replace(".ipynb", ".html"), t, 0, [])
+        for n, t in (
+            ("08_hybrid_mesh.ipynb", "The hybrid mesh"),
+            ("08b_planning.ipynb", "Planning"),
+            ("09_debugging.ipynb", "Appendix — A debugging lab"),
+        )
+    ]
+    html = index_html(pages)
+    assert "<ol" not in html  # an ordered list would number 8b and the appendix 9 and 10
+    assert '<span class="n">8b</span> <a href="08b_planning.html">' in html
+    assert '<li><a href="09_debugging.html">Appendix' in html
+
+
+def test_a_folder_with_a_broken_notebook_is_one_line_before_anything_runs(tmp_path, capsys):
+    from playbook.book.site import main
+
+    (tmp_path / "00_ok.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    for name, text in (
+        ("01_x.ipynb", "not json"),
+        ("01_x.ipynb", '{"metadata": {}}'),
+        ("01_x.ipynb", '{"cells": [{"cell_type": "nope"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'),
+    ):
+        (tmp_path / name).write_text(text)
+        assert main(["--notebooks", str(tmp_path), "--execute", "--executed", str(tmp_path / "ex")]) == 2
+        said = capsys.readouterr().out.strip().splitlines()
+        assert len(said) == 1 and "01_x.ipynb is not a notebook" in said[0], said
+        assert not (tmp_path / "ex").exists()  # nothing ran

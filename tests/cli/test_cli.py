@@ -155,7 +155,9 @@ def test_parity_names_every_figure_and_refuses_runs_of_different_length():
 
 
 @pytest.mark.parametrize(
-    "extra", [[], ["--schedule", "interleaved", "--chunks", "2", "--layers", "4"]], ids=["1f1b", "interleaved"]
+    "extra",
+    [[], ["--schedule", "interleaved", "--chunks", "2", "--layers", "4"], ["--schedule", "dualpipe-v"]],
+    ids=["1f1b", "interleaved", "dualpipe-v without --chunks: a V holds two by itself"],
 )
 @pytest.mark.ranks
 def test_pp_reports_its_point_to_point_bytes_predicted_and_measured(capsys, extra):

@@ -154,3 +154,21 @@ def test_a_failed_run_says_why_in_one_line():
     box.run()
     assert "run failed" in box.status.value and "planted" in box.status.value and "Traceback" not in box.status.value
     assert data(box) == before
+
+
+@pytest.mark.parametrize(
+    "zero, says, never",
+    [
+        (1, "Adam's state sharded", "gradients"),
+        (2, "and gradients sharded", "weights"),
+        (3, "and weights sharded", None),
+    ],
+)
+def test_the_zero_note_says_what_each_stage_shards_and_no_more(zero, says, never):
+    from playbook.dims import ParallelDims
+    from playbook.theory.hybrid import Plan
+    from playbook.viz.mesh_dashboard import notes
+
+    note = next(n for n in notes(SETUP, Plan(dims=ParallelDims(dp=2, tp=2), zero=zero), True) if n.startswith("ZeRO"))
+    head = note.split(";")[0]
+    assert says in head and (never is None or never not in head), note

@@ -44,7 +44,14 @@ from playbook.parallel.parity import against_single
 from playbook.parallel.parity import reference as single_process
 from playbook.theory.pp.pipeline import predicted_memory, stage_ranges
 from playbook.theory.pp.types import Schedule
-from playbook.theory.pp.schedules import SCHEDULES, V_SCHEDULES, DEFINITIONS, check_pipeline, make_schedule
+from playbook.theory.pp.schedules import (
+    SCHEDULES,
+    V_SCHEDULES,
+    DEFINITIONS,
+    check_pipeline,
+    chunks_per_rank,
+    make_schedule,
+)
 
 __all__ = [
     "Chunk",
@@ -192,7 +199,10 @@ def add_arguments(parser) -> None:
         "--microbatches", type=int, default=4, help="m: micro-batches per step (divides --global-batch)"
     )
     parser.add_argument(
-        "--chunks", type=int, default=1, help="v: model chunks per rank (interleaved; 2 for zb-v and dualpipe-v)"
+        "--chunks",
+        type=int,
+        default=None,
+        help="v: model chunks per rank (default: 2 for interleaved, zb-v and dualpipe-v, else 1)",
     )
     parser.add_argument("--layers", type=int, default=0, help="override the preset's number of layers (0: keep)")
     parser.add_argument("--no-native", action="store_true", help="skip torch.distributed.pipelining")
@@ -229,11 +239,12 @@ def run_pp(
     backend: str = "auto",
     schedule: str = "1f1b",
     microbatches: int = 4,
-    chunks: int = 1,
+    chunks: int | None = None,
     layers: int = 0,
     no_native: bool = False,
 ) -> PipelineReport:
     setup = PipelineSetup(**setup.as_dict(), n_layers=layers) if not isinstance(setup, PipelineSetup) else setup
+    chunks = chunks or chunks_per_rank(schedule, 2)  # a V holds two by itself, as the planner labels it
     check_pipeline(world_size, microbatches, chunks, name=schedule, n_layers=setup.config().n_layers)
     check_microbatches(setup, microbatches)
     backend = default_backend(world_size) if backend == "auto" else backend
