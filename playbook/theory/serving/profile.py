@@ -23,7 +23,9 @@ at once over the ``tokens`` rows of the step, each rank's share under tensor par
   counted as if every routed row stayed on this GPU, an upper bound under expert parallelism).
 
 The peak is the larger of the two sub-blocks. Not counted: the head's logits, which an engine computes
-only for the rows it samples (one per sequence, far fewer than T), and the attention kernel's workspace.
+only for the rows it samples (one per sequence, far fewer than T; vLLM's profile also runs its sampler
+over ``max_num_seqs`` dummy rows), the attention kernel's workspace and any compiler's buffers: this is
+a lower bound of what the profiling run measures, not a fit to it.
 
 Units: bytes.
 """
