@@ -4,7 +4,7 @@ from _insert import insert, solution_markdown
 
 from playbook.exercises import serving
 
-BEFORE = None  # the chapter's closing section (None: at the end)
+BEFORE = "## What to remember"  # the chapter's closing section
 CELLS = [
     (
         "md",
@@ -12,9 +12,12 @@ CELLS = [
         "Write `capacity(cfg, hw, context, tp)` returning `(kv_bytes_per_token, max_seqs)` for one GPU of a "
         "tensor-parallel replica in bf16: the KV bytes one token occupies on that GPU, and how many sequences "
         "of `context` tokens its cache holds when the cache gets what the weights (2 bytes per parameter, "
-        "split over tp) leave of 90% of the memory, in blocks of 16 tokens. The check compares with "
-        "`playbook.theory.serving.serving.kv_capacity` and with a real bf16 cache block of the model's shape.\n\n"
-        "*Hint:* `cfg.n_layers`, `cfg.kv_heads`, `cfg.dim_head`, `cfg.num_params()`, `hw.memory_bytes`. "
+        "split over tp) and the activation peak of one `context`-token forward leave of 90% of the memory "
+        "the device reports, in blocks of 16 tokens. The activation peak is given: "
+        "`serving.activation_peak(cfg, tokens=context, tp=tp)`, what vLLM's profiling run measures (§1). "
+        "The check compares with `playbook.theory.serving.serving.kv_capacity` and with a real bf16 cache "
+        "block of the model's shape.\n\n"
+        "*Hint:* `cfg.n_layers`, `cfg.kv_heads`, `cfg.dim_head`, `cfg.num_params()`, `hw.capacity_bytes`. "
         "What does each layer cache per token, and per KV head? And when tp exceeds the KV heads, serving "
         "engines replicate them: each GPU keeps one whole KV head.",
     ),

@@ -96,7 +96,12 @@ def add_serve_plan(sub) -> None:
     p.add_argument("--gpus", type=int, default=8, help="GPUs to split into tp × dp")
     p.add_argument("--hardware", default="h100-sxm", help=f"one of: {', '.join(Hardware.presets())}")
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence (prompt + output)")
-    p.add_argument("--mem-util", type=float, default=0.9, help="share of GPU memory for weights + KV (vLLM's default)")
+    p.add_argument(
+        "--mem-util",
+        type=float,
+        default=MEM_UTIL,
+        help="share of the memory the device reports for weights, activations and KV (vLLM's gpu_memory_utilization)",
+    )
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (paged cache)")
     p.add_argument(
         "--dtype", default="bf16", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="weights and KV cache"

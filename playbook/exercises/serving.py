@@ -6,10 +6,12 @@ Memory Management for Large Language Model Serving with PagedAttention", §3):
     KV bytes per token per GPU = 2 · n_layers · (kv_heads / tp) · head_dim · bytes per value
 
 With grouped-query attention kv_heads < n_heads; tensor parallelism splits the KV heads. The cache
-gets what the weights leave of the memory vLLM may use (``gpu_memory_utilization`` = 0.9), in
+gets what the weights and the activation peak of one forward over a ``context``-token prompt (what
+vLLM's profiling run measures; given: ``theory.serving.serving.activation_peak``) leave of the memory
+vLLM may use (``gpu_memory_utilization`` = 0.9 of what the device reports, ``hw.capacity_bytes``), in
 blocks of 16 tokens, and a sequence of ``context`` tokens holds ceil(context/16) blocks:
 
-    budget = 0.9 · memory − 2 · params / tp;   max_seqs = ⌊budget / block bytes⌋ // ceil(context/16)
+    budget = 0.9 · capacity − 2 · params / tp − activations;   max_seqs = ⌊budget / block bytes⌋ // ceil(context/16)
 
 Write ``capacity(cfg, hw, context, tp) -> (kv_bytes_per_token, max_seqs)`` in bf16 (2 bytes).
 ``check`` compares with ``playbook.theory.serving.serving.kv_capacity`` and with the bytes of a real paged
@@ -24,6 +26,7 @@ from playbook.config import ModelConfig
 from playbook.hardware import Hardware
 from playbook.exercises._common import NotYetWritten, Verdict
 from playbook.serve.kv import PagedKVCache
+from playbook.theory.serving import serving
 from playbook.theory.serving.serving import kv_capacity
 
 NAME = "serving: KV-cache capacity by hand"
@@ -40,7 +43,8 @@ def solution(cfg: ModelConfig, hw: Hardware, context: int, tp: int) -> tuple[flo
     mem_util, block_size = 0.9, 16  # vLLM's gpu_memory_utilization and tokens per KV block
     kv_heads = max(cfg.kv_heads // tp, 1)  # tp > kv_heads: each rank keeps a copy of one KV head
     per_token = 2 * cfg.n_layers * kv_heads * cfg.dim_head * 2  # K and V, bf16
-    budget = mem_util * hw.memory_bytes - 2 * cfg.num_params() / tp  # what the weights leave
+    activations = serving.activation_peak(cfg, tokens=context, tp=tp)  # vLLM's profiling run, predicted
+    budget = mem_util * hw.capacity_bytes - 2 * cfg.num_params() / tp - activations  # what is left
     blocks = int(budget // (block_size * per_token))
     return per_token, blocks // -(-context // block_size)  # whole blocks per sequence
 
@@ -76,13 +80,18 @@ def _per_token_problem(mine: float, ref: float, cfg: ModelConfig, tp: int) -> st
 
 def _max_seqs_problem(mine: int, ref: dict, cfg: ModelConfig, hw: Hardware, context: int, tp: int) -> str:
     per_seq = ref["block_bytes"] * ref["blocks_per_seq"]
-    weights = 2 * cfg.num_params() / tp
+    weights, act, memory = 2 * cfg.num_params() / tp, ref["activations"], MEM_UTIL * hw.capacity_bytes
     guesses = {
         "you gave the cache all of the memory: vLLM keeps 10% back (gpu_memory_utilization 0.9)": (
-            hw.memory_bytes - weights
+            hw.capacity_bytes - weights - act
         ),
-        "the weights live in the same memory: subtract them before filling it with cache": MEM_UTIL * hw.memory_bytes,
-        f"each GPU holds 1/tp = 1/{tp} of the weights": MEM_UTIL * hw.memory_bytes - 2 * cfg.num_params(),
+        "the weights live in the same memory: subtract them before filling it with cache": memory - act,
+        f"each GPU holds 1/tp = 1/{tp} of the weights": memory - 2 * cfg.num_params() - act,
+        "the activations of vLLM's profiling run come out of the same 0.9: subtract "
+        "serving.activation_peak(cfg, tokens=context, tp=tp)": memory - weights,
+        "0.9 is of the memory the device reports (hw.capacity_bytes), not the datasheet's hw.memory_bytes": (
+            MEM_UTIL * hw.memory_bytes - weights - act
+        ),
     }
     for why, budget in guesses.items():
         if int(max(budget, 0) // ref["block_bytes"]) // ref["blocks_per_seq"] == mine:

@@ -11,8 +11,9 @@ starts:
 - e2e: arrival to its last token.
 
 Percentiles are linear between order statistics (numpy's default). Goodput is the requests per
-second that met every latency target (DistServe, Zhong et al. 2024, §2, defines it as the rate
-served within the SLO; vLLM's benchmark counts requests meeting the SLO per second, as here).
+second that met every latency target, as vLLM's benchmark counts it. DistServe (Zhong et al. 2024,
+§2) means another quantity by the word: the highest request rate per GPU at which a target share of
+requests (e.g. 90 %) meets the SLOs.
 """
 
 from __future__ import annotations

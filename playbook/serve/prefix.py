@@ -3,10 +3,9 @@
 Many requests begin alike: a system prompt shared by every user of an application, or a
 conversation whose next turn repeats every earlier one. Their keys and values at those positions
 are the same (a token's K and V depend only on the tokens up to it), so a block computed once can
-serve them all and its tokens skip prefill. This is vLLM's *automatic prefix caching* (Kwon et al.
-2023, "Efficient Memory Management for Large Language Model Serving with PagedAttention", §4.4
-shares blocks between sequences by reference counts; vLLM's prefix caching keys every full block
-by a hash of its whole prefix):
+serve them all and its tokens skip prefill. This is vLLM's *automatic prefix caching* (RFC
+vllm-project/vllm#2614, January 2024, and vLLM's design document "Automatic Prefix Caching"; the
+PagedAttention paper, Kwon et al. 2023, §4.4, shares only prefixes a provider reserves in advance):
 
 - a block, once full, is keyed by a hash of every token from the start of the sequence to its end
   (chained: the key of block k hashes the key of block k − 1 with block k's tokens), so equal keys
@@ -21,7 +20,9 @@ A sequence releases its blocks last-first, so a prompt's tail is evicted before 
 more requests share. SGLang (Zheng et al. 2024, "SGLang: Efficient Execution of Structured Language
 Model Programs", §3, RadixAttention) keeps the same blocks in a radix tree of token sequences
 instead of a hash table: a lookup walks the tree, eviction takes least-recently-used leaves, and
-a router can ask a tree how much of a prompt it holds; what is cached and reused is the same.
+a router can ask a tree how much of a prompt it holds. With its default page of one token it matches
+a prefix token by token, where this cache (and vLLM) matches whole blocks only: two prompts sharing
+1,030 tokens reuse 1,024 of them in blocks of 16 (chapter 7, §4b).
 
 ``theory.serving.prefix_cache.ReferencePrefixCache`` is the brute-force model this one is tested against.
 """

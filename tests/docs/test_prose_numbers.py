@@ -78,13 +78,6 @@ def test_ch07_mla_saving_by_both_definitions():
     assert round(serving.weights_per_gpu(DSV3) / 1e12, 2) == 1.34
 
 
-def test_ch07_capacity_per_tp():
-    cap = {tp: serving.kv_capacity(LLAMA70, H100, context=8192, tp=tp) for tp in (2, 4, 8)}
-    assert round(cap[2]["weights"] / 1e9, 1) == 70.6 and round(cap[2]["kv_budget"] / 1e9, 1) == 1.4
-    assert round(0.9 * H100.memory_bytes / 1e9) == 72
-    assert [cap[t]["max_seqs"] for t in (2, 4, 8)] == [1, 54, 162]
-
-
 def test_ch07_decode_table_and_the_kv_intensity():
     steps = {b: serving.decode(LLAMA70, H100, context=2048, batch=b, tp=4) for b in (1, 8, 32, 256)}
     assert 18 <= steps[1].seconds * 1e3 < steps[32].seconds * 1e3 <= 20.5
@@ -92,22 +85,9 @@ def test_ch07_decode_table_and_the_kv_intensity():
     assert round(steps[1].comm * 1e3, 1) == 4.8 and 0.25 <= steps[1].comm / steps[1].seconds < 0.3
     assert round(serving.critical_batch(LLAMA70, H100)) == 185
     assert LLAMA70.n_heads // LLAMA70.kv_heads == 8
-    cap = serving.kv_capacity(LLAMA70, H100, context=2048, tp=4)["max_seqs"]
-    assert cap == 218 and 256 > cap  # the batch-256 row does not fit
+    # the KV room at 2,048 tokens (247, and batch 256 does not fit): tests/docs/test_prose_ch07.py
     flat = serving.decode(LLAMA70, H100, context=2048, batch=1, tp=4, latency=serving.flat_allreduce_latency(4))
     assert round(flat.comm * 1e3, 1) == 1.6
-
-
-def test_ch07_the_layouts_on_8_h100s():
-    rows = _layouts(LLAMA70, H100)
-    best, why = serving_layouts.recommend(list(rows.values()))
-    assert best["layout"] == "tp8×dp1" and "lowest latency" in why
-    assert round(best["tokens_per_s"]) == 4079 and best["seqs"] == 162
-    assert [round(rows[k]["tpot_batch1"] * 1e3, 1) for k in ("tp8×dp1", "tp4×dp2", "tp2×dp4")] == [17.9, 18.2, 28.4]
-    assert rows["tp2×dp4"]["seqs"] == 4 and rows["tp4×dp2"]["seqs"] == 108
-    assert round(rows["tp4×dp2"]["tokens_per_s"] / rows["tp2×dp4"]["tokens_per_s"]) == 24
-    comm = [round(rows[k]["tp_comm_per_token"] * 1e3, 1) for k in ("tp2×dp4", "tp4×dp2", "tp8×dp1")]
-    assert comm == [1.6, 5.3, 12.9]
 
 
 def test_ch07_question_3_flips_with_a_flat_all_reduce():
@@ -274,32 +254,6 @@ def test_ch08_question_3_a_decode_all_reduce_is_latency_bound():
     assert round(message / H100.intra_node_bandwidth * 1e9) == 36  # ns, against microseconds of latency
 
 
-def test_ch07_prefix_caching_by_layout():
-    from playbook.theory.serving.prefix_cache import prefix_layouts
-    from playbook.theory.serving.workload import conversations
-
-    trace = conversations(
-        n=16,
-        groups=4,
-        turns=3,
-        system=1024,
-        user=(128, 384),
-        answer=(128, 384),
-        new=(64, 128),
-        vocab=LLAMA70.vocab_size,
-        seed=0,
-    )
-    rows = {
-        router: prefix_layouts(LLAMA70, H100, trace, gpus=8, tps=(2, 4, 8), context=8192, router=router)
-        for router in ("round-robin", "prefix")
-    }
-    rr, pa = rows["round-robin"], rows["prefix"]
-    assert rr[0]["blocks_per_replica"] == 551 and 551 * 16 == 8_816  # "551 blocks of 16 tokens (8,816 tokens)"
-    assert [round(r["hit_rate"], 2) for r in rr] == [0.60, 0.67, 0.72]  # round robin: fewest at tp2
-    assert rr[0]["evictions"] > 0 == rr[1]["evictions"] == rr[2]["evictions"]  # tp4, tp8 keep every block
-    assert round(pa[0]["hit_rate"], 2) == 0.72 > rr[0]["hit_rate"]  # the prefix router wins tp2 back
-
-
 def test_ch07_question_3_by_size_flips_latency_not_throughput():
     """Chapter 7 §3 and question 3: with the all-reduce priced by size (theory.allreduce_algo)."""
     b200 = Hardware.preset("b200")
@@ -309,13 +263,7 @@ def test_ch07_question_3_by_size_flips_latency_not_throughput():
     }
     assert round(by["tp4×dp2"]["tokens_per_s"], -2) == 43_600 < round(by["tp2×dp4"]["tokens_per_s"], -2) == 43_900
     assert [round(by[k]["tpot_batch1"] * 1e3, 1) for k in ("tp4×dp2", "tp2×dp4")] == [1.3, 2.0]
-    big = {
-        r["layout"]: r
-        for r in serving_layouts.compare_layouts(LLAMA70, H100, gpus=8, context=8192, latency=serving.BY_SIZE)
-    }
-    assert [round(big[k]["tp_comm_per_token"] * 1e3, 1) for k in ("tp4×dp2", "tp8×dp1")] == [2.5, 4.9]
-    assert serving_layouts.recommend(list(big.values()))[0]["layout"] == "tp8×dp1"  # "the ranking above stays"
-    assert big["tp4×dp2"]["tokens_per_s"] > big["tp2×dp4"]["tokens_per_s"]
+    # 70B on H100s by size, "the ranking stays": tests/docs/test_prose_ch07.py
 
 
 def test_ch07_disaggregation_transfer_against_the_prefill():

@@ -103,27 +103,35 @@ def test_mesh_wrong_answers_are_named():
 
 
 # ---- 8. serving -------------------------------------------------------------------------------
+def _act(cfg, context, tp):  # the activation peak the exercise gives: one prompt's forward
+    return exercises.serving.serving.activation_peak(cfg, tokens=context, tp=tp)
+
+
 def serve_no_factor_two(cfg, hw, context, tp):
     per_token = cfg.n_layers * (cfg.kv_heads // tp) * cfg.dim_head * 2  # the keys only
-    budget = 0.9 * hw.memory_bytes - 2 * cfg.num_params() / tp
+    budget = 0.9 * hw.capacity_bytes - 2 * cfg.num_params() / tp - _act(cfg, context, tp)
     return per_token, int(budget // (16 * per_token)) // -(-context // 16)
 
 
 def serve_query_heads(cfg, hw, context, tp):
     per_token = 2 * cfg.n_layers * (cfg.n_heads // tp) * cfg.dim_head * 2  # MHA's heads, not GQA's
-    budget = 0.9 * hw.memory_bytes - 2 * cfg.num_params() / tp
+    budget = 0.9 * hw.capacity_bytes - 2 * cfg.num_params() / tp - _act(cfg, context, tp)
     return per_token, int(budget // (16 * per_token)) // -(-context // 16)
 
 
-def serve_all_memory(cfg, hw, context, tp):
-    per_token = 2 * cfg.n_layers * (cfg.kv_heads // tp) * cfg.dim_head * 2
-    budget = hw.memory_bytes - 2 * cfg.num_params() / tp  # no gpu_memory_utilization
-    return per_token, int(budget // (16 * per_token)) // -(-context // 16)
+def _serve_budget(budget_of):
+    def answer(cfg, hw, context, tp):
+        per_token = 2 * cfg.n_layers * (cfg.kv_heads // tp) * cfg.dim_head * 2
+        budget = budget_of(cfg, hw, context, tp)
+        return per_token, int(budget // (16 * per_token)) // -(-context // 16)
+
+    return answer
 
 
-def serve_weights_forgotten(cfg, hw, context, tp):
-    per_token = 2 * cfg.n_layers * (cfg.kv_heads // tp) * cfg.dim_head * 2
-    return per_token, int(0.9 * hw.memory_bytes // (16 * per_token)) // -(-context // 16)
+serve_all_memory = _serve_budget(lambda c, hw, n, tp: hw.capacity_bytes - 2 * c.num_params() / tp - _act(c, n, tp))
+serve_weights_forgotten = _serve_budget(lambda c, hw, n, tp: 0.9 * hw.capacity_bytes - _act(c, n, tp))
+serve_no_activations = _serve_budget(lambda c, hw, n, tp: 0.9 * hw.capacity_bytes - 2 * c.num_params() / tp)
+serve_datasheet = _serve_budget(lambda c, hw, n, tp: 0.9 * hw.memory_bytes - 2 * c.num_params() / tp - _act(c, n, tp))
 
 
 def test_serving_solution_passes_with_a_measured_block():
@@ -141,11 +149,21 @@ def test_serving_wrong_answers_are_named():
     assert "a real cache block measures 131,072" in v.message, v
     v = exercises.serving.check(serve_query_heads)
     assert not v.ok and "4× too large" in v.message and "8 KV heads, not its 32 query heads" in v.message, v
+    # llama-3.1-8b, one H100: 0.9 of 81,559 MiB, less 2·8,030,261,248 B of weights, less one 8,192-token
+    # forward's peak (8,192 rows × (2·4,096 residual + 3·14,336 MLP + 4,096 out) × 2 B), in 2 MiB blocks
+    block, seq = 16 * 131_072, 512
+    weights, act = 2 * 8_030_261_248, 8192 * (2 * 4096 + 3 * 14_336 + 4096) * 2
+    right = int((0.9 * 81_559 * 2**20 - weights - act) // block) // seq
+    everything = int((81_559 * 2**20 - weights - act) // block) // seq
     v = exercises.serving.check(serve_all_memory)
-    # (80e9 − 2·8,030,261,248) B // 2 MiB blocks = 30,489 blocks; // 512 per sequence = 59 (0.9·80e9: 52)
-    assert not v.ok and "your max_seqs is 59, predicted 52" in v.message and "keeps 10% back" in v.message, v
+    assert not v.ok and f"your max_seqs is {everything}, predicted {right}" in v.message, v
+    assert "keeps 10% back" in v.message, v
     v = exercises.serving.check(serve_weights_forgotten)
     assert not v.ok and "subtract them before filling it with cache" in v.message, v
+    v = exercises.serving.check(serve_no_activations)
+    assert not v.ok and "activations of vLLM's profiling run" in v.message, v
+    v = exercises.serving.check(serve_datasheet)
+    assert not v.ok and "hw.capacity_bytes" in v.message, v
 
 
 # ---- the notebooks' exercise sections ----------------------------------------------------------

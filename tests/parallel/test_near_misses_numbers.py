@@ -126,7 +126,9 @@ def test_a_partial_last_block_counts_whole_as_the_real_paged_cache_does(context)
     cfg, block_size = ModelConfig.preset("gpt-tiny"), 16
     weights = serving.weights_per_gpu(cfg, dtype="fp32")
     block = block_size * serving.kv_bytes_per_token(cfg, dtype="fp32")
-    hw = dataclasses.replace(Hardware.preset("h100-sxm"), memory_bytes=weights + 10.5 * block)
+    act = serving.activation_peak(cfg, tokens=context, dtype="fp32")  # the profiling run's peak, also held
+    room = weights + act + 10.5 * block
+    hw = dataclasses.replace(Hardware.preset("h100-sxm"), memory_bytes=room, reported_memory_bytes=room)
     cap = serving.kv_capacity(cfg, hw, context=context, mem_util=1.0, block_size=block_size, dtype="fp32")
     cache = PagedKVCache(
         n_layers=cfg.n_layers,

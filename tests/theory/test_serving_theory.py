@@ -35,13 +35,39 @@ def test_weights_per_gpu_under_tp_pp_ep():
 
 
 def test_kv_capacity_70b_on_h100_by_hand():
+    """0.9 of the 81,559 MiB an H100 reports, less the weights, less the activation peak of one
+    8,192-token forward (residual stream twice; SwiGLU's gate + up, product and output at tp 4)."""
     cap = s.kv_capacity(LLAMA70, H100, context=8192, tp=4)
-    budget = 0.9 * 80e9 - 70_553_706_496 * 2 / 4  # 36,723,146,752 bytes
-    assert cap["kv_budget"] == pytest.approx(budget)
+    act = 8192 * (2 * 8192 + 3 * 28_672 // 4 + 8192) * 2  # 754,974,720 bytes
+    budget = 0.9 * 81_559 * 2**20 - 70_553_706_496 * 2 / 4 - act
+    assert cap["activations"] == act and cap["kv_budget"] == pytest.approx(budget)
     block = 16 * 81_920  # 1,310,720 bytes per block of 16 tokens
-    assert cap["blocks"] == 28_017 == math.floor(budget / block)
-    assert cap["tokens"] == 28_017 * 16 and cap["blocks_per_seq"] == 512 and cap["max_seqs"] == 54
+    assert cap["blocks"] == 31_232 == math.floor(budget / block)
+    assert cap["tokens"] == 31_232 * 16 and cap["blocks_per_seq"] == 512 and cap["max_seqs"] == 61
     assert s.kv_capacity(LLAMA70, H100, context=8192, tp=4, block_size=1)["tokens"] == math.floor(budget / 81_920)
+    chunked = s.kv_capacity(LLAMA70, H100, context=8192, tp=4, max_batched_tokens=2048)  # a smaller largest step
+    assert chunked["activations"] == act / 4 and chunked["kv_budget"] == pytest.approx(budget + act * 3 / 4)
+
+
+def test_activation_peak_by_attention_and_mlp():
+    from playbook.theory.serving.profile import activation_peak
+
+    # Llama 3.1 70B at tp 8: the MLP (3 · 28,672 / 8 + 8,192 out) is wider than attention's
+    # (64/8 + 2·1) · 128 q/k/v + 8 · 128 out + 8,192: the peak is the MLP's
+    assert activation_peak(LLAMA70, tokens=100, tp=8) == 100 * (2 * 8192 + 3 * 3584 + 8192) * 2
+    # tp 16 > 8 KV heads: each rank still computes one whole KV head; the MLP stays the wider
+    attention16 = (64 // 16 + 2 * 1) * 128 + 64 // 16 * 128 + 8192
+    assert attention16 < 3 * 28_672 // 16 + 8192
+    assert activation_peak(LLAMA70, tokens=1, tp=16) == (2 * 8192 + 3 * 28_672 // 16 + 8192) * 2
+    # DeepSeek-V3 (MLA, MoE): 8 routed + 1 shared expert of 2,048 = 18,432 = its dense MLP
+    ds = ModelConfig.preset("deepseek-v3")
+    # at tp 8 MLA's query, latent + rope key, expanded keys/values and output outweigh the MLP
+    mla = 128 * (128 + 64) / 8 + 512 + 64 + 128 * (128 + 128) / 8 + 128 * 128 / 8 + 7168
+    assert mla > 3 * 18_432 / 8 + 7168
+    assert activation_peak(ds, tokens=10, tp=8, dtype="fp8") == 10 * (2 * 7168 + mla) * 1
+    assert activation_peak(LLAMA70, tokens=1, tp=1) == 2 * 8192 * 2 + (3 * 28_672 + 8192) * 2
+    with pytest.raises(ValueError, match="tokens"):
+        activation_peak(LLAMA70, tokens=0)
 
 
 def test_weights_that_do_not_fit_name_a_tp_that_does():
@@ -84,12 +110,12 @@ def test_article_2_tp4_dp2_vs_tp2_dp4():
     rows = {r["layout"]: r for r in serving_layouts.compare_layouts(LLAMA70, H100, gpus=8, context=8192)}
     assert set(rows) == {"tp2×dp4", "tp4×dp2", "tp8×dp1"}  # tp1 does not hold 141 GB of weights
     tp4, tp2 = rows["tp4×dp2"], rows["tp2×dp4"]
-    assert tp2["seqs_per_replica"] == 1 and tp2["seqs"] == 4  # 70.6 GB of weights leave 1.4 GB of cache
-    assert tp4["seqs"] == 2 * 54
+    assert tp2["seqs_per_replica"] == 3 and tp2["seqs"] == 12  # 70.6 GB of weights + 1.1 GB leave 5.3 GB
+    assert tp4["seqs"] == 2 * 61
     assert tp2["tp_comm_per_token"] < tp4["tp_comm_per_token"]  # less TP: less communication per token...
     assert tp4["tpot_batch1"] < tp2["tpot_batch1"]  # ...but each GPU reads half the weights
-    assert tp4["tokens_per_s"] > 10 * tp2["tokens_per_s"]
-    assert tp4["tokens_per_s"] == pytest.approx(2 * 54 / tp4["tpot"])
+    assert tp4["tokens_per_s"] > 5 * tp2["tokens_per_s"]
+    assert tp4["tokens_per_s"] == pytest.approx(2 * 61 / tp4["tpot"])
     best, why = serving_layouts.recommend(list(rows.values()))
     assert best["layout"] == "tp8×dp1" and "tokens/s" in why
 

@@ -1,6 +1,7 @@
 """Serving, predicted (chapter 7): memory, the prefill/decode roofline, layouts, caches and traces.
 
-- ``serving.py``: KV bytes and capacity, prefill and decode time; ``layouts.py``: TP against DP
+- ``serving.py``: KV bytes and capacity, prefill and decode time; ``profile.py``: the activation peak
+  an engine's profiling run finds before it sizes the cache; ``layouts.py``: TP against DP
   replicas on N GPUs; ``parallel.py``: pipeline and expert parallelism at inference.
 - ``prefix_cache.py``: the brute-force prefix cache the engine is tested against, hit rates per
   layout; ``router.py``: round robin or prefix-aware; ``workload.py``: seeded traces;

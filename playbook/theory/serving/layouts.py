@@ -9,7 +9,7 @@ Units: bytes, seconds, tokens/s. Pure arithmetic, no torch.
 from __future__ import annotations
 
 from playbook.config import ModelConfig, divisors, require_positive
-from playbook.hardware import Hardware
+from playbook.hardware import MEM_UTIL, Hardware
 from playbook.theory.serving.serving import BLOCK_SIZE, RING_STEP, decode, kv_capacity, prefill
 
 
@@ -21,7 +21,7 @@ def serving_layout(
     dp: int,
     pp: int = 1,
     context: int,
-    mem_util: float = 0.9,
+    mem_util: float = MEM_UTIL,
     block_size: int = BLOCK_SIZE,
     batch: int | None = None,
     dtype: str = "bf16",

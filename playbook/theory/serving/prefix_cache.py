@@ -4,8 +4,9 @@ The model that ``serve.prefix.PrefixKVCache`` is held to, written as plainly as 
 and no physical block ids. The cache is a list of resident blocks, each named by the whole token
 prefix it ends (a tuple, compared by equality), with the number of sequences holding it and, once
 none does, the time it was let go. Looking up a prompt looks each block-aligned prefix up in turn; taking a block uses a never-cached one while any is left, else evicts the resident
-block let go longest ago (vLLM's automatic prefix caching; Kwon et al. 2023, PagedAttention §4.4
-for the shared, reference-counted blocks). The last prompt token is never taken from the cache.
+block let go longest ago (vLLM's automatic prefix caching: RFC vllm-project/vllm#2614, January 2024,
+and vLLM's design document "Automatic Prefix Caching"). The last prompt token is never taken from the
+cache. ``block_size=1`` matches token by token, as SGLang's radix tree does with its default page of one.
 
 ``simulate`` replays a request trace through it with whole requests served one after another
 (arrival order, all tokens at once): the hit rate and prefill tokens saved a replica of a given
@@ -13,6 +14,8 @@ number of blocks would see, which is how the chapter predicts them at scale.
 """
 
 from __future__ import annotations
+
+from playbook.hardware import MEM_UTIL
 
 
 class ReferencePrefixCache:
@@ -137,7 +140,7 @@ def prefix_layouts(
     context: int,
     block_size: int = 16,
     router: str = "prefix",
-    mem_util: float = 0.9,
+    mem_util: float = MEM_UTIL,
     dtype: str = "bf16",
     kv_scale: float = 1.0,
 ) -> list[dict]:

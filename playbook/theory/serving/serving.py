@@ -1,7 +1,10 @@
 """Serving: where inference memory goes, and how long prefill and decode take (pure arithmetic, no torch).
 
-Memory per GPU = resident weights + KV cache (+ workspace and buffers, which a ``mem_util`` below 1
-leaves room for, as vLLM's ``gpu_memory_utilization`` does).
+Memory per GPU, as vLLM sizes it: ``mem_util`` (its ``gpu_memory_utilization``, 0.9 as the book's
+``hardware.MEM_UTIL``) × the memory the device reports (``Hardware.capacity_bytes``) holds the resident
+weights, the activation peak of one forward over the engine's largest step
+(``playbook.theory.serving.profile``: what vLLM's profiling run measures) and the KV cache; the rest is
+headroom for other processes and fragmentation.
 
 - Weights per GPU under TP/PP/EP: ``playbook.theory.hybrid.memory.inference_memory`` (even split).
 - KV cache per token: a key and a value per KV head per layer, ``2·L·g·d·bytes`` (MHA: g = heads;
@@ -39,12 +42,13 @@ import math
 from dataclasses import asdict, dataclass
 
 from playbook.config import ModelConfig, divisors, require_positive
-from playbook.hardware import Hardware
+from playbook.hardware import MEM_UTIL, Hardware
 from playbook.theory.cost import allreduce_algo
 from playbook.theory.cost.comm import collective_seconds, sent_bytes
 from playbook.theory.cost.flops import flops_per_token
 from playbook.theory.inventory.model_state import _dtype_bytes
 from playbook.theory.hybrid.memory import _kv_heads_per_rank, inference_memory, kv_cache_bytes_per_token
+from playbook.theory.serving.profile import activation_peak
 
 BLOCK_SIZE = 16  # vLLM's default tokens per KV block
 
@@ -85,18 +89,34 @@ def kv_capacity(
     tp: int = 1,
     pp: int = 1,
     ep: int = 1,
-    mem_util: float = 0.9,
+    mem_util: float = MEM_UTIL,
     block_size: int = BLOCK_SIZE,
+    max_batched_tokens: int | None = None,
     dtype: str = "bf16",
 ) -> dict:
-    """How much KV cache one GPU of a replica holds at ``mem_util`` of its memory, and how many
-    sequences of ``context`` tokens fit (paged: whole blocks of ``block_size`` tokens). Raises
-    ``ValueError`` when the weights alone do not fit, naming a tp that would."""
+    """How much KV cache one GPU of a replica holds, and how many sequences of ``context`` tokens fit
+    (paged: whole blocks of ``block_size`` tokens), as vLLM sizes it after its profiling run:
+
+        kv_budget = mem_util × hw.capacity_bytes − weights − activation peak
+
+    the activation peak being one forward over ``max_batched_tokens`` rows (default ``context``: the
+    engine's largest step prefills one whole prompt, as §3's time to first token assumes;
+    ``theory.serving.profile.activation_peak``). The non-torch memory vLLM also subtracts (CUDA
+    graphs, NCCL buffers) is not counted. Raises ``ValueError`` when not one sequence fits, naming a
+    tp that would."""
     require_positive(context=context, block_size=block_size)
     if not 0 < mem_util <= 1:
         raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; vLLM's default is 0.9")
-    weights = weights_per_gpu(cfg, tp=tp, pp=pp, ep=ep, dtype=dtype)
-    budget = mem_util * hw.memory_bytes - weights
+    step = context if max_batched_tokens is None else max_batched_tokens
+    require_positive(max_batched_tokens=step)
+    memory = mem_util * hw.capacity_bytes
+
+    def room(t: int) -> tuple[float, float, float]:  # weights, activation peak, what is left for the cache
+        weights = weights_per_gpu(cfg, tp=t, pp=pp, ep=ep, dtype=dtype)
+        act = activation_peak(cfg, tokens=step, tp=t, dtype=dtype)
+        return weights, act, memory - weights - act
+
+    weights, activations, budget = room(tp)
     per_token = kv_bytes_per_token(cfg, tp=tp, pp=pp, dtype=dtype)
     block = block_size * per_token
     per_seq = math.ceil(context / block_size)
@@ -104,18 +124,19 @@ def kv_capacity(
         ok = [
             t
             for t in divisors(cfg.n_heads)
-            if t > tp
-            and mem_util * hw.memory_bytes - weights_per_gpu(cfg, tp=t, pp=pp, ep=ep, dtype=dtype)
-            >= per_seq * block_size * kv_bytes_per_token(cfg, tp=t, pp=pp, dtype=dtype)
+            if t > tp and room(t)[2] >= per_seq * block_size * kv_bytes_per_token(cfg, tp=t, pp=pp, dtype=dtype)
         ]
         raise ValueError(
-            f"{cfg.name} at tp={tp} pp={pp}: weights {weights / 1e9:.1f} GB per GPU leave "
-            f"{max(budget, 0) / 1e9:.2f} GB of {mem_util:g} × {hw.memory_bytes / 1e9:.0f} GB, not one sequence "
-            f"of {context} tokens; " + (f"try tp >= {ok[0]}" if ok else "use more GPUs per replica")
+            f"{cfg.name} at tp={tp} pp={pp}: weights {weights / 1e9:.1f} GB and activations "
+            f"{activations / 1e9:.2f} GB per GPU leave {max(budget, 0) / 1e9:.2f} GB of {mem_util:g} × "
+            f"{hw.capacity_bytes / 1e9:.1f} GB, not one sequence of {context} tokens; "
+            + (f"try tp >= {ok[0]}" if ok else "use more GPUs per replica")
         )
     blocks = int(budget // block)
     return {
+        "memory": memory,
         "weights": weights,
+        "activations": activations,
         "kv_budget": budget,
         "kv_bytes_per_token": per_token,
         "block_bytes": block,
