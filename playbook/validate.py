@@ -302,6 +302,9 @@ def write_output(flag: str, path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(part, 0o666 & ~umask)  # as open() would make it (mkstemp's file is the owner's alone)
         os.replace(part, target)
     except OSError as e:
         Path(part).unlink(missing_ok=True)

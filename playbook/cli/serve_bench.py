@@ -9,6 +9,7 @@ import argparse
 import json
 
 from playbook.config import ModelConfig
+from playbook.validate import check_output_path, write_output
 
 from playbook.serve.serve_bench import summary
 
@@ -18,6 +19,8 @@ _Formatter = argparse.ArgumentDefaultsHelpFormatter
 def cmd_serve_bench(args) -> int:
     from playbook.serve.serve_bench import serve_bench
 
+    if args.out:
+        check_output_path("--out", args.out, "serve-bench.json", suffix=".json")  # before any rank starts
     report = serve_bench(
         ModelConfig.preset(args.model),
         tp=args.tp,
@@ -39,8 +42,7 @@ def cmd_serve_bench(args) -> int:
         slo_tpot_ms=args.slo_tpot_ms,
     )
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
+        write_output("--out", args.out, json.dumps(report, indent=2))
     print(json.dumps(report, indent=2) if args.json else summary(report))
     return 0 if report["tokens_identical"] else 1
 

@@ -39,6 +39,11 @@ def check_serve(
         raise ValueError(f"--router {router} is not one of {', '.join(POLICIES)}; try --router prefix")
     if token_budget is not None:
         check_counts(token_budget=token_budget)
+        if token_budget <= max_batch:  # every running request decodes one token a step
+            raise ValueError(
+                f"--token-budget {token_budget} must exceed --max-batch {max_batch} (every running request decodes "
+                f"one token per step, the rest goes to prefill); try --token-budget {max_batch + 8}"
+            )
     dims = ParallelDims(dp=dp, tp=tp)
     if world_size and world_size != dims.world:
         raise ValueError(

@@ -90,6 +90,12 @@ def serve_bench(
     from playbook.theory.serving.router import route
     from playbook.theory.serving.workload import poisson_trace
 
+    most = prefix + suffix[1] + new[1]  # the longest request the trace can draw, before drawing it
+    if most > cfg.max_seq_len:
+        raise ValueError(
+            f"--prefix {prefix} + --suffix up to {suffix[1]} + --new up to {new[1]} = {most} tokens, more than "
+            f"{cfg.name}'s max_seq_len {cfg.max_seq_len}; e.g. --prefix 16 --suffix 2 12 --new 4 12"
+        )
     check(
         cfg,
         tp=tp,
@@ -109,8 +115,6 @@ def serve_bench(
     longest = max(-(-(len(r.prompt) + r.max_new - 1) // block_size) for r in reqs)
     if longest > blocks:
         raise ValueError(f"--blocks {blocks} cannot hold a request of {longest} blocks; use --blocks {longest}")
-    if max(len(r.prompt) + r.max_new for r in reqs) > cfg.max_seq_len:
-        raise ValueError(f"prompts plus new tokens exceed {cfg.name}'s max_seq_len {cfg.max_seq_len}; shorten them")
     where = route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router)
     options = dict(
         cfg=cfg,

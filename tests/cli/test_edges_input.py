@@ -342,3 +342,14 @@ def test_a_write_that_fails_at_the_end_is_one_line_and_leaves_the_old_file(tmp_p
     finally:
         LAUNCHED_TRACES.clear()
     assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_a_written_output_has_the_mode_open_would_give_it(tmp_path):
+    import os
+
+    from playbook.validate import write_output
+
+    write_output("--out", tmp_path / "x.json", "{}")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o666 & ~umask

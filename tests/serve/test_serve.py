@@ -125,3 +125,11 @@ def test_run_serve_report_and_refusals():
         run_serve(TrainSetup(), tp=3, dp=1)
     with pytest.raises(ValueError, match="--world-size 3"):
         run_serve(TrainSetup(), world_size=3, tp=2, dp=1)
+
+
+def test_run_serve_refuses_a_token_budget_within_the_batch_in_one_line_before_any_rank(capsys):
+    from playbook.cli import main
+
+    assert main(["run", "serve", "--token-budget", "4", "--max-batch", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and "--token-budget 4 must exceed --max-batch 8" in err[0], err  # not a rank's traceback

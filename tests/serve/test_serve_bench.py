@@ -43,6 +43,8 @@ def test_serve_bench_json_on_ranks(ranks4, tmp_path, capsys):
         (["--blocks", "2"], "--blocks 2 cannot hold a request"),
         (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be > 0"),
         (["--suffix", "5", "2"], "need 1 <= low <= high for suffix (5, 2)"),
+        (["--new", "100000", "200000"], "= 200028 tokens, more than gpt-tiny's max_seq_len 64"),  # before drawing
+        (["--out", "/no/such/folder/x.json"], "the folder '/no/such/folder' does not exist"),  # before any rank
     ],
 )
 def test_serve_bench_refuses_bad_input_in_one_line(capsys, argv, message):
