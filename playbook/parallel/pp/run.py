@@ -244,7 +244,8 @@ def run_pp(
     no_native: bool = False,
 ) -> PipelineReport:
     setup = PipelineSetup(**setup.as_dict(), n_layers=layers) if not isinstance(setup, PipelineSetup) else setup
-    chunks = chunks or chunks_per_rank(schedule, 2)  # a V holds two by itself, as the planner labels it
+    if chunks is None:  # a V holds two by itself, as the planner labels it (0 stays 0: refused below)
+        chunks = chunks_per_rank(schedule, 2)
     check_pipeline(world_size, microbatches, chunks, name=schedule, n_layers=setup.config().n_layers)
     check_microbatches(setup, microbatches)
     backend = default_backend(world_size) if backend == "auto" else backend
