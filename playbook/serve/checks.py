@@ -18,6 +18,18 @@ def check_counts(**counts: int) -> None:
             raise ValueError(f"--{flag} must be a positive integer, got {value}; try --{flag} 4")
 
 
+def check_token_budget(token_budget: int | None, max_batch: int) -> None:
+    """``--token-budget``: none, or a positive integer above ``--max-batch`` (``run serve``, ``serve-bench``)."""
+    if token_budget is None:
+        return
+    check_counts(token_budget=token_budget)
+    if token_budget <= max_batch:  # every running request decodes one token a step
+        raise ValueError(
+            f"--token-budget {token_budget} must exceed --max-batch {max_batch} (every running request decodes "
+            f"one token per step, the rest goes to prefill); try --token-budget {max_batch + 8}"
+        )
+
+
 def check_serve(
     setup,
     world_size,
@@ -37,13 +49,7 @@ def check_serve(
 
     if router not in POLICIES:
         raise ValueError(f"--router {router} is not one of {', '.join(POLICIES)}; try --router prefix")
-    if token_budget is not None:
-        check_counts(token_budget=token_budget)
-        if token_budget <= max_batch:  # every running request decodes one token a step
-            raise ValueError(
-                f"--token-budget {token_budget} must exceed --max-batch {max_batch} (every running request decodes "
-                f"one token per step, the rest goes to prefill); try --token-budget {max_batch + 8}"
-            )
+    check_token_budget(token_budget, max_batch)
     dims = ParallelDims(dp=dp, tp=tp)
     if world_size and world_size != dims.world:
         raise ValueError(

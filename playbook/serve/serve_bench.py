@@ -37,11 +37,10 @@ BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "lo
 
 def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, token_budget, slo_ttft_ms, slo_tpot_ms):
     """Every option, before a rank starts: one ValueError naming the constraint and a value that works."""
-    from playbook.serve.checks import check_counts
+    from playbook.serve.checks import check_counts, check_token_budget
 
     check_counts(requests=requests, blocks=blocks, block_size=block_size, max_batch=max_batch)
-    if token_budget is not None and token_budget <= max_batch:
-        raise ValueError(f"--token-budget {token_budget} must exceed --max-batch {max_batch}; try {max_batch + 8}")
+    check_token_budget(token_budget, max_batch)
     for name, value in (("slo-ttft-ms", slo_ttft_ms), ("slo-tpot-ms", slo_tpot_ms)):
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be > 0 milliseconds, got {value}")
