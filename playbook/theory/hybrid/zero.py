@@ -41,12 +41,17 @@ def flat_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
     experts whole, then each of its E/ep routed experts, one unit each (``parallel.zero.flat_unit.Fed``);
     the final norm and head, the norm only when a tied head's embedding is on this rank: one weight,
     in the embedding's unit), the routed experts over their replicas, every other unit over dp×cp."""
+    dense, experts = unit_group(dims, False), unit_group(dims, True)
+    return [(u.name, u.numel, *(experts if u.experts else dense)) for u in rank_units(cfg, dims, ranges)]
+
+
+def unit_group(dims: ParallelDims, experts: bool) -> tuple[int, str]:
+    """(group size N, axis) a unit's flat buffer is sharded over: a routed expert's over its
+    replicas (dp×cp / ep, ``ep_replica``), every other unit over dp×cp (``data_axis``)."""
     n, dense_axis = dims.dp * dims.cp, data_axis(dims)
-    expert_axis = "ep_replica" if dims.ep > 1 else dense_axis
-    return [
-        (u.name, u.numel, n // dims.ep, expert_axis) if u.experts else (u.name, u.numel, n, dense_axis)
-        for u in rank_units(cfg, dims, ranges)
-    ]
+    if not experts:
+        return n, dense_axis
+    return n // dims.ep, "ep_replica" if dims.ep > 1 else dense_axis
 
 
 def zero_comm(units: list[tuple[str, int, int, str]], zero: int, weight_gathers: int | None = None) -> dict[str, float]:

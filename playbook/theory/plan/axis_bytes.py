@@ -26,9 +26,9 @@ from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.cost.comm import sent_bytes
 from playbook.theory.cp import comm_bytes_per_layer, kv_shard_bytes
-from playbook.theory.pp.rank_params import chunk_ranges
+from playbook.theory.pp.rank_params import chunk_ranges, unit_sizes
 from playbook.theory.hybrid.recompute import cp_replay_bytes_per_layer, local_heads
-from playbook.theory.hybrid.zero import flat_units
+from playbook.theory.hybrid.zero import unit_group
 from playbook.theory.plan.schedule import boundary_crossings, stage_placement
 from playbook.theory.pp.schedules import V_SCHEDULES
 from playbook.theory.zero.zero import padded
@@ -83,9 +83,13 @@ def dp_groups(
     best: tuple[int, tuple] = (-1, ())
     for stage in sorted({0, pp - 1}):
         groups: dict[str, list[int]] = {}
-        for _, numel, n, axis in flat_units(cfg, dims, chunk_ranges(cfg, pp, stage, placement, v)):
+        # the units of ``theory.hybrid.zero.flat_units``, counted: padding is per unit, so a size
+        # seen k times (a layer's routed experts) adds k paddings
+        ranges = tuple(chunk_ranges(cfg, pp, stage, placement, v))
+        for numel, experts, count in unit_sizes(cfg, tp, ep, ranges):
+            n, axis = unit_group(dims, experts)
             g = groups.setdefault(axis, [0, 0, n])
-            g[0], g[1] = g[0] + numel, g[1] + padded(numel, n)
+            g[0], g[1] = g[0] + count * numel, g[1] + count * padded(numel, n)
         total = sum(g[0] for g in groups.values())
         if total > best[0]:
             best = (total, tuple(tuple(g) for g in groups.values()))

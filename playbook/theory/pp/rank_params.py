@@ -15,6 +15,7 @@ an expert no token reached to AdamW alone, ``parallel.zero.zero``). No torch.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from playbook.config import ModelConfig
@@ -68,8 +69,16 @@ def rank_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
     """This rank's parameters by unit for the pieces of ``ranges`` (module docstring): the embedding,
     each block (an MoE block: its dense part, then each routed expert), the final norm and head. A
     tied head on the embedding's rank adds no weight (one tensor serves both); on another rank it is
-    a copy (Megatron's embedding group, Narayanan et al. 2021)."""
-    t, h = dims.tp, cfg.hidden
+    a copy (Megatron's embedding group, Narayanan et al. 2021). Remembered per (cfg, dims, ranges):
+    a planner's search asks for the same rank thousands of times, and DeepSeek-V3's 256 experts a
+    layer make each list long (the Units are frozen; the list returned is the caller's own)."""
+    return list(_rank_units(cfg, dims.tp, dims.ep, tuple(tuple(r) for r in ranges)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rank_units(cfg: ModelConfig, tp: int, ep: int, ranges: tuple[tuple[int, int], ...]) -> tuple[Unit, ...]:
+    """``rank_units`` keyed on what it reads: only tp and ep of the layout change a rank's units."""
+    t, h = tp, cfg.hidden
     pieces = {i for start, end in ranges for i in range(start, end)}
     table = cfg.vocab_size * h // t
     units = [Unit("embed", table)] if 0 in pieces else []
@@ -77,7 +86,7 @@ def rank_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
         if not is_moe_block(cfg, i):
             units.append(Unit(f"block{i}", (cfg.layer_params() - 2 * h) // t, 2 * h, tensors=9))
             continue
-        expert, per = 3 * h * cfg.expert_ffn_hidden, cfg.n_experts // dims.ep
+        expert, per = 3 * h * cfg.expert_ffn_hidden, cfg.n_experts // ep
         shared = 3 * cfg.n_shared_experts
         router = h * cfg.n_experts + cfg.n_shared_experts * expert
         units.append(Unit(f"block{i}", cfg.attention_params() // t, 2 * h, router, 2 + 4 + 1 + shared, 1 + shared))
@@ -85,4 +94,16 @@ def rank_units(cfg: ModelConfig, dims: ParallelDims, ranges: list[tuple[int, int
     if cfg.n_layers + 1 in pieces:
         tied_here = cfg.tie_embeddings and 0 in pieces
         units.append(Unit("head", 0, h) if tied_here else Unit("head", table, h, tensors=2))
-    return units
+    return tuple(units)
+
+
+@functools.lru_cache(maxsize=4096)
+def unit_sizes(
+    cfg: ModelConfig, tp: int, ep: int, ranges: tuple[tuple[int, int], ...]
+) -> tuple[tuple[int, bool, int], ...]:
+    """``rank_units`` counted: (numel, experts, how many units of that size) in first-seen order, for
+    sums over units where the names do not matter (a layer's routed experts are one size)."""
+    counts: dict[tuple[int, bool], int] = {}
+    for u in _rank_units(cfg, tp, ep, ranges):
+        counts[u.numel, u.experts] = counts.get((u.numel, u.experts), 0) + 1
+    return tuple((numel, experts, k) for (numel, experts), k in counts.items())
