@@ -40,8 +40,8 @@ def local_gradient(setup: TrainSetup, rank: int, world: int) -> torch.Tensor:
 
 
 def reduce_rank(ctx, setup: TrainSetup) -> dict:
-    """On every rank: the exact sum [params] (fp64), each way of ``WAYS`` (in fp64 after the sum),
-    and every rank's contribution [world, params] (to find the largest one per element)."""
+    """On every rank: the exact sum [params] (fp64) and each way of ``WAYS`` (in fp64 after the sum);
+    on rank 0 also every rank's contribution [world, params] (to find the largest one per element)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     g = local_gradient(setup, rank, world)  # [params] fp32
     exact = g.double()
@@ -53,7 +53,8 @@ def reduce_rank(ctx, setup: TrainSetup) -> dict:
         out[name] = x.double()
     every = torch.empty(world * g.numel())  # [world · params]
     dist.all_gather_single(every, g)
-    out["contributions"] = every.view(world, -1)  # [world, params]
+    if rank == 0:  # one copy comes back
+        out["contributions"] = every.view(world, -1)  # [world, params]
     return out
 
 
