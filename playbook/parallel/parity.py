@@ -41,17 +41,24 @@ PARAM_MARGIN = 10  # the same after AdamW, whose per-element steps amplify round
 
 
 @functools.lru_cache(maxsize=32)
-def reference(setup: TrainSetup, dtype: torch.dtype = torch.float32) -> TrainResult:
+def reference(setup: TrainSetup, dtype: torch.dtype = torch.float32, max_norm: float | None = None) -> TrainResult:
     """The single process on the whole global batch, in ``dtype`` (the MoE model built as its chapter
     builds it), on one thread like one rank (several threads on a busy 2-core machine run 10-30x slower).
-    Computed once per setup and process: the run it is compared with and its float floor share it
-    (callers read it, never change it)."""
+    ``max_norm``: clipped by torch's ``clip_grad_norm_`` after each backward (``parallel.clip``), its
+    total norms in ``grad_norms``. Computed once per setup and process: the run it is compared with and
+    its float floor share it (callers read it, never change it)."""
+    from playbook.parallel.clip import clip_reference
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         cfg = setup.config()
         model = build(cfg, setup.seed) if cfg.is_moe else GPT(cfg, seed=setup.seed)
-        return train(setup, model=model.to(dtype), measure=dtype == torch.float32)
+        norms: list[float] = []
+        clip = clip_reference(max_norm, norms) if max_norm is not None else None
+        result = train(setup, model=model.to(dtype), measure=dtype == torch.float32, sync_grads=clip)
+        result.grad_norms = norms
+        return result
     finally:
         torch.set_num_threads(threads)
 
@@ -65,14 +72,14 @@ def floor_of(single: TrainResult, exact: TrainResult) -> dict:
 
 
 @functools.lru_cache(maxsize=64)
-def _floor(setup: TrainSetup) -> dict:  # the references are cached, the comparison too
-    return floor_of(reference(setup), reference(setup, torch.float64))
+def _floor(setup: TrainSetup, max_norm: float | None = None) -> dict:  # the references are cached, the comparison too
+    return floor_of(reference(setup, max_norm=max_norm), reference(setup, torch.float64, max_norm))
 
 
-def float_floor(setup: TrainSetup) -> dict:
-    """What float32 rounding alone does to ``setup``: the float32 single process against float64
-    (computed once per setup and process)."""
-    return dict(_floor(setup))
+def float_floor(setup: TrainSetup, max_norm: float | None = None) -> dict:
+    """What float32 rounding alone does to ``setup`` (clipped at ``max_norm``): the float32 single
+    process against float64 (computed once per setup and process)."""
+    return dict(_floor(setup, max_norm))
 
 
 def bounds_from(floor: dict) -> dict[str, float]:

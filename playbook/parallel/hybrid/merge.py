@@ -36,7 +36,7 @@ def merge(answers: list[dict], tp: int) -> TrainResult:
             for n in names
         }
     first = min(answers, key=lambda a: a["rank"])["result"]
-    return TrainResult(first.losses, out["grads"], out["params"], first.memory)
+    return TrainResult(first.losses, out["grads"], out["params"], first.memory, first.grad_norms)
 
 
 def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]:
@@ -57,7 +57,9 @@ def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]
             virtual_stages=plan.v,
             recompute=plan.recompute,
         )
-        predicted = comm_per_axis(setup.config(), plan.dims, zero=plan.zero, routing=routing, **layout)
+        predicted = comm_per_axis(
+            setup.config(), plan.dims, zero=plan.zero, routing=routing, max_norm=plan.max_norm, **layout
+        )
         memory = memory_per_rank(
             setup.config(), plan.dims, routing=routing[0] if routing else None, zero=plan.zero, **layout
         )

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from playbook.cluster.trace import tracer as trace
 from playbook.model.gpt import build_moe as build
 from playbook.model.moe import moe_layers
+from playbook.parallel.clip import clip_reference
 from playbook.parallel.parity import floor_of
 from playbook.parallel.training import TrainResult, TrainSetup, train
 
@@ -146,7 +147,7 @@ def micro_rows(global_batch: int, dp: int, m: int) -> list[list[int]]:
 
 
 @functools.lru_cache(maxsize=16)
-def _accumulated(setup: TrainSetup, dp: int, m: int, dtype: torch.dtype) -> TrainResult:
+def _accumulated(setup: TrainSetup, dp: int, m: int, dtype: torch.dtype, max_norm: float | None = None) -> TrainResult:
     model = build(setup.config(), setup.seed).to(dtype)
     rows = micro_rows(setup.global_batch, dp, m)
 
@@ -161,7 +162,11 @@ def _accumulated(setup: TrainSetup, dp: int, m: int, dtype: torch.dtype) -> Trai
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return train(setup, model=model, forward_backward=forward_backward)
+        norms: list[float] = []
+        clip = clip_reference(max_norm, norms) if max_norm is not None else None
+        result = train(setup, model=model, forward_backward=forward_backward, sync_grads=clip)
+        result.grad_norms = norms
+        return result
     finally:
         torch.set_num_threads(threads)
 
@@ -169,11 +174,13 @@ def _accumulated(setup: TrainSetup, dp: int, m: int, dtype: torch.dtype) -> Trai
 def reference(setup: TrainSetup, plan) -> tuple[TrainResult, dict | None]:
     """(the single process that computes what ``plan`` computes, its float floor or None for the
     plain reference's own): for an MoE model in m > 1 micro-batches, gradient accumulation over
-    the same micro-batches (module docstring); otherwise ``parity.reference``."""
-    from playbook.parallel.parity import reference as plain
+    the same micro-batches (module docstring); otherwise ``parity.reference``. Under ``plan.max_norm``
+    both clip by torch's ``clip_grad_norm_`` (``parallel.clip``), the floor theirs."""
+    from playbook.parallel.parity import float_floor, reference as plain
 
+    clip = plan.max_norm
     if not (setup.config().is_moe and plan.m > 1):
-        return plain(setup), None
+        return plain(setup, max_norm=clip), None if clip is None else float_floor(setup, clip)
     args = (setup, plan.dims.dp, plan.m)
-    single = _accumulated(*args, torch.float32)
-    return single, floor_of(single, _accumulated(*args, torch.float64))
+    single = _accumulated(*args, torch.float32, clip)
+    return single, floor_of(single, _accumulated(*args, torch.float64, clip))

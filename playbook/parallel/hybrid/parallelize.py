@@ -87,6 +87,16 @@ def global_loss(loss: torch.Tensor, mesh) -> torch.Tensor:
     return loss
 
 
+def _clip(model, mesh, plan: Plan, cfg):
+    """Clipping by the global norm over the mesh (``parallel.clip``), for this rank's ``model``."""
+    from playbook.parallel.clip import GlobalClip
+    from playbook.theory.hybrid.hybrid import tied_stage_ranks
+
+    tied = tied_stage_ranks(cfg, plan.dims.pp, plan.schedule, plan.v)[0] if cfg.tie_embeddings else 0
+    sp = plan.sequence_parallel
+    return GlobalClip(model, mesh, plan.max_norm, sequence_parallel=sp, tied_stage=tied, sharded=bool(plan.zero))
+
+
 # ---- the rank function ---------------------------------------------------------------------------
 def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     """Train ``setup`` on this rank's share of ``plan``'s layout; return its result, its coordinates,
@@ -112,6 +122,7 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
         from playbook.parallel.grads import shard_dims
 
         split = shard_dims(model)
+    clip = _clip(model, mesh, plan, cfg) if plan.max_norm is not None else None  # before ZeRO-3 takes the params
     task, rows = setup.task(), setup.global_batch // d.dp
 
     def batch(step):
@@ -125,7 +136,7 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     hooks = dict(batch=batch, sync_loss=lambda loss: global_loss(loss, mesh), progress=ctx.progress, device=ctx.device)
     pipeline_logs: list = []
     # one driver for every layout: pp = 1 is a one-stage pipeline, its m micro-batches gradient accumulation
-    model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions, ctx.tracer)
+    model, more = pipeline_hooks(model, mesh, plan, setup, rows, pipeline_logs, positions, ctx.tracer, clip)
     hooks.update(sync_grads=lambda m: reduce_gradients(m, mesh, plan.sequence_parallel))
     hooks.update(more)  # ZeRO's sync_grads, if any, replaces the all-reduces
     if cfg.tie_embeddings:  # the two copies of the embedding summed over their embedding group
@@ -135,11 +146,15 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
         from playbook.parallel.hybrid.moe import moe_hooks
 
         hooks = moe_hooks(hooks, plan, routing, mesh)
+    if clip is not None and not plan.zero:  # last: after every sum (ZeRO clips its slices inside its own sync)
+        hooks["sync_grads"] = clip.after(hooks["sync_grads"])
     finish = hooks.pop("finish", None)
     first = len(ctx.tracer.spans)
     result: TrainResult = train(setup, **hooks)
     if finish is not None:
         result = finish(result)
+    if clip is not None:
+        result.grad_norms = clip.norms
     spans = [s.as_dict() for s in ctx.tracer.spans[first:] if s.kind == "comm"]
     out = {"rank": ctx.rank, "coords": mesh.coords, "result": result, "spans": spans, "shard_dims": split}
     if routing:

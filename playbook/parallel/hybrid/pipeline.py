@@ -39,10 +39,11 @@ from playbook.theory.pp.schedules import make_schedule
 
 
 def pipeline_hooks(
-    model, mesh, plan, setup, rows: int, logs: list, positions=None, tracer=None
+    model, mesh, plan, setup, rows: int, logs: list, positions=None, tracer=None, clip=None
 ) -> tuple[nn.Module, dict]:
     """(the stage module to train, the loop hooks that run one pipeline step on it). ``positions``:
-    this rank's RoPE positions under context parallelism ([s/cp] int64)."""
+    this rank's RoPE positions under context parallelism ([s/cp] int64); ``clip``: under ZeRO, the
+    global-norm clip of its slices (``parallel.clip``), run inside its ``sync_grads``."""
     p, stage, cfg = mesh.size("pp"), mesh.index("pp"), setup.config()
     schedule = make_schedule(plan.played_schedule, p, plan.m, plan.v)
     ranges = [stage_ranges(cfg, p * plan.v)[schedule.stage(stage, c)] for c in range(plan.v)]
@@ -55,7 +56,7 @@ def pipeline_hooks(
     if plan.zero:  # before the activation hooks: the weights become views of ZeRO's flat buffers
         from playbook.parallel.hybrid.zero import piece_runner, zero_optimizer
 
-        zero, zero_hooks = zero_optimizer(model, mesh, plan, setup, tracer, pieces=pieces)
+        zero, zero_hooks = zero_optimizer(model, mesh, plan, setup, tracer, pieces=pieces, clip=clip)
         zero_hooks.pop("memory")
         if not hasattr(zero, "begin_step") and zero.stage == 3:  # one micro-batch: gathered piece by piece
             for chunk in chunks:

@@ -35,9 +35,11 @@ from playbook.parallel.zero.zero import Zero
 from playbook.parallel.zero.pipeline import PipelineZero, readable
 
 
-def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero, dict]:
+def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None, clip=None) -> tuple[Zero, dict]:
     """(ZeRO over dp×cp on ``pieces`` of ``model``, hooks: its ``sync_grads`` and a ``finish`` that
-    puts the first step's gradients and the last parameters back together for the parity check)."""
+    puts the first step's gradients and the last parameters back together for the parity check).
+    ``clip``: the global-norm clip (``parallel.clip.GlobalClip``) of the slices, after the reduction and
+    before the first step's slices are kept, so that they are the clipped gradients the step uses."""
     tp_first = tp_summed(model, mesh.size("tp"), plan.sequence_parallel)  # the table's tp×dp×cp classes
     accumulates = (plan.dims.pp > 1 or plan.m > 1) and plan.zero >= 2  # reduce on the last micro-batch
     zero = (PipelineZero if accumulates else Zero)(
@@ -59,6 +61,8 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None) -> tuple[Zero,
         # weights, gradients and AdamW before the reduction (the last step's): the peak in a pipeline
         memory["state_after_backward"] = sum(zero.held().values())
         zero.sync()
+        if clip is not None:
+            clip(zero=zero)
         if not first:  # the first step's gradient slices, after the reduce-scatter
             first.extend(None if u.opt_param.grad is None else u.opt_param.grad.clone() for u in zero.units)
             memory["grads"] = zero.held()["grads"]

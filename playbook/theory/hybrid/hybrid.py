@@ -74,10 +74,12 @@ def comm_per_axis(
     virtual_stages: int = 1,
     routing: list | None = None,
     recompute: str = "none",
+    max_norm: float | None = None,
 ) -> dict[str, float]:
     """Bytes ``rank`` sends per training step on each axis of ``dims`` (see the module docstring).
     ``routing``: for expert parallelism, the routing stats of the run (``[step][layer]`` dicts with
-    ``counts_by_rank`` and ``capacity``), from which the all-to-all bytes follow (mean per step)."""
+    ``counts_by_rank`` and ``capacity``), from which the all-to-all bytes follow (mean per step).
+    ``max_norm``: clipping by the global norm, one fp32 all-reduce over the world (``parallel.clip``)."""
     c = dims.coords(rank)
     stage, rows = c["pp"], global_batch // dims.dp
     ranges = chunk_ranges(cfg, dims.pp, stage, schedule, virtual_stages)
@@ -157,6 +159,8 @@ def comm_per_axis(
             cfg, dims, forwards=forwards, alltoall=alltoall, recompute=recompute
         ).items():
             add(data_axis(dims) if axis == "data" else axis, sent)
+    if max_norm is not None:  # the partial sums of squares, one scalar over every rank
+        add("norm", sent_bytes("all_reduce", FP32, dims.world))
     return out
 
 

@@ -28,6 +28,7 @@ class Plan:
     microbatches: int | None = None  # None: as many as pipeline stages
     virtual_stages: int | None = None  # model chunks per pp rank; None: 2 for interleaved and the V shapes, else 1
     recompute: str = "none"  # activation recomputation: none, selective, full (``parallel.hybrid.recompute``)
+    max_norm: float | None = None  # clip by the global gradient norm (``parallel.clip``); None: no clipping
 
     @property
     def m(self) -> int:
@@ -67,6 +68,8 @@ class Plan:
             raise ValueError(
                 f"virtual_stages={self.virtual_stages} chunks a pipeline, and pp=1 in {d}: add pp or drop it"
             )
+        if self.max_norm is not None and not self.max_norm > 0:
+            raise ValueError(f"max_norm must be a positive number (or None: no clipping), got {self.max_norm!r}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
         if self.cp_variant not in CP_VARIANTS:
