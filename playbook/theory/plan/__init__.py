@@ -5,12 +5,14 @@
 - ``cost.py``: a step's time (compute, exposed communication, bubble); ``dp.py``: the data axis;
   ``schedule.py``: schedules and their bubbles; ``stage_balance.py``: the busiest stage;
   ``precision.py``: FP8; ``axis_bytes.py``: bytes per axis; ``memory.py``: memory on the most loaded GPU.
-- ``validation.py``: published runs against the planner; ``shrink.py``: a layout at laptop size;
+- ``validation.py``: the planner calibrated on published runs, ``fitted.py``: the choices that fitted
+  it, each beside its alternative; ``shrink.py``: a layout at laptop size;
   ``step_time.py``: a step on a calibrated machine; ``launch.py``: torchrun and Slurm text.
 """
 
 from playbook.theory.plan.axis_bytes import busiest, replay_bytes
 from playbook.theory.plan.cost import OVERLAP_PRESETS
+from playbook.theory.plan.fitted import alternatives
 from playbook.theory.plan.layout import cost_layout, parse_layout
 from playbook.theory.plan.memory import memory_bytes
 from playbook.theory.plan.planner import MEM_UTIL, plan
@@ -23,6 +25,7 @@ __all__ = [
     "MEM_UTIL",
     "OVERLAP_PRESETS",
     "PLAN_SCHEDULES",
+    "alternatives",
     "busiest",
     "chunk_layers",
     "cost_layout",
