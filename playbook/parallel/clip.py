@@ -59,11 +59,20 @@ class GlobalClip:
     """Clip by the global norm over ``mesh``; call it after the gradient sums, before the step.
     ``norms``: ‖g‖ of every step, before clipping (what ``clip_grad_norm_`` returns)."""
 
-    def __init__(self, model: nn.Module, mesh, max_norm: float, *, sequence_parallel: bool, tied_stage: int = 0,
-                 sharded: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        mesh,
+        max_norm: float,
+        *,
+        sequence_parallel: bool,
+        tied_stage: int = 0,
+        sharded: bool = False,
+    ):
         self.mesh, self.max_norm, self.norms = mesh, float(max_norm), []
-        self.counted = counted_names(model, mesh, sequence_parallel=sequence_parallel, sharded=sharded,
-                                     tied_stage=tied_stage)
+        self.counted = counted_names(
+            model, mesh, sequence_parallel=sequence_parallel, sharded=sharded, tied_stage=tied_stage
+        )
         self._masks: dict[int, torch.Tensor] = {}  # ZeRO unit index -> [shard] 1.0 where counted
 
     def __call__(self, model: nn.Module | None = None, zero=None) -> float:

@@ -25,8 +25,11 @@ import torch.distributed as dist
 from playbook.model.gpt import GPT
 from playbook.parallel.training import TrainSetup
 
-WAYS = {"fp32": (torch.float32, torch.float32), "bf16 inputs, fp32 sum": (torch.bfloat16, torch.float32),
-        "bf16": (torch.bfloat16, torch.bfloat16)}  # name -> (the inputs' format, the sum's format)
+WAYS = {
+    "fp32": (torch.float32, torch.float32),
+    "bf16 inputs, fp32 sum": (torch.bfloat16, torch.float32),
+    "bf16": (torch.bfloat16, torch.bfloat16),
+}  # name -> (the inputs' format, the sum's format)
 
 
 def local_gradient(setup: TrainSetup, rank: int, world: int) -> torch.Tensor:
@@ -71,11 +74,13 @@ def error_rows(result: dict) -> list[dict]:
         got = result[name]
         alone = largest.to(given).to(summed).double()  # the largest contribution alone, in the sum's format
         lost = (got == alone) & (rest != 0)
-        rows.append({
-            "reduction": name,
-            "rel. L2 error": float((got - exact).norm() / exact.norm()),
-            "max rel. error (|sum| ≥ 1% of max)": float(((got - exact).abs() / exact.abs())[big].max()),
-            "elements with only their largest term left": int(lost.sum()),
-            "of elements": exact.numel(),
-        })
+        rows.append(
+            {
+                "reduction": name,
+                "rel. L2 error": float((got - exact).norm() / exact.norm()),
+                "max rel. error (|sum| ≥ 1% of max)": float(((got - exact).abs() / exact.abs())[big].max()),
+                "elements with only their largest term left": int(lost.sum()),
+                "of elements": exact.numel(),
+            }
+        )
     return rows

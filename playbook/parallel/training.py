@@ -74,7 +74,9 @@ class TrainResult:
     grads: dict[str, torch.Tensor]
     params: dict[str, torch.Tensor]
     memory: dict[str, int | None] = field(default_factory=dict)
-    grad_norms: list[float] = field(default_factory=list)  # clipped runs: the global norm of every step, before clipping
+    grad_norms: list[float] = field(
+        default_factory=list
+    )  # clipped runs: the global norm of every step, before clipping
 
 
 def train(

@@ -34,7 +34,9 @@ def check_lengths(setup: TrainSetup, lengths: list[int], world: int = 1) -> None
     if len(lengths) != setup.global_batch:
         raise ValueError(f"give one valid length per row: {setup.global_batch} rows, got {len(lengths)} lengths")
     if not all(1 <= n <= setup.seq_len for n in lengths):
-        raise ValueError(f"every valid length must be in 1..{setup.seq_len} (a row with none has no mean), got {lengths}")
+        raise ValueError(
+            f"every valid length must be in 1..{setup.seq_len} (a row with none has no mean), got {lengths}"
+        )
     if setup.global_batch % world:
         raise ValueError(f"global_batch={setup.global_batch} must split evenly over {world} ranks")
 

@@ -9,7 +9,7 @@ from playbook.parallel.grads import FULL, SEQ, classify
 
 
 def test_bf16_keeps_8_significant_bits_and_drops_a_half_ulp():
-    """"bf16 keeps 8 significant bits ... rounded to within 2⁻⁸ ... a contribution smaller than half a
+    """ "bf16 keeps 8 significant bits ... rounded to within 2⁻⁸ ... a contribution smaller than half a
     unit in the last place of the running sum disappears"."""
     assert torch.finfo(torch.bfloat16).eps == 2.0**-7  # 7 stored bits + the implicit one
     one = torch.tensor(1.0, dtype=torch.bfloat16)
@@ -20,7 +20,7 @@ def test_bf16_keeps_8_significant_bits_and_drops_a_half_ulp():
 
 
 def test_norms_without_sp_are_whole_on_every_tp_rank_and_the_clip_uses_torchs_epsilon():
-    """"a norm without SP is whole on every tp rank" (its gradient summed over dp×cp only: a tp
+    """ "a norm without SP is whole on every tp rank" (its gradient summed over dp×cp only: a tp
     duplicate); under SP it is summed over tp first; the scale is max_norm / (‖g‖ + 1e-6) as in torch."""
     assert classify("blocks.0.attn_norm.weight", None, tp=2, sequence_parallel=False, tied=False) is FULL
     assert "tp" not in FULL.axes
