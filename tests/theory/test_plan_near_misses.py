@@ -41,3 +41,21 @@ def test_an_experts_gemm_has_the_ep_groups_tokens_routed_to_it(cfg, tokens, ep, 
     fe, h = cfg.expert_ffn_hidden, cfg.hidden
     experts = [g for g in gemms if (g[1], g[2]) in ((2 * fe, h), (h, fe)) and g[0] != tokens]
     assert len(experts) == 2 and {g[0] for g in experts} == {rows}
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_a_pipeline_ranks_expert_state_is_sharded_over_the_experts_replicas_only(zero):
+    """Mixtral in dp16×ep8×pp4: rank 1 holds layers 8-15, each with E/ep = 1 routed expert of
+    3·4096·14336 weights: 8·176,160,768 = 1,409,286,144. An expert is held by dp·cp/ep = 2 data ranks,
+    so ZeRO shards its 12 bytes of AdamW state (fp32 master, two moments) over 2, and the dense
+    weights' over all 16 (their count from ``_stage_params``, which is not under test here)."""
+    from playbook.theory.hybrid.stages import _stage_params
+    from playbook.theory.plan.memory import rank_chunks, rank_state
+
+    degrees = (("dp", 16), ("tp", 1), ("pp", 4), ("cp", 1), ("ep", 8))
+    chunks = rank_chunks(MIXTRAL, 4, 1, "1f1b", 1, "even")
+    assert chunks == ((8, 8, False, False),)
+    dense, experts = _stage_params(MIXTRAL, range(8, 16), tp=1, ep=8, first=False, last=False)
+    assert experts == 8 * 3 * 4096 * 14336 == 1_409_286_144
+    optimizer = rank_state(MIXTRAL, degrees, zero, "main_grad", chunks)[2]
+    assert optimizer == pytest.approx(12 * dense / 16 + 12 * 1_409_286_144 / 2, rel=1e-12)
