@@ -164,6 +164,15 @@ def test_serving_solution_passes_with_a_measured_block():
     assert v.numbers[f"{case}: KV bytes/token, measured on a real bf16 block"] == 2 * 80 * 2 * 128 * 2
 
 
+
+def test_serving_measures_one_kv_head_per_gpu_when_tp_exceeds_the_kv_heads():
+    """Issue 48, near-miss 13: Llama 3.1 70B has 8 KV heads; at tp = 16 each GPU keeps a copy of one
+    (vLLM replicates a KV head when tp > kv_heads), never 0: 2 · 80 layers · 1 · 128 · 2 bytes."""
+    v = exercises.serving.check(exercises.serving.solution)
+    case = "llama-3.1-70b on h100-sxm, context 8192, tp=16"
+    assert v.numbers[f"{case}: KV bytes/token, measured on a real bf16 block"] == 2 * 80 * 1 * 128 * 2 == 40_960
+    assert v.numbers[f"{case}: KV bytes/token, yours = predicted"] == 40_960
+
 def test_serving_wrong_answers_are_named():
     v = exercises.serving.check(serve_no_factor_two)
     assert not v.ok and "is half the right value" in v.message and "a key AND a value" in v.message, v
