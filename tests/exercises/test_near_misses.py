@@ -63,3 +63,29 @@ def test_serving_rejects_max_seqs_off_by_one():
     for delta in (1, -1):
         v = exercises.serving.check(_serving_off_by(delta))
         assert not v.ok and "max_seqs" in v.message, v
+
+
+# ---- issue 48, near-miss 12: the context-parallel merge, a hundred times closer than a wrong formula
+def cp_weights_in_bf16(o1, lse1, o2, lse2):
+    lse = torch.logaddexp(lse1, lse2)  # exact
+    w1, w2 = torch.exp(lse1 - lse).bfloat16().float(), torch.exp(lse2 - lse).bfloat16().float()  # 2^-8 rounding
+    return w1[:, None] * o1 + w2[:, None] * o2, lse
+
+
+def cp_lse_in_fp16(o1, lse1, o2, lse2):
+    o, lse = exercises.cp.solution(o1, lse1, o2, lse2)  # exact
+    return o, lse.half().float()  # 2^-11 relative rounding
+
+
+def test_cp_rejects_weights_rounded_to_bf16(ranks2):
+    """bf16 keeps 8 bits of the weights, so o is off by up to ~2^-8·|o| (~1e-3 relative): outside
+    the 1e-4 the checker allows, inside a tolerance 100× looser."""
+    v = exercises.cp.check(cp_weights_in_bf16, ranks=ranks2)
+    assert not v.ok and "o differs from one process" in v.message, v
+
+
+def test_cp_rejects_an_lse_rounded_to_fp16(ranks2):
+    """fp16 keeps 11 bits: the lse is off by up to 2^-11·|lse| (~4e-4 relative): outside 1e-5,
+    inside a tolerance 100× looser; o itself is exact."""
+    v = exercises.cp.check(cp_lse_in_fp16, ranks=ranks2)
+    assert not v.ok and "lse differs from one process" in v.message, v

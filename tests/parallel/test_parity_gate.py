@@ -93,3 +93,16 @@ def test_the_float64_reference_is_the_exact_answer_the_floor_needs():
     finally:
         torch.set_num_threads(threads)
     assert compare(exact, again)["max_rel_l2_param_diff"] == 0.0  # deterministic
+
+
+def test_the_parameter_and_gradient_errors_are_the_worst_tensor_not_the_mean():
+    """Issue 48, near-miss 2: one tensor wrong among many right ones (a single missing reduction)
+    must set the figure; a mean over the 10 tensors would report a tenth of it and pass the gate.
+    Hand arithmetic: the bad tensor is ``w + 1e-3·w``, so ‖g − w‖/‖w‖ = max|g − w|/max|w| = 1e-3."""
+    from playbook.parallel.report import max_rel_diff, rel_l2_diff
+
+    want = {f"t{i}": torch.arange(1.0, 9.0, dtype=torch.float64) * (i + 1) for i in range(10)}
+    got = {k: v.clone() for k, v in want.items()}
+    got["t7"] = want["t7"] * (1 + 1e-3)
+    assert rel_l2_diff(got, want) == pytest.approx(1e-3, rel=1e-9)
+    assert max_rel_diff(got, want) == pytest.approx(1e-3, rel=1e-9)

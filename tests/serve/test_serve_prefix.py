@@ -143,3 +143,23 @@ def test_shrunk_layouts_measured_on_ranks_keep_the_budgets_and_the_tokens(ranks2
         i: greedy_without_cache(model, torch.tensor([t.prompt]), t.max_new)[0][0].tolist() for i, t in enumerate(trace)
     }
     assert all(g["tokens"] == want for g in got) and all(0 < g["hit_rate"] < 1 for g in got)
+
+
+def test_a_new_requests_own_evictable_hits_are_not_free_room():
+    """Issue 48, near-miss 8. 4 blocks of 4 tokens. A (9 tokens, 1 new) ends at step 0: its two full
+    prompt blocks wait in the LRU list. B ([30, 31], 4 new: needs ceil(5/4) = 2 blocks) runs from
+    step 1 and holds 1 block at step 3, when C (A's 8-token prefix + 1, 2 new: ceil(10/4) = 3 blocks,
+    2 of them hits) arrives. Room then: 1 free + 2 LRU = 3, but C's hits are the 2 LRU ones, so
+    taking them leaves 1 for B's 1 more and C's 1 new: 2 > 1, C waits until B ends at step 4 (its
+    4th token) and is admitted at step 5. Counting its hits as room (2 <= 3) admits it at step 3,
+    and B's step 4 finds no block: "KV cache full"."""
+    model = GPT(TINY, seed=0).eval()
+    stem = list(range(1, 9))
+    reqs = [Request(0, stem + [20], 1, 0), Request(1, [30, 31], 4, 0), Request(2, stem + [21], 2, 3)]
+    run = ContinuousBatcher(model, n_blocks=4, block_size=4, max_batch=4, prefix_cache=True).run(reqs)
+    admitted = {i: k for k, step in enumerate(run.steps) for i in step["admitted"]}
+    assert admitted == {0: 0, 1: 1, 2: 5}
+    assert run.cached[2] == 8  # both of A's blocks were still there
+    for r in reqs:
+        want, _ = greedy_without_cache(model, torch.tensor([r.prompt]), r.max_new)
+        assert run.tokens[r.id] == want[0].tolist(), r.id

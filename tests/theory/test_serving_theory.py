@@ -131,3 +131,17 @@ def test_pipeline_stages_add_latency_not_throughput_per_micro_batch():
 
 def test_paged_bytes_round_each_sequence_up_to_whole_blocks():
     assert s.paged_kv_bytes([1, 16, 17], kv_per_token=10.0, block_size=16) == (1 + 1 + 2) * 16 * 10.0
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_kv_capacity_per_gpu_counts_only_its_stages_layers(pp):
+    """Issue 48, near-miss 9: a pipeline stage caches K and V for its own L/pp layers only. Llama 3.1
+    8B: 2 (K, V) · 32 layers · 8 KV heads · 128 · 2 bytes = 131,072 bytes a token on one GPU, / pp;
+    a block of 16 tokens of it; the blocks are what the budget (weights and activations, not under
+    test here) leaves, in whole blocks."""
+    cfg, hw = ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
+    cap = s.kv_capacity(cfg, hw, context=8192, tp=1, pp=pp)
+    per_token = 2 * 32 * 8 * 128 * 2 / pp
+    assert cap["kv_bytes_per_token"] == per_token and cap["block_bytes"] == 16 * per_token
+    assert cap["blocks"] == int(cap["kv_budget"] // (16 * per_token))
+    assert cap["max_seqs"] == cap["blocks"] // (8192 // 16)

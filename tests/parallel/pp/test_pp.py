@@ -286,3 +286,19 @@ def test_a_tied_embedding_is_summed_over_its_first_and_last_stage(ranks2, name, 
     assert len(sends) == (0 if name == "zb-v" else 2 * TIED.steps) and all(s["bytes"] == 4 * 64 * 64 for s in sends)
     if name != "zb-v":  # the two copies stay bit-for-bit equal
         assert torch.equal(results[0]["params"]["tok_emb.weight"], results[1]["params"]["tok_emb.weight"])
+
+
+def _two_tied_pipelines(ctx, setup):
+    mesh = ctx.mesh_for(ParallelDims(dp=2, pp=2))  # pp groups [0, 2] and [1, 3]
+    return on_rank(ctx, setup, schedule="1f1b", m=4, group=mesh.group("pp")) | {"pipeline": mesh.coords["dp"]}
+
+
+def test_two_tied_pipelines_side_by_side_exchange_with_their_own_other_end(ranks4):
+    """Issue 48, near-miss 4: the tied embedding's exchange (``parallel.tied.sum_with_peer``) takes a
+    pipeline-local peer; pipeline [0, 2]'s rank 0 must send to global rank 2, not to 1 (the other
+    pipeline's first stage). One pipeline alone (``ranks2``) cannot tell the two apart."""
+    results = ranks4.run(_two_tied_pipelines, TIED, progress=False)
+    for pipeline in (0, 1):
+        mine = [r for r in results if r["pipeline"] == pipeline]
+        check_parity(merge(mine), TIED)
+        assert torch.equal(mine[0]["params"]["tok_emb.weight"], mine[1]["params"]["tok_emb.weight"])
