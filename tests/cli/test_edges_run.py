@@ -114,7 +114,6 @@ def test_flags_that_would_do_nothing_are_refused_alike(capsys, argv, expected):
     assert expected in one_line(capsys, argv)
 
 
-
 @pytest.mark.parametrize("gpus", [4, 8])
 def test_plan_takes_one_full_node(capsys, gpus):
     """Issue 48, near-miss 15: --gpus-per-node equal to --gpus is one node, every GPU of the job in it;
@@ -125,6 +124,7 @@ def test_plan_takes_one_full_node(capsys, gpus):
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["gpus"] == out["gpus_per_node"] == gpus and out["candidates"]
+
 
 # ---- part of torchrun's environment (a stray TORCHELASTIC_RUN_ID): one line, no KeyError ----------
 TORCHRUN_NAMES = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")

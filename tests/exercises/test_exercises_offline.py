@@ -67,7 +67,6 @@ def test_pp_a_warmup_too_short_is_named():
     assert "warm-up off by one, too few" in v.message, v
 
 
-
 def pp_flushes_after_the_first_backward_on_rank_1(rank, p, m):
     """Rank 1 only: its warm-up and first forward-backward are 1F1B's, then every forward left, then
     every backward (GPipe's order after the warm-up). Every earlier rule holds: the forwards before
@@ -75,9 +74,12 @@ def pp_flushes_after_the_first_backward_on_rank_1(rank, p, m):
     if rank != 1:
         return exercises.pp.solution(rank, p, m)
     warm = min(p - rank - 1, m)
-    return [("F", i) for i in range(warm + 1)] + [("B", 0)] + [("F", i) for i in range(warm + 1, m)] + [
-        ("B", i) for i in range(1, m)
-    ]
+    return (
+        [("F", i) for i in range(warm + 1)]
+        + [("B", 0)]
+        + [("F", i) for i in range(warm + 1, m)]
+        + [("B", i) for i in range(1, m)]
+    )
 
 
 def test_pp_an_order_wrong_on_a_later_rank_only_is_named():
@@ -87,6 +89,7 @@ def test_pp_an_order_wrong_on_a_later_rank_only_is_named():
     v = exercises.pp.check(pp_flushes_after_the_first_backward_on_rank_1)
     assert not v.ok and v.message.startswith("p=4, m=6: "), v
     assert "rank 1, position 5: yours is F4, 1F1B's is B1" in v.message, v
+
 
 # ---- 7. hybrid mesh ---------------------------------------------------------------------------
 def mesh_dp_fastest(dims, axis):
@@ -164,7 +167,6 @@ def test_serving_solution_passes_with_a_measured_block():
     assert v.numbers[f"{case}: KV bytes/token, measured on a real bf16 block"] == 2 * 80 * 2 * 128 * 2
 
 
-
 def test_serving_measures_one_kv_head_per_gpu_when_tp_exceeds_the_kv_heads():
     """Issue 48, near-miss 13: Llama 3.1 70B has 8 KV heads; at tp = 16 each GPU keeps a copy of one
     (vLLM replicates a KV head when tp > kv_heads), never 0: 2 · 80 layers · 1 · 128 · 2 bytes."""
@@ -172,6 +174,7 @@ def test_serving_measures_one_kv_head_per_gpu_when_tp_exceeds_the_kv_heads():
     case = "llama-3.1-70b on h100-sxm, context 8192, tp=16"
     assert v.numbers[f"{case}: KV bytes/token, measured on a real bf16 block"] == 2 * 80 * 1 * 128 * 2 == 40_960
     assert v.numbers[f"{case}: KV bytes/token, yours = predicted"] == 40_960
+
 
 def test_serving_wrong_answers_are_named():
     v = exercises.serving.check(serve_no_factor_two)

@@ -127,7 +127,6 @@ def test_run_serve_report_and_refusals():
         run_serve(TrainSetup(), world_size=3, tp=2, dp=1)
 
 
-
 def test_run_serve_refuses_a_pool_one_block_short_of_its_longest_request():
     """Issue 48, near-miss 14: a request of L tokens (prompt + new − 1 cached) needs ceil(L / block)
     blocks, rounded up. With blocks of L − 1 tokens that is 2 (L > 2): 1 block is refused before any
@@ -141,6 +140,7 @@ def test_run_serve_refuses_a_pool_one_block_short_of_its_longest_request():
     with pytest.raises(ValueError, match=f"--blocks 1 of {longest - 1} tokens cannot hold .* use --blocks 2 or more"):
         check_serve(setup, None, 1, 1, 3, 1, longest - 1, 8)
     check_serve(setup, None, 1, 1, 3, 2, longest - 1, 8)
+
 
 def test_run_serve_refuses_a_token_budget_within_the_batch_in_one_line_before_any_rank(capsys):
     from playbook.cli import main

@@ -40,7 +40,6 @@ def test_latency_report_by_hand():
     assert rep["throughput_tokens_per_s"] == 4 / 4 and rep["slo_met"] == 1 and rep["goodput_requests_per_s"] == 0.25
 
 
-
 @pytest.mark.parametrize("slo, met", [(0.9, 0), (1.0, 1)])
 def test_the_per_token_slo_is_the_mean_gap_between_tokens(slo, met):
     """Issue 48, near-miss 10: four tokens at 1, 2, 3, 4 s are three gaps of 1 s: TPOT = 3 / 3 = 1 s,
@@ -49,6 +48,7 @@ def test_the_per_token_slo_is_the_mean_gap_between_tokens(slo, met):
     rep = latency_report(steps, [Request(0, (1,), 4, 0)], slo_tpot=slo)
     assert rep["tpot"]["p50"] == pytest.approx(1.0) and rep["itl"]["p50"] == pytest.approx(1.0)
     assert rep["slo_met"] == met
+
 
 def test_chunked_prefill_changes_no_token_and_bounds_each_step():
     model, reqs = GPT(TINY, seed=0).eval(), stall_requests()

@@ -29,11 +29,15 @@ def test_full_recomputation_runs_each_moe_layers_two_all_to_alls_again(recompute
     (overlap "dp": ep's time is exposed whole)."""
     lay = dict(dp=8, tp=1, pp=1, cp=1, ep=8, zero=1, micro_batch=1, microbatches=4, seq_len=4096, gpus_per_node=8)
     got = step_cost(MIXTRAL, H100, recompute=recompute, **lay).axes["ep"]
-    one = collective_seconds("all_to_all", 4096 * 1 * 4096 * 2 * 2, 8, H100.intra_node_bandwidth, H100.intra_node_latency)
+    one = collective_seconds(
+        "all_to_all", 4096 * 1 * 4096 * 2 * 2, 8, H100.intra_node_bandwidth, H100.intra_node_latency
+    )
     assert got == pytest.approx((4 * 32 * per_layer * one,) * 2, rel=1e-12)
 
 
-@pytest.mark.parametrize("cfg, tokens, ep, rows", [(DEEPSEEK, 4096, 8, 1024), (DEEPSEEK, 4096, 16, 2048), (MIXTRAL, 4096, 8, 8192)])
+@pytest.mark.parametrize(
+    "cfg, tokens, ep, rows", [(DEEPSEEK, 4096, 8, 1024), (DEEPSEEK, 4096, 16, 2048), (MIXTRAL, 4096, 8, 8192)]
+)
 def test_an_experts_gemm_has_the_ep_groups_tokens_routed_to_it(cfg, tokens, ep, rows):
     """Rows per expert GEMM = T·ep·k/E: DeepSeek-V3, 4,096 tokens a rank, ep8: 4096·8·8/256 = 1,024
     (ep16: 2,048); Mixtral ep8: 4096·8·2/8 = 8,192. One rank's tokens alone would give T·k/E."""
