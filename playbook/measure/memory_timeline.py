@@ -24,7 +24,9 @@ depend on no parameter). Units: bytes; times: milliseconds since the step began.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import os
+import sys
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -97,8 +99,7 @@ class MemoryTimeline:
 
 
 def _step(model, optimizer, tokens, targets, micro_batches: int, mark: bool) -> None:
-    """zero_grad, then forward and backward per micro-batch (gradients accumulate), then the optimizer."""
-    optimizer.zero_grad(set_to_none=True)
+    """Forward and backward per micro-batch (gradients accumulate), then the optimizer."""
     for i, (x, y) in enumerate(zip(tokens.chunk(micro_batches), targets.chunk(micro_batches)), start=1):
         with record_function(f"forward {i}") if mark else nullcontext():
             _, loss = model(x, y)  # x, y: [batch / micro_batches, seq]
@@ -137,9 +138,17 @@ def profile_step(
     if tokens.device.type != "cpu":
         raise ValueError(f"profile_step reads the CPU timeline; got tokens on {tokens.device}")
     if warmup:
+        optimizer.zero_grad(set_to_none=True)
         _step(model, optimizer, tokens, targets, micro_batches, mark=False)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    optimizer.zero_grad(set_to_none=True)  # before the profiler: a free of what it never saw allocated warns
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True)
+    with _quiet_native_stderr():  # torch 2.13's CPU build prints "USDT: ... profiler_start" (and _stop) from C++
+        prof.start()
+    try:
         _step(model, optimizer, tokens, targets, micro_batches, mark=True)
+    finally:
+        with _quiet_native_stderr():
+            prof.stop()
     memory = prof._memory_profile()  # the categorisation: what export_memory_timeline runs first
     times_us, sizes = MemoryProfileTimeline(memory)._coalesce_timeline("cpu")  # sizes[i]: [0] + one per category
     names = {f"{kind} {i}" for kind in ("forward", "backward") for i in range(1, micro_batches + 1)} | {"optimizer"}
@@ -152,6 +161,20 @@ def profile_step(
         phases={name: ((a / 1e3 - t0) / 1e3, (b / 1e3 - t0) / 1e3) for a, b, name in marks},
         raw_rise=raw_rise,
     )
+
+
+@contextmanager
+def _quiet_native_stderr():
+    """File descriptor 2 pointed at /dev/null for the block: C++ prints there, past ``sys.stderr``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _marks_and_raw_rise(roots, names: set[str]) -> tuple[list[tuple[int, int, str]], int]:
