@@ -124,3 +124,18 @@ def test_bad_input_is_one_line_naming_the_constraint():
 def test_end_of_an_unknown_phase_names_the_phases(lab):
     with pytest.raises(ValueError, match="'forward 1', 'backward 1', 'optimizer'"):
         lab["step"].end_of("forward 2")
+
+
+def test_the_profiled_step_is_the_plain_step_micro_batches_and_all():
+    """The step under the profiler trains as a plain full-batch step does (parity with one process, plain
+    SGD so the update is the gradient itself): accumulating 2 micro-batches gives the whole batch's mean."""
+    cfg = ModelConfig.preset("gpt-tiny")
+    tokens, targets = SyntheticTask(cfg.vocab_size).batch(3, 4, 16)  # [4, 16]
+    profiled, plain = GPT(cfg, seed=1), GPT(cfg, seed=1)
+    profile_step(
+        profiled, torch.optim.SGD(profiled.parameters(), lr=1.0), tokens, targets, micro_batches=2, warmup=False
+    )
+    plain(tokens, targets)[1].backward()
+    torch.optim.SGD(plain.parameters(), lr=1.0).step()
+    for (name, a), b in zip(profiled.named_parameters(), plain.parameters()):
+        assert torch.isfinite(a).all() and torch.allclose(a, b, rtol=0, atol=1e-6), name
