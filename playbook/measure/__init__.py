@@ -2,6 +2,7 @@
 nothing here runs a strategy (that is ``parallel``'s, e.g. ``parallel.step_time``).
 
 - ``memory.py``: one rank's bytes by category (parameters, gradients, optimizer state, saved activations).
+- ``memory_timeline.py``: one step's bytes by category over time, from PyTorch's profiler (where the peak falls).
 - ``held.py``: the bytes autograd holds right now; ``sharding.py``: a sharded rank's bytes, from storages.
 - ``pipeline.py``: a pipeline run's measured timeline, bubble and held activations.
 - ``flight_recorder.py``: PyTorch's record of each rank's last collectives, and the first the ranks disagree on.

@@ -1,7 +1,8 @@
 """Compare & show: figures (pure, data -> plotly figure) and dashboards (controls -> figures).
 
 - Shared: ``figures.py`` (colours, units, loss curves, timelines, ``figure_layout``),
-  ``memory_figures.py`` (memory by category), ``table.py`` (rows as a table), ``diagrams.py``,
+  ``memory_figures.py`` (memory by category), ``memory_timeline.py`` (one step's memory over time),
+  ``table.py`` (rows as a table), ``diagrams.py``,
   ``widgets.py`` (controls, stale marks, ``show_figure``).
 - A module per chapter, its dashboard beside it in ``<chapter>_dashboard.py``: ``memory_dashboard``
   (0), ``dp`` (1), ``zero`` (2), ``tp`` (3), ``pp`` (4), ``cp`` (5), ``ep`` + ``moe_balance`` (6),
@@ -21,6 +22,7 @@ from playbook.viz.figures import (
     unit_scale,
 )
 from playbook.viz.memory_figures import memory_bars, predicted_vs_measured
+from playbook.viz.memory_timeline import memory_timeline_figure
 from playbook.viz.widgets import memory_budgets
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "format_value",
     "loss_curves",
     "memory_bars",
+    "memory_timeline_figure",
     "memory_budgets",
     "predicted_vs_measured",
     "timeline",

@@ -119,6 +119,18 @@ def test_ch09_the_oom_lab_counts_eager_attention_and_flash_fits_with_zero_1():
     assert gb(zero=1) > usable and gb(zero=1, attention="flash") < usable
 
 
+def test_ch09_the_measured_oom_s_predicted_side():
+    """§6's live case (gpt-tiny at 128 tokens, 8 sequences, fp32): "0.4 MB" of gradients, a block of
+    7.63 MB recomputed, and a step that misses the 12 MB budget on paper as well (the measured side:
+    tests/measure/test_memory_timeline.py)."""
+    from playbook.theory.inventory.activations import block_activation_bytes
+
+    small = ModelConfig.preset("gpt-tiny").replace(max_seq_len=128)
+    m = training_memory(small, seq_len=128, micro_batch=8, precision="fp32", n_tensors=small.num_param_tensors())
+    assert round(m.grads / 1e6, 1) == 0.4 and m.total > 12e6
+    assert round(block_activation_bytes(small, seq_len=128, micro_batch=8) / 1e6, 2) == 7.63
+
+
 def test_ch09_the_1f1b_staircase():
     from playbook.theory.pp import make_schedule, simulate
 
