@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import pytest
@@ -29,6 +28,7 @@ from playbook.parallel.training import TrainSetup
 from playbook.serve.kv import PagedKVCache
 from playbook.theory.moe import moe as T
 from playbook.theory.serving import serving
+from router_bias import biased_router
 
 
 # ---- the hybrid's reported loss, cp > 1 -----------------------------------------------------------
@@ -69,30 +69,8 @@ MOE = TrainSetup(model="gpt-tiny-moe", steps=2, global_batch=4, seq_len=16)
 CROWDED = 0  # every token's first choice
 
 
-@contextlib.contextmanager
-def _crowded_expert():
-    """Routers score expert CROWDED 1e4 higher: every token of every rank picks it first."""
-    from playbook.model.moe import moe_layers
-
-    real = E.build
-
-    def build(cfg, *args, **kwargs):
-        model = real(cfg, *args, **kwargs)
-        bump = torch.zeros(cfg.n_experts)
-        bump[CROWDED] = 1e4
-        for layer in moe_layers(model):
-            layer.router.register_forward_hook(lambda module, inputs, out: out + bump)
-        return model
-
-    E.build = build
-    try:
-        yield
-    finally:
-        E.build = real
-
-
 def _train_crowded(ctx, setup, cfg, capacity_factor):
-    with _crowded_expert():
+    with biased_router(E, "build", CROWDED, 1e4):  # every token of every rank picks it first
         return E.train_moe(setup, cfg, ctx=ctx, ep=2, capacity_factor=capacity_factor)
 
 
@@ -102,7 +80,7 @@ def test_an_expert_filled_by_the_first_data_rank_alone_keeps_nothing_from_the_se
     (clamp(16 − 32, 0, 32) = 0, not −16), and expert parallelism must still match one process."""
     cfg, factor = MOE.config(), 0.5
     answers = ranks2.run(_train_crowded, MOE, cfg, factor, progress=False)
-    with _crowded_expert():
+    with biased_router(E, "build", CROWDED, 1e4):  # every token of every rank picks it first
         ref, exact = (
             E.train_moe(MOE, cfg, capacity_factor=factor),
             E.train_moe(MOE, cfg, capacity_factor=factor, dtype=torch.float64),

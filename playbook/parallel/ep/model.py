@@ -228,10 +228,10 @@ def merge(results: list[MoERun], mode: str = "ep") -> MoERun:
         _full([r.grads for r in results], mode),
         _full([r.params for r in results], mode),
         r0.memory,
-        routing,
-        choices,
-        ce,
-        r0.comm,
+        routing=routing,
+        choices=choices,
+        ce=ce,
+        comm=r0.comm,
     )
 
 

@@ -14,6 +14,7 @@ from playbook.parallel.parity import assert_parity, floor_of
 from playbook.parallel.report import failures
 from playbook.parallel.training import TrainSetup
 from playbook.theory.moe import moe as T
+from router_bias import biased_router
 
 SETUP = TrainSetup(model="gpt-tiny-moe", steps=3, global_batch=8, seq_len=32)
 CFG = SETUP.config()
@@ -204,30 +205,19 @@ def test_cli_json_has_the_routing_block():
 def _silent_expert(silent: int):
     """While active, ``train_moe`` builds models whose routers score expert ``silent`` 1e4 lower (it
     never makes the top-k, on any rank), and every AdamW it creates is kept in ``seen``."""
-    import playbook.parallel.ep.model as ep
-    from playbook.model.moe import moe_layers
-
-    seen, real_build, real_adamw = {}, ep.build, torch.optim.AdamW
-
-    def build(cfg, *args, **kwargs):
-        model = real_build(cfg, *args, **kwargs)
-        mask = torch.zeros(cfg.n_experts)
-        mask[silent] = 1e4
-        for layer in moe_layers(model):
-            layer.router.register_forward_hook(lambda module, inputs, out: out - mask)
-        seen["model"] = model
-        return model
+    seen, real_adamw = {}, torch.optim.AdamW
 
     class Recorded(real_adamw):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             seen["optimizer"] = self
 
-    ep.build, torch.optim.AdamW = build, Recorded
+    torch.optim.AdamW = Recorded
     try:
-        yield seen
+        with biased_router(E, "build", silent, -1e4, seen):
+            yield seen
     finally:
-        ep.build, torch.optim.AdamW = real_build, real_adamw
+        torch.optim.AdamW = real_adamw
 
 
 def _optimizer_state(seen) -> dict[str, dict[str, torch.Tensor]]:

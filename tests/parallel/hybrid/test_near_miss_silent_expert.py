@@ -26,24 +26,11 @@ PLAN = Plan(ParallelDims(dp=2))  # ep = 1, zero = 0
 def _train_with_a_silent_expert(ctx, setup, plan, silent):
     """``train_hybrid`` with every router scoring expert ``silent`` 1e4 lower: it never makes the top-k."""
     import playbook.model.gpt as gpt
-    from playbook.model.moe import moe_layers
     from playbook.parallel.hybrid.parallelize import train_hybrid
+    from router_bias import biased_router
 
-    real = gpt.build_moe
-
-    def build(cfg, *args, **kwargs):
-        model = real(cfg, *args, **kwargs)
-        mask = torch.zeros(cfg.n_experts)
-        mask[silent] = 1e4
-        for layer in moe_layers(model):
-            layer.router.register_forward_hook(lambda module, inputs, out: out - mask)
-        return model
-
-    gpt.build_moe = build
-    try:
+    with biased_router(gpt, "build_moe", silent, -1e4):
         return train_hybrid(ctx, setup, plan)
-    finally:
-        gpt.build_moe = real
 
 
 def test_an_expert_no_token_reaches_keeps_its_initial_weights_without_zero(ranks2):
