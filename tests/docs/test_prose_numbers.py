@@ -235,6 +235,26 @@ def test_ch08b_the_70b_winner_and_its_memory():
     assert all(1.6 < v < 1.8 for k, v in tp.items() if "tp2" in k)
 
 
+def test_ch08b_the_global_batch_moves_the_answer():
+    """Chapter 8b, "The global batch is an input": at one batch, more GPUs get fewer micro-batches
+    and a lower MFU (70B at 8K, 128 sequences, 64 -> 512 GPUs); Llama 3 kept one batch on twice the
+    GPUs (Table 4: DP64 -> DP128) and its published MFU fell."""
+    from playbook.theory.plan import llama3_runs, parse_layout
+    from playbook.viz.plan_dashboard import cached_plan
+
+    def best(gpus, batch):
+        return cached_plan("llama-3.1-70b", "h100-sxm", gpus, 8192, batch, "ours", ("1f1b",), "dp").candidates[0]
+
+    few, many = best(64, 128), best(512, 128)
+    assert many.layout.microbatches < few.layout.microbatches and many.mfu < few.mfu
+    assert many.layout.pp <= few.layout.pp and many.layout.dp * many.layout.tp > few.layout.dp * few.layout.tp
+    assert best(64, 512).mfu > few.mfu  # a larger batch keeps the same GPUs busier
+    eight_k = [r for r in llama3_runs() if r.seq_len == 8192]
+    dps = [parse_layout(r.layout, global_batch=r.global_batch).dp for r in eight_k]
+    assert dps == [64, 128] and len({r.global_batch for r in eight_k}) == 1
+    assert eight_k[1].published_mfu < eight_k[0].published_mfu
+
+
 def test_ch08b_405b_at_llama_3_scale():
     from playbook.viz.plan_dashboard import cached_plan
 
