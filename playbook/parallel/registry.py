@@ -68,9 +68,12 @@ class Strategy:
         for name in ("world_size", "backend", "launch"):
             if name not in run or run[name].kind is not inspect.Parameter.KEYWORD_ONLY:
                 out.append(f"run must take keyword-only {name}")
-        from playbook.parallel.report import Report
+        from playbook.parallel.report import Report  # here: listing the strategies imports no torch
 
-        returns = get_type_hints(self.run).get("return")
+        try:
+            returns = get_type_hints(self.run).get("return")
+        except NameError as e:  # an annotation naming something its module does not import
+            returns = f"an unresolvable annotation ({e})"
         if not (isinstance(returns, type) and issubclass(returns, Report)):
             out.append(f"run must return a Report (parallel.report), not {returns}")
         if self.on_rank is None:
