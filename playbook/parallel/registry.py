@@ -7,7 +7,8 @@ A strategy is a module (``STRATEGY_MODULES``, absolute module paths) that provid
   **options)``; groups from ``ctx.mesh_for(ParallelDims(...))``, training through
   ``parallel.training.train`` and hooks;
 - ``predict(setup, *, world_size, option=...)`` (where it exists before any rank starts): the bytes
-  one rank sends per step by collective, from ``playbook.theory``, taking ``on_rank``'s options; the
+  one rank sends per step by collective (rows named ``"<op> <what>"``, as DP's ``"all_reduce calls"``,
+  are extras for the report), from ``playbook.theory``, taking ``on_rank``'s options; the
   run puts it in its report as ``comm["predicted"]`` and ``parallel.step_time`` puts it beside the
   measured step. None where the bytes depend on the run (EP's routing) or are counted otherwise
   (the hybrid by mesh axis, serving per token): those reports compute theirs from ``playbook.theory``;
