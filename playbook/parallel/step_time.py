@@ -2,9 +2,10 @@
 prediction (``playbook.theory.plan.step_time``) beside it.
 
 Each case runs the strategy's own rank function (``playbook.parallel.registry``: every one is
-``on_rank(ctx, setup, **options)``) on a ``playbook.cluster.Ranks`` set for ``warmup + steps`` AdamW steps; the one training loop wraps
-every step in a ``step N`` span, so a step's time is the slowest rank's span, and the figure is
-the median over the steps after warm-up (step 0 also measures memory by category: always warm-up).
+``on_rank(ctx, setup, **options)``) on a ``playbook.cluster.Ranks`` set for ``warmup + steps``
+AdamW steps; the one training loop wraps every step in a ``step N`` span, so a step's time is the
+slowest rank's span, and the figure is the median over the steps after warm-up (step 0 also
+measures memory by category: always warm-up).
 
 The prediction takes each collective's **calls** per step from the run's trace (structure, not
 time: how many calls the code issues) and its **bytes** from the strategy's registered ``predict``
