@@ -15,8 +15,12 @@ from playbook.cli.trace import check_trace_path, write_trace
 from playbook.config import ModelConfig
 
 
+COMMON = {"strategy", "model", "steps", "global_batch", "seq_len", "lr", "json", "func", "command", "world_size"}
+COMMON |= {"backend", "trace", "timeout"}  # the options every run shares; the rest are the strategy's own
+
+
 def cmd_run(args) -> int:
-    from playbook.cluster import LAUNCHED_TRACES, launch_timeout, no_progress, under_torchrun
+    from playbook.cluster import Launcher, under_torchrun
     from playbook.parallel import TrainSetup, get
 
     strategy = get(args.strategy)
@@ -29,39 +33,19 @@ def cmd_run(args) -> int:
         check_before_run(args, strategy)
     if args.trace is not None:
         check_trace_path(args.trace)
-    common = {
-        "strategy",
-        "model",
-        "steps",
-        "global_batch",
-        "seq_len",
-        "lr",
-        "json",
-        "func",
-        "command",
-        "world_size",
-        "backend",
-        "trace",
-        "timeout",
-    }
-    options = {k: v for k, v in vars(args).items() if k not in common}
-    # With --json, stdout carries the JSON object alone: anything else (rank prints) goes to stderr.
-    # and progress bars go nowhere.
-    with (
-        contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(),
-        no_progress() if args.json else contextlib.nullcontext(),
-        launch_timeout(args.timeout),
-    ):
-        LAUNCHED_TRACES.clear()
-        report = strategy.run(setup, world_size=args.world_size, backend=args.backend, **options)
+    options = {k: v for k, v in vars(args).items() if k not in COMMON}
+    # With --json, stdout carries the JSON object alone (rank prints go to stderr) and there is no progress bar.
+    launch = Launcher(timeout=args.timeout, progress=not args.json)
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        report = strategy.run(setup, world_size=args.world_size, backend=args.backend, launch=launch, **options)
     import torch.distributed as dist
 
     if dist.is_initialized() and dist.get_rank() != 0:  # under torchrun only rank 0 prints
         return 0
     print(report.to_json() if args.json else report.summary())
     if args.trace is not None:
-        write_trace(args.trace, f"playbook run {args.strategy}")
-    problem = report.problem() if hasattr(report, "problem") else None
+        write_trace(args.trace, f"playbook run {args.strategy}", launch.traces)
+    problem = report.problem()
     if problem:
         print(f"playbook: parity failed: {problem}", file=sys.stderr)
         return 1

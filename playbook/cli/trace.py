@@ -18,17 +18,18 @@ def check_trace_path(path: str) -> None:
     check_output_path("--trace", path, "run.json")
 
 
-def write_trace(path: str, title: str) -> None:
-    """Write the first launch's spans of this command to ``path`` and say where, on stderr."""
-    from playbook.cluster import LAUNCHED_TRACES, under_torchrun
+def write_trace(path: str, title: str, traces: list[list[dict]]) -> None:
+    """Write the first launch's spans of this command (``traces``: a ``Launcher``'s, one list of
+    every rank's spans per launch) to ``path`` and say where, on stderr."""
+    from playbook.cluster import under_torchrun
     from playbook.cluster.trace.chrome import chrome_trace
 
-    if under_torchrun() or not LAUNCHED_TRACES:
+    if under_torchrun() or not traces:
         print(
             "playbook: --trace records ranks this command starts; under torchrun nothing was written", file=sys.stderr
         )
         return
-    spans = LAUNCHED_TRACES[0]
+    spans = traces[0]
     write_output("--trace", path, json.dumps(chrome_trace(spans, title=title)))  # a failure: one line
     ranks = len({s["rank"] for s in spans})
     print(

@@ -29,18 +29,16 @@ The package, one job per module: ``checks`` (backend, world size, options: refus
 starts), ``rank`` (inside a rank: its loop, its context, its watchdog), ``processes`` (the forkserver,
 the loopback store), ``pool`` (:class:`Ranks`), ``collect`` (one call's replies and the error that
 names the cause), ``errors`` (:class:`RankError`, :class:`RankTimeout`), ``launch`` (``ranks()``,
-``launch()``, torchrun); and what every rank stands on: ``mesh`` (a process group per mesh axis, built
+``launch()``, the ``Launcher`` a command hands its strategy, torchrun); and what every rank stands on: ``mesh`` (a process group per mesh axis, built
 once per layout), ``trace/`` (the tracer of every collective, its sizes, spans and Chrome trace file).
 The cluster imports only the configure layer (``config``, ``dims``) and torch.
 """
 
 from playbook.cluster.checks import check_world_size, default_backend, max_local_ranks
-from playbook.cluster.collect import no_progress
 from playbook.cluster.errors import RankError, RankTimeout
 from playbook.cluster.launch import (
-    LAUNCHED_TRACES,
+    Launcher,
     launch,
-    launch_timeout,
     ranks,
     running_ranks,
     torchrun_env_problem,
@@ -51,18 +49,16 @@ from playbook.cluster.processes import PRELOAD
 from playbook.cluster.rank import RankContext
 
 __all__ = [
-    "LAUNCHED_TRACES",
     "PRELOAD",
     "RankContext",
     "RankError",
     "RankTimeout",
+    "Launcher",
     "Ranks",
     "check_world_size",
     "default_backend",
     "launch",
-    "launch_timeout",
     "max_local_ranks",
-    "no_progress",
     "ranks",
     "running_ranks",
     "torchrun_env_problem",

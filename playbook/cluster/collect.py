@@ -3,7 +3,6 @@ progress bar, and turn failures, deaths and hangs into one error that names the 
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import multiprocessing.connection
 import sys
@@ -166,19 +165,6 @@ class _Replies:
             results[rank], traces[rank] = message[2], message[3]
 
 
-_progress_off = [0]  # > 0 inside ``no_progress()``: every rank set's bar stays silent
-
-
-@contextlib.contextmanager
-def no_progress():
-    """No progress bars while the block runs, whoever starts the ranks (``playbook run --json``)."""
-    _progress_off[0] += 1
-    try:
-        yield
-    finally:
-        _progress_off[0] -= 1
-
-
 class _ProgressBar:
     """A tqdm bar (a widget in Jupyter) that follows the slowest rank."""
 
@@ -187,8 +173,6 @@ class _ProgressBar:
         self.bar = None
 
     def update(self, rank: int, done: int, total: int, desc: str) -> None:
-        if _progress_off[0]:
-            return
         from tqdm.auto import tqdm
 
         if self.bar is None:

@@ -4,9 +4,9 @@ running as one rank under ``torchrun``."""
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Callable
 
 from playbook.cluster.checks import _check_options, default_backend
@@ -98,25 +98,22 @@ def torchrun_env_problem() -> str | None:
     return None
 
 
-_launch_timeout = [300.0]  # seconds a fresh launch() waits for every result, unless told otherwise
-
-
-@contextlib.contextmanager
-def launch_timeout(seconds: float):
-    """Every ``launch()`` inside the block waits at most ``seconds`` for its ranks (``playbook run
-    --timeout``: the strategies call ``launch`` themselves)."""
-    _check_options(seconds, 0.0, 1, "fork")
-    saved, _launch_timeout[0] = _launch_timeout[0], seconds
-    try:
-        yield
-    finally:
-        _launch_timeout[0] = saved
+DEFAULT_TIMEOUT = 300.0  # seconds a fresh launch() waits for every result, unless told otherwise
 
 
 def launch(
-    fn: Callable, world_size: int | None = None, *args, backend: str = "auto", timeout: float | None = None, **kwargs
+    fn: Callable,
+    world_size: int | None = None,
+    *args,
+    backend: str = "auto",
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: bool = True,
+    traces: list | None = None,
+    **kwargs,
 ) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on fresh ranks and stop them; return every rank's result.
+    ``timeout``: seconds to wait for every result; ``progress``: the progress bar; ``traces``: a list
+    this launch's spans (every rank's) are appended to.
 
     Under ``torchrun`` this process *is* one rank: the group is joined from the environment,
     ``fn`` runs here, and every rank gets the list of all results (``world_size`` may be None).
@@ -125,15 +122,31 @@ def launch(
         return _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs)
     if world_size is None:
         raise ValueError("world_size is required outside torchrun")
-    r = Ranks(world_size, backend=backend, timeout=_launch_timeout[0] if timeout is None else timeout)
+    r = Ranks(world_size, backend=backend, timeout=timeout)
     r._restart = ""  # one run: nothing restarts afterwards
     with r:
-        results = r.run(fn, *args, **kwargs)
-    LAUNCHED_TRACES.append(r.last_trace)
+        results = r.run(fn, *args, progress=progress, **kwargs)
+    if traces is not None:
+        traces.append(r.last_trace)
     return results
 
 
-LAUNCHED_TRACES: list[list[dict]] = []  # the spans of every rank of each launch, in order (``run --trace``)
+@dataclass
+class Launcher:
+    """How one command starts ranks, handed to a strategy's ``run`` as ``launch=`` (its state passed
+    along, not kept in module globals): each call is :func:`launch` with this ``timeout`` and
+    ``progress`` bar, and appends its spans to ``traces`` in order (``playbook run --trace`` writes
+    the first, the strategy's own run)."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    progress: bool = True
+    traces: list[list[dict]] = field(default_factory=list)
+
+    def __post_init__(self):
+        _check_options(self.timeout, 0.0, 1, "fork")  # one line for a bad --timeout, before any rank
+
+    def __call__(self, fn: Callable, world_size: int | None = None, *args, **kwargs) -> list:
+        return launch(fn, world_size, *args, timeout=self.timeout, progress=self.progress, traces=self.traces, **kwargs)
 
 
 def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:

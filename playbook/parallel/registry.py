@@ -1,18 +1,27 @@
 """The strategies ``playbook run`` knows, and the one shape every strategy has.
 
-A strategy is a module (``STRATEGY_MODULES``) that provides (see :class:`Strategy`):
+A strategy is a module (``STRATEGY_MODULES``, absolute module paths) that provides (see :class:`Strategy`):
 
-- ``on_rank(ctx, setup, *, option=...)``: its rank entry, keyword options only, groups from
-  ``ctx.mesh_for(ParallelDims(...))``, training through ``parallel.training.train`` and hooks;
-- a prediction in ``playbook.theory`` (no torch) of what the run measures;
+- ``on_rank(ctx, setup, *, option=...)``: its rank entry, ``ctx`` and the ``TrainSetup`` positional,
+  every option keyword-only, so one caller runs any strategy as ``ranks.run(s.on_rank, setup,
+  **options)``; groups from ``ctx.mesh_for(ParallelDims(...))``, training through
+  ``parallel.training.train`` and hooks;
+- ``predict(setup, *, world_size, option=...)`` (where it exists before any rank starts): the bytes
+  one rank sends per step by collective (rows named ``"<op> <what>"``, as DP's ``"all_reduce calls"``,
+  are extras for the report), from ``playbook.theory``, taking ``on_rank``'s options; the
+  run puts it in its report as ``comm["predicted"]`` and ``parallel.step_time`` puts it beside the
+  measured step. None where the bytes depend on the run (EP's routing) or are counted otherwise
+  (the hybrid by mesh axis, serving per token): those reports compute theirs from ``playbook.theory``;
 - ``add_arguments(parser)``: its command-line flags (values arrive as keyword options of ``run``);
-- ``run(setup, *, world_size, backend, **options) -> RunReport``: launch, compare with the
-  single process, report predicted beside measured.
+- ``run(setup, *, world_size, backend, launch, **options) -> Report``: start ranks through
+  ``launch`` (the command's :class:`~playbook.cluster.Launcher`: its timeout, progress bar and
+  traces; ``cluster.launch`` by default), compare with the single process, report predicted beside
+  measured in a :class:`~playbook.parallel.report.Report`.
 
 It registers itself::
 
-    @register("dp", help="data parallel", arguments=add_arguments, on_rank=on_rank, predict=predicted_comm)
-    def run_dp(setup: TrainSetup, *, world_size: int, backend: str = "auto", **options) -> RunReport: ...
+    @register("dp", help="data parallel", arguments=add_arguments, on_rank=on_rank, predict=predict)
+    def run_dp(setup: TrainSetup, *, world_size: int, backend: str = "auto", launch=launch, **options) -> RunReport: ...
 
 ``STRATEGY_MODULES`` names the module of each strategy, so that listing them imports nothing and
 ``get(name)`` imports that strategy's module alone (not every distributed stack).
@@ -23,7 +32,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, get_type_hints
 
 # name -> the module that registers it (absolute: a strategy may live outside parallel/, as serving does)
 STRATEGY_MODULES = {
@@ -50,34 +59,53 @@ class Strategy:
     arguments: Callable | None = None
     world_size: Callable[[dict], int] | None = None  # the ranks implied by the options, if --world-size is
     on_rank: Callable | None = None
-    predict: Callable | None = None
+    predict: Callable | None = None  # bytes per rank per step by collective, before any rank; None: see above
     check: Callable | None = None  # check(args): refuse its own bad options before the memory check and any rank
 
     def problems(self) -> list[str]:
         """Where this strategy departs from the shape (empty when it conforms)."""
         out = []
         run = inspect.signature(self.run).parameters
-        for name in ("world_size", "backend"):
+        for name in ("world_size", "backend", "launch"):
             if name not in run or run[name].kind is not inspect.Parameter.KEYWORD_ONLY:
                 out.append(f"run must take keyword-only {name}")
+        from playbook.parallel.report import Report  # here: listing the strategies imports no torch
+
+        try:
+            returns = get_type_hints(self.run).get("return")
+        except NameError as e:  # an annotation naming something its module does not import
+            returns = f"an unresolvable annotation ({e})"
+        if not (isinstance(returns, type) and issubclass(returns, Report)):
+            out.append(f"run must return a Report (parallel.report), not {returns}")
         if self.on_rank is None:
             out.append("no rank entry (on_rank=)")
         else:
-            params = list(inspect.signature(self.on_rank).parameters.values())
-            if not params or params[0].name != "ctx":
-                out.append("on_rank's first parameter must be ctx")
-            flags = [
-                p.name
-                for p in params
-                if p.default is not inspect.Parameter.empty
-                and isinstance(p.default, bool)
-                and p.kind is not inspect.Parameter.KEYWORD_ONLY
-            ]
-            if flags:
-                out.append(f"on_rank takes positional booleans {flags}: make them keyword-only")
-        if self.predict is None or not self.predict.__module__.startswith("playbook.theory"):
-            out.append("its prediction (predict=) must live in playbook.theory")
+            out += _options_after(self.on_rank, ("ctx", "setup"), "on_rank")
+        if self.predict is not None:
+            out += _options_after(self.predict, ("setup",), "predict")
+            names = inspect.signature(self.predict).parameters
+            if "world_size" not in names or names["world_size"].kind is not inspect.Parameter.KEYWORD_ONLY:
+                out.append("predict must take keyword-only world_size")
+            rank = inspect.signature(self.on_rank).parameters if self.on_rank else {}
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in rank.values()):
+                extra = sorted(set(names) - {"setup", "world_size"} - set(rank))
+                if extra:
+                    out.append(f"predict takes options on_rank does not: {extra}")
         return out
+
+
+def _options_after(fn: Callable, positional: tuple[str, ...], what: str) -> list[str]:
+    """Problems unless ``fn``'s parameters are ``positional`` (in order), then keyword-only ones."""
+    params = list(inspect.signature(fn).parameters.values())
+    head = tuple(p.name for p in params[: len(positional)])
+    if head != positional or any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params[: len(head)]):
+        return [f"{what} must start ({', '.join(positional)}), got ({', '.join(head)})"]
+    rest = [p.name for p in params[len(positional) :] if p.kind not in (p.KEYWORD_ONLY, p.VAR_KEYWORD)]
+    return (
+        [f"{what} takes {rest} positionally: after ({', '.join(positional)}) every option is keyword-only"]
+        if rest
+        else []
+    )
 
 
 _registry: dict[str, Strategy] = {}

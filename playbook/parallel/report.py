@@ -137,15 +137,36 @@ def parity_problem(parity: dict | None) -> str | None:
 
 
 @dataclass
-class RunReport:
-    """What ``playbook run STRATEGY --json`` prints: one JSON object with these keys.
+class Report:
+    """What every strategy's ``run`` returns, so ``playbook run`` handles them alike: ``summary()``
+    (the terminal's lines), ``to_json()`` (``--json``: one object, the dataclass's fields) and
+    ``problem()`` (why parity failed, or None: the command's exit status)."""
+
+    strategy: str
+    world_size: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def problem(self) -> str | None:
+        raise NotImplementedError
+
+    def summary(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass
+class RunReport(Report):
+    """A training run's report: what ``playbook run STRATEGY --json`` prints, one JSON object with
+    these keys.
 
     memory: bytes by category for rank 0 (``predicted`` and ``measured``);
     comm: logical bytes sent per rank per step, by collective (``predicted`` and ``measured``).
     """
 
-    strategy: str
-    world_size: int
     backend: str
     parity: dict
     native: dict | None = None
@@ -153,12 +174,6 @@ class RunReport:
     comm: dict = field(default_factory=lambda: {"predicted": {}, "measured": {}})
     setup: dict = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
     def problem(self) -> str | None:
         """Why this report's parity cannot be trusted (NaN or inf on either side), or None."""

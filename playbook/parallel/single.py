@@ -13,7 +13,6 @@ from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport
 from playbook.parallel.training import TrainSetup, train
 from playbook.parallel.parity import against_single
-from playbook.theory.hybrid.memory import training_memory
 
 
 def on_rank(ctx, setup: TrainSetup):
@@ -24,9 +23,8 @@ def on_rank(ctx, setup: TrainSetup):
     "single",
     help="one rank, no parallelism: the reference every chapter compares against",
     on_rank=on_rank,
-    predict=training_memory,
 )
-def run_single(setup: TrainSetup, *, world_size: int = 1, backend: str = "auto") -> RunReport:
+def run_single(setup: TrainSetup, *, world_size: int = 1, backend: str = "auto", launch=launch) -> RunReport:
     if world_size != 1:
         raise ValueError(f"the single strategy runs on one rank; got --world-size {world_size}, use --world-size 1")
     backend = default_backend(1) if backend == "auto" else backend

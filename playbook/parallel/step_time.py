@@ -1,16 +1,17 @@
 """Measure one training step of each chapter's strategy on real ranks, and put the calibrated
 prediction (``playbook.theory.plan.step_time``) beside it.
 
-Each case runs the strategy's own rank function (``playbook.parallel.registry``) on a
-``playbook.cluster.Ranks`` set for ``warmup + steps`` AdamW steps; the one training loop wraps
-every step in a ``step N`` span, so a step's time is the slowest rank's span, and the figure is
-the median over the steps after warm-up (step 0 also measures memory by category: always warm-up).
+Each case runs the strategy's own rank function (``playbook.parallel.registry``: every one is
+``on_rank(ctx, setup, **options)``) on a ``playbook.cluster.Ranks`` set for ``warmup + steps``
+AdamW steps; the one training loop wraps every step in a ``step N`` span, so a step's time is the
+slowest rank's span, and the figure is the median over the steps after warm-up (step 0 also
+measures memory by category: always warm-up).
 
 The prediction takes each collective's **calls** per step from the run's trace (structure, not
-time: how many calls the code issues) and its **bytes** from the strategy's prediction in
-``playbook.theory`` where one exists per op (DP, ZeRO, TP, PP, CP; the chapters' tests show those
-equal the traced bytes to the byte); EP's all-to-all bytes depend on the routing, and the hybrid's
-prediction is per mesh axis, so for those two the traced bytes are used.
+time: how many calls the code issues) and its **bytes** from the strategy's registered ``predict``
+(its theory, the bytes its report prints as predicted) where it has one (DP, ZeRO, TP, PP, CP; the
+chapters' tests show those equal the traced bytes to the byte); EP's all-to-all bytes depend on the
+routing, and the hybrid's prediction is per mesh axis, so for those two the traced bytes are used.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import statistics
 from collections import defaultdict
 
 from playbook.hardware import Hardware
-from playbook.theory.plan.step_time import Comm, family, pp_send_bytes, predict_step
+from playbook.parallel.registry import get
+from playbook.theory.plan.step_time import Comm, family, predict_step
 
 # label -> (strategy, options for its rank function, world sizes)
 CASES = {
@@ -37,50 +39,23 @@ CASES = {
 MARGIN = 0.25  # beyond this relative error the table says why
 
 
-def _args(name: str, setup, n: int, options: dict) -> tuple[tuple, dict]:
-    """Positional and keyword arguments of the strategy's rank function for this case."""
-    if name == "ep":
-        from playbook.parallel.ep.run import moe_config
-
-        return (setup, moe_config(setup, None, None)), {"mode": "ep", "ep": n}
-    if name == "hybrid":
-        from playbook.theory.hybrid.plan import Plan
-        from playbook.dims import ParallelDims
-
-        return (setup, Plan(ParallelDims(**options))), {}
-    return (setup,), dict(options)
-
-
 def predicted_bytes(name: str, setup, n: int, options: dict) -> dict[str, float] | None:
-    """Bytes one rank sends per step by collective family, from the strategy's theory (None: none per op)."""
-    cfg = setup.config()
-    if name == "dp":
-        from playbook.parallel.dp.run import DEFAULT_BUCKET_MB
-        from playbook.theory.dp.buckets import bucket_cap_bytes
-        from playbook.theory.dp.dp import predicted_comm
+    """Bytes one rank sends per step by collective family: the strategy's ``predict`` (the report's
+    ``comm["predicted"]``), or None where it has none before the run."""
+    predict = get(name).predict
+    if predict is None:
+        return None
+    out: dict[str, float] = defaultdict(float)
+    for op, sent in predict(setup, world_size=n, **options).items():
+        if " " not in op and family(op) is not None:  # not a report's extra row ("all_reduce calls")
+            out[family(op)] += sent
+    return dict(out)
 
-        p = predicted_comm(setup, world_size=n, variant="bucketed", cap_bytes=bucket_cap_bytes(DEFAULT_BUCKET_MB))
-        return {"all_reduce": p["all_reduce"]}
-    if name == "zero":
-        from playbook.theory.zero.zero import zero_comm_per_step
 
-        return zero_comm_per_step(cfg, stage=options["stage"], world_size=n)
-    if name == "tp":
-        from playbook.theory.tp.comm import step_collectives, summarize
+def _moe_config(setup):
+    from playbook.parallel.ep.run import moe_config
 
-        rows = summarize(step_collectives(cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, tp=n), by=("op",))
-        return {family(op[0]): v["sent_bytes"] for op, v in rows.items()}
-    if name == "pp":
-        m = options["m"]
-        return {
-            "send": pp_send_bytes(cfg, global_batch=setup.global_batch, seq_len=setup.seq_len, pp=n, microbatches=m)
-        }
-    if name == "cp":
-        from playbook.theory.cp import comm_bytes_per_step
-
-        p = comm_bytes_per_step(cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, cp=n, variant="ring")
-        return {family(op): b for op, b in p.items()}
-    return None
+    return moe_config(setup, None, None)
 
 
 def step_windows(spans: list[dict], warmup: int) -> dict[int, dict[int, tuple[float, float]]]:
@@ -179,14 +154,11 @@ def measure_case(ranks, label: str, setup, hw: Hardware, warmup: int = 2, alone:
     reached alone, when ``alone`` is given), measured, error, load."""
     from dataclasses import replace
 
-    from playbook.parallel.registry import get
-
     name, options, _ = CASES[label]
     n = ranks.world_size
     run = replace(setup, steps=setup.steps + warmup)
-    args, kwargs = _args(name, run, n, options)
     load = os.getloadavg()[0]
-    ranks.run(get(name).on_rank, *args, **kwargs)
+    ranks.run(get(name).on_rank, run, progress=False, **options)  # every strategy: on_rank(ctx, setup, **options)
     spans = [s if isinstance(s, dict) else s.as_dict() for s in ranks.last_trace]
     windows = step_windows(spans, warmup)
     per_step = [max(e - s for s, e in w.values()) for w in windows.values()]
@@ -197,7 +169,9 @@ def measure_case(ranks, label: str, setup, hw: Hardware, warmup: int = 2, alone:
         Comm(op, v["group_size"], v["calls"], want.get(op, v["sent_bytes"]) if want else v["sent_bytes"])
         for op, v in loads.items()
     ]
-    cfg = args[1] if name == "ep" else setup.config()
+    # what the compute and bubble terms need of the case: the model that ran (EP's is the preset as an MoE)
+    # and the pipeline's depth and micro-batches
+    cfg = _moe_config(setup) if name == "ep" else setup.config()
     pp, m = (n, options["m"]) if name == "pp" else (1, 1)
     rate = model_rate(setup, n, alone) if alone is not None else None  # FLOP/s of the dense model alone
     pred = predict_step(
@@ -235,7 +209,7 @@ def measure_case(ranks, label: str, setup, hw: Hardware, warmup: int = 2, alone:
 
 def step_time_table(hw: Hardware, setup, *, world_sizes=(2, 4), labels=None, warmup: int = 2) -> list[dict]:
     """Every case of :data:`CASES` (or ``labels``) at each world size, on one rank set per size."""
-    from playbook.cluster import Ranks, no_progress
+    from playbook.cluster import Ranks
 
     rows = []
     for n in world_sizes:
@@ -243,7 +217,7 @@ def step_time_table(hw: Hardware, setup, *, world_sizes=(2, 4), labels=None, war
         if not wanted:
             continue
         alone = compute_alone(setup, n, warmup)
-        with no_progress(), Ranks(n, backend="gloo", timeout=300) as ranks:
+        with Ranks(n, backend="gloo", timeout=300) as ranks:
             for label in wanted:
                 why = not_runnable(label, setup, n)
                 if why:

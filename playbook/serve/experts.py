@@ -130,14 +130,22 @@ def merge(answers: list[dict], cfg: ModelConfig, *, ep: int, want) -> dict:
 
 
 def serve_ep(
-    cfg: ModelConfig, *, ep: int, seed: int = 0, rows: int = 4, prompt_len: int = 8, new_tokens: int = 12, ranks=None
+    cfg: ModelConfig,
+    *,
+    ep: int,
+    seed: int = 0,
+    rows: int = 4,
+    prompt_len: int = 8,
+    new_tokens: int = 12,
+    ranks=None,
+    launch=None,
 ) -> dict:
     """Decode ``rows`` random prompts with the experts split over ``ep`` ranks (``ranks``: a started
-    ``Ranks`` of ep processes, or fresh ones) and compare with the single-process MoE model.
+    ``Ranks`` of ep processes, or fresh ones started by ``launch``, default ``cluster.launch``) and compare with the single-process MoE model.
     Returns ``merge``'s dict with the load average."""
     import os
 
-    from playbook.cluster import launch
+    from playbook.cluster import launch as fresh
     from playbook.model.gpt import build_moe
     from playbook.serve.generate import greedy_without_cache
 
@@ -146,6 +154,10 @@ def serve_ep(
         raise ValueError(f"prompt {prompt_len} + {new_tokens} new tokens exceed max_seq_len={cfg.max_seq_len}")
     prompts = torch.randint(0, cfg.vocab_size, (rows, prompt_len), generator=torch.Generator().manual_seed(seed))
     kw = dict(cfg=cfg, seed=seed, ep=ep, prompts=prompts, new_tokens=new_tokens)
-    answers = ranks.run(expert_decode_on_rank, **kw) if ranks is not None else launch(expert_decode_on_rank, ep, **kw)
+    answers = (
+        ranks.run(expert_decode_on_rank, **kw)
+        if ranks is not None
+        else (launch or fresh)(expert_decode_on_rank, ep, **kw)
+    )
     want = greedy_without_cache(build_moe(cfg, seed, capacity_factor=None).eval(), prompts, new_tokens)
     return {"ep": ep, **merge(answers, cfg, ep=ep, want=want), "load_average": os.getloadavg()[0]}

@@ -189,13 +189,14 @@ def serve_pp(
     new_tokens: int = 12,
     microbatches: int | None = None,
     ranks=None,
+    launch=None,
 ) -> dict:
     """Decode ``rows`` random prompts on ``pp`` stages (on ``ranks``, a started ``Ranks`` of pp
-    processes, or fresh ones) and compare with the reference GPT in this process; ``microbatches``
+    processes, or fresh ones started by ``launch``, default ``cluster.launch``) and compare with the reference GPT in this process; ``microbatches``
     defaults to pp (every stage busy). Returns ``merge``'s dict with the load average."""
     import os
 
-    from playbook.cluster import launch
+    from playbook.cluster import launch as fresh
     from playbook.serve.generate import greedy_without_cache
 
     m = microbatches or pp
@@ -203,7 +204,9 @@ def serve_pp(
     prompts = torch.randint(0, cfg.vocab_size, (rows, prompt_len), generator=torch.Generator().manual_seed(seed))
     kw = dict(cfg=cfg, seed=seed, pp=pp, prompts=prompts, new_tokens=new_tokens, microbatches=m)
     answers = (
-        ranks.run(pipeline_decode_on_rank, **kw) if ranks is not None else launch(pipeline_decode_on_rank, pp, **kw)
+        ranks.run(pipeline_decode_on_rank, **kw)
+        if ranks is not None
+        else (launch or fresh)(pipeline_decode_on_rank, pp, **kw)
     )
     want = greedy_without_cache(GPT(cfg, seed=seed).eval(), prompts, new_tokens)
     return {

@@ -10,14 +10,14 @@ cache (``reference``), the ranks' answers compared with it (``merge``: tokens, l
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.model.gpt import GPT
+from playbook.parallel.report import Report
 from playbook.serve.batching import Request
 from playbook.serve.generate import greedy_without_cache
 from playbook.theory.serving.serving import tp_allreduce_bytes
@@ -65,22 +65,14 @@ def merge(answers: list[dict], cfg: ModelConfig, dims: ParallelDims, want: dict)
 
 
 @dataclass
-class ServeReport:
+class ServeReport(Report):
     """What ``playbook run serve --json`` prints."""
 
-    strategy: str
-    world_size: int
     backend: str
     layout: str
     parity: dict
     setup: dict = field(default_factory=dict)
     replicas: list = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
     def problem(self) -> str | None:
         p = self.parity
@@ -114,19 +106,12 @@ class ServeReport:
 
 
 @dataclass
-class ParallelDecodeReport:
-    """Tokens and logits against one process, and bytes per generated token measured beside predicted."""
+class ParallelDecodeReport(Report):
+    """Tokens and logits against one process, and bytes per generated token measured beside predicted
+    (``strategy``: "serve pp" or "serve ep")."""
 
-    strategy: str  # "serve pp" or "serve ep"
-    world_size: int
     degree: int
     result: dict
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
 
     def _bytes(self) -> dict:
         r = self.result

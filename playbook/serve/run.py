@@ -20,8 +20,8 @@ from playbook.cluster import default_backend, launch
 from playbook.parallel.registry import register
 from playbook.serve.checks import _check_alone, check_options, check_serve
 from playbook.serve.ranks import serve_on_rank
-from playbook.serve.report import ServeReport, merge, reference
-from playbook.theory.serving.serving import tp_allreduce_bytes
+from playbook.parallel.report import Report
+from playbook.serve.report import ParallelDecodeReport, ServeReport, merge, reference
 
 
 def add_arguments(parser) -> None:
@@ -44,13 +44,17 @@ def implied_world_size(options: dict) -> int:
     return options["dp"] * options["tp"] * options.get("pp", 1) * options.get("ep", 1)
 
 
+def on_rank(ctx, setup, **options):
+    """Rank function in the registry's shape: ``serve_on_rank`` of the setup's model and seed."""
+    return serve_on_rank(ctx, cfg=setup.config(), seed=setup.seed, **options)
+
+
 @register(
     "serve",
     help="serving on real ranks: --tp T --dp D replicas, continuous batching over a paged KV cache",
     arguments=add_arguments,
     world_size=implied_world_size,
-    on_rank=serve_on_rank,
-    predict=tp_allreduce_bytes,
+    on_rank=on_rank,
     check=check_options,
 )
 def run_serve(
@@ -58,6 +62,7 @@ def run_serve(
     *,
     world_size: int | None = None,
     backend: str = "auto",
+    launch=launch,
     tp: int = 1,
     dp: int = 1,
     pp: int = 1,
@@ -70,12 +75,12 @@ def run_serve(
     router: str = "round-robin",
     token_budget: int | None = None,
     shared_prefix: int = 0,
-) -> ServeReport:
+) -> Report:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
     reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
     pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``)."""
     if pp > 1 or ep > 1:
-        return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep)
+        return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep, launch=launch)
     dims, cfg, reqs = check_serve(
         setup,
         world_size,
@@ -93,10 +98,9 @@ def run_serve(
 
     backend = default_backend(dims.world) if backend == "auto" else backend
     answers = launch(
-        serve_on_rank,
+        on_rank,
         dims.world,
-        cfg=cfg,
-        seed=setup.seed,
+        setup,
         dims=dims,
         requests=reqs,
         n_blocks=blocks,
@@ -142,14 +146,12 @@ def run_serve(
     )
 
 
-def _pipeline_or_experts(setup, world_size, *, tp: int, dp: int, pp: int, ep: int):
-    from playbook.serve.report import ParallelDecodeReport
-
+def _pipeline_or_experts(setup, world_size, *, tp: int, dp: int, pp: int, ep: int, launch) -> ParallelDecodeReport:
     _check_alone(world_size, tp=tp, dp=dp, pp=pp, ep=ep)
     if pp > 1:
         from playbook.serve.pipeline import serve_pp
 
-        return ParallelDecodeReport("serve pp", pp, pp, serve_pp(setup.config(), pp=pp, seed=setup.seed))
+        return ParallelDecodeReport("serve pp", pp, pp, serve_pp(setup.config(), pp=pp, seed=setup.seed, launch=launch))
     from playbook.serve.experts import serve_ep
 
-    return ParallelDecodeReport("serve ep", ep, ep, serve_ep(setup.config(), ep=ep, seed=setup.seed))
+    return ParallelDecodeReport("serve ep", ep, ep, serve_ep(setup.config(), ep=ep, seed=setup.seed, launch=launch))

@@ -325,7 +325,6 @@ def test_a_checked_path_is_left_as_it_was(tmp_path):
 def test_a_write_that_fails_at_the_end_is_one_line_and_leaves_the_old_file(tmp_path, capsys, monkeypatch):
     import os
 
-    from playbook.cluster import LAUNCHED_TRACES
     from playbook.cli.trace import write_trace
 
     out = tmp_path / "run.json"
@@ -335,12 +334,9 @@ def test_a_write_that_fails_at_the_end_is_one_line_and_leaves_the_old_file(tmp_p
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    LAUNCHED_TRACES[:] = [[{"rank": 0, "kind": "compute", "name": "step", "start": 0.0, "end": 1.0}]]
-    try:
-        with pytest.raises(ValueError, match=r"could not write --trace .*No space left on device"):
-            write_trace(str(out), "t")
-    finally:
-        LAUNCHED_TRACES.clear()
+    traces = [[{"rank": 0, "kind": "compute", "name": "step", "start": 0.0, "end": 1.0}]]
+    with pytest.raises(ValueError, match=r"could not write --trace .*No space left on device"):
+        write_trace(str(out), "t", traces)
     assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 

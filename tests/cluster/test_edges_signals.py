@@ -135,14 +135,15 @@ def test_a_frozen_rank_is_named_at_once_and_the_call_ends_at_its_timeout(capfd):
     assert "playbook: rank 1 is stopped (SIGSTOP or a debugger: process state T)" in err, err
 
 
-def test_launch_timeout_bounds_the_strategies_launches():
-    from playbook.cluster import RankTimeout, launch, launch_timeout
+def test_a_launchers_timeout_bounds_the_strategies_launches():
+    from playbook.cluster import Launcher, RankTimeout
 
     def hang(ctx):
         time.sleep(60)
 
+    launch = Launcher(timeout=1.5)  # what ``playbook run --timeout 1.5`` hands the strategy's run
     t0 = time.monotonic()
-    with launch_timeout(1.5), pytest.raises(RankTimeout, match="within 1.5 s"):
+    with pytest.raises(RankTimeout, match="within 1.5 s"):
         launch(hang, 1, backend="gloo")
     assert time.monotonic() - t0 < 1.5 + 15
 

@@ -376,8 +376,8 @@ def test_json_prints_only_json_on_stdout(capsys):
         return ctx.rank
 
     @registry.register("noisy-test", help="prints from a rank")
-    def run_noisy(setup, *, world_size, backend):
-        cluster.launch(noisy, world_size, backend="gloo")
+    def run_noisy(setup, *, world_size, backend, launch):
+        launch(noisy, world_size, backend="gloo")  # the command's launcher: --json turns its bar off
         return RunReport("noisy-test", world_size, "gloo", parity={})
 
     try:

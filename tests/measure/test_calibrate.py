@@ -153,13 +153,14 @@ def test_datasheet_profile_without_fits_uses_its_link_numbers():
 
 
 def test_pp_send_bytes_by_hand():
-    from playbook.config import ModelConfig
-    from playbook.theory.plan.step_time import pp_send_bytes
+    from playbook.parallel.pp.run import predict
+    from playbook.parallel.training import TrainSetup
 
     # 1F1B on 2 stages, 4 micro-batches: stage 0 sends each micro-batch's activation forward once,
-    # [8/4 rows, 32, 64] fp32
-    cfg = ModelConfig.preset("gpt-tiny")
-    assert pp_send_bytes(cfg, global_batch=8, seq_len=32, pp=2, microbatches=4) == 4 * (2 * 32 * 64 * 4)
+    # [8/4 rows, 32, 64] fp32 (gpt-tiny is untied: no embedding gradient to send)
+    setup = TrainSetup(model="gpt-tiny", global_batch=8, seq_len=32)
+    assert not setup.config().tie_embeddings and setup.config().hidden == 64
+    assert predict(setup, world_size=2, schedule="1f1b", m=4) == {"isend": 4 * (2 * 32 * 64 * 4)}
 
 
 def test_traced_loads_count_calls_per_step_and_overlap_once():

@@ -161,24 +161,33 @@ def add_arguments(parser) -> None:
     )
 
 
+def predict(setup: TrainSetup, *, world_size: int, variant: str = "ring") -> dict[str, float]:
+    """Bytes one rank sends per step by collective (``theory.cp.comm_bytes_per_step``)."""
+    return theory.comm_bytes_per_step(
+        setup.config(), seq_len=setup.seq_len, micro_batch=setup.global_batch, cp=world_size, variant=variant
+    )
+
+
 @register(
     "cp",
     help="context parallel: ring / all-gather / Ulysses attention over a sharded sequence",
     arguments=add_arguments,
     on_rank=on_rank,
-    predict=theory.comm_bytes_per_step,
+    predict=predict,
 )
 def run_cp(
-    setup: TrainSetup, *, world_size: int, backend: str = "auto", variant: str = "ring", zigzag: bool = False
+    setup: TrainSetup,
+    *,
+    world_size: int,
+    backend: str = "auto",
+    launch=launch,
+    variant: str = "ring",
+    zigzag: bool = False,
 ) -> CPReport:
     check(setup, world_size, variant, zigzag)
     backend = default_backend(world_size) if backend == "auto" else backend
     results = launch(on_rank, world_size, setup, variant=variant, zigzag=zigzag, backend=backend)
     measured = {k: results[0].memory[k] for k in ("params", "grads", "activations", "optimizer")}
-    cfg = setup.config()
-    comm = theory.comm_bytes_per_step(
-        cfg, seq_len=setup.seq_len, micro_batch=setup.global_batch, cp=world_size, variant=variant
-    )
     work = {}
     if variant == "ring":
         work = {
@@ -192,7 +201,10 @@ def run_cp(
         backend=backend,
         parity=against_single(results[0], setup),  # causal: ``reference(setup)`` is the single process
         memory={"predicted": predicted_memory(setup, world_size, variant), "measured": measured},
-        comm={"predicted": comm, "measured": results[0].sent_per_step},
+        comm={
+            "predicted": predict(setup, world_size=world_size, variant=variant),
+            "measured": results[0].sent_per_step,
+        },
         setup={**setup.as_dict(), "variant": variant, "zigzag": zigzag},
         losses=results[0].losses,
         work=work,

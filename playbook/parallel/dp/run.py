@@ -10,8 +10,6 @@ training is ``parallel.dp.train``; scaling over 1, 2, 4 ranks, ``parallel.dp.sca
 
 from __future__ import annotations
 
-import functools
-
 from playbook.cluster import default_backend, launch
 from playbook.cluster.trace.spans import measured_comm
 from playbook.parallel.dp.ddp import VARIANTS, micro_batch
@@ -74,18 +72,32 @@ def add_arguments(parser) -> None:
     )
 
 
+def predict(
+    setup: TrainSetup,
+    *,
+    world_size: int,
+    variant: str = "bucketed",
+    bucket_mb: float = DEFAULT_BUCKET_MB,
+    precision="fp32",
+) -> dict[str, float]:
+    """Bytes one rank sends per step (``theory.dp.dp.predicted_comm``), gradients of ``precision``'s width."""
+    cap, element = bucket_cap_bytes(bucket_mb), 2 if precision == "mixed" else 4
+    return predicted_comm(setup, world_size=world_size, variant=variant, cap_bytes=cap, element_bytes=element)
+
+
 @register(
     "dp",
     help="data parallel: naive, bucketed with overlap, or DDP; --accumulate K micro-batches",
     arguments=add_arguments,
     on_rank=on_rank,
-    predict=predicted_comm,
+    predict=predict,
 )
 def run_dp(
     setup: TrainSetup,
     *,
     world_size: int,
     backend: str = "auto",
+    launch=launch,
     variant: str = "bucketed",
     bucket_mb: float = DEFAULT_BUCKET_MB,
     accumulate: int = 1,
@@ -94,7 +106,6 @@ def run_dp(
     if variant not in VARIANTS:
         raise ValueError(f"--variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
     check_precision(precision)
-    cap = bucket_cap_bytes(bucket_mb)
     micro = micro_batch(setup, world_size, accumulate)
     backend = default_backend(world_size) if backend == "auto" else backend
     ours, ddp = launch(
@@ -113,7 +124,6 @@ def run_dp(
     ).as_dict()
     grad_bytes = 2 if precision == "mixed" else 4
     predicted["comm_buffers"] = grad_bytes * cfg.num_params() if variant == "bucketed" else None
-    comm = functools.partial(predicted_comm, element_bytes=grad_bytes)
     step = lambda r: median_after_first(r.step_seconds)  # noqa: E731
     native = None
     if variant != "ddp":
@@ -130,7 +140,9 @@ def run_dp(
         native=native,
         memory={"predicted": predicted, "measured": ours.memory},
         comm={
-            "predicted": comm(setup, world_size=world_size, variant=variant, cap_bytes=cap),
+            "predicted": predict(
+                setup, world_size=world_size, variant=variant, bucket_mb=bucket_mb, precision=precision
+            ),
             "measured": measured_comm(ours, setup.steps),
         },
         setup={

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 
+from playbook.cluster import default_backend, launch
 from playbook.config import ModelConfig, require_positive
 from playbook.model.moe import AUX_ALPHA
 from playbook.parallel.registry import register
@@ -45,20 +46,28 @@ def moe_config(setup: TrainSetup, experts: int | None, top_k: int | None) -> Mod
     return cfg
 
 
+def layout(world_size: int, ep: int | None, experts_tp: bool) -> tuple[str, int]:
+    """(mode, ep) of a run: experts over ``ep`` ranks (default all), or tensor-parallel experts."""
+    return ("tp", world_size) if experts_tp else ("ep", world_size if ep is None else ep)
+
+
 def on_rank(
     ctx,
     setup: TrainSetup,
-    cfg: ModelConfig,
     *,
+    experts: int | None = None,
+    top_k: int | None = None,
     capacity_factor: float | None = None,
     aux_alpha: float = AUX_ALPHA,
-    mode: str = "ep",
     ep: int | None = None,
+    experts_tp: bool = False,
     native: bool = False,
     bias_rate: float = 0.0,
 ):
-    """Rank function: ``train_moe`` on this rank; with ``native``, a pair: ours, then the same run
-    with PyTorch's differentiable all-to-all."""
+    """Rank function: ``train_moe`` of the setup's preset as an MoE (``moe_config``) on this rank;
+    with ``native``, a pair: ours, then the same run with PyTorch's differentiable all-to-all."""
+    cfg = moe_config(setup, experts, top_k)
+    mode, ep = layout(ctx.world_size, ep, experts_tp)
     kw = dict(capacity_factor=capacity_factor, aux_alpha=aux_alpha, bias_rate=bias_rate, ctx=ctx, mode=mode, ep=ep)
     ours = train_moe(setup, cfg, **kw)
     if not native:
@@ -104,13 +113,13 @@ class EPReport(RunReport):
     help="expert parallelism: MoE experts split over ranks, tokens sent by all-to-all",
     arguments=add_arguments,
     on_rank=on_rank,
-    predict=predicted_comm,
 )
 def run_ep(
     setup: TrainSetup,
     *,
     world_size: int,
     backend: str = "auto",
+    launch=launch,
     experts: int | None = None,
     top_k: int | None = None,
     capacity_factor: float | None = None,
@@ -118,21 +127,20 @@ def run_ep(
     aux_alpha: float = AUX_ALPHA,
     experts_tp: bool = False,
 ) -> EPReport:
-    from playbook.cluster import default_backend, launch
-
     cfg = moe_config(setup, experts, top_k)
-    mode, ep = ("tp", world_size) if experts_tp else ("ep", world_size if ep is None else ep)
-    validate(cfg, world_size, ep, capacity_factor, setup.global_batch, mode)
+    mode, degree = layout(world_size, ep, experts_tp)
+    validate(cfg, world_size, degree, capacity_factor, setup.global_batch, mode)
     backend = default_backend(world_size) if backend == "auto" else backend
     both = launch(
         on_rank,
         world_size,
         setup,
-        cfg,
+        experts=experts,
+        top_k=top_k,
         capacity_factor=capacity_factor,
         aux_alpha=aux_alpha,
-        mode=mode,
         ep=ep,
+        experts_tp=experts_tp,
         native=mode == "ep",
         backend=backend,
     )
@@ -152,7 +160,7 @@ def run_ep(
     tokens = setup.global_batch // world_size * setup.seq_len
     measured_a2a = [[r.comm[s].get("all_to_all_single", 0.0) for r in results] for s in range(setup.steps)]
     seconds = [[r.comm[s]["all_to_all_seconds"] for r in results] for s in range(setup.steps)]
-    split = dict(ep=ep, expert_tp=1) if mode == "ep" else dict(ep=1, expert_tp=world_size)
+    split = dict(ep=degree, expert_tp=1) if mode == "ep" else dict(ep=1, expert_tp=world_size)
     state = moe_model_state_bytes(
         cfg, **split, dp=world_size, precision="fp32", n_tensors=param_tensors_per_rank(cfg, split["ep"])
     )
@@ -162,15 +170,15 @@ def run_ep(
         micro_batch=setup.global_batch // world_size,
         layers=whole.routing[0],
         rank=0,
-        ep=ep,
+        ep=degree,
         mode=mode,
         tp=world_size,
     )
     predicted = {"params": state.params, "grads": state.grads, "optimizer": state.optimizer, "activations": float(acts)}
-    comm_pred = predicted_comm(cfg, world_size, ep, mode, tokens)
+    comm_pred = predicted_comm(cfg, world_size, degree, mode, tokens)
     if mode == "ep":
         comm_pred["all_to_all_single"] = (
-            sum(predicted_alltoall_bytes(whole, ep, cfg.hidden)[s][0] for s in range(setup.steps)) / setup.steps
+            sum(predicted_alltoall_bytes(whole, degree, cfg.hidden)[s][0] for s in range(setup.steps)) / setup.steps
         )
     comm_meas: dict[str, float] = {}
     for step in results[0].comm:
@@ -197,9 +205,11 @@ def run_ep(
             "top_k": cfg.top_k,
             "capacity_factor": capacity_factor,
             "aux_alpha": aux_alpha,
-            "ep": ep,
+            "ep": degree,
             "mode": mode,
         },
         losses=whole.losses,
-        routing=routing_report(whole.routing, whole.ce, ep if mode == "ep" else 1, cfg.hidden, measured_a2a, seconds),
+        routing=routing_report(
+            whole.routing, whole.ce, degree if mode == "ep" else 1, cfg.hidden, measured_a2a, seconds
+        ),
     )

@@ -103,8 +103,9 @@ def native_parity(
     *,
     sequence_parallel: bool = False,
     ours: TrainResult | None = None,
+    launch=launch,
 ) -> dict:
-    """Run ``native_on_rank`` on ``dims.world`` fresh ranks; compare it with ours (``train_hybrid``
+    """Run ``native_on_rank`` on ``dims.world`` fresh ranks (``launch``); compare it with ours (``train_hybrid``
     merged; run here unless ``ours`` is given) and with the single process on the same batch.
 
     Returns the ``RunReport.native`` shape: ``reference`` and the parity keys against ours, plus

@@ -23,7 +23,6 @@ from playbook.parallel.parity import gated
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, bounds_lines, compare
 from playbook.parallel.training import TrainSetup
-from playbook.theory.hybrid.hybrid import comm_per_axis
 from playbook.theory.pp.schedules import SCHEDULES, V_SCHEDULES
 
 
@@ -71,8 +70,10 @@ def _num(x) -> str:
     return "—" if x is None else f"{x:,.0f}"
 
 
-def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto", native: bool = False) -> HybridReport:
-    """Check ``plan``, run it on ``plan.dims.world`` fresh ranks, and compare with the single process."""
+def run_layout(
+    setup: TrainSetup, plan: Plan, backend: str = "auto", native: bool = False, launch=launch
+) -> HybridReport:
+    """Check ``plan``, run it on ``plan.dims.world`` fresh ranks (``launch``), and compare with the single process."""
     plan.check(setup)
     if native:
         check_native(setup, plan.dims, sequence_parallel=plan.sequence_parallel)
@@ -94,7 +95,9 @@ def run_layout(setup: TrainSetup, plan: Plan, backend: str = "auto", native: boo
         losses=ours.losses,
         layout={"name": str(plan.dims), "groups": plan.dims.describe()},
         per_rank=table,
-        native=native_parity(setup, plan.dims, backend, sequence_parallel=plan.sequence_parallel, ours=ours)
+        native=native_parity(
+            setup, plan.dims, backend, sequence_parallel=plan.sequence_parallel, ours=ours, launch=launch
+        )
         if native
         else None,
     )
@@ -184,13 +187,18 @@ def check_options(args) -> None:
         check_native(setup, dims, sequence_parallel=o["sequence_parallel"])
 
 
+def on_rank(ctx, setup: TrainSetup, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, **plan):
+    """Rank function in the registry's shape: ``train_hybrid`` of ``Plan(ParallelDims(dp, tp, pp, cp,
+    ep), **plan)``, the layout ``playbook run hybrid``'s flags name."""
+    return train_hybrid(ctx, setup, Plan(ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), **plan))
+
+
 @register(
     "hybrid",
     help="every strategy at once on one mesh: --dp --tp --pp --cp --ep [--zero K]",
     arguments=add_arguments,
     world_size=implied_world_size,
-    on_rank=train_hybrid,
-    predict=comm_per_axis,
+    on_rank=on_rank,
     check=check_options,
 )
 def run_hybrid(
@@ -198,15 +206,16 @@ def run_hybrid(
     *,
     world_size: int | None = None,
     backend: str = "auto",
+    launch=launch,
     dp: int = 1,
     tp: int = 1,
     pp: int = 1,
     cp: int = 1,
     ep: int = 1,
+    native: bool = False,
     **plan,
 ) -> HybridReport:
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     if world_size and world_size != dims.world:
         raise ValueError(f"--world-size {world_size} but the degrees {dims} need {dims.world} ranks; omit --world-size")
-    native = plan.pop("native", False)
-    return run_layout(setup, Plan(dims, **plan), backend, native=native)
+    return run_layout(setup, Plan(dims, **plan), backend, native=native, launch=launch)

@@ -225,18 +225,24 @@ def predicted_p2p_bytes(plan: Schedule, setup: TrainSetup, rank: int = 0) -> flo
     return float(sum(message for a in plan.actions[rank] if a.kind.startswith("send") and a.peer != rank) + tied)
 
 
+def predict(setup: TrainSetup, *, world_size: int, schedule: str, m: int, v: int = 1) -> dict[str, float]:
+    """Bytes rank 0 sends per step: ``predicted_p2p_bytes`` of the schedule's send actions."""
+    return {"isend": predicted_p2p_bytes(make_schedule(schedule, world_size, m, v), setup)}
+
+
 @register(
     "pp",
     help="pipeline parallel: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V, DualPipe-V on real stages",
     arguments=add_arguments,
     on_rank=on_rank,
-    predict=predicted_memory,
+    predict=predict,
 )
 def run_pp(
     setup: TrainSetup,
     *,
     world_size: int = 2,
     backend: str = "auto",
+    launch=launch,
     schedule: str = "1f1b",
     microbatches: int = 4,
     chunks: int | None = None,
@@ -274,7 +280,7 @@ def run_pp(
         native=native,
         memory={"predicted": predicted_memory(setup, plan), "measured": results[0]["memory"]},
         comm={
-            "predicted": {"isend": predicted_p2p_bytes(plan, setup)},  # rank 0, per step
+            "predicted": predict(setup, world_size=world_size, schedule=schedule, m=microbatches, v=chunks),
             "measured": {op: b / setup.steps for op, b in results[0]["sent_bytes"].items() if b},
         },
         setup=setup.as_dict(),

@@ -154,18 +154,43 @@ def add_arguments(parser) -> None:
     )
 
 
+def predict(
+    setup: TrainSetup,
+    *,
+    world_size: int,
+    sequence_parallel: bool = False,
+    regather: bool = False,
+    recompute: str = "none",
+    precision: str = "fp32",
+) -> dict[str, float]:
+    """Bytes one rank sends per step by collective: ``theory.tp.comm.step_collectives``, every rank
+    on the whole global batch, summed by op."""
+    collectives = step_collectives(
+        setup.config(),
+        seq_len=setup.seq_len,
+        micro_batch=setup.global_batch,
+        tp=world_size,
+        sequence_parallel=sequence_parallel,
+        regather=regather,
+        recompute=recompute,
+        dtype_bytes=2 if precision == "mixed" else 4,
+    )
+    return {op[0]: v["sent_bytes"] for op, v in summarize(collectives, by=("op",)).items()}
+
+
 @register(
     "tp",
     help="Megatron tensor parallelism (+ --sequence-parallel), from scratch and with DTensor",
     arguments=add_arguments,
     on_rank=on_rank,
-    predict=step_collectives,
+    predict=predict,
 )
 def run_tp(
     setup: TrainSetup,
     *,
     world_size: int,
     backend: str = "auto",
+    launch=launch,
     sequence_parallel: bool = False,
     regather: bool = False,
     recompute: str = "none",
@@ -205,8 +230,6 @@ def run_tp(
         regather=regather,
         recompute=recompute,
     )
-    dtype_bytes = 2 if precision == "mixed" else 4
-    predicted = summarize(step_collectives(cfg, **sizes, dtype_bytes=dtype_bytes), by=("op",))
     measured = summarize(answers[0][0][2], by=("op",))
     return RunReport(
         strategy=("tp+sp" + ("+regather" if regather else "")) if sequence_parallel else "tp",
@@ -221,7 +244,14 @@ def run_tp(
             "measured": {k: ours.memory[k] for k in ("params", "grads", "optimizer", "activations")},
         },
         comm={
-            "predicted": {op[0]: v["sent_bytes"] for op, v in predicted.items()},
+            "predicted": predict(
+                setup,
+                world_size=world_size,
+                sequence_parallel=sequence_parallel,
+                regather=regather,
+                recompute=recompute,
+                precision=precision,
+            ),
             "measured": {op[0]: v["sent_bytes"] for op, v in measured.items()},
         },
         setup={

@@ -77,7 +77,7 @@ def on_rank(ctx, setup: TrainSetup, *, reshard_after_forward: bool = True) -> Sh
     on_rank=on_rank,
     predict=fsdp2_comm_per_step,
 )
-def run_fsdp2(setup: TrainSetup, *, world_size: int, backend: str = "auto") -> ShardedReport:
+def run_fsdp2(setup: TrainSetup, *, world_size: int, backend: str = "auto", launch=launch) -> ShardedReport:
     setup.local_batch(world_size)
     backend = default_backend(world_size) if backend == "auto" else backend
     predicted_state = fsdp2_state_bytes(setup.config(), world_size=world_size).as_dict()

@@ -72,22 +72,28 @@ def add_arguments(parser) -> None:
     )
 
 
+def predict(setup: TrainSetup, *, world_size: int, stage: int, precision: str = "fp32") -> dict[str, float]:
+    """Bytes one rank sends per step by collective (``theory.zero.zero.zero_comm_per_step``)."""
+    return zero_comm_per_step(setup.config(), stage=stage, world_size=world_size, precision=precision)
+
+
 @register(
     "zero",
     help="ZeRO-1/2/3 from scratch: sharded optimizer, gradients, parameters",
     arguments=add_arguments,
     on_rank=on_rank,
-    predict=zero_comm_per_step,
+    predict=predict,
 )
 def run_zero(
     setup: TrainSetup,
     *,
     world_size: int,
     backend: str = "auto",
+    launch=launch,
     stage: int = 3,
     prefetch: bool = True,
     precision: str = "fp32",
-):
+) -> ShardedReport:
     check_stage(stage)
     check_precision(precision)
     if setup.config().tie_embeddings:  # the chapter's predictions (``theory.zero.zero.zero_units``) are an untied GPT's
@@ -120,7 +126,7 @@ def run_zero(
             "by_moment": {"predicted": by_moment, "measured": {m: r0.moments[m] for m in MOMENTS}},
         },
         comm={
-            "predicted": zero_comm_per_step(cfg, stage=stage, world_size=world_size, precision=precision),
+            "predicted": predict(setup, stage=stage, world_size=world_size, precision=precision),
             "measured": r0.comm,
         },
         setup={**setup.as_dict(), **options},

@@ -29,7 +29,7 @@ from playbook.config import ModelConfig, require_positive
 from playbook.hardware import Hardware
 from playbook.theory.cost.comm import ring_steps
 from playbook.theory.cost.flops import step_flops
-from playbook.theory.pp.schedules import closed_form, make_schedule
+from playbook.theory.pp.schedules import closed_form
 
 P2P_SENDS = ("send", "isend", "batch_isend_irecv")  # a message's cost is paid once, on its send
 P2P_RECVS = ("recv", "irecv")
@@ -123,11 +123,3 @@ def predict_step(
         flops_per_rank=flops,
         flops_per_s=rate,
     )
-
-
-def pp_send_bytes(cfg: ModelConfig, *, global_batch: int, seq_len: int, pp: int, microbatches: int, rank: int = 0):
-    """Bytes ``rank`` sends point-to-point per 1F1B step: one fp32 [global_batch/m, seq, hidden]
-    activation (forward) or gradient (backward) per send to another stage."""
-    plan = make_schedule("1f1b", pp, microbatches)
-    message = global_batch // microbatches * seq_len * cfg.hidden * 4
-    return float(sum(message for a in plan.actions[rank] if a.kind.startswith("send") and a.peer != rank))

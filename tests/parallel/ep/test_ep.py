@@ -42,7 +42,8 @@ def assert_moe_parity(p, capacity_factor):
 
 
 def run(ranks, capacity_factor, mode="ep", ep=None):
-    results = ranks.run(R.on_rank, SETUP, CFG, capacity_factor=capacity_factor, mode=mode, ep=ep, progress=False)
+    options = dict(capacity_factor=capacity_factor, ep=ep, experts_tp=mode == "tp")  # the preset itself: CFG
+    results = ranks.run(R.on_rank, SETUP, **options, progress=False)
     return results, E.merge(results, mode)
 
 

@@ -70,7 +70,7 @@ def test_bias_routing_on_real_ranks_equals_one_process(ranks2):
     """The bias is updated from the *global* counts, so every rank makes the same update and expert
     parallelism keeps choosing the experts one process chooses."""
     options = dict(capacity_factor=1.0, aux_alpha=0.0, bias_rate=0.05)
-    results = ranks2.run(R.on_rank, SETUP, CFG, **options, progress=False)
+    results = ranks2.run(R.on_rank, SETUP, **options, progress=False)  # the MoE preset itself: CFG
     single = E.train_moe(SETUP, CFG, **options)
     p = E.parity(E.merge(results, "ep"), single)
     assert p["same_experts_chosen"] and p["same_tokens_dropped"], p
