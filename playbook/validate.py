@@ -148,6 +148,7 @@ HARDWARE_LIMITS = {
     "reported_memory_bytes": Range("number", 0, 1e15, "85.5e9"),  # 0: memory_bytes (Hardware.capacity_bytes)
     "peak_fp8_flops": Range("number", 0, 1e19, "1979e12", open_low=True),
     # what `playbook calibrate` writes beside its fits (playbook.measure.calibrate)
+    "cpus": Range("int", 1, 10**6, "2", nullable=True),  # os.cpu_count(): None where it cannot tell
     "ranks": Range("int", 1, 10**6, "2"),
     "threads_per_rank": Range("int", 1, 4096, "1"),
     "calibration_seconds": Range("number", 0, 1e9, "60"),
@@ -198,7 +199,7 @@ def check_hardware(where: str, raw: dict) -> None:
     require_keys(where, raw, HARDWARE_REQUIRED, "hardware profile")
     check_fields(where, raw, HARDWARE_LIMITS, sep=": ")
     for name, value in raw.items():
-        if name.endswith("source") or name in ("date", "name"):
+        if name.endswith("source") or name in ("date", "name", "host"):
             _each(where, name, value, str, "text (a JSON string)")
     if "quick" in raw:
         _each(where, "quick", raw["quick"], bool, "true or false")
