@@ -279,6 +279,10 @@ def check_output_path(flag: str, path: str, example: str, *, suffix: str | None 
             f"nowhere); e.g. {flag} /tmp/{example}"
         )
     if not folder.is_dir():
+        if folder.exists():  # a file or a pipe where the folder should be: "does not exist" would be false
+            raise ValueError(
+                f"{flag} {shown(path)}: {shown(str(folder))} is a file, not a folder; e.g. {flag} /tmp/{example}"
+            )
         raise ValueError(f"{flag} {shown(path)}: the folder {shown(str(folder))} does not exist; create it first")
     existed = target.exists()
     try:
