@@ -148,6 +148,7 @@ HARDWARE_LIMITS = {
     "reported_memory_bytes": Range("number", 0, 1e15, "85.5e9"),  # 0: memory_bytes (Hardware.capacity_bytes)
     "peak_fp8_flops": Range("number", 0, 1e19, "1979e12", open_low=True),
     # what `playbook calibrate` writes beside its fits (playbook.measure.calibrate)
+    "cpus": Range("int", 1, 10**6, "2", nullable=True),  # os.cpu_count(): None where it cannot tell
     "ranks": Range("int", 1, 10**6, "2"),
     "threads_per_rank": Range("int", 1, 4096, "1"),
     "calibration_seconds": Range("number", 0, 1e9, "60"),
@@ -198,7 +199,7 @@ def check_hardware(where: str, raw: dict) -> None:
     require_keys(where, raw, HARDWARE_REQUIRED, "hardware profile")
     check_fields(where, raw, HARDWARE_LIMITS, sep=": ")
     for name, value in raw.items():
-        if name.endswith("source") or name in ("date", "name"):
+        if name.endswith("source") or name in ("date", "name", "host"):
             _each(where, name, value, str, "text (a JSON string)")
     if "quick" in raw:
         _each(where, "quick", raw["quick"], bool, "true or false")
@@ -278,6 +279,10 @@ def check_output_path(flag: str, path: str, example: str, *, suffix: str | None 
             f"nowhere); e.g. {flag} /tmp/{example}"
         )
     if not folder.is_dir():
+        if folder.exists():  # a file or a pipe where the folder should be: "does not exist" would be false
+            raise ValueError(
+                f"{flag} {shown(path)}: {shown(str(folder))} is a file, not a folder; e.g. {flag} /tmp/{example}"
+            )
         raise ValueError(f"{flag} {shown(path)}: the folder {shown(str(folder))} does not exist; create it first")
     existed = target.exists()
     try:

@@ -50,6 +50,8 @@ LIMITS: dict[str, tuple[float, float, str]] = {
     "max_batch": (1, 1024, "4"),
     "top": (1, 10**4, "5"),
     "timeout": (0.1, 86_400, "60"),
+    "seed": (0, 2**63 - 1, "0"),  # torch.Generator.manual_seed takes a signed 64-bit integer
+    "groups": (1, 1000, "2"),  # serve-bench's shared prefixes: as many as --requests can draw, at most
 }
 
 
@@ -57,7 +59,7 @@ LIMITS: dict[str, tuple[float, float, str]] = {
 # below the range they are "a positive integer", above it "a positive integer at most N".
 GUARDS = {
     "global_batch", "seq_len", "micro_batch", "ep", "dp", "tp", "cp", "pp", "gpus", "gpus_per_node",
-    "block_size", "blocks", "requests", "max_batch", "top",
+    "block_size", "blocks", "requests", "max_batch", "top", "groups",
 }  # fmt: skip
 
 
@@ -89,6 +91,8 @@ def check_numbers(args: argparse.Namespace) -> None:
                 what = f"at least {low:g}"
             elif low > 0 and low < 1e-3:
                 what = f"greater than 0 and at most {high:g}"
+            elif isinstance(value, int) and high > 1e6:  # a seed's 2**63 − 1 in full, not 9.22337e+18
+                what = f"between {low:,} and {high:,}"
             else:
                 what = f"between {low:g} and {high:g}"
             raise BadInput(
@@ -177,4 +181,30 @@ def check_fits(args: argparse.Namespace, available: int | None = None) -> None:
         f"{args.model} with --global-batch {args.global_batch} --seq-len {args.seq_len} needs {_size(per_rank)} per rank "
         f"(fp32 AdamW) on {args.world_size} rank(s) plus the single-process reference, {_size(total)} in all; "
         f"this machine has {_size(available)} available" + (f"; try {', or '.join(fixes)}" if fixes else "")
+    )
+
+
+def check_serving_fits(cfg, *, tp: int, dp: int, blocks: int, block_size: int, available=None) -> None:
+    """Refuse, in one line before any rank starts, a serving run whose ``serve.checks.serving_bytes`` is more
+    than 80 % of the memory this machine can still give (:func:`available_memory`, the share :func:`check_fits`
+    allows a training run), naming the smaller presets that would fit."""
+    from playbook.serve.checks import serving_bytes
+
+    available = available_memory() if available is None else available
+    if not available:
+        return
+    per_rank, total = serving_bytes(cfg, tp=tp, dp=dp, blocks=blocks, block_size=block_size)
+    if total <= 0.8 * available:
+        return
+    fits = [
+        m
+        for m in ModelConfig.presets()
+        if serving_bytes(ModelConfig.preset(m), tp=tp, dp=dp, blocks=blocks, block_size=block_size)[1]
+        <= 0.8 * available
+    ]
+    raise ValueError(
+        f"{cfg.name} on {dp * tp} rank(s) needs {_size(per_rank)} per rank (the fp32 reference, its tp shard and "
+        f"{blocks} KV blocks of {block_size} tokens) plus {_size(4.0 * cfg.num_params())} for the reference "
+        f"process, {_size(total)} in all; this machine has {_size(available)} available"
+        + (f"; try --model {' / '.join(fits[:4])} or fewer --blocks" if fits else "; try fewer --blocks")
     )

@@ -44,11 +44,14 @@ def one_layout(cfg, hw, args, options: dict) -> int:
         f"  step: {step['total']:.2f} s = compute {step['compute']:.2f} + bubble {step['bubble']:.2f} "
         f"+ exposed {step['exposed_comm']:.2f} ({axes or 'none'})"
     )
-    ranks = (
-        f"rank {r['rank']} of the {r['of']} layouts that fit, {r['rank_recompute']} of the {r['of_recompute']} "
-        f"that fit with recompute={lay.recompute}"
-    )
-    if not r["fits"]:
+    if "unranked" in r:  # too many units to search (theory.plan.search.MAX_UNITS)
+        ranks = f"not ranked against a search ({r['unranked']})"
+    else:
+        ranks = (
+            f"rank {r['rank']} of the {r['of']} layouts that fit, {r['rank_recompute']} of the {r['of_recompute']} "
+            f"that fit with recompute={lay.recompute}"
+        )
+    if not r["fits"] and "unranked" not in r:
         ranks = f"unranked, as it does not fit (its step time would place it at {ranks.removeprefix('rank ')})"
     print(f"  MFU {r['mfu']:.1%} of the BF16 peak; {ranks}")
     if not r["fits"]:

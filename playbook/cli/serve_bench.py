@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from playbook.cli.checks import check_serving_fits
 from playbook.config import ModelConfig
 from playbook.validate import check_output_path, write_output
 
@@ -17,12 +18,17 @@ _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
 
 def cmd_serve_bench(args) -> int:
-    from playbook.serve.serve_bench import serve_bench
+    from playbook.serve.serve_bench import check, serve_bench
 
     if args.out:
         check_output_path("--out", args.out, "serve-bench.json", suffix=".json")  # before any rank starts
+    cfg = ModelConfig.preset(args.model)
+    sizes = dict(tp=args.tp, dp=args.dp, blocks=args.blocks, block_size=args.block_size)
+    options = dict(requests=args.requests, max_batch=args.max_batch, token_budget=args.token_budget)
+    check(cfg, **sizes, **options, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)  # the options first
+    check_serving_fits(cfg, **sizes)  # then whether this machine holds the run
     report = serve_bench(
-        ModelConfig.preset(args.model),
+        cfg,
         tp=args.tp,
         dp=args.dp,
         seed=args.seed,

@@ -175,6 +175,8 @@ def calibrate(world_size: int = 2, *, quick: bool = False, ranks=None) -> dict:
         "planning_source": "α–β per collective in `collectives`, fitted by least squares on relative residuals.",
         "collectives": collectives,
         "matmul": matmul,
+        "host": platform.node(),  # where it was measured: a label reads it (viz.calibrate.measured_where)
+        "cpus": os.cpu_count(),
         "ranks": world_size,
         "threads_per_rank": 1,
         "quick": quick,

@@ -118,3 +118,16 @@ def _check_alone(world_size, *, tp: int, dp: int, pp: int, ep: int) -> int:
     if world_size and world_size != degree:
         raise ValueError(f"--world-size {world_size} but --{'pp' if pp > 1 else 'ep'} {degree} needs {degree} ranks")
     return degree
+
+
+def serving_bytes(cfg, *, tp: int, dp: int, blocks: int, block_size: int) -> tuple[float, float]:
+    """(bytes per rank, bytes in all) of a dp × tp serving run here, before it starts: every rank
+    builds the whole fp32 reference GPT and slices its tp shard from it (``serve.ranks.build``), and
+    holds a paged KV pool of ``blocks × block_size`` fp32 tokens of its KV heads; the parent process
+    builds one more reference to check the tokens against (``serve.report.reference``)."""
+    from playbook.theory.serving.serving import kv_bytes_per_token
+
+    weights = 4.0 * cfg.num_params()
+    per_rank = weights * (1 + (1 / tp if tp > 1 else 0))
+    per_rank += blocks * block_size * kv_bytes_per_token(cfg, tp=tp, dtype="fp32")
+    return per_rank, dp * tp * per_rank + weights

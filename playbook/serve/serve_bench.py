@@ -26,6 +26,7 @@ The JSON (``BENCH_KEYS`` at the top level):
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 from playbook.config import ModelConfig
@@ -45,6 +46,27 @@ def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, 
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be > 0 milliseconds, got {value}")
     ParallelDims(dp=dp, tp=tp).check(cfg)
+
+
+# The last step a trace's request may arrive at: the scheduler runs every step until then, idle ones
+# too (``serve.batching``), about a millisecond each on these ranks, so 10,000 steps are seconds.
+MAX_ARRIVAL_STEP = 10_000
+
+
+def check_span(trace, rate: float) -> None:
+    """Refuse a trace whose last request arrives after :data:`MAX_ARRIVAL_STEP`, naming the rate
+    that fits: arrival k is ⌊S_k / rate⌋ with S_k drawn independently of the rate
+    (``theory.serving.workload.poisson_trace``), so rate · last / MAX_ARRIVAL_STEP brings it inside."""
+    last = max(t.arrival for t in trace)
+    if last <= MAX_ARRIVAL_STEP:
+        return
+    need = rate * last / MAX_ARRIVAL_STEP
+    step = 10.0 ** (math.floor(math.log10(need)) - 1)
+    need = math.ceil(need / step) * step  # two significant digits, rounded up
+    raise ValueError(
+        f"--rate {rate:g}: the trace's last request arrives at step {last:,}, and the scheduler runs every "
+        f"step until then; a trace may span {MAX_ARRIVAL_STEP:,} steps; try --rate {need:.2g} or more"
+    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -110,6 +132,7 @@ def serve_bench(
     trace = poisson_trace(
         n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
     )
+    check_span(trace, rate)
     reqs = [Request(i, t.prompt, t.max_new, t.arrival) for i, t in enumerate(trace)]
     longest = max(-(-(len(r.prompt) + r.max_new - 1) // block_size) for r in reqs)
     if longest > blocks:

@@ -6,6 +6,9 @@ Pure functions from a profile dict (what ``playbook calibrate`` writes, or
 
 from __future__ import annotations
 
+import os
+import platform
+import re
 from collections.abc import Mapping
 
 import plotly.graph_objects as go
@@ -20,6 +23,37 @@ LABELS = {
     "all_to_all": "all-to-all",
     "send": "send/recv",
 }
+
+
+def measured_on(profile: Mapping) -> tuple[str, int | None]:
+    """(host name, CPUs) of the machine a profile was measured on: its ``host`` and ``cpus`` fields
+    (``playbook calibrate`` writes them), else what its ``source`` line says ("… on vm (2 CPUs): …"),
+    else ("an unnamed machine", None)."""
+    if profile.get("host"):
+        return str(profile["host"]), profile.get("cpus")
+    said = re.search(r" on (\S+) \((\d+) CPUs\)", str(profile.get("source", "")))
+    return (said[1], int(said[2])) if said else ("an unnamed machine", None)
+
+
+def measured_where(profile: Mapping, here: tuple[str, int | None] | None = None) -> str:
+    """One line saying where, when and under what load ``profile`` was measured, and whether that is
+    the machine reading it (``here``: (host name, CPUs), this one's by default): a profile shipped from
+    another machine is never labelled as this one's."""
+    host, cpus = measured_on(profile)
+    here = (platform.node(), os.cpu_count()) if here is None else here
+    load = profile.get("load_average", {})
+    before, after = (load.get(k, [None])[0] for k in ("before", "after"))
+    under = (
+        f"load average {before:.1f} before, {after:.1f} after"
+        if before is not None and after is not None
+        else "load not recorded"
+    )
+    machine = f"{host} ({cpus} CPUs)" if cpus else host
+    if (host, cpus) == tuple(here):
+        whose = "a machine of this one's name and CPU count"
+    else:
+        whose = f"not this machine ({here[0] or 'unnamed'}, {here[1]} CPUs): `playbook calibrate --out mine.json` measures it"
+    return f"measured on {machine}, {profile.get('date') or 'date not recorded'}, {under}; {whose}"
 
 
 def fit_rows(profile: Mapping) -> list[dict]:
@@ -101,7 +135,7 @@ def calibration_figure(profile: Mapping) -> go.Figure:
     fig.update_yaxes(tickformat="+.0%", zeroline=True, row=2, col=1)
     fig.update_layout(
         height=620,
-        title=f"Collectives on {profile.get('ranks', '?')} gloo ranks, measured {profile.get('date', '')} "
-        f"(load average {load:.2f})",
+        title=f"Collectives on {profile.get('ranks', '?')} gloo ranks of {measured_on(profile)[0]}, measured "
+        f"{profile.get('date', '')} (load average {load:.2f})",
     )
     return fig

@@ -272,7 +272,10 @@ def _bad_paths(tmp_path: Path) -> dict[str, tuple[str, str]]:
     os.mkfifo(fifo)  # writing it would block until a reader comes: the hang the sweep found
     folder = tmp_path / "out.json"
     folder.mkdir()
+    plain = tmp_path / "plain"
+    plain.write_text("")  # a file where the folder should be
     return {
+        "a file for a folder": (str(plain / "x.json"), "is a file, not a folder"),
         "300-character name": (str(tmp_path / ("a" * 295 + ".json")), "more than the 255 this file system allows"),
         "missing folder": (str(tmp_path / "no" / "such" / "x.json"), "does not exist; create it first"),
         "a folder": (str(folder), "is a folder; name a file in it"),
@@ -284,7 +287,17 @@ def _bad_paths(tmp_path: Path) -> dict[str, tuple[str, str]]:
     }
 
 
-BAD_PATHS = ["300-character name", "missing folder", "a folder", "a fifo", "a device", "/proc", "/sys", "unwritable"]
+BAD_PATHS = [
+    "300-character name",
+    "missing folder",
+    "a file for a folder",
+    "a folder",
+    "a fifo",
+    "a device",
+    "/proc",
+    "/sys",
+    "unwritable",
+]
 
 
 @pytest.mark.parametrize("case", BAD_PATHS)

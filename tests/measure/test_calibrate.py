@@ -77,6 +77,13 @@ def test_quick_calibration_writes_a_profile_hardware_loads(profile_path):
     raw = json.loads(profile_path.read_text())  # the datasheet profiles' keys, all present
     datasheet = json.loads(HARDWARE_DIR.joinpath("cpu-laptop.json").read_text())
     assert set(datasheet) <= set(raw)
+    import os
+    import platform
+
+    assert (raw["host"], raw["cpus"]) == (platform.node(), os.cpu_count())  # what the label reads
+    from playbook.viz.calibrate import measured_where
+
+    assert measured_where(raw).endswith("a machine of this one's name and CPU count")
 
 
 @pytest.mark.ranks

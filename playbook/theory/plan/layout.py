@@ -14,7 +14,7 @@ from playbook.theory.plan.memory import memory_breakdown
 from playbook.theory.plan.schedule import ENDS, stage_placement
 from playbook.theory.pp import V_SCHEDULES
 from playbook.hardware import MEM_UTIL
-from playbook.theory.plan.search import Layout
+from playbook.theory.plan.search import MAX_UNITS, Layout, planned_units
 from playbook.theory.plan.planner import plan
 from playbook.theory.plan.stage_balance import stage_imbalance
 
@@ -133,7 +133,9 @@ def cost_layout(
         "step": cost.as_dict(),
         "mfu": cost.mfu(gpus, hw.peak_bf16_flops),
     }
-    if rank:
+    if rank and planned_units(cfg) > MAX_UNITS:  # too many units to search: this layout alone
+        out["unranked"] = f"{planned_units(cfg):,} units, past the {MAX_UNITS:,} a search takes"
+    elif rank:
         batch = lay.dp * lay.micro_batch * lay.microbatches
         options = dict(gpus_per_node=g, mem_util=mem_util, activations=activations, overlap=overlap)
         options |= dict(precision=precision, mesh_order=mesh_order, **(search or {}))

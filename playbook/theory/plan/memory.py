@@ -10,6 +10,7 @@ the planner's per-layer count, ``theory.hybrid.stages``, chunk by chunk), and th
 from __future__ import annotations
 
 import functools
+import itertools
 
 from playbook.config import ModelConfig
 from playbook.theory.inventory.model_state import model_state_bytes
@@ -103,7 +104,7 @@ def rank_chunks(cfg: ModelConfig, pp: int, rank: int, schedule: str, v: int, end
         pieces = chunk_ranges(cfg, pp, rank, schedule, v)
     else:
         sizes = chunk_layers(L, pp, v, ends)
-        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        starts = [0, *itertools.accumulate(sizes)][:-1]  # a running sum, not (p·v)² additions
         stages = [c * pp + rank for c in range(v)]
         pieces = [(starts[k] + (k > 0), starts[k] + sizes[k] + 1 + (k == pp * v - 1)) for k in stages]
     return tuple((max(a, 1) - 1, max(0, min(b, L + 1) - max(a, 1)), a == 0, b == L + 2) for a, b in pieces)

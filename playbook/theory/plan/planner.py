@@ -48,6 +48,7 @@ from playbook.theory.plan.search import (
     Layout,
     Plan,
     _modelled,
+    check_search_size,
     _structures,
     _variants,
 )
@@ -100,6 +101,7 @@ def plan(
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}; try flash")
     check_activations(activations)
+    check_search_size(cfg)
     out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.capacity_bytes, attention, activations)
     out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
     if overlap not in OVERLAP_PRESETS:

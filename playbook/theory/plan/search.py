@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from playbook.config import ModelConfig
+from playbook.config import divisors as all_divisors
 from playbook.dims import ParallelDims
 from playbook.theory.inventory.model_state import ZERO_STAGES
 from playbook.theory.inventory.inventory import RECOMPUTE_MODES
@@ -17,6 +18,12 @@ from playbook.theory.plan.memory import memory_bytes
 from playbook.theory.plan.schedule import PLAN_SCHEDULES, schedule_options
 
 MAX_MICRO_BATCH = 8
+# The most units (a layer, or one routed expert of an MoE layer) a search sizes: each is a unit of its
+# own in every rank's parameters and ZeRO's flat units, for every layout, so time and memory grow with
+# the count. DeepSeek-V3, the largest published MoE, has 61 + 58 × 256 = 14,909; 100,000 keeps a search
+# over 1,000,000 GPUs under a minute and about 1 GB (10,000 MoE layers of 256 experts took 8 GB and
+# minutes). One layout (``--layout``) is costed whatever the count.
+MAX_UNITS = 100_000
 
 
 @dataclass(frozen=True)
@@ -114,9 +121,30 @@ def powers_of_two(limit: int) -> list[int]:
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
-    """Every divisor of ``n`` (up to ``limit``), ascending: 384 GPUs allow pp = 3, 6, 12, 24, ..."""
-    top = n if limit is None else min(n, limit)
-    return [k for k in range(1, top + 1) if n % k == 0]
+    """Every divisor of ``n`` (up to ``limit``), ascending: 384 GPUs allow pp = 3, 6, 12, 24, ...
+    (``config.divisors``: pairs up to the square root, not a trial of every k up to n)."""
+    return [k for k in all_divisors(n) if limit is None or k <= limit]
+
+
+def planned_units(cfg: ModelConfig) -> int:
+    """The units a search sizes per rank and layout (:data:`MAX_UNITS`): every layer, and every
+    routed expert of every MoE layer."""
+    return cfg.n_layers + cfg.n_moe_layers * cfg.n_experts
+
+
+def check_search_size(cfg: ModelConfig) -> None:
+    """Refuse, in one line and before any layout is costed, a model past :data:`MAX_UNITS`, naming
+    the layers that would plan and the one-layout costing that plans anyway."""
+    units = planned_units(cfg)
+    if units <= MAX_UNITS:
+        return
+    dense, per = cfg.n_layers - cfg.n_moe_layers, 1 + cfg.n_experts  # L + (L − dense)·E <= MAX_UNITS
+    most = (MAX_UNITS + dense * cfg.n_experts) // per
+    raise ValueError(
+        f"{cfg.name}: {cfg.n_layers:,} layers ({cfg.n_moe_layers:,} of {cfg.n_experts} routed experts) are "
+        f"{units:,} units to size on every rank of every layout; a search takes at most {MAX_UNITS:,} "
+        f"(DeepSeek-V3 has 14,909); try num_hidden_layers {most} or fewer, or cost one layout with --layout"
+    )
 
 
 def _structures(cfg: ModelConfig, plan: Plan):

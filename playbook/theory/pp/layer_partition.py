@@ -7,6 +7,7 @@ Pure Python; no torch.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 
@@ -39,17 +40,24 @@ def balanced_partition(weights: Sequence[float], parts: int) -> list[tuple[int, 
 
 def equal_partition(n_layers: int, parts: int) -> list[tuple[int, int]]:
     """The naive cut: transformer blocks split as evenly as possible, the embedding (piece 0) added to
-    the first stage and the head (piece n_layers + 1) to the last; ranges over the n_layers + 2 pieces."""
+    the first stage and the head (piece n_layers + 1) to the last; ranges over the n_layers + 2 pieces.
+    Remembered per (n_layers, parts): a planner asks for it once per pipeline rank, and building it
+    each time made a pipeline of p ranks cost p² (a list of its own is returned)."""
+    return list(_equal_partition(n_layers, parts))
+
+
+@functools.lru_cache(maxsize=1024)
+def _equal_partition(n_layers: int, parts: int) -> tuple[tuple[int, int], ...]:
     if parts > n_layers + 2:
         raise ValueError(
             f"{parts} stages but only {n_layers} layers plus embedding and head; use stages <= {n_layers + 2}"
         )
     if parts > n_layers:  # too few blocks: give embedding and head stages of their own where needed
-        return balanced_partition([1.0] * (n_layers + 2), parts)
+        return tuple(balanced_partition([1.0] * (n_layers + 2), parts))
     base, extra = divmod(n_layers, parts)
     ranges, start = [], 0
     for k in range(parts):
         size = base + (1 if k < extra else 0) + (1 if k == 0 else 0) + (1 if k == parts - 1 else 0)
         ranges.append((start, start + size))
         start += size
-    return ranges
+    return tuple(ranges)
