@@ -76,8 +76,9 @@ def fit_controls(controls, description_width: str = "90px") -> None:
         elif isinstance(ctl, w.ToggleButtons):
             longest = max(len(str(label)) for label in ctl.options)
             ctl.style = {"description_width": description_width, "button_width": f"{8 * longest + 22}px"}
-        else:
+        else:  # a slider or dropdown narrows with its column instead of running past the cell's edge
             ctl.style = {"description_width": description_width}
+            ctl.layout.max_width = "calc(100% - 4px)"  # its 2 px margins beside it
 
 
 def memory_budgets(
