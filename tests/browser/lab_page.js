@@ -134,7 +134,9 @@ window.playbookTest = {
     const ctx = (this.canvas = this.canvas || document.createElement("canvas")).getContext("2d");
     ctx.font = `${style.fontStyle} ${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
     const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
-    const rows = pre.textContent.split("\n").filter((l) => /\S {2,}\S|[│|]/.test(l.trim()));
+    // (a "|" alone is no column: |x| is notation, and a one-line report is no table)
+    const rows = pre.textContent.split("\n").filter((l) => /\S {2,}\S|│/.test(l.trim()));
+    if (rows.length < 2) return [];
     const wide = rows.filter((l) => ctx.measureText(l).width > room + 1);
     if (!wide.length) return [];
     const px = Math.ceil(ctx.measureText(wide[0]).width);
