@@ -82,7 +82,15 @@ class Hardware:
     @property
     def fit_label(self) -> str:
         """How a figure names that line: e.g. "h100-sxm: 90 % of 85.5 GB"."""
-        return f"{self.name}: {MEM_UTIL * 100:.0f} % of {self.capacity_bytes / 1e9:.1f} GB"
+        return self.fit_label_in("GB")
+
+    def fit_label_in(self, unit: str) -> str:
+        """:attr:`fit_label` in the unit of the figure it labels (``"GB"`` or ``"GiB"``), so that one
+        label never mixes the two: "h100-sxm: 90 % of 79.6 GiB"."""
+        scale = {"GB": 1e9, "GiB": 2**30}.get(unit)
+        if scale is None:
+            raise ValueError(f"unit must be 'GB' or 'GiB'; got {unit!r}")
+        return f"{self.name}: {MEM_UTIL * 100:.0f} % of {self.capacity_bytes / scale:.1f} {unit}"
 
     @staticmethod
     def presets() -> list[str]:

@@ -5,7 +5,6 @@ zig-zag, ring step) -> the score matrix of ``playbook.viz.cp`` and the numbers b
 
 from __future__ import annotations
 
-import html
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -15,7 +14,7 @@ from playbook.hardware import Hardware
 from playbook.theory import cp as th
 from playbook.viz.cp import score_matrix
 from playbook.viz.figures import format_value
-from playbook.viz.widgets import fit_controls, show_figure
+from playbook.viz.widgets import fit_controls, mark_stale, refusal, show_figure
 
 
 def cp_summary(
@@ -122,7 +121,8 @@ def cp_dashboard(
                 cfg, hw, seq_len=v["seq_len"], n=v["n"], variant=v["variant"], causal=v["causal"], zigzag=v["zigzag"]
             )
         except ValueError as e:
-            message.value = f"<span style='color:#c62828'><b>Cannot do:</b> {html.escape(str(e))}</span>"
+            message.value = refusal("Cannot do", e)
+            mark_stale(fig)
             return
         new = score_matrix(
             v["n"],

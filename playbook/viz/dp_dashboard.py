@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import html
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -15,7 +14,7 @@ from playbook.hardware import Hardware
 from playbook.theory.dp.buckets import bucket_cap_bytes
 from playbook.viz.dp import predict_both, predicted_timelines
 from playbook.viz.figures import format_value
-from playbook.viz.widgets import dense_presets, fit_controls, show_figure
+from playbook.viz.widgets import dense_presets, fit_controls, mark_stale, refusal, show_figure
 
 
 def _summary(cfg, hw, world_size, both) -> str:
@@ -99,7 +98,8 @@ def dp_dashboard(
             cfg, hw = ModelConfig.preset(v.pop("model")), Hardware.preset(v.pop("hardware"))
             both, new = predicted_step(cfg, hw, **v)
         except ValueError as e:
-            message.value = f"<span style='color:#c62828'><b>Cannot predict:</b> {html.escape(str(e))}</span>"
+            message.value = refusal("Cannot predict", e)
+            mark_stale(fig)
             return
         show_figure(fig, new)
         message.value = _summary(cfg, hw, v["world_size"], both)

@@ -38,6 +38,8 @@ def routing_dashboard(
     ``last_run`` (``MoERun.routing`` of a real run) adds the same figure for that run below."""
     import ipywidgets as w
 
+    from playbook.viz.widgets import mark_stale, refusal
+
     controls = {
         "n_experts": w.Dropdown(options=[2, 4, 8, 16, 32, 64], value=n_experts, description="experts"),
         "top_k": w.IntSlider(value=top_k, min=1, max=8, description="top-k"),
@@ -51,7 +53,8 @@ def routing_dashboard(
         E, k = controls["n_experts"].value, controls["top_k"].value
         cf = controls["capacity_factor"].value or None
         if k > E:
-            text.value = f"<b>top_k={k} exceeds n_experts={E}</b>: try top_k in 1..{E}"
+            text.value = refusal("Cannot route", f"top_k={k} exceeds n_experts={E}: try top_k in 1..{E}")
+            mark_stale(fig)
             return
         sim = simulate_routing(
             n_experts=E, top_k=k, tokens=tokens, capacity_factor=cf, skew=controls["skew"].value, steps=steps

@@ -13,6 +13,7 @@ themselves are in ``playbook.viz.memory_figures``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 import plotly.graph_objects as go
@@ -75,13 +76,52 @@ def format_value(x: float) -> str:
     return f"{x:.2g}"
 
 
+# The narrowest notebook cell a figure must fit: a 1280 px window with JupyterLab's file browser open
+# leaves an output 848 px wide (tests/browser checks every chapter there). Titles wrap to it.
+FIT_WIDTH = 840
+TITLE_CHARS = {"": 96, "sup": 140}  # characters per title line at 17 px (a subtitle <sup>: 12 px) in FIT_WIDTH
+TITLE_LINE_PX = 24  # the margin a wrapped title's extra line takes
+
+
+def _visible(text: str) -> int:
+    return len(re.sub(r"<[^>]+>", "", text))
+
+
+def wrap_title(title: str) -> str:
+    """``title`` with every line (``<br>``-separated; a ``<sup>`` line counts as a subtitle) broken at
+    spaces into lines of at most :data:`TITLE_CHARS` characters, so that no title runs past the
+    right edge of a :data:`FIT_WIDTH` figure (plotly never wraps a title itself)."""
+    out = []
+    for line in title.split("<br>"):
+        sup = line.startswith("<sup>") and line.endswith("</sup>")
+        words, limit, cur = (line[5:-6] if sup else line).split(" "), TITLE_CHARS["sup" if sup else ""], ""
+        parts = []
+        for word in words:
+            if cur and _visible(cur) + 1 + _visible(word) > limit:
+                parts.append(cur)
+                cur = word
+            else:
+                cur = f"{cur} {word}" if cur else word
+        parts.append(cur)
+        out += [f"<sup>{p}</sup>" for p in parts] if sup else parts
+    return "<br>".join(out)
+
+
+def fitted_title(title: str, top: int) -> tuple[dict, int]:
+    """Plotly's ``title`` for ``title`` wrapped to :data:`FIT_WIDTH`, and the top margin it needs
+    where ``top`` was enough unwrapped. A title that wrapped hangs from the figure's top edge (plotly
+    centres it in the margin, which pushed its first line off the top), :data:`TITLE_LINE_PX` more
+    margin per line it gained."""
+    wrapped = wrap_title(title)
+    grew = wrapped.count("<br>") - title.count("<br>")
+    hang = dict(y=1, yref="container", yanchor="top", pad=dict(t=22)) if grew else {}
+    return dict(text=wrapped, x=0.01, xanchor="left", **hang), top + TITLE_LINE_PX * grew
+
+
 def figure_layout(fig: go.Figure, *, title: str, height: int = HEIGHT, **kwargs) -> go.Figure:
-    fig.update_layout(
-        height=height,
-        title=dict(text=title, x=0.01, xanchor="left") if title else None,
-        margin=dict(l=70, r=30, t=60 if title else 30, b=50),
-        **kwargs,
-    )
+    """The book's layout: ``height``, ``title`` left-aligned and wrapped to fit (:func:`fitted_title`)."""
+    head, top = fitted_title(title, 60) if title else (None, 30)
+    fig.update_layout(height=height, title=head, margin=dict(l=70, r=30, t=top, b=50), **kwargs)
     return fig
 
 
@@ -188,7 +228,8 @@ def timeline(spans: Iterable[Mapping | object], *, title: str = "") -> go.Figure
         fig,
         title=title,
         barmode="overlay",
-        height=max(260, min(HEIGHT + 120, 120 + 45 * len(ranks))),
+        # tall enough for the legend too (its title, a title per kind, an entry per name): it scrolled
+        height=max(260, min(HEIGHT + 120, 120 + 45 * len(ranks)), 130 + 24 * (len(keys) + 2)),
         xaxis=dict(title="time since first span (ms)", rangemode="tozero"),
         yaxis=dict(title=None, categoryorder="array", categoryarray=labels, autorange="reversed"),
         legend=dict(title="span", groupclick="toggleitem"),

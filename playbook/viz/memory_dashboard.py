@@ -13,7 +13,16 @@ from playbook.config import ModelConfig
 from playbook.hardware import MEM_UTIL, Hardware
 from playbook.viz.figures import format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars
-from playbook.viz.widgets import POWERS_OF_TWO, SERVING, STALE, TRAINING, fit_controls, memory_budgets, params_label
+from playbook.viz.widgets import (
+    POWERS_OF_TWO,
+    SERVING,
+    TRAINING,
+    fit_controls,
+    mark_stale,
+    memory_budgets,
+    params_label,
+    refusal,
+)
 
 
 def _summary(
@@ -128,15 +137,14 @@ def memory_dashboard(
                 fp32_grad_accum=v["fp32_grad_accum"] and v["precision"] == "mixed",
             )
         except (ValueError, NotImplementedError) as e:
-            message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
-            if fig.data and STALE not in fig.layout.title.text:
-                fig.layout.title.text += STALE
+            message.value = refusal("Cannot compute", e)
+            mark_stale(fig)
             return
         new = memory_bars(
             budgets,
             unit=v["unit"],
             capacity=hw.usable_bytes,
-            capacity_label=hw.fit_label,
+            capacity_label=hw.fit_label_in(v["unit"]),  # one unit per label: the line's in the axis's
             title=f"{cfg.name}: {params_label(cfg.num_params())} params<br><sup>ZeRO-{v['zero']} over dp={v['dp']}"
             + "".join(f", {d}={v[d]}" for d in ("tp", "pp", "cp", "ep") if v[d] > 1)
             + f", seq {v['seq_len']:,} × micro-batch {v['micro_batch']}</sup>",

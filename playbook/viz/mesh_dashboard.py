@@ -29,16 +29,15 @@ from playbook.parallel.hybrid.parallelize import train_hybrid
 from playbook.parallel.training import TrainSetup
 from playbook.theory.hybrid.hybrid import comm_per_axis
 from playbook.theory.hybrid.hybrid import memory_per_rank as predict_memory
+from playbook.viz.figures import FIT_WIDTH
 from playbook.viz.mesh import bytes_per_axis, memory_per_rank
 from playbook.viz.mesh_layout import rank_grid
-from playbook.viz.widgets import fit_controls, show_figure
+from playbook.viz.widgets import GREY, RED, fit_controls, mark_stale, show_figure
 
 WORLD = 8
 MODELS = ("gpt-tiny", "gpt-tiny-moe")
 DEGREES = ("dp", "tp", "pp", "cp", "ep")
-STALE = "  <i style='color:#c62828'>(stale)</i>"
-WIDTH = 900
-RED, GREY = "#c62828", "#555"
+WIDTH = FIT_WIDTH  # the narrowest cell a chapter is read in (1280 px, file browser open)
 
 
 def plan_from(setup: TrainSetup, values: dict) -> Plan:
@@ -116,12 +115,6 @@ def notes(setup: TrainSetup, plan: Plan, measured: bool) -> list[str]:
 def _drop_measured(fig: go.Figure) -> go.Figure:
     fig.data = [t for t in fig.data if t.name != "measured"]
     return fig
-
-
-def _mark_stale(widget: go.FigureWidget) -> None:
-    text = widget.layout.title.text or ""
-    if widget.data and STALE not in text:
-        widget.layout.title.text = text + STALE
 
 
 def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
@@ -204,8 +197,7 @@ def hybrid_dashboard(cluster=None, setup: TrainSetup | None = None) -> w.VBox:
                 f"<span style='color:{RED}'><b>Cannot lay out:</b> {html.escape(str(e))}</span>"
                 f"<span style='color:{GREY}'> (the figures show the last valid layout)</span>"
             )
-            for fig in figs.values():
-                _mark_stale(fig)
+            mark_stale(*figs.values())
             button.disabled = True
             return
         message.value = ""

@@ -23,13 +23,12 @@ from playbook.theory.plan.cost import DEFAULT_OVERLAP
 from playbook.theory.plan.schedule import PLAN_SCHEDULES
 from playbook.theory.plan.search import Plan
 from playbook.theory.plan.planner import plan
+from playbook.viz.figures import FIT_WIDTH
 from playbook.viz.table import table
 from playbook.viz.plan import candidate_rows, rejected_rows, step_breakdown
-from playbook.viz.widgets import show_figure
+from playbook.viz.widgets import GREY, RED, STALE, mark_stale, show_figure
 
-STALE = "  <i style='color:#c62828'>(stale)</i>"
-RED, GREY = "#c62828", "#555"
-WIDTH = 980
+WIDTH = FIT_WIDTH  # the narrowest cell a chapter is read in (1280 px, file browser open)
 POW2 = lambda lo, hi: [2**k for k in range(lo, hi + 1)]  # noqa: E731
 
 
@@ -109,10 +108,7 @@ def plan_dashboard(
                 f"<span style='color:{RED}'><b>Cannot plan:</b> {html.escape(str(e))}</span>"
                 f"<span style='color:{GREY}'> (the figures show the last plan)</span>"
             )
-            for fig in figs.values():
-                text = fig.layout.title.text or ""
-                if fig.data and STALE not in text:
-                    fig.layout.title.text = text + STALE
+            mark_stale(*figs.values())
             if rejected.value and STALE not in rejected.value:
                 rejected.value = f"<div>rejections of the last plan{STALE}</div>" + rejected.value
             return

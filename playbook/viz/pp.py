@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from playbook.theory.pp.simulator import Costs, Timeline, simulate
 from playbook.theory.pp.schedules import SCHEDULES, V_SCHEDULES, chunks_per_rank, closed_form, make_schedule
+from playbook.viz.figures import fitted_title
 
 KIND_COLORS = {"F": "#3b7dd8", "B": "#e4572e", "W": "#52a852"}
 KIND_NAMES = {"F": "forward F", "B": "backward B", "W": "weight grad W"}
@@ -55,17 +56,18 @@ def gantt(tl: Timeline, *, title: str = "", unit: str = "units", upto: float | N
     _bars(fig, tl, scale, upto)
     b = tl.bubble()
     ranks = [f"rank {r}" for r in range(tl.p)]
+    head, top = fitted_title(
+        f"{title}<br><sup>bubble: idle/total {b['idle_over_total']:.1%}, "
+        f"bubble/ideal {b['bubble_over_ideal']:.1%}</sup>",
+        70,
+    )
     fig.update_layout(
         barmode="overlay",
-        height=120 + 40 * tl.p,
-        title=dict(
-            text=f"{title}<br><sup>bubble: idle/total {b['idle_over_total']:.1%}, "
-            f"bubble/ideal {b['bubble_over_ideal']:.1%}</sup>",
-            x=0.01,
-        ),
+        height=120 + 40 * tl.p + top - 70,
+        title=head,
         xaxis=dict(title=f"time ({unit})", range=[0, tl.makespan * scale * 1.01]),
         yaxis=dict(categoryorder="array", categoryarray=ranks, autorange="reversed"),
-        margin=dict(l=60, r=20, t=70, b=45),
+        margin=dict(l=60, r=20, t=top, b=45),
         legend=dict(orientation="h", y=-0.35 if tl.p <= 2 else -0.2),
     )
     return fig

@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import html
 
 import ipywidgets as w
 import plotly.graph_objects as go
 
 from playbook.theory.pp.simulator import Timeline, simulate
 from playbook.theory.pp.schedules import SCHEDULES, V_SCHEDULES, chunks_per_rank, closed_form, make_schedule
-from playbook.viz.widgets import fit_controls, show_figure
+from playbook.viz.widgets import fit_controls, is_stale, mark_stale, refusal, show_figure
 from playbook.viz.pp import bubble_vs_m, gantt
 
 
@@ -48,7 +47,10 @@ def pipeline_explorer(
         try:
             sched = make_schedule(s["schedule"], s["p"], s["m"], vv)
         except ValueError as e:
-            message.value = f"<span style='color:#c62828'><b>Not a valid schedule:</b> {html.escape(str(e))}</span>"
+            message.value = refusal("Not a valid schedule", e)
+            mark_stale(fig)
+            if _change is None or _change["owner"] in (c["p"], c["v"]):  # bubble vs m not redrawn for them
+                mark_stale(bubble_fig)
             return
         tl = simulate(sched)
         new = gantt(
@@ -76,13 +78,15 @@ def pipeline_explorer(
                 else ""
             )
         )
-        if _change is None or _change["owner"] in (c["p"], c["v"]):  # bubble vs m depends on p and v only
+        if _change is None or _change["owner"] in (c["p"], c["v"]) or is_stale(bubble_fig):  # depends on p, v only
             show_figure(bubble_fig, bubble_vs_m(s["p"], [1, 2, 4, 8, 16, 32], v=max(2, vv)))
 
     for ctl in c.values():
         ctl.observe(update, names="value")
     update()
-    parts = [w.HBox([w.VBox([c["schedule"], c["t"]]), w.VBox([c["p"], c["m"], c["v"]])]), fig, message, bubble_fig]
+    # the schedules' buttons take a row of their own: beside them the sliders' readouts were cut off
+    sliders = w.HBox([w.VBox([c["p"], c["m"]]), w.VBox([c["v"], c["t"]])])
+    parts = [c["schedule"], sliders, fig, message, bubble_fig]
     if last_run is not None:
         what = last_run_label or f"p={last_run.p}"
         title = f"measured on real ranks: {what} (fixed; the controls drive the simulation above)"

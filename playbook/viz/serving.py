@@ -11,18 +11,11 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from playbook.viz.figures import figure_layout
+from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS, figure_layout
 from playbook.viz.mesh_layout import PALETTE
 
-MEMORY_COLORS = {
-    "weights": "#2f6db5",
-    "kv_cache": "#e8893a",
-    "params": "#2f6db5",
-    "grads": "#5b9a48",
-    "optimizer": "#8a63b8",
-    "activations": "#c94a4a",
-    "free": "#d9d9d9",
-}
+# the book's one colour per memory category (chapters 0 and 2 draw the same), and grey for room left
+MEMORY_COLORS = {**CATEGORY_COLORS, "free": "#d9d9d9"}
 TP_COLORS = {1: "#2f6db5", 2: "#e8893a", 4: "#5b9a48", 8: "#c94a4a"}
 
 
@@ -38,10 +31,10 @@ def stacked_memory(
             go.Bar(
                 x=labels,
                 y=[v / unit for v in values],
-                name=cat.replace("_", " "),
+                name=CATEGORY_LABELS.get(cat, cat.replace("_", " ")),
                 marker_color=MEMORY_COLORS.get(cat, "#7f7f7f"),
                 customdata=values,
-                hovertemplate=f"<b>{cat}</b> %{{x}}<br>%{{y:.3g}} {unit_name} (%{{customdata:,.0f}} bytes)<extra></extra>",
+                hovertemplate=f"<b>{CATEGORY_LABELS.get(cat, cat)}</b> %{{x}}<br>%{{y:.3g}} {unit_name} (%{{customdata:,.0f}} bytes)<extra></extra>",
             )
         )
     fig.update_yaxes(title_text=unit_name, rangemode="tozero")

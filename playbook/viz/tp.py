@@ -38,16 +38,19 @@ def shard_diagram(cfg: ModelConfig, tp: int, *, title: str = "", per_row: int = 
     fig = go.Figure()
     rep_x, rep_y = [], []
     for i, m in enumerate(mats):
-        x0, y0 = (i % per_row) * 1.4, -(i // per_row) * 1.7
+        x0, y0 = (i % per_row) * 1.6, -(i // per_row) * 1.7  # 0.6 between squares: room for the labels
         rows, cols = m["shape"]
-        how = {"rows": f"rows split: {m['by']}", "cols": f"columns split: {m['by']}", None: "on every rank"}[m["split"]]
+        # the split on two lines: on one, neighbouring labels ran into each other
+        how = {"rows": f"rows split:<br>{m['by']}", "cols": f"columns split:<br>{m['by']}", None: "on every rank"}[
+            m["split"]
+        ]
         fig.add_annotation(
             x=x0 + 0.5,
             y=y0 + 1.02,
             text=f"<b>{m['name']}</b><br>[{rows:,}×{cols:,}]<br>{how}",
             showarrow=False,
             yanchor="bottom",
-            font=dict(size=11),
+            font=dict(size=10),
         )
         if m["split"] is None:
             rep_x += [x0, x0 + 1, x0 + 1, x0, x0, None]
@@ -98,8 +101,8 @@ def shard_diagram(cfg: ModelConfig, tp: int, *, title: str = "", per_row: int = 
     return figure_layout(
         fig,
         title=title or f"{cfg.name}, t={tp}: which rank holds which slice{more}",
-        height=205 * n_rows + 100,
-        xaxis=dict(visible=False, range=[-0.1, per_row * 1.4]),
+        height=240 * n_rows + 100,
+        xaxis=dict(visible=False, range=[-0.1, per_row * 1.6]),
         yaxis=dict(visible=False, scaleanchor="x"),
         legend=dict(orientation="h", y=-0.02, yanchor="top"),
     )

@@ -6,7 +6,6 @@ the figures of ``playbook.viz.tp``.
 
 from __future__ import annotations
 
-import html
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -19,7 +18,7 @@ from playbook.theory.tp.tp import tp_block_activation_breakdown
 from playbook.viz.figures import format_value, unit_scale
 from playbook.viz.memory_figures import memory_bars
 from playbook.viz.tp import layer_time, shard_diagram
-from playbook.viz.widgets import dense_presets, fit_controls, show_figure
+from playbook.viz.widgets import dense_presets, fit_controls, mark_stale, refusal, show_figure
 
 
 def _bytes(x: float) -> str:
@@ -125,7 +124,14 @@ def tp_dashboard(
             c["tp"].unobserve(update, names="value")
             c["tp"].options, c["tp"].value = ok, max(t for t in ok if t <= max(c["tp"].value, 1))
             c["tp"].observe(update, names="value")
+        c["regather"].disabled = not c["sequence_parallel"].value  # it does nothing without SP
+        c["regather"].tooltip = (
+            "saving the shards is a choice of sequence parallelism: tick sequence parallel to use it"
+            if c["regather"].disabled
+            else "keep each rank's sequence shard and all-gather it again in the backward (less memory, more bytes)"
+        )
         v = {k: ctl.value for k, ctl in c.items()}
+        v["regather"] = v["regather"] and v["sequence_parallel"]
         try:
             cfg, hw = ModelConfig.preset(v["model"]), Hardware.preset(v["hardware"])
             n = tp_numbers(
@@ -139,7 +145,8 @@ def tp_dashboard(
                 regather=v["regather"],
             )
         except (ValueError, NotImplementedError) as e:
-            message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
+            message.value = refusal("Cannot compute", e)
+            mark_stale(*figs.values())
             return
         mode = tp_mode(v["sequence_parallel"], v["regather"])
         sizes = f"seq {v['seq_len']:,} × micro-batch {v['micro_batch']}"

@@ -6,6 +6,7 @@ copies its data into the live ``go.FigureWidget`` in place.
 
 from __future__ import annotations
 
+import html
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -14,7 +15,8 @@ from playbook.config import ModelConfig
 from playbook.theory.hybrid.memory import inference_memory, training_memory
 
 TRAINING, SERVING = "training (per rank)", "inference (per rank)"
-STALE = "  <i>(last valid settings; see below)</i>"
+RED, GREY = "#c62828", "#555"
+STALE = f"  <i style='color:{RED}'>(stale)</i>"
 POWERS_OF_TWO = lambda lo, hi: [2**k for k in range(lo, hi + 1)]  # noqa: E731
 
 
@@ -28,6 +30,30 @@ def show_figure(live: go.FigureWidget, new: go.Figure) -> None:
         live.data = ()
         live.add_traces(new.data)
         live.layout = new.layout
+
+
+def mark_stale(*figures: go.FigureWidget) -> None:
+    """The book's one rule for settings a dashboard cannot draw (chapter 8's): every figure those
+    controls drive keeps its last valid drawing, "(stale)" after its title, and the dashboard's
+    message says why (:func:`refusal`). The next valid settings redraw it, and the mark goes with
+    the old title."""
+    for fig in figures:
+        text = fig.layout.title.text or ""
+        if fig.data and STALE not in text:
+            fig.layout.title.text = text + STALE
+
+
+def is_stale(fig: go.FigureWidget) -> bool:
+    return STALE in (fig.layout.title.text or "")
+
+
+def refusal(action: str, error: Exception | str) -> str:
+    """The red line beside figures marked stale: what could not be done and why, in one sentence
+    (``refusal("Cannot compute", e)``)."""
+    return (
+        f"<span style='color:{RED}'><b>{html.escape(action)}:</b> {html.escape(str(error))}</span>"
+        f"<span style='color:{GREY}'> (figures marked (stale) show the last valid settings)</span>"
+    )
 
 
 def dense_presets() -> list[str]:
@@ -50,8 +76,9 @@ def fit_controls(controls, description_width: str = "90px") -> None:
         elif isinstance(ctl, w.ToggleButtons):
             longest = max(len(str(label)) for label in ctl.options)
             ctl.style = {"description_width": description_width, "button_width": f"{8 * longest + 22}px"}
-        else:
+        else:  # a slider or dropdown narrows with its column instead of running past the cell's edge
             ctl.style = {"description_width": description_width}
+            ctl.layout.max_width = "calc(100% - 4px)"  # its 2 px margins beside it
 
 
 def memory_budgets(
@@ -107,4 +134,4 @@ def params_label(n: float) -> str:
     return f"{n:.0f}"
 
 
-__all__ = ["fit_controls", "show_figure", "memory_budgets"]
+__all__ = ["fit_controls", "is_stale", "mark_stale", "memory_budgets", "refusal", "show_figure"]

@@ -128,14 +128,19 @@ def fitting_devices(total: float) -> list[tuple[str, float, bool]]:
 
 
 def moments_table(predicted: Mapping[str, Mapping[str, int]], measured: Mapping[str, Mapping[str, int]]) -> str:
-    """Predicted and measured bytes per category at each moment of a step, as aligned text rows."""
+    """Predicted and measured bytes per category at each moment of a step, as aligned text rows, each
+    column as wide as its widest entry (a row that wraps in a narrow notebook cannot be read down its
+    columns); ``≠`` marks a measured value that differs from its prediction."""
     cats = ("params", "grads", "optimizer")
-    lines = [f"{'moment':<15}" + "".join(f"{c + ' (pred / meas)':>32}" for c in cats)]
-    for moment, want in predicted.items():
-        got = measured[moment]
-        cells = "".join(f"{f'{want[c]:,} / {got[c]:,}':>30}{'  ' if want[c] == got[c] else ' ≠'}" for c in cats)
-        lines.append(f"{moment:<15}{cells}")
-    return "\n".join(lines)
+    rows = [
+        [f"{want[c]:,} / {measured[moment][c]:,}" + ("" if want[c] == measured[moment][c] else " ≠") for c in cats]
+        for moment, want in predicted.items()
+    ]
+    heads = [f"{c} (pred / meas)" for c in cats]
+    widths = [max(len(x) for x in col) for col in zip(heads, *rows)]
+    first = max(len("moment"), *map(len, predicted))
+    line = lambda label, cells: f"{label:<{first}}" + "".join(f"  {x:>{n}}" for x, n in zip(cells, widths))  # noqa: E731
+    return "\n".join([line("moment", heads)] + [line(m, r) for m, r in zip(predicted, rows)])
 
 
 __all__ = [

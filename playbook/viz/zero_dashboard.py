@@ -4,7 +4,6 @@ by stage from ``theory.hybrid.memory.training_memory``, bytes per step from ``th
 
 from __future__ import annotations
 
-import html
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -14,7 +13,7 @@ from playbook.hardware import Hardware
 from playbook.theory.zero.zero import STAGES, zero_comm_per_step
 from playbook.viz.figures import format_value
 from playbook.viz.memory_figures import memory_bars
-from playbook.viz.widgets import STALE, fit_controls, show_figure
+from playbook.viz.widgets import fit_controls, mark_stale, refusal, show_figure
 from playbook.viz.zero import STAGE_NAMES, comm_volume_bars, fitting_devices, zero_budget
 
 
@@ -52,12 +51,27 @@ def zero_dashboard(
     }
     fit_controls(c.values(), "80px")
     memory, comm, message = go.FigureWidget(), go.FigureWidget(), w.HTML()
+    lengths, wanted = list(c["seq_len"].options), {"seq_len": seq_len}
 
-    def update(_change=None) -> None:
-        v = {k: ctl.value for k, ctl in c.items()}
+    def fit_seq_len() -> None:
+        """Offer only the lengths the model takes, so the slider shows the length the figures use;
+        the length last asked for comes back with a model that takes it."""
+        longest = ModelConfig.preset(c["model"].value).max_seq_len
+        ok = [n for n in lengths if n <= longest] or [longest]
+        c["seq_len"].unobserve(update, names="value")
+        c["seq_len"].options = ok  # (resets the value to the first option)
+        c["seq_len"].value = max([n for n in ok if n <= wanted["seq_len"]] or ok[:1])
+        c["seq_len"].observe(update, names="value")
+
+    def update(change=None) -> None:
+        if change is not None and change["owner"] is c["seq_len"]:
+            wanted["seq_len"] = change["new"]
         try:
+            if change is None or change["owner"] is c["model"]:
+                fit_seq_len()
+            v = {k: ctl.value for k, ctl in c.items()}
             cfg = ModelConfig.preset(v["model"])
-            seq = min(v["seq_len"], cfg.max_seq_len)
+            seq = v["seq_len"]
             budget = zero_budget(
                 cfg, dp=v["dp"], stage=v["stage"], precision=v["precision"], seq_len=seq, recompute=v["recompute"]
             )
@@ -68,10 +82,8 @@ def zero_dashboard(
                 for s in STAGES
             }
         except (ValueError, NotImplementedError) as e:
-            message.value = f"<span style='color:#c62828'><b>Cannot compute:</b> {html.escape(str(e))}</span>"
-            for live in (memory, comm):  # the figures keep the last valid settings, and say so
-                if live.data and STALE not in (live.layout.title.text or ""):
-                    live.layout.title.text = (live.layout.title.text or "") + STALE
+            message.value = refusal("Cannot compute", e)
+            mark_stale(memory, comm)
             return
         fits = fitting_devices(budget["total"])
         smallest = next((name for name, _, ok in fits if ok), None)

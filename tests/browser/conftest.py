@@ -98,6 +98,7 @@ def ran(request, lab, browser_context) -> NotebookPage:
         times["load"] = os.getloadavg()[0]
         start = time.monotonic()
         page.settled_problems = page.widget_problems()
+        page.layout_seen = page.layout_problems()
         times["settle"] = time.monotonic() - start
         save_executed(NOTEBOOKS[IDS.index(request.param)], page.notebook(), times["run_all"])
         if os.environ.get("PLAYBOOK_BROWSER_SHOTS", "1") != "0":  # for people to look at; nothing reads them

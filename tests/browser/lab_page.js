@@ -77,6 +77,126 @@ window.playbookTest = {
     }
     return found;
   },
+  layout() {
+    // the window and the left sidebar as a learner has them: the viewport's width, and whether the
+    // file browser is open there (and how wide)
+    const shell = window.jupyterapp.shell, fb = document.getElementById("filebrowser");
+    const open = !shell.leftCollapsed && !!fb && fb.offsetParent !== null;
+    return { width: window.innerWidth, fileBrowser: open ? Math.round(fb.getBoundingClientRect().width) : 0 };
+  },
+  async openFileBrowser() {
+    await window.jupyterapp.commands.execute("filebrowser:activate");
+    return this.layout();
+  },
+  unsizedPlots() {
+    // figures plotly has not yet fitted to their cell (it draws at 700 px first, then resizes to its
+    // container): checked before layoutProblems so that a figure is judged at the width it settles at
+    return Array.from(document.querySelectorAll(".js-plotly-plot")).filter((gd) => {
+      const full = gd._fullLayout;
+      if (!full || !(gd.layout || {}).autosize && (gd.layout || {}).width) return false;
+      return Math.abs(full.width - gd.clientWidth) > 1;
+    }).length;
+  },
+  layoutProblems(name) {
+    // what a learner cannot read at this width, per cell: an output wider than its cell (it scrolls
+    // sideways), a row of a text table that wraps, a control whose text is clipped, and for each
+    // plotly figure a title, legend or annotation outside it, a table showing fewer rows than its
+    // data holds or a header wider than its column (see figureProblems)
+    const found = new Set();
+    for (const [i, c] of this.codeCells(name)) {
+      const out = this.outputNode(c);
+      if (!out) continue;
+      const say = (what) => found.add(`cell ${i}: ${what}`);
+      for (const o of out.querySelectorAll(".jp-OutputArea-output")) {
+        if (o.scrollWidth > o.clientWidth + 1) say(`an output ${o.scrollWidth} px wide in ${o.clientWidth} px: it scrolls sideways`);
+        for (const pre of o.querySelectorAll("pre")) this.wrappedRows(pre).forEach(say);
+        const edge = o.getBoundingClientRect().right;
+        for (const el of o.querySelectorAll(".widget-label, .widget-readout, .widget-toggle-button, .widget-dropdown select")) {
+          if (!el.offsetParent) continue;
+          const text = (el.innerText || el.value || "").trim();
+          if (el.scrollWidth > el.clientWidth + 1) say(`control text clipped: "${text}" needs ${el.scrollWidth} px, has ${el.clientWidth}`);
+          else if (el.getBoundingClientRect().right > edge + 1) say(`a control past the cell's right edge: "${text}"`);
+        }
+        for (const box of o.querySelectorAll(".widget-box"))
+          if (box.offsetParent && box.scrollWidth > box.clientWidth + 1 && getComputedStyle(box).overflowX !== "visible")
+            say(`a row of controls ${box.scrollWidth} px wide in ${box.clientWidth} px: the rest is cut off or scrolls`);
+        const room = o.getBoundingClientRect(); // a plotly mimetype output is itself the figure's node
+        for (const gd of [o, ...o.querySelectorAll(".js-plotly-plot")].filter((e) => e.classList.contains("js-plotly-plot")))
+          this.figureProblems(gd, room).forEach(say);
+      }
+    }
+    return Array.from(found);
+  },
+  wrappedRows(pre) {
+    // lines laid out in columns (a run of spaces between words, or a bar) wider than the output: the
+    // output wraps each such row in two, and the table can no longer be read down its columns
+    const style = getComputedStyle(pre);
+    const ctx = (this.canvas = this.canvas || document.createElement("canvas")).getContext("2d");
+    ctx.font = `${style.fontStyle} ${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+    const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    // (a "|" alone is no column: |x| is notation, and a one-line report is no table)
+    const rows = pre.textContent.split("\n").filter((l) => /\S {2,}\S|│/.test(l.trim()));
+    if (rows.length < 2) return [];
+    const wide = rows.filter((l) => ctx.measureText(l).width > room + 1);
+    if (!wide.length) return [];
+    const px = Math.ceil(ctx.measureText(wide[0]).width);
+    return [`${wide.length} of ${rows.length} rows of a text table wrap (${px} px in ${Math.floor(room)}): "${wide[0].trim().slice(0, 50)}"`];
+  },
+  figureProblems(gd, room) {
+    // one plotly figure: wider than its cell; its title, legend, axis titles or annotations
+    // reaching outside it; a legend that scrolls; a table with rows below its bottom edge (or not
+    // drawn at all) or a header or cell wider than its column
+    const found = [], svg = gd.querySelector(".main-svg"), full = gd._fullLayout;
+    if (!svg || !full) return found;
+    const fig = svg.getBoundingClientRect();
+    const raw = ((gd.layout || {}).title || {}).text || "";
+    const what = `figure "${String(raw).replace(/<[^>]+>/g, "").trim().slice(0, 60) || "untitled"}"`;
+    if (fig.right > room.right + 1) found.push(`${what}: ${Math.round(fig.width)} px wide, ${Math.round(fig.right - room.right)} px past its cell`);
+    const cut = (r) => r.width > 0 && (r.left < fig.left - 1 || r.right > fig.right + 1 || r.top < fig.top - 1 || r.bottom > fig.bottom + 1);
+    const parts = [[".gtitle", "its title"], [".legend", "its legend"], [".g-xtitle, .g-ytitle, [class*='-xtitle'], [class*='-ytitle']", "an axis title"], [".annotation", "an annotation"]];
+    for (const [sel, part] of parts)
+      for (const el of gd.querySelectorAll(sel)) {
+        if (!cut(el.getBoundingClientRect())) continue;
+        found.push(`${what}: ${part} is cut at the figure's edge ("${el.textContent.trim().slice(0, 50)}")`);
+        break;
+      }
+    // labels drawn over one another: the title, the legend and the annotations (subplot titles,
+    // a capacity line's label), each pair once (a diagram's many labels: the first 80)
+    const labels = [[".gtitle", "its title"], [".legend", "its legend"], [".annotation", "an annotation"]]
+      .flatMap(([sel, part]) => Array.from(gd.querySelectorAll(sel)).map((el) => [el, part, el.getBoundingClientRect()]))
+      .filter(([, , r]) => r.width > 0 && r.height > 0)
+      .slice(0, 80);
+    const over = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 2 && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 2;
+    overlaps: for (let i = 0; i < labels.length; i++)
+      for (let j = i + 1; j < labels.length; j++)
+        if (over(labels[i][2], labels[j][2])) {
+          const name = ([el, part]) => `${part} ("${el.textContent.trim().slice(0, 30)}")`;
+          found.push(`${what}: ${name(labels[i])} overlaps ${name(labels[j])}`);
+          break overlaps;
+        }
+    const bar = gd.querySelector(".legend .scrollbar");
+    if (bar && bar.getBoundingClientRect().height > 0) found.push(`${what}: its legend scrolls (entries hidden below its edge)`);
+    (gd._fullData || []).filter((t) => t.type === "table").forEach((trace, k) => {
+      const table = gd.querySelectorAll(".table")[k];
+      if (!table) return;
+      const rows = Math.max(0, ...trace.cells.values.map((col) => col.length));
+      const bottom = fig.top + full._size.t + full._size.h * (1 - trace.domain.y[0]);
+      const first = table.querySelector(".y-column");
+      const shown = Array.from(first ? first.querySelectorAll(".column-block") : [])
+        .filter((b) => b.id !== "header")
+        .flatMap((b) => Array.from(b.querySelectorAll(".column-cell")))
+        .filter((cell) => cell.getBoundingClientRect().bottom <= bottom + 1).length;
+      if (shown < rows) found.push(`${what}: its table shows ${shown} of ${rows} rows (the rest below its edge)`);
+      for (const cell of table.querySelectorAll(".column-cell")) {
+        const box = cell.querySelector(".cell-rect"), text = cell.querySelector(".cell-text");
+        if (box && text && text.getBoundingClientRect().width > box.getBoundingClientRect().width + 1) {
+          found.push(`${what}: "${text.textContent.slice(0, 40)}" is wider than its table column`);
+          break;
+        }
+      }
+    });
+    return found;
+  },
   plotCount() {
     return document.querySelectorAll(".js-plotly-plot").length;
   },

@@ -26,7 +26,9 @@ CHROMIUM_FLAGS = [  # keep Chromium off the network and away from a GPU it does 
     "--disable-component-update",
     "--disable-sync",
 ]
-VIEWPORT = {"width": 1440, "height": 900}
+# A laptop's window with JupyterLab's file browser open beside the notebook: the narrowest layout a
+# learner is likely to read a chapter in, so every output must fit its cell here (layout_problems)
+VIEWPORT = {"width": 1280, "height": 900}
 QUIET = 0.3  # seconds with no kernel status change and no DOM change in a cell: a control's move has settled
 JS = (Path(__file__).parent / "lab_page.js").read_text()
 
@@ -108,6 +110,8 @@ class NotebookPage:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self.kernel = KernelLog()
         self.settled_problems: list[str] = []  # widget_problems() after Run All (the fixture fills it)
+        self.layout_seen: list[str] = []  # layout_problems() after Run All (the fixture fills it)
+        self.layout: dict = {}  # the window's width and the file browser's, as open() left them
         self.console: list[str] = []
         self.page = context.new_page()
         self.page.on("websocket", lambda ws: ws.on("framereceived", self.kernel.on_frame))
@@ -129,6 +133,9 @@ class NotebookPage:
         self.page.wait_for_function(
             "n => playbookTest.kernelStatus(n) === 'idle'", arg=self.name, timeout=timeout * 1000
         )
+        self.layout = self.js("() => playbookTest.layout()")
+        if not self.layout["fileBrowser"]:
+            self.layout = self.js("() => playbookTest.openFileBrowser()")
         return time.monotonic() - start
 
     def run_all(self, timeout: float = 600.0) -> float:
@@ -161,6 +168,16 @@ class NotebookPage:
                 break
             time.sleep(0.5)
         return found + self.js("n => playbookTest.emptyFigures(n)", self.name)
+
+    def layout_problems(self) -> list[str]:
+        """What a learner cannot read in this window, per cell: an output wider than its cell, a text
+        table whose rows wrap, a clipped control label, and in plotly figures a title, legend or
+        annotation cut at the figure's edge, a table showing fewer rows than its data holds or a header
+        wider than its column (``playbookTest.layoutProblems``; one evaluation over the page)."""
+        deadline = time.monotonic() + 10.0
+        while self.js("() => playbookTest.unsizedPlots()") and time.monotonic() < deadline:
+            time.sleep(0.2)  # plotly fits a figure to its cell after drawing it at its default width
+        return self.js("n => playbookTest.layoutProblems(n)", self.name)
 
     def screenshot_outputs(self) -> list[Path]:
         """One PNG per code cell whose output holds a widget or a plotly figure: ``cell-NN.png``, all

@@ -43,6 +43,16 @@ def test_run_all_shows_no_error_and_every_widget(ran):
     assert not problems, f"{ran.name} in JupyterLab:\n" + "\n".join(problems)
 
 
+def test_every_output_fits_at_1280_px_with_the_file_browser_open(ran):
+    """After Run All, in a 1280 px window with the file browser open beside the notebook: no output
+    wider than its cell, no text-table row that wraps, no clipped control text, no plotly title,
+    legend or annotation cut at its figure's edge, every row of a plotly table shown and no header
+    wider than its column (``NotebookPage.layout_problems``)."""
+    where = f"{ran.name} at {ran.layout['width']} px, file browser {ran.layout['fileBrowser']} px wide"
+    assert ran.layout["width"] == 1280 and ran.layout["fileBrowser"] > 0, f"{where}: not the layout under test"
+    assert not ran.layout_seen, f"{where}:\n" + "\n".join(ran.layout_seen)
+
+
 def test_every_control_changes_a_figure_or_says_why_not(ran):
     """Each slider, dropdown, toggle row and checkbox, moved one step from the dashboard's first
     settings, changes the data or layout of a plotly figure in its cell, or is disabled with a reason

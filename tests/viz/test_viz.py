@@ -7,6 +7,7 @@ from playbook.config import ModelConfig
 from playbook.hardware import Hardware
 from playbook.theory.hybrid.memory import inference_memory, training_memory
 from playbook.viz import (
+    UNITS,
     CATEGORY_COLORS,
     loss_curves,
     memory_bars,
@@ -16,6 +17,7 @@ from playbook.viz import (
     unit_scale,
 )
 from playbook.viz.memory_dashboard import memory_dashboard
+from playbook.viz.widgets import STALE
 
 
 def traces_by_group(fig):
@@ -232,13 +234,24 @@ def test_dashboard_shows_refused_settings_instead_of_raising():
     assert "color:#c62828" in box.message.value and "Cannot compute" in box.message.value
     assert "micro_batch must be a positive integer" in box.message.value
     assert list(traces_by_group(box.figure)["params"].y) == before
-    assert box.figure.layout.title.text.startswith("llama-3.1-70b") and "last valid" in box.figure.layout.title.text
+    assert box.figure.layout.title.text.startswith("llama-3.1-70b") and STALE in box.figure.layout.title.text
     box.controls["micro_batch"].value = 1
     box.controls["model"].value = "llama-3.1-8b"  # and it recovers
-    assert "Cannot compute" not in box.message.value and "last valid" not in box.figure.layout.title.text
+    assert "Cannot compute" not in box.message.value and STALE not in box.figure.layout.title.text
     assert traces_by_group(box.figure)["params"].y[0] == pytest.approx(
         expected_training("llama-3.1-8b")["params"] / 1e9
     )
+
+
+def test_dashboard_labels_speak_one_unit():
+    """At GiB the capacity line's label, the totals and the axis say GiB only (the device's reported
+    memory too: 81,559 MiB is 79.6 GiB, 85.5 GB), and back at GB, GB only."""
+    box = memory_dashboard(model="llama-3.1-8b")
+    for unit, other in (("GiB", " GB"), ("GB", "GiB")):
+        box.controls["unit"].value = unit
+        texts = [a.text for a in box.figure.layout.annotations] + [box.figure.layout.yaxis.title.text]
+        assert all(other not in t for t in texts), texts
+        assert any(t.startswith(f"h100-sxm: 90 % of {81559 * 2**20 / UNITS[unit]:.1f} {unit}") for t in texts)
 
 
 def test_unit_scale():

@@ -4,7 +4,8 @@ figure or says why it cannot, a refused layout shows its constraint, and the but
 import pytest
 
 from playbook.parallel.training import TrainSetup
-from playbook.viz.mesh_dashboard import STALE, hybrid_dashboard
+from playbook.viz.mesh_dashboard import hybrid_dashboard
+from playbook.viz.widgets import STALE
 
 SETUP = TrainSetup(model="gpt-tiny", steps=1, global_batch=8, seq_len=32)
 

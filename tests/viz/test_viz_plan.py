@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from playbook.viz.plan import breakdown, candidate_rows, rejected_rows, replay_rows, step_breakdown
-from playbook.viz.plan_dashboard import STALE, cached_plan, plan_dashboard
+from playbook.viz.plan_dashboard import cached_plan, plan_dashboard
+from playbook.viz.widgets import STALE
 
 PLAN = ("llama-3.1-70b", "h100-sxm", 64, 8192, 512)
 

@@ -6,7 +6,7 @@ from playbook.viz.table import table
 
 def test_stacked_memory_and_kv_growth_scale_bytes_to_gb():
     fig = stacked_memory([{"label": "a", "weights": 2e9, "kv_cache": 1e9}], ["weights", "kv_cache"])
-    assert [t.name for t in fig.data] == ["weights", "kv cache"] and [t.y[0] for t in fig.data] == [2.0, 1.0]
+    assert [t.name for t in fig.data] == ["weights", "KV cache"] and [t.y[0] for t in fig.data] == [2.0, 1.0]
     fig = kv_growth({"m": [(10, 5e9), (100, 50e9)]}, limit=80e9)
     assert (
         list(fig.data[0].y) == [5.0, 50.0] and list(fig.data[1].y) == [80.0, 80.0] and list(fig.data[1].x) == [10, 100]
@@ -49,3 +49,20 @@ def test_block_table_marks_who_holds_each_block():
 def test_table_prints_whole_numbers_whole():
     cells = table([{"tp": 2, "bytes": 1_446_293_504, "ratio": 0.5}]).data[0].cells.values
     assert [list(c) for c in cells] == [["2"], ["1,446,293,504"], ["0.50"]]
+
+
+def test_every_memory_figure_gives_a_category_the_same_colour_and_name():
+    """Chapter 7's stacked bars, chapters 0/2/3's memory bars and chapter 8's memory per rank: one
+    colour and one legend name per memory category across the book."""
+    from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS
+    from playbook.viz.memory_figures import memory_bars
+
+    cats = list(CATEGORY_COLORS)
+    row = {c: float(i + 1) for i, c in enumerate(cats)}
+    drawn = {
+        "stacked_memory": stacked_memory([{"label": "a", **row}], cats),
+        "memory_bars": memory_bars({"a": row}),
+    }
+    for name, fig in drawn.items():
+        bars = {t.name: t.marker.color for t in fig.data if t.type == "bar"}
+        assert bars == {CATEGORY_LABELS[c]: CATEGORY_COLORS[c] for c in cats}, name

@@ -13,6 +13,7 @@ from playbook.parallel.zero import run as zero_run
 from playbook.parallel.parity import assert_parity
 from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup, train
+from playbook.viz.widgets import STALE
 from playbook.cluster.trace.spans import op_family as op_name
 from playbook.parallel.zero.sharded import MOMENTS
 from playbook.theory.zero.sharded import fsdp2_comm_per_step, predicted_memory
@@ -280,7 +281,21 @@ def test_zero_dashboard_offers_only_models_it_computes_and_marks_a_refusal_stale
     box.controls["model"].options = [*box.controls["model"].options, "no-such-model"]
     box.controls["model"].value = "no-such-model"  # a refusal: the figures keep the last settings, and say so
     assert "Cannot compute" in box.message.value
-    assert all("last valid" in f.layout.title.text for f in (box.memory_figure, box.comm_figure))
+    assert all(STALE in f.layout.title.text for f in (box.memory_figure, box.comm_figure))
+
+
+def test_zero_dashboard_slider_shows_the_length_its_figures_use():
+    """gpt-small takes at most 128 tokens: its slider offers no more, the title says the slider's
+    length, and a model that takes the length asked for before gets it back."""
+    from playbook.viz.zero_dashboard import zero_dashboard
+
+    box = zero_dashboard(model="llama-3.1-8b", seq_len=16384)
+    box.controls["model"].value = "gpt-small"
+    cfg = ModelConfig.preset("gpt-small")
+    assert max(box.controls["seq_len"].options) <= cfg.max_seq_len == box.controls["seq_len"].value
+    assert f"seq {cfg.max_seq_len:,}," in box.memory_figure.layout.title.text
+    box.controls["model"].value = "llama-3.1-8b"
+    assert box.controls["seq_len"].value == 16384 and "seq 16,384," in box.memory_figure.layout.title.text
 
 
 # ---- chapter 2's quoted numbers ------------------------------------------------------------------
