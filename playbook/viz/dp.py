@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 from playbook.config import ModelConfig
 from playbook.hardware import Hardware
 from playbook.theory.dp.buckets import MIB, Bucket, predict_dp_step
+from playbook.viz.figures import fitted_title
 
 # One colour per span name in every DP figure, so naive, bucketed, DDP and predictions read alike.
 COLORS = {
@@ -80,11 +81,15 @@ def gantt(rows: Mapping[str, Iterable[Mapping]], *, title: str = "", height: int
             )
         )
     labels = list(rows)
+    # the legend's row sits on the plot's top edge: the title hangs above it, a line of margin higher
+    head, top = fitted_title(title, 60) if title else (None, 30)
+    if head:
+        head.update(y=1, yref="container", yanchor="top", pad=dict(t=12))
     fig.update_layout(
         barmode="overlay",
-        height=height or max(240, 110 + 38 * len(labels)),
-        title=dict(text=title, x=0.01, xanchor="left") if title else None,
-        margin=dict(l=130, r=30, t=60 if title else 30, b=50),
+        height=(height or max(240, 110 + 38 * len(labels))) + (top - 60 + 26 if title else 0),
+        title=head,
+        margin=dict(l=130, r=30, t=top + 26 if title else 30, b=50),
         xaxis=dict(title="time since the step started (ms)", rangemode="tozero"),
         yaxis=dict(categoryorder="array", categoryarray=labels, autorange="reversed"),
         legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
