@@ -27,6 +27,7 @@ IDS = [str(p.relative_to(ROOT / "notebooks").with_suffix("")) for p in NOTEBOOKS
 IDS = shard(IDS, os.environ.get("PLAYBOOK_BROWSER_SHARD"))
 ARTIFACTS = Path(os.environ.get("PLAYBOOK_BROWSER_ARTIFACTS", ROOT / "build" / "browser-artifacts"))
 TIMINGS: dict[str, dict[str, float]] = {}
+LAYOUT: dict[str, list[str]] = {}  # notebook -> what layout_problems found at 1280 px (listed after the run)
 
 
 def save_executed(source: Path, executed: dict, seconds: float) -> Path:
@@ -124,3 +125,9 @@ def pytest_terminal_summary(terminalreporter):
         parts += f", {t['moved']:.0f} controls moved" if "moved" in t else ""
         terminalreporter.write_line(f"{stem}: {parts} (1-min load average {t.get('load', float('nan')):.1f})")
     terminalreporter.write_line(f"screenshots: {ARTIFACTS}")
+    if LAYOUT:
+        terminalreporter.section("layout at 1280 px with the file browser open: what the check found")
+        for name, problems in LAYOUT.items():
+            terminalreporter.write_line(f"{name}: " + ("fits" if not problems else f"{len(problems)} problems"))
+            for line in problems:
+                terminalreporter.write_line(f"  {line}")
