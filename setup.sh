@@ -88,47 +88,32 @@ browser="$(python -c 'import sys; sys.path.insert(0, "tests"); from browser.conf
 # in build/executed/; tests/book/test_book.py then builds the book from those copies (else it executes the chapters).
 # nbmake executes every chapter once more, as a course that adopts them does in its own CI.
 if [ -z "$browser" ]; then
-  say "tests: every chapter in JupyterLab under headless Chromium (two JupyterLabs side by side, half the chapters each), then the book built from those runs; the other tests"
-  lab=yes
+  say "tests: every chapter in JupyterLab under headless Chromium, then the book built from those runs; the other tests"
+  chapters=(tests/browser tests/book/test_book.py)
 elif [ "${CI:-}" = true ]; then
   say "CI=true, and the JupyterLab browser tests cannot run: $browser" >&2
   exit 1
 else
   say "tests: tests/book/test_book.py executes every chapter; the other tests; browser tests skipped: $browser"
-  lab=
+  chapters=(tests/book/test_book.py)
 fi
-# Pytest runs side by side, each with its own ranks and kernels: on 2 cores each leaves a core idle
+# Three pytest runs side by side, each with its own ranks and kernels: on 2 cores each leaves a core idle
 # much of the time (a browser that draws, a kernel that waits on its ranks, a test waiting on a subprocess),
-# so together they take minutes less than one after the other. (1) the chapters in the browser, in two
-# halves side by side (tests/browser/shards.py), then the book built from them, above; (2)
+# so together they take minutes less than one after the other. (1) the chapters and the book, above; (2)
 # every other test in tests/; (3) what a course that adopts the chapters runs in its own CI: every chapter
 # executed by nbmake, each cell within 120 s on a 2-core machine. ARGS go to all three (a -k that selects
 # nothing in one of them is fine: exit 5). The outputs of (2) and (3) follow (1)'s; each ends with its
 # slowest items (--durations). An interrupted run stops all three.
 say "beside them: the other tests in tests/, and pytest --nbmake notebooks/ (every chapter executed as a course's CI would; each cell within 120 s)"
 logs="$(mktemp -d)" started=$(date +%s)
-# one test session for the runs side by side: the book reuses the chapters the browser's shards executed
-PLAYBOOK_TEST_SESSION="$(python -c 'import uuid; print(uuid.uuid4().hex)')"
-export PLAYBOOK_TEST_SESSION
 # (trap - INT: bash starts a command put in the background with Ctrl-C ignored, and the tests of Ctrl-C need it)
 (trap - INT; exec python -m pytest tests --ignore=tests/browser --ignore=tests/book/test_book.py --durations=15 "$@") >"$logs/tests" 2>&1 &
 testspid=$!
 (trap - INT; exec python -m pytest --nbmake --nbmake-timeout=120 --durations=0 notebooks/ "$@") >"$logs/nbmake" 2>&1 &
 nbpid=$!
-shardpid=""
-if [ -n "$lab" ]; then   # the second half of the chapters in a JupyterLab of its own
-  (trap - INT; PLAYBOOK_BROWSER_SHARD=2/2 exec python -m pytest tests/browser --durations=5 "$@") >"$logs/shard" 2>&1 &
-  shardpid=$!
-fi
-trap 'kill "$testspid" "$nbpid" $shardpid 2>/dev/null || true; rm -rf "$logs"' EXIT   # (|| true: set -e holds in a trap too)
+trap 'kill "$testspid" "$nbpid" 2>/dev/null || true; rm -rf "$logs"' EXIT   # (|| true: set -e holds in a trap too)
 codes=()
-if [ -n "$lab" ]; then
-  PLAYBOOK_BROWSER_SHARD=1/2 python -m pytest tests/browser --durations=5 "$@" && codes+=(0) || codes+=($?)
-  wait "$shardpid" && codes+=(0) || codes+=($?)
-  say "the other half of the chapters in JupyterLab (beside the first half):"
-  cat "$logs/shard"
-fi
-python -m pytest tests/book/test_book.py --durations=5 "$@" && codes+=(0) || codes+=($?)
+python -m pytest "${chapters[@]}" --durations=15 "$@" && codes+=(0) || codes+=($?)
 stage_done "chapters and book"
 for part in tests nbmake; do
   pid=testspid what="the other tests in tests/" stage="other tests"

@@ -20,8 +20,7 @@ from playbook.cluster import Ranks
 
 # A chapter executed by JupyterLab's Run All in this session (tests/browser) is reused by the book's
 # tests (tests/book/test_book.py), never a copy an earlier session left with other code (playbook/book/executed.py).
-# setup.sh sets one session for its pytest runs side by side (the browser's shards, then the book).
-os.environ.setdefault(SESSION, uuid.uuid4().hex)
+os.environ[SESSION] = uuid.uuid4().hex
 
 # What the tests compute in their own process (references, single-process runs) uses one thread, like
 # each rank: on a 2-core machine that ranks, a kernel or a browser also keep busy, several threads

@@ -18,13 +18,11 @@ import pytest
 
 from .lab_page import NotebookPage, find_chromium, launch
 from .lab_process import LabServer
-from .shards import shard
 
 ROOT = Path(__file__).resolve().parents[2]
 # every notebook nbmake collects (setup.sh runs pytest --nbmake notebooks/ after these tests)
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 IDS = [str(p.relative_to(ROOT / "notebooks").with_suffix("")) for p in NOTEBOOKS]
-IDS = shard(IDS, os.environ.get("PLAYBOOK_BROWSER_SHARD"))
 ARTIFACTS = Path(os.environ.get("PLAYBOOK_BROWSER_ARTIFACTS", ROOT / "build" / "browser-artifacts"))
 TIMINGS: dict[str, dict[str, float]] = {}
 LAYOUT: dict[str, list[str]] = {}  # notebook -> what layout_problems found at 1280 px (listed after the run)
@@ -77,6 +75,7 @@ def lab():
 def browser_context():
     from playwright.sync_api import sync_playwright
 
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
     profile = Path(tempfile.mkdtemp(prefix="playbook-chromium-"))
     playwright = sync_playwright().start()
     context = launch(playwright, profile, find_chromium())
@@ -90,7 +89,6 @@ def browser_context():
 def ran(request, lab, browser_context) -> NotebookPage:
     """The notebook open in a fresh tab after Run All (outputs cleared first), screenshots taken."""
     name, key = f"{request.param}.ipynb", request.param.replace("/", "__")
-    shutil.rmtree(ARTIFACTS / key, ignore_errors=True)  # this chapter's own: a shard beside this one keeps its
     page = NotebookPage(browser_context, lab, name, ARTIFACTS / key)
     times = TIMINGS.setdefault(key, {})
     try:

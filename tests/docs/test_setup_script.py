@@ -1,8 +1,7 @@
 """``./setup.sh test``'s own logic, with stand-ins for pytest and ruff (each run takes a fraction of a second):
-pytest runs side by side (the chapters in the browser in two halves, then the book; the other tests;
-nbmake), one test session for all of them, their outputs one after the other, and the exit status of the
-first that failed (a run that selected nothing, exit 5, counts as a pass unless none selected anything:
-``./setup.sh test -k cluster``)."""
+three pytest runs side by side (the chapters in the browser and the book; the other tests; nbmake), their
+outputs one after the other, and the exit status of the first that failed (a run that selected nothing,
+exit 5, counts as a pass unless none selected anything: ``./setup.sh test -k cluster``)."""
 
 from __future__ import annotations
 
@@ -19,19 +18,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 STUB = r"""#!/usr/bin/env bash
 say() {
-  echo "$1 from $(date +%s.%N) in session ${PLAYBOOK_TEST_SESSION:-none}"
+  echo "$1 from $(date +%s.%N)"
   "$REAL_PYTHON" -c "import signal; print('$1 stops on Ctrl-C:', signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
   sleep "$2"; echo "$1 says $3 at $(date +%s.%N)"; exit "$3"
 }
 case "$*" in
-  *hashlib*|*uuid*) exec "$REAL_PYTHON" "$@" ;;
+  *hashlib*) exec "$REAL_PYTHON" "$@" ;;
   *why_not_here*) echo ""; exit 0 ;;  # the browser is here
   *"jupyter lab"*) echo "jupyter lab with: $*"; exit 0 ;;
   *"import torch"*) [ -n "${NO_TORCH:-}" ] && exit 1; exit 0 ;;
   *--nbmake*) say nbmake "$SLEEP" "$NB_RC" ;;
   *--ignore=tests/book/test_book.py*) say others "$SLEEP" "$OTHERS_RC" ;;
-  *"tests/browser "*) [ "$PLAYBOOK_BROWSER_SHARD" = 1/2 ] && say half1 "$SLEEP" "$CHAPTERS_RC"; say half2 "$SLEEP" "$HALF2_RC" ;;
-  *"tests/book/test_book.py"*) say book "$SLEEP" "$BOOK_RC" ;;
+  *"tests/browser tests/book/test_book.py"*) say chapters "$SLEEP" "$CHAPTERS_RC" ;;
 esac
 exit 0
 """
@@ -68,42 +66,35 @@ def checkout(tmp_path):
     return tmp_path
 
 
-def run(checkout: Path, chapters: int, others: int, nbmake: int, sleep: float = 0.05, half2: int = 0, book: int = 0):
-    """setup.sh test with each stand-in run sleeping ``sleep`` seconds, then exiting with its code
-    (``chapters``: the first half of the chapters in the browser; ``half2`` the second)."""
+def run(checkout: Path, chapters: int, others: int, nbmake: int, sleep: float = 0.05):
+    """setup.sh test with each stand-in run sleeping ``sleep`` seconds, then exiting with its code."""
     env = {**os.environ, "REAL_PYTHON": sys.executable, "PLAYBOOK_VENV": ".venv", "SLEEP": str(sleep)}
-    env.update(CHAPTERS_RC=str(chapters), OTHERS_RC=str(others), NB_RC=str(nbmake), HALF2_RC=str(half2))
-    env.update(BOOK_RC=str(book))
-    for inherited in ("CI", "PLAYBOOK_TEST_SESSION", "PLAYBOOK_BROWSER_SHARD"):
-        env.pop(inherited, None)
+    env.update(CHAPTERS_RC=str(chapters), OTHERS_RC=str(others), NB_RC=str(nbmake))
+    env.pop("CI", None)
     return subprocess.run(
         ["bash", "setup.sh", "test"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
     )
 
 
 def started(out: str, what: str) -> float:
-    return float(next(line for line in out.splitlines() if line.startswith(f"{what} from ")).split()[2])
+    return float(next(line for line in out.splitlines() if line.startswith(f"{what} from ")).split()[-1])
 
 
 def ended(out: str, what: str) -> float:
     return float(next(line for line in out.splitlines() if line.startswith(f"{what} says ")).split()[-1])
 
 
-def test_the_runs_start_together_the_book_after_the_chapters_and_each_reports_in_turn(checkout):
+def test_the_three_runs_start_together_and_report_one_after_the_other(checkout):
     done = run(checkout, 0, 0, 0, sleep=1.5)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    runs = ("half1", "half2", "others", "nbmake")
+    runs = ("chapters", "others", "nbmake")
     # side by side: every run started before any ended (one after the other, each would start after an end)
     assert max(started(out, w) for w in runs) < min(ended(out, w) for w in runs), out
-    assert started(out, "book") > max(ended(out, w) for w in ("half1", "half2")), out  # built from their runs
-    texts = ("half1 says", "half2 from", "half2 says", "book says", "others from", "others says", "nbmake from")
-    order = [out.index(text) for text in (*texts, "stage times:")]
+    order = [out.index(text) for text in ("chapters says", "others from", "others says", "nbmake from", "stage times:")]
     assert order == sorted(order), out
     assert "load average" in out.splitlines()[-1]
-    sessions = {line.split(" in session ")[1] for line in out.splitlines() if " in session " in line}
-    assert len(sessions) == 1 and "none" not in sessions, sessions  # the book finds the halves' runs
-    for what in ("half1", "half2", "others", "nbmake"):  # bash ignores SIGINT in what it starts with &, unless told
+    for what in ("chapters", "others", "nbmake"):  # bash ignores SIGINT in what it starts with &, unless told
         assert f"{what} stops on Ctrl-C: True" in out
 
 
@@ -113,18 +104,10 @@ def test_the_runs_start_together_the_book_after_the_chapters_and_each_reports_in
     ids=["chapters fail", "a test fails", "a chapter fails under nbmake", "the first failure", "-k", "none selected"],
 )
 def test_the_exit_status_is_the_first_failure(checkout, codes, want):
-    unselected = 5 if codes[0] == 5 else 0  # a -k that selects no chapter selects none in either half or the book
-    done = run(checkout, *codes, half2=unselected, book=unselected)
+    done = run(checkout, *codes)
     assert done.returncode == want, done.stdout + done.stderr
-    for what, code in zip(("half1", "others", "nbmake"), codes):
+    for what, code in zip(("chapters", "others", "nbmake"), codes):
         assert f"{what} says {code}" in done.stdout  # each waited for and shown, whatever the others said
-
-
-@pytest.mark.parametrize("half2,book", [(1, 0), (0, 1)], ids=["the second half fails", "the book fails"])
-def test_a_failure_in_the_second_half_or_the_book_fails_the_run(checkout, half2, book):
-    done = run(checkout, 0, 0, 0, half2=half2, book=book)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert f"half2 says {half2}" in done.stdout and f"book says {book}" in done.stdout
 
 
 def lab(checkout: Path, **env) -> subprocess.CompletedProcess:
