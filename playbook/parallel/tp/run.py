@@ -204,17 +204,9 @@ def run_tp(
     cfg = setup.config()
     check_tp(cfg, world_size, seq_len=setup.seq_len, sequence_parallel=sequence_parallel, regather=regather)
     backend = default_backend(world_size) if backend == "auto" else backend
-    answers = launch(
-        on_rank,
-        world_size,
-        setup,
-        sequence_parallel=sequence_parallel,
-        native=native,
-        regather=regather,
-        recompute=recompute,
-        precision=precision,
-        backend=backend,
-    )
+    # what the ranks run and what predict counts: one set of options for both
+    options = dict(sequence_parallel=sequence_parallel, regather=regather, recompute=recompute, precision=precision)
+    answers = launch(on_rank, world_size, setup, native=native, backend=backend, **options)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # like one rank: several threads on a busy 2-core machine run 10-30x slower
     try:
@@ -244,14 +236,7 @@ def run_tp(
             "measured": {k: ours.memory[k] for k in ("params", "grads", "optimizer", "activations")},
         },
         comm={
-            "predicted": predict(
-                setup,
-                world_size=world_size,
-                sequence_parallel=sequence_parallel,
-                regather=regather,
-                recompute=recompute,
-                precision=precision,
-            ),
+            "predicted": predict(setup, world_size=world_size, **options),
             "measured": {op[0]: v["sent_bytes"] for op, v in measured.items()},
         },
         setup={
