@@ -141,7 +141,11 @@ def span(axis: str, *, dp: int, tp: int, pp: int, cp: int, ep: int = 1, order: s
 def link(
     hw: Hardware, axis: str, gpus_per_node: int, order: str = MESH_ORDERS[0], **degrees
 ) -> tuple[float, float, str]:
-    """(bandwidth, latency, "intra"/"inter") of the link a group of ``axis`` uses."""
+    """(bandwidth, latency, "intra"/"inter") of the link a group of ``axis`` uses; a profile placed
+    on a topology (``theory.plan.placed``) answers itself, with the level its group reaches."""
+    placed = getattr(hw, "axis_link", None)
+    if placed is not None:
+        return placed(axis, order, degrees)
     if span(axis, order=order, **degrees) <= gpus_per_node:
         return hw.intra_node_bandwidth, hw.intra_node_latency, "intra"
     return hw.inter_node_bandwidth, hw.inter_node_latency, "inter"
