@@ -73,12 +73,17 @@ def plan_orders(cfg: ModelConfig, topology: Topology, *, orders: tuple[str, ...]
 
 
 def ranking(cfg: ModelConfig, topology: Topology, *, top: int = 5, **kw) -> list[dict]:
-    """The ``top`` fastest (layout, mesh order) pairs over every order, each with its step's parts and
-    where its axes sit: a table's rows, fastest first (one layout may appear under two orders)."""
-    rows = []
+    """The ``top`` fastest layouts over every mesh order, each with its fastest order (``orders``: every
+    order that gives it the same time), its step's exposed parts and where its axes sit: a table's
+    rows, fastest first."""
+    rows: dict[str, dict] = {}
     for order, p in plan_orders(cfg, topology, **kw):
         for c in p.candidates[:top]:
-            rows.append(
+            seen = rows.get(str(c.layout))
+            if seen is not None and seen["step_s"] <= c.cost.total:
+                seen["orders"] += [order] if seen["step_s"] == c.cost.total else []
+                continue
+            rows[str(c.layout)] = (
                 {
                     "layout": str(c.layout),
                     "mesh_order": order,
@@ -86,10 +91,11 @@ def ranking(cfg: ModelConfig, topology: Topology, *, top: int = 5, **kw) -> list
                     "mfu": c.mfu,
                     "exposed": {a: e for a, (_, e) in c.cost.axes.items()},
                     "placement": {a: w["outermost"] for a, w in placement_of(topology, c.layout, order).items()},
+                    "orders": [order],
+                    "candidate": c,
                 }
             )
-    rows.sort(key=lambda r: r["step_s"])
-    return rows[:top]
+    return sorted(rows.values(), key=lambda r: (r["step_s"], ORDERS.index(r["mesh_order"])))[:top]
 
 
 def placement_of(topology: Topology, layout: Layout, mesh_order: str = ORDERS[0]) -> dict[str, dict]:
