@@ -137,5 +137,5 @@ def serve_layouts_on(cfg: ModelConfig, topology: Topology, *, gpus: int, context
             row = serving_layout(cfg, hw, tp=tp, dp=gpus // tp, context=context, latency=step, **options)
         except ValueError:
             continue  # the weights do not fit at this tp
-        rows.append(row | {"tp_level": level})
+        rows.append(row | {"tp_level": level if tp > 1 else "one GPU"})
     return rows

@@ -123,7 +123,10 @@ def load_topology(name: str) -> Topology:
             known = ", ".join(presets())
             raise ValueError(f"no topology file {name!r}; give a path to one, or a name: {known}")
     else:
-        path = preset_file("topology", name, TOPOLOGY_DIR, "; or a topology file by its path, ending in .json")
+        try:
+            path = preset_file("topology", name, TOPOLOGY_DIR, "; or a topology file by its path, ending in .json")
+        except ValueError as e:
+            raise ValueError(str(e).replace("topologys", "topologies")) from None
     where = f"topology {str(path)!r}"
     raw = read_json_object(path, "topology")
     return parse_topology(raw, where, path.stem)

@@ -63,7 +63,7 @@ def test_workstation_plans_an_8b_model():
     assert placement(ws, "tp-cp-dp-pp", dict(tp=2, dp=4))["tp"]["outermost"] == "pcie-switch"
     assert placement(ws, "tp-cp-dp-pp", dict(tp=8, dp=1))["tp"]["outermost"] == "upi"
     serve = {r["tp"]: r for r in serve_layouts_on(cfg, ws, gpus=8, context=8192)}
-    assert serve[8]["tp_level"] == "upi" and serve[1]["tp_level"] == "pcie-switch"
+    assert serve[8]["tp_level"] == "upi" and serve[2]["tp_level"] == "pcie-switch" and serve[1]["tp_level"] == "one GPU"
 
 
 def _write(tmp_path, raw) -> str:
