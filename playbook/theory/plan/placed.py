@@ -139,3 +139,21 @@ def serve_layouts_on(cfg: ModelConfig, topology: Topology, *, gpus: int, context
             continue  # the weights do not fit at this tp
         rows.append(row | {"tp_level": level if tp > 1 else "one GPU"})
     return rows
+
+
+def best_by_tp(cfg: ModelConfig, topology: Topology, *, mesh_order: str = ORDERS[0], **kw) -> dict[int, dict]:
+    """{tp: the fastest layout with that tp degree}, each with its step, tp's exposed seconds and the
+    level tp's groups reach: how far tensor parallelism pays on this topology's links."""
+    p = plan_on(cfg, topology, mesh_order=mesh_order, **kw)
+    out: dict[int, dict] = {}
+    for c in p.candidates:  # fastest first: the first of each tp is its best
+        if c.layout.tp not in out:
+            where = placement_of(topology, c.layout, mesh_order)
+            out[c.layout.tp] = {
+                "layout": str(c.layout),
+                "step_s": c.cost.total,
+                "tp_exposed_s": c.cost.axes.get("tp", (0.0, 0.0))[1],
+                "tp_comm_s": c.cost.axes.get("tp", (0.0, 0.0))[0],
+                "tp_level": where["tp"]["outermost"] if "tp" in where else "one GPU",
+            }
+    return dict(sorted(out.items()))
