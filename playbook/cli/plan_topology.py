@@ -136,7 +136,7 @@ def cmd_serve_plan_topology(args, cfg) -> int:
     from playbook.theory.serving.serving import BY_SIZE
 
     topo = _topology(args)
-    from playbook.theory.plan.placed import serve_layouts_on
+    from playbook.theory.serving.on_topology import serve_layouts_on
 
     try:
         rows = serve_layouts_on(

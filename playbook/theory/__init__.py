@@ -3,8 +3,8 @@
 Groups in layers; a group imports only from its own layer or below (``tests/docs/test_import_graph.py``):
 
     0  cost/       collectives, FLOPs, matmul speed        inventory/  a block's saved tensors, model state
-       topology/   a cluster's levels past the node, collectives and axes placed on them
     1  dp/  zero/  tp/  pp/  cp.py  moe/                    one strategy each
+       topology/   a cluster's levels past the node, collectives on them, axes placed on them
     2  hybrid/     any layout at once: the layout value (``Plan``), its refusals, bytes and memory per rank
     3  plan/       the planner at scale                      serving/    inference
 

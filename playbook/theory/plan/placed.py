@@ -19,7 +19,6 @@ from playbook.hardware import Hardware
 from playbook.theory.plan.layout import cost_layout
 from playbook.theory.plan.planner import plan
 from playbook.theory.plan.search import Layout, Plan
-from playbook.theory.serving.serving import BY_SIZE
 from playbook.theory.topology.levels import Topology
 from playbook.theory.topology.placement import ORDERS, axis_link, check_order, level_axes, placement
 
@@ -116,29 +115,6 @@ def cost_on(cfg: ModelConfig, topology: Topology, layout: Layout, *, seq_len: in
     kw.pop("gpus_per_node", None)
     out = cost_layout(cfg, placed, layout, seq_len=seq_len, mesh_order=mesh_order, **kw)
     return out | {"topology": topology.name, "mesh_order": mesh_order, "placement": placement_of(topology, layout, mesh_order)}
-
-
-def serve_layouts_on(cfg: ModelConfig, topology: Topology, *, gpus: int, context: int, latency=None, **options) -> list[dict]:
-    """``theory.serving.layouts`` rows on ``topology``: each tp's all-reduce at the (bandwidth,
-    latency) of the levels its group spans (tp first in the order), and the level it reaches."""
-    from playbook.config import divisors
-    from playbook.theory.serving.layouts import serving_layout
-
-    _check_gpus(topology, gpus)
-    placed = on_topology(topology)
-    rows = []
-    for tp in divisors(gpus):
-        if cfg.n_heads % tp or tp > topology.node_gpus:
-            continue
-        bw, lat, level = axis_link(topology, "tp", ORDERS[0], dict(tp=tp, dp=gpus // tp))
-        hw = dataclasses.replace(placed, intra_node_bandwidth=bw, intra_node_latency=lat)
-        step = BY_SIZE if latency == BY_SIZE else lat
-        try:
-            row = serving_layout(cfg, hw, tp=tp, dp=gpus // tp, context=context, latency=step, **options)
-        except ValueError:
-            continue  # the weights do not fit at this tp
-        rows.append(row | {"tp_level": level if tp > 1 else "one GPU"})
-    return rows
 
 
 def best_by_tp(cfg: ModelConfig, topology: Topology, *, mesh_order: str = ORDERS[0], **kw) -> dict[int, dict]:

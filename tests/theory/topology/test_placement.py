@@ -7,7 +7,8 @@ import pytest
 from playbook.config import ModelConfig
 from playbook.hardware import Hardware
 from playbook.theory.plan import plan
-from playbook.theory.plan.placed import cost_on, crossings, plan_on, placement_of, ranking, serve_layouts_on
+from playbook.theory.plan.placed import cost_on, crossings, plan_on, placement_of, ranking
+from playbook.theory.serving.on_topology import serve_layouts_on
 from playbook.theory.plan.search import Layout
 from playbook.theory.topology import ORDERS, from_hardware, load_topology, placement
 
