@@ -183,10 +183,12 @@ def memory_breakdown(
         v=v,
         ends=ends,
     )
-    # training_memory's state (and its refusals: a layout it cannot model is not planned), the same at any b
-    state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
+    # training_memory's state (and its refusals: a layout it cannot model is not planned), the same at any b;
+    # with a pipeline only the refusals, which do not depend on the ZeRO stage: asked once at ZeRO 0
     if lay.pp == 1:
+        state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
         return dict(zip(("params", "grads", "optimizer"), state[:3]), activations=acts[0])
+    _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), 0, lay.recompute, attention, "main_grad")
     rows = []
     for rank, act in acts.items():
         chunks = rank_chunks(cfg, lay.pp, rank, schedule, v, ends)
