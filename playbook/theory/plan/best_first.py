@@ -24,7 +24,15 @@ from __future__ import annotations
 
 import heapq
 
-from playbook.theory.plan.cost import scheduled_total, step_compute, step_cost, with_data_axis, with_schedule
+from playbook.theory.plan.cost import (
+    StepCost,
+    scheduled_split,
+    scheduled_total,
+    step_compute,
+    step_cost,
+    with_data_axis,
+    with_schedule,
+)
 from playbook.theory.plan.memory import _memory_key, _needs_more, memory_bytes, placement_states
 from playbook.theory.plan.schedule import stage_placement
 from playbook.theory.plan.search import Candidate, Layout, _modelled, _variants, structure_zeros
@@ -43,10 +51,11 @@ class _Search:
         self.degrees = {a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")}
 
     def at(self, layout: Layout) -> dict:
-        imbalance = stage_imbalance(self.cfg, self.seq_len, self.dims.pp, layout.schedule, layout.v, layout.ends)
-        return dict(
-            pp=self.dims.pp, microbatches=layout.microbatches, schedule=layout.schedule, v=layout.v, imbalance=imbalance
-        )
+        return self.at_args(layout.microbatches, layout.schedule, layout.v, layout.ends)
+
+    def at_args(self, m: int, schedule: str, v: int, ends: str = "even") -> dict:
+        imbalance = stage_imbalance(self.cfg, self.seq_len, self.dims.pp, schedule, v, ends)
+        return dict(pp=self.dims.pp, microbatches=m, schedule=schedule, v=v, imbalance=imbalance)
 
     def layout_args(self, b: int, m: int, rc: str, placement: str) -> dict:
         return dict(**self.degrees, micro_batch=b, microbatches=m, recompute=rc, placement=placement)
@@ -116,16 +125,17 @@ def search_structure(cfg, hw, dims, groups, out, **sizes) -> None:
         starts.append(total_count)
         total_count += len(options) * nz * nr
     timing, common = s.timing, s.common
-    plain: dict[tuple, object] = {}  # (b, recompute) -> the step without dp
-    full: dict[tuple, object] = {}  # (b, recompute, placement, zero) -> with it
+    plain: dict[tuple, StepCost] = {}  # (b, recompute) -> the step without dp
+    full: dict[tuple, StepCost] = {}  # (b, recompute, placement, zero) -> with it
+    split: dict[tuple, tuple] = {}  # (b, recompute, schedule) -> scheduled_split of the step without dp
+    ats = [[s.at_args(m, schedule, v) for schedule, v in options] for _, m, options in groups]
 
-    def with_dp(bi, rc, placement, zero):
-        key = (bi, rc, placement, zero)
+    def with_dp(bi, ri, placement, zero) -> StepCost:
+        key = (bi, ri, placement, zero)
         if key not in full:
             b, m, _ = groups[bi]
-            full[key] = with_data_axis(
-                cfg, hw, plain[bi, rc], zero=zero, **s.layout_args(b, m, rc, placement), **timing, **common
-            )
+            args = s.layout_args(b, m, recomputes[ri], placement)
+            full[key] = with_data_axis(cfg, hw, plain[bi, ri], zero=zero, **args, **timing, **common)
         return full[key]
 
     def layout(bi, oi, zi, ri) -> Layout:
@@ -143,35 +153,29 @@ def search_structure(cfg, hw, dims, groups, out, **sizes) -> None:
                                       seq_len=s.seq_len, precision=timing["precision"])  # fmt: skip
             heap.append((compute * _MARGIN, top, -1, 0, (bi, ri)))
     heapq.heapify(heap)
+    data = dims.dp * dims.cp > 1
 
     def ordered():
         while heap:
             _, _, _, kind, item = heapq.heappop(heap)
             if kind == 2:
                 yield layout(*item)
-                continue
-            if kind == 0:
+            elif kind == 0:  # a (b, recompute): its step without dp, bounding each schedule
                 bi, ri = item
                 b, m, options = groups[bi]
-                plain[bi, ri] = step_cost(
-                    cfg,
-                    hw,
-                    zero=zeros[0],
-                    data_axis=False,
-                    **s.layout_args(b, m, recomputes[ri], "1f1b"),
-                    **timing,
-                    **common,
-                )
-                for oi in range(len(options)):
-                    lay = layout(bi, oi, 0, ri)
-                    heapq.heappush(heap, (scheduled_total(plain[bi, ri], **s.at(lay)), top, -1, 1, (bi, ri, oi)))
-                continue
-            bi, ri, oi = item
-            for zi, zero in enumerate(zeros):
-                lay = layout(bi, oi, zi, ri)
-                cost = with_dp(bi, ri, stage_placement(lay.schedule), zero)
-                idx = starts[bi] + (oi * nz + zi) * nr + ri
-                heapq.heappush(heap, (scheduled_total(cost, **s.at(lay)), -zero, idx, 2, (bi, oi, zi, ri)))
+                args = s.layout_args(b, m, recomputes[ri], "1f1b")
+                plain[bi, ri] = step_cost(cfg, hw, zero=zeros[0], data_axis=False, **args, **timing, **common)
+                for oi, at in enumerate(ats[bi]):
+                    first, rest = split[bi, ri, oi] = scheduled_split(plain[bi, ri], **at)
+                    heapq.heappush(heap, (first + rest, top, -1, 1, (bi, ri, oi)))
+            else:  # a (b, recompute, schedule): each ZeRO stage's exact total
+                bi, ri, oi = item
+                first, rest = split[bi, ri, oi]
+                placement = stage_placement(groups[bi][2][oi][0])
+                for zi, zero in enumerate(zeros):
+                    dp = with_dp(bi, ri, placement, zero).axes["dp"][1] if data else 0.0
+                    idx = starts[bi] + (oi * nz + zi) * nr + ri
+                    heapq.heappush(heap, (first + (rest + dp), -zero, idx, 2, (bi, oi, zi, ri)))
 
     def base(v: Layout):
         bi = next(i for i, g in enumerate(groups) if g[0] == v.micro_batch)

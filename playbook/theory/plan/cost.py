@@ -330,3 +330,21 @@ def scheduled_total(base: StepCost, *, pp: int, microbatches: int, schedule: str
             pipelined += e
     idle = pipeline_idle(base.compute, pipelined, bubble_fraction(schedule, pp, microbatches, v), imbalance)
     return base.compute + idle + every
+
+
+def scheduled_split(
+    base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float
+) -> tuple[float, float]:
+    """(compute + idle, every exposed time but dp's) of ``base`` under ``schedule``, so that
+    :func:`scheduled_total` is ``first + (second + dp's exposed)`` to the bit (dp is the last axis a
+    step adds and the idle does not depend on it): the search bounds a variant by ``first + second``
+    before costing its data axis (``theory.plan.best_first``)."""
+    if pp == 1:
+        return base.compute + base.bubble, sum(e for a, (_, e) in base.axes.items() if a != "dp")
+    k = pp_sends(schedule, pp, v) / pp_sends("1f1b", pp)
+    pipelined = 0.0
+    for a, (_, e) in base.axes.items():
+        if a != "dp":
+            pipelined += e * k if a == "pp" else e
+    idle = pipeline_idle(base.compute, pipelined, bubble_fraction(schedule, pp, microbatches, v), imbalance)
+    return base.compute + idle, pipelined

@@ -39,8 +39,9 @@ def in_flight(schedule: str, pp: int, microbatches: int, v: int = 1) -> float:
 
 
 def production_rank_activations(cfg: ModelConfig, **kw) -> dict[int, float]:
-    """:func:`rank_activations` as a dict: rank -> bytes."""
-    return dict(rank_activations(cfg, **kw))
+    """:func:`rank_activations` as a dict: rank -> bytes (remembered without ``ep``, which it does not read:
+    a search asks the same for every ep of one structure)."""
+    return dict(rank_activations(cfg, **{k: v for k, v in kw.items() if k != "ep"}))
 
 
 @functools.lru_cache(maxsize=65536)
