@@ -158,7 +158,7 @@ def test_expected_hardware_profiles_exist():
 def test_every_hardware_profile_loads(name):
     raw = json.loads((HARDWARE_DIR / f"{name}.json").read_text())
     measured_only = {"collectives", "load_average", "date", "matmul"}  # what `playbook calibrate` adds to a profile
-    fp8_only = {"peak_fp8_flops", "fp8_source"}  # read by theory.plan_precision, not Hardware; both or neither
+    fp8_only = {"peak_fp8_flops", "fp8_source"}  # Hardware.peak_fp8_flops (theory.plan.precision): both or neither
     # a GPU's SM count and its driver-reported memory: each with its source, both or neither
     cited = ({"sms", "sms_source"}, {"reported_memory_bytes", "reported_memory_source"})
     optional = fp8_only.union(*cited)
