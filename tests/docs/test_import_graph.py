@@ -40,6 +40,7 @@ TOP = {
     "exercises": 6,
 }
 THEORY = {"cost": 0, "inventory": 0, "dp": 1, "zero": 1, "tp": 1, "pp": 1, "cp": 1, "moe": 1, "hybrid": 2}
+THEORY |= {"life": 1}  # checkpoints, failures and goodput at scale (chapter 10): reads inventory only
 THEORY |= {"plan": 3, "serving": 3}
 SPINE = ("training", "comm", "parity", "report", "registry", "mixed", "grads", "tied", "clip")
 PARALLEL = {**dict.fromkeys(SPINE, 0), **dict.fromkeys(("single", "dp", "zero", "tp", "pp", "cp", "ep"), 1)}
