@@ -5,6 +5,7 @@ Groups in layers; a group imports only from its own layer or below (``tests/docs
     0  cost/       collectives, FLOPs, matmul speed        inventory/  a block's saved tensors, model state
     1  dp/  zero/  tp/  pp/  cp.py  moe/                    one strategy each
        topology/   a cluster's levels past the node, collectives on them, axes placed on them
+       life/       checkpoints, failures and goodput at scale (chapter 10)
     2  hybrid/     any layout at once: the layout value (``Plan``), its refusals, bytes and memory per rank
     3  plan/       the planner at scale                      serving/    inference
 

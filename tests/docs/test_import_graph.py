@@ -40,10 +40,12 @@ TOP = {
     "exercises": 6,
 }
 THEORY = {"cost": 0, "inventory": 0, "topology": 1, "dp": 1, "zero": 1, "tp": 1, "pp": 1, "cp": 1, "moe": 1, "hybrid": 2}
+THEORY |= {"life": 1}  # checkpoints, failures and goodput at scale (chapter 10): reads inventory only
 THEORY |= {"plan": 3, "serving": 3}
 SPINE = ("training", "comm", "parity", "report", "registry", "mixed", "grads", "tied", "clip")
 PARALLEL = {**dict.fromkeys(SPINE, 0), **dict.fromkeys(("single", "dp", "zero", "tp", "pp", "cp", "ep"), 1)}
 PARALLEL |= {"valid_tokens": 1, "reduce_precision": 1}  # chapter 8's step synchronisation, on the spine
+PARALLEL |= {"loader": 0}  # a DataLoader on each rank (chapter 10): the spine, beside the loop it feeds
 PARALLEL |= {"hybrid": 2, "step_time": 2}
 EXEMPT = {"playbook", "playbook.__main__"}  # the package's face and ``python -m playbook``
 
