@@ -98,9 +98,11 @@ def _clip(model, mesh, plan: Plan, cfg):
 
 
 # ---- the rank function ---------------------------------------------------------------------------
-def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
+def train_hybrid(ctx, setup: TrainSetup, plan: Plan, checkpoint=None) -> dict:
     """Train ``setup`` on this rank's share of ``plan``'s layout; return its result, its coordinates,
-    which of its tensors are tensor-parallel shards, its comm spans and (MoE) the routing."""
+    which of its tensors are tensor-parallel shards, its comm spans and (MoE) the routing.
+    ``checkpoint`` (``parallel.checkpoint.CheckpointPlan``): resume from a checkpoint before the first
+    step and save after every K-th (``parallel.checkpoint.session``)."""
     mesh = ctx.mesh_for(plan.dims)
     d, cfg = plan.dims, setup.config()
     positions = None
@@ -149,8 +151,15 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     if clip is not None and not plan.zero:  # last: after every sum (ZeRO clips its slices inside its own sync)
         hooks["sync_grads"] = clip.after(hooks["sync_grads"])
     finish = hooks.pop("finish", None)
+    session, start = None, 0
+    if checkpoint is not None:  # after every hook: the pieces are where the optimizer keeps them
+        from playbook.parallel.checkpoint.session import Session
+
+        session = Session(checkpoint, ctx, setup, plan, hooks["model"], hooks["optimizer"], split)
+        start = session.resume()
+        hooks.update(progress=session.after_step(hooks["progress"]), sync_loss=session.wrap_loss(hooks["sync_loss"]))
     first = len(ctx.tracer.spans)
-    result: TrainResult = train(setup, **hooks)
+    result: TrainResult = train(setup, start=start, **hooks)
     if finish is not None:
         result = finish(result)
     if clip is not None:
@@ -159,4 +168,6 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     out = {"rank": ctx.rank, "coords": mesh.coords, "result": result, "spans": spans, "shard_dims": split}
     if routing:
         out["routing"] = routing
+    if session is not None:
+        out["checkpoint"] = session.report()
     return out
