@@ -4,8 +4,8 @@
   ``write``, ``write_async``, ``read``, ``written_bytes`` (measured per rank), ``metadata``;
 - ``state.py``: ``RankState``, a hybrid rank's weights, AdamW moments and steps as pieces;
 - ``session.py``: ``CheckpointPlan`` and ``Session`` (resume, save every K steps), ``resolve``, ``read_meta``;
-- ``resume.py``: ``save_then_resume``, a run cut in two across layouts, merged for parity;
 - ``inspect.py``: ``inspect`` (tensors, global shapes, shards per rank, bytes), its table.
+(``parallel.hybrid.resume``: a run cut in two across layouts, merged for parity.)
 """
 
 from playbook.parallel.checkpoint.session import CheckpointPlan, read_meta, resolve
