@@ -24,8 +24,7 @@ import torch
 from playbook.serve.kv import PagedKVCache
 from playbook.serve.prefix import PrefixKVCache
 from playbook.serve.quant import STORAGE, scale_for, to_format
-
-KV_DTYPES = ("fp32", "bf16", "fp16", "int8", "fp8")
+from playbook.theory.serving.quantized import KV_DTYPES
 FLOAT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
