@@ -61,12 +61,21 @@ def _teacher_forced(model, requests, tokens: dict, kv_dtype: str, block_size: in
 
 
 def agreement(
-    reference, quantized, requests, *, kv_dtype: str = "fp32", n_blocks: int = 64, block_size: int = 4, max_batch: int = 4
+    reference,
+    quantized,
+    requests,
+    *,
+    kv_dtype: str = "fp32",
+    n_blocks: int = 64,
+    block_size: int = 4,
+    max_batch: int = 4,
+    baseline=None,
 ) -> dict:
     """``quantized`` (and its ``kv_dtype`` cache) against ``reference`` (fp32 weights, fp32 cache) on
-    ``requests``: the teacher-forced logit error and top-1 agreement, and free-running identity."""
+    ``requests``: the teacher-forced logit error and top-1 agreement, and free-running identity.
+    ``baseline``: the reference's ``BatchRun`` on these requests, when already served (else served here)."""
     kw = dict(n_blocks=n_blocks, block_size=block_size, max_batch=max_batch)
-    ref = ContinuousBatcher(reference, **kw).run(requests)
+    ref = baseline if baseline is not None else ContinuousBatcher(reference, **kw).run(requests)
     free = ContinuousBatcher(quantized, kv_dtype=kv_dtype, **kw).run(requests)
     forced = _teacher_forced(quantized, requests, ref.tokens, kv_dtype, block_size)
     want = torch.cat([ref.logits[r.id] for r in requests])  # [positions, V]
