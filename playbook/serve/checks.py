@@ -91,6 +91,9 @@ def check_options(args) -> None:
 
     o = vars(args)
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
+    check_quantized(
+        setup.config(), quantize=o.get("quantize"), kv_dtype=o.get("kv_dtype", "fp32"), pp=o["pp"], ep=o["ep"]
+    )
     if o["pp"] > 1 or o["ep"] > 1:
         _check_alone(o.get("world_size"), tp=o["tp"], dp=o["dp"], pp=o["pp"], ep=o["ep"])
         return
@@ -107,6 +110,23 @@ def check_options(args) -> None:
         token_budget=o.get("token_budget"),
         shared_prefix=o.get("shared_prefix", 0),
     )
+
+
+def check_quantized(cfg, *, quantize, kv_dtype: str = "fp32", pp: int = 1, ep: int = 1) -> None:
+    """``--quantize`` and ``--kv-dtype``: known formats, on TP × DP serving of a dense model."""
+    from playbook.serve.kv_quant import check_kv_dtype
+    from playbook.theory.serving.weights import QUANTIZE
+
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"--quantize {quantize} is not one of {', '.join(QUANTIZE)}; try --quantize int8")
+    check_kv_dtype(kv_dtype)
+    if quantize is None and kv_dtype == "fp32":
+        return
+    flags = " ".join(f for f in (quantize and f"--quantize {quantize}", kv_dtype != "fp32" and f"--kv-dtype {kv_dtype}") if f)
+    if pp > 1 or ep > 1:
+        raise ValueError(f"{flags} serves TP × DP layouts, not --pp/--ep; try {flags} --tp 2")
+    if quantize and cfg.is_moe:
+        raise ValueError(f"--quantize {quantize} covers dense models, not {cfg.name}; try --model gpt-tiny")
 
 
 def _check_alone(world_size, *, tp: int, dp: int, pp: int, ep: int) -> int:

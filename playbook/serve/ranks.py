@@ -15,6 +15,7 @@ from playbook.dims import ParallelDims
 from playbook.model.gpt import GPT
 from playbook.serve.batching import ContinuousBatcher, Request
 from playbook.serve.generate import greedy
+from playbook.serve.quant import quantize_model, weight_bytes
 
 
 @functools.lru_cache(maxsize=2)
@@ -86,11 +87,17 @@ def serve_on_rank(
     prefix_cache: bool = False,
     assign: list[int] | None = None,
     token_budget: int | None = None,
+    quantize: str | None = None,
+    kv_dtype: str = "fp32",
 ):
     """Each replica serves its requests (``assign[i]``, a router's choice; default i mod dp) by
     continuous batching, with a prefix cache of its own if asked; returns tokens, logits, prompt
-    tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding."""
+    tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding.
+    ``quantize`` ("int8", "fp8"): the block linears quantized from the whole reference
+    (``serve.quant``); ``kv_dtype``: the paged cache's storage (``serve.kv_quant``)."""
     model, mesh = build(ctx, cfg, seed, dims)
+    if quantize:
+        model = quantize_model(model, quantize, reference=_reference_model(cfg, seed))
     where = assign if assign is not None else [r.id % dims.dp for r in requests]
     mine = [r for r in requests if where[r.id] == mesh.coords["dp"]]
     batcher = ContinuousBatcher(
@@ -100,6 +107,7 @@ def serve_on_rank(
         max_batch=max_batch,
         prefix_cache=prefix_cache,
         token_budget=token_budget,
+        kv_dtype=kv_dtype,
     )
     run = batcher.run(mine)
     return {
@@ -113,4 +121,6 @@ def serve_on_rank(
         "decoded": sum(len(s["decoded"]) for s in run.steps),
         "computed": sum(len(s["decoded"]) + s["prefill_tokens"] for s in run.steps),  # through the steps' forwards
         "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans, window="step"),  # every token of every step
+        "weight_bytes": weight_bytes(model),  # measured off the tensors, quantized or not
+        "block_bytes": batcher.cache.block_bytes,
     }

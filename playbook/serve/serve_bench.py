@@ -17,9 +17,12 @@ The JSON (``BENCH_KEYS`` at the top level):
   ``goodput_requests_per_s``, ``requests``, ``step_seconds`` (each replica's steps, in order);
 - ``predicted``: the same keys for the same schedules timed by the roofline on ``--predict-model``
   and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8), every prompt chunk
-  and context ``predict_scale`` times longer (a shrunk trace replayed at its real lengths);
+  and context ``predict_scale`` times longer (a shrunk trace replayed at its real lengths); with
+  ``--quantize`` and an 8-bit ``--kv-dtype`` the roofline reads the quantized bytes (weights in one
+  byte plus their scales, KV blocks with theirs), 16-bit otherwise (``setup.predicted_dtypes``);
 - ``cache``: prompt tokens, tokens found cached, hit rate, evictions (over all replicas);
-- ``tokens_identical``: every request's tokens equal greedy decoding without a cache;
+- ``tokens_identical``: every request's tokens equal greedy decoding without a cache (quantized:
+  one process serving with the same quantized model and cache, ``serve.quant_ref``);
 - ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it).
 """
 
@@ -101,6 +104,8 @@ def serve_bench(
     predict_model: str = "llama-3.1-8b",
     predict_hardware: str = "h100-sxm",
     predict_scale: int = 1,
+    quantize: str | None = None,
+    kv_dtype: str = "fp32",
     ranks=None,
 ) -> dict:
     """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
@@ -129,6 +134,16 @@ def serve_bench(
         slo_ttft_ms=slo_ttft_ms,
         slo_tpot_ms=slo_tpot_ms,
     )
+    from playbook.serve import quant_ref
+    from playbook.serve.checks import check_quantized
+
+    check_quantized(cfg, quantize=quantize, kv_dtype=kv_dtype)
+    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
+    priced = dict(quantize=quantize, kv_dtype="bf16" if kv_dtype == "fp32" else kv_dtype)  # the bytes the roofline reads
+    if quantize:
+        from playbook.theory.serving.weights import served_weight_bytes
+
+        served_weight_bytes(big, tp=tp, quantize=quantize, dtype="bf16")  # refuses a model it cannot count
     trace = poisson_trace(
         n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
     )
@@ -149,11 +164,17 @@ def serve_bench(
         prefix_cache=prefix_cache,
         assign=where,
         token_budget=token_budget,
+        quantize=quantize,
+        kv_dtype=kv_dtype,
     )
     before = os.getloadavg()[0]
     answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
     after = os.getloadavg()[0]
-    want = _reference(cfg, seed, tuple(reqs))
+    if quant_ref.is_quantized(quantize, kv_dtype):
+        keep = ("n_blocks", "block_size", "max_batch", "prefix_cache", "token_budget", "quantize", "kv_dtype")
+        want = quant_ref.reference(cfg, seed, reqs, dp=dp, **{k: options[k] for k in keep + ("assign",)})
+    else:
+        want = _reference(cfg, seed, tuple(reqs))
     leads = [a for a in answers if a["coords"]["tp"] == 0]  # one per replica
     slo = dict(
         slo_ttft=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
@@ -162,9 +183,9 @@ def serve_bench(
     mine = [[r for r in reqs if where[r.id] == a["coords"]["dp"]] for a in leads]
     measured = summarize([request_latencies(a["steps"], m) for a, m in zip(leads, mine)], **slo)
     measured["step_seconds"] = [[s["seconds"] for s in a["steps"]] for a in leads]
-    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
     timed = [
-        predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8, scale=predict_scale) for a in leads
+        predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8, scale=predict_scale, **priced)
+        for a in leads
     ]
     predicted = summarize([request_latencies(s, m) for s, m in zip(timed, mine)], **slo)
     prompt_tokens = sum(len(r.prompt) for r in reqs)
@@ -191,6 +212,9 @@ def serve_bench(
             "slo_ms": {"ttft": slo_ttft_ms, "tpot": slo_tpot_ms},
             "predicted_on": f"{predict_model} on {predict_hardware}",
             "predict_scale": predict_scale,
+            "quantize": quantize,
+            "kv_dtype": kv_dtype,
+            "predicted_dtypes": {"weights": quantize or "bf16", "kv": priced["kv_dtype"]},
         },
         "measured": measured,
         "predicted": predicted,
@@ -210,7 +234,8 @@ def summary(report: dict) -> str:
     s, m, p = report["setup"], report["measured"], report["predicted"]
     lines = [
         f"serve-bench {s['model']} {s['layout']}: {m['requests']} requests, router {s['router']}, prefix cache "
-        f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}",
+        f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}"
+        + (f"; weights {s['quantize'] or 'fp32'}, KV {s['kv_dtype']}" if s.get("quantize") or s.get("kv_dtype", "fp32") != "fp32" else ""),
         f"{'ms':<6}{'p50':>9}{'p90':>9}{'p99':>9}   predicted on {s['predicted_on']}: p50, p99",
     ]
     for k in ("ttft", "tpot", "itl", "e2e"):
