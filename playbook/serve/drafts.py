@@ -1,0 +1,73 @@
+"""Drafts for speculative decoding (``serve.speculative``): who proposes the k tokens the target checks.
+
+- ``self:E`` — the target's own first E layers and its own final norm and head (self-speculation
+  by early exit: LayerSkip, Elhoushi et al. 2024, "LayerSkip: Enabling Early Exit Inference and
+  Self-Speculative Decoding", §4; Draft & Verify, Zhang et al. 2023, arXiv:2309.08168, drafts by
+  skipping layers instead). No second set of weights; with TP the draft runs on the target's own
+  shards, its collectives included. It is the draft that gives a meaningful acceptance rate with the
+  book's random weights: the residual stream is mostly the token's embedding (the projections that
+  write into it start 1/√(2L) smaller, ``model.gpt``), so the first layers already predict much of
+  what all of them do.
+- a preset name — a separate, smaller model with the **same vocabulary** (Leviathan et al. 2023's
+  setting, e.g. a Llama 3.1 8B drafting for the 70B), built from the same seed and run whole on every
+  rank of a replica so that every rank proposes the same tokens. With random weights two models share
+  nothing, so it is accepted about 1/V of the time: the case where speculation is slower than plain
+  decoding.
+"""
+
+from __future__ import annotations
+
+from playbook.config import ModelConfig
+
+
+def parse_draft(spec: str, cfg: ModelConfig) -> tuple[str, int | ModelConfig]:
+    """("self", E) or ("model", its config) for ``--draft``; one ``ValueError`` naming what would work."""
+    if spec.startswith("self:"):
+        layers = spec[5:]
+        if not layers.isdigit() or not 1 <= int(layers) < cfg.n_layers:
+            raise ValueError(
+                f"--draft {spec}: self:E drafts with the target's first E layers, 1 <= E < {cfg.n_layers} "
+                f"({cfg.name} has {cfg.n_layers}); try --draft self:{max(1, cfg.n_layers // 2)}"
+            )
+        return "self", int(layers)
+    if spec not in ModelConfig.presets():
+        raise ValueError(
+            f"--draft {spec} is neither self:E (the target's first E layers) nor a model preset "
+            f"({', '.join(ModelConfig.presets())}); try --draft self:{max(1, cfg.n_layers // 2)}"
+        )
+    draft = ModelConfig.preset(spec)
+    if draft.vocab_size != cfg.vocab_size:
+        same = [n for n in ModelConfig.presets() if ModelConfig.preset(n).vocab_size == cfg.vocab_size and n != cfg.name]
+        raise ValueError(
+            f"--draft {spec} has a vocabulary of {draft.vocab_size} tokens, {cfg.name} of {cfg.vocab_size}: a draft "
+            f"must propose the target's tokens; try --draft self:{max(1, cfg.n_layers // 2)}"
+            + (f" or --draft {same[0]}" if same else "")
+        )
+    if draft.is_moe or draft.attention != "gqa":
+        raise ValueError(f"--draft {spec}: a draft here is a dense GQA model; try --draft self:1")
+    if draft.max_seq_len < cfg.max_seq_len:
+        raise ValueError(
+            f"--draft {spec} holds {draft.max_seq_len} tokens, {cfg.name} {cfg.max_seq_len}: the draft must read "
+            f"every position the target does; try --draft self:{max(1, cfg.n_layers // 2)}"
+        )
+    return "model", draft
+
+
+class EarlyExit:
+    """The target's first ``layers`` blocks, then its own final norm and head: what ``forward_packed``
+    needs of a model (``embed``, ``blocks``, ``head``, ``cfg``, and a ``TPGPT``'s ``group``)."""
+
+    def __init__(self, model, layers: int):
+        self.cfg, self.blocks = model.cfg, model.blocks[:layers]
+        self.embed, self.head = model.embed, model.head
+        self.group = getattr(model, "group", None)
+
+
+def make_draft(spec: str, target, *, seed: int):
+    """The draft ``spec`` names for ``target`` (a ``GPT`` or this rank's ``TPGPT`` shard)."""
+    kind, what = parse_draft(spec, target.cfg)
+    if kind == "self":
+        return EarlyExit(target, what)
+    from playbook.model.gpt import GPT
+
+    return GPT(what, seed=seed).eval()
