@@ -57,6 +57,8 @@ class EarlyExit:
     """The target's first ``layers`` blocks, then its own final norm and head: what ``forward_packed``
     needs of a model (``embed``, ``blocks``, ``head``, ``cfg``, and a ``TPGPT``'s ``group``)."""
 
+    shares_target = True  # its layers are the target's: under TP their all-reduces are the target's too
+
     def __init__(self, model, layers: int):
         self.cfg, self.blocks = model.cfg, model.blocks[:layers]
         self.embed, self.head = model.embed, model.head
@@ -71,3 +73,35 @@ def make_draft(spec: str, target, *, seed: int):
     from playbook.model.gpt import GPT
 
     return GPT(what, seed=seed).eval()
+
+
+MAX_SPECULATIVE = 16  # draft tokens per step accepted by the command line (engines use 1..~8)
+
+
+def default_draft(cfg: ModelConfig) -> str:
+    """``--draft`` when left out: the target's first half of its layers."""
+    return f"self:{max(1, cfg.n_layers // 2)}"
+
+
+def check_speculative(
+    cfg: ModelConfig, speculative: int, draft: str | None, *, max_batch: int, token_budget: int | None
+) -> str | None:
+    """``--speculative K --draft D`` before any rank starts: the draft's name (``default_draft`` when
+    left out), or None without speculation; one ``ValueError`` naming the constraint otherwise."""
+    if not speculative:
+        if draft is not None:
+            raise ValueError(f"--draft {draft} drafts for speculative decoding; add --speculative 4 (tokens per step)")
+        return None
+    if not 1 <= speculative <= MAX_SPECULATIVE:
+        raise ValueError(
+            f"--speculative {speculative} must be 1..{MAX_SPECULATIVE} draft tokens per step; try --speculative 4"
+        )
+    draft = draft or default_draft(cfg)
+    parse_draft(draft, cfg)
+    if token_budget is not None and token_budget <= max_batch * (speculative + 1):
+        raise ValueError(
+            f"--token-budget {token_budget} must exceed --max-batch {max_batch} × (--speculative {speculative} + 1) "
+            f"= {max_batch * (speculative + 1)} (each decoding request verifies k + 1 tokens a step); "
+            f"try --token-budget {max_batch * (speculative + 1) + 8}"
+        )
+    return draft

@@ -86,21 +86,30 @@ def serve_on_rank(
     prefix_cache: bool = False,
     assign: list[int] | None = None,
     token_budget: int | None = None,
+    speculative: int = 0,
+    draft: str | None = None,
 ):
     """Each replica serves its requests (``assign[i]``, a router's choice; default i mod dp) by
-    continuous batching, with a prefix cache of its own if asked; returns tokens, logits, prompt
+    continuous batching, with a prefix cache of its own if asked, and with ``speculative`` k > 0
+    speculative decode steps drafted by ``draft`` (``serve.speculative``); returns tokens, logits, prompt
     tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding."""
     model, mesh = build(ctx, cfg, seed, dims)
     where = assign if assign is not None else [r.id % dims.dp for r in requests]
     mine = [r for r in requests if where[r.id] == mesh.coords["dp"]]
-    batcher = ContinuousBatcher(
-        model,
+    options = dict(
         n_blocks=n_blocks,
         block_size=block_size,
         max_batch=max_batch,
         prefix_cache=prefix_cache,
         token_budget=token_budget,
     )
+    if speculative:
+        from playbook.serve.drafts import make_draft
+        from playbook.serve.speculative import SpeculativeBatcher
+
+        batcher = SpeculativeBatcher(model, draft=make_draft(draft, model, seed=seed), k=speculative, **options)
+    else:
+        batcher = ContinuousBatcher(model, **options)
     run = batcher.run(mine)
     return {
         "rank": ctx.rank,
@@ -111,6 +120,12 @@ def serve_on_rank(
         "evictions": getattr(batcher.cache, "evictions", 0),
         "steps": run.steps,
         "decoded": sum(len(s["decoded"]) for s in run.steps),
-        "computed": sum(len(s["decoded"]) + s["prefill_tokens"] for s in run.steps),  # through the steps' forwards
+        # tokens through the target's layers, in whole-model units: a speculative step's k + 1 per decoding
+        # request, and a self-draft's tokens × its share of the layers
+        "computed": sum(
+            s.get("verify_tokens", len(s["decoded"])) + s["prefill_tokens"] + s.get("draft_layer_tokens", 0) / cfg.n_layers
+            for s in run.steps
+        ),
         "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans, window="step"),  # every token of every step
+        "speculative": getattr(batcher, "stats", None),  # drafted, accepted, verifies (``serve.speculative``)
     }

@@ -73,6 +73,7 @@ class ServeReport(Report):
     parity: dict
     setup: dict = field(default_factory=dict)
     replicas: list = field(default_factory=list)
+    speculative: dict | None = None  # ``serve.speculative.acceptance`` of every replica's verifies
 
     def problem(self) -> str | None:
         p = self.parity
@@ -95,6 +96,13 @@ class ServeReport(Report):
             + ", ".join(f"{x:,.0f}" for x in b["measured"]),
             f"  KV bytes held == paged prediction at every step: {p['kv_bytes_match_every_step']}",
         ]
+        if self.speculative:
+            sp = self.speculative
+            lines.append(
+                f"  speculative k={self.setup['speculative']} draft {self.setup['draft']}: {sp['accepted']} of "
+                f"{sp['drafted']} drafts accepted ({sp['acceptance_rate']:.0%}; per-token α {sp['alpha']:.2f}), "
+                f"{sp['tokens_per_verify']:.2f} tokens per verify over {sp['verifies']} verifies"
+            )
         for r in self.replicas:
             lines.append(
                 f"  replica {r['dp']}: requests {r['requests']}, {r['decoded']} tokens decoded, "

@@ -37,6 +37,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--router", default="round-robin", help="which replica serves a request: round-robin, prefix")
     parser.add_argument("--shared-prefix", type=int, default=0, help="tokens of one system prompt before every request")
     parser.add_argument("--token-budget", type=int, default=None, help="tokens per step, chunking long prefills")
+    parser.add_argument(
+        "--speculative", type=int, default=0, metavar="K", help="speculative decoding: K draft tokens verified per step"
+    )
+    parser.add_argument(
+        "--draft",
+        default=None,
+        metavar="MODEL",
+        help="with --speculative: self:E (the target's first E layers + its head; default half its layers) "
+        "or a preset with the same vocabulary",
+    )
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
@@ -75,10 +85,14 @@ def run_serve(
     router: str = "round-robin",
     token_budget: int | None = None,
     shared_prefix: int = 0,
+    speculative: int = 0,
+    draft: str | None = None,
 ) -> Report:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
     reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
     pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``)."""
+    if (pp > 1 or ep > 1) and (speculative or draft):
+        raise ValueError("--speculative decodes on TP shards in DP replicas here, not with --pp or --ep; drop one")
     if pp > 1 or ep > 1:
         return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep, launch=launch)
     dims, cfg, reqs = check_serve(
@@ -93,8 +107,13 @@ def run_serve(
         router=router,
         token_budget=token_budget,
         shared_prefix=shared_prefix,
+        speculative=speculative,
+        draft=draft,
     )
+    from playbook.serve.drafts import check_speculative
     from playbook.theory.serving.router import route
+
+    draft = check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
 
     backend = default_backend(dims.world) if backend == "auto" else backend
     answers = launch(
@@ -109,6 +128,8 @@ def run_serve(
         prefix_cache=prefix_cache,
         assign=route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router),
         token_budget=token_budget,
+        speculative=speculative,
+        draft=draft,
         backend=backend,
     )
     parity = merge(answers, cfg, dims, reference(cfg, setup.seed, reqs))
@@ -141,9 +162,20 @@ def run_serve(
             "router": router,
             "token_budget": token_budget,
             "shared_prefix": shared_prefix,
+            "speculative": speculative,
+            "draft": draft,
         },
         replicas,
+        speculation(answers) if speculative else None,
     )
+
+
+def speculation(answers: list[dict]) -> dict:
+    """Every replica's drafted, accepted and verify counts summed (one rank per replica), as rates."""
+    from playbook.serve.speculative import acceptance
+
+    leads = [a["speculative"] for a in answers if a["coords"]["tp"] == 0]
+    return acceptance({k: sum(s[k] for s in leads) for k in leads[0]})
 
 
 def _pipeline_or_experts(setup, world_size, *, tp: int, dp: int, pp: int, ep: int, launch) -> ParallelDecodeReport:

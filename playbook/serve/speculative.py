@@ -101,6 +101,7 @@ class SpeculativeBatcher(ContinuousBatcher):
         self.gen = torch.Generator().manual_seed(seed)
         self.stats = {"drafted": 0, "accepted": 0, "verifies": 0, "verify_tokens": 0, "full": 0}
         self._last: dict = {}
+        self._fed = 0  # tokens fed to the draft this step
 
     def _k(self, run: BatchRun, running: dict, i: int) -> int:
         return max(0, min(self.k, running[i].max_new - len(run.tokens[i]) - 1))  # emit no more than wanted
@@ -133,6 +134,7 @@ class SpeculativeBatcher(ContinuousBatcher):
             for i in act:
                 dc.reserve(i, len(chunks[i]))
             logits = forward_packed(self.draft, [chunks[i] for i in act], starts, self._store(act, starts, dc))  # [n, V]
+            self._fed += sum(len(chunks[i]) for i in act)
             for i, row in zip(act, logits):
                 dc.advance(i, len(chunks[i]))
                 drafts[i].append(self._pick(row))
@@ -150,6 +152,7 @@ class SpeculativeBatcher(ContinuousBatcher):
         """Draft, then one target forward over the prompt chunks and every decoding request's
         [x₀, d₁..d_k]; keep the agreeing prefix and the target's next token, roll the rest back."""
         ks = {i: self._k(run, running, i) for i in decoding}
+        self._fed = 0
         drafts, q = self._propose(run, running, ks)
         ids = [*prefilled, *decoding]
         chunks = [*prefilled.values(), *([run.tokens[i][-1], *drafts.get(i, [])] for i in decoding)]
@@ -181,7 +184,13 @@ class SpeculativeBatcher(ContinuousBatcher):
             self._keep(run, emitted, i, kept, rows[: len(kept)])
             if len(run.tokens[i]) == running[i].max_new and i in self.draft_cache.tables:
                 self.draft_cache.release(i)
-        self._last = {"drafted": {i: ks[i] for i in accepted}, "accepted": accepted}
+        self._last = {
+            "drafted": {i: ks[i] for i in accepted},
+            "accepted": accepted,
+            "verify_tokens": sum(ks[i] + 1 for i in decoding),  # decode tokens through the target
+            # tokens × layers through the target's own (TP) layers while drafting: a self-draft's share
+            "draft_layer_tokens": self._fed * len(self.draft.blocks) if getattr(self.draft, "shares_target", False) else 0,
+        }
         return emitted
 
     def _keep(self, run: BatchRun, emitted: list, i: int, tokens: list[int], logits: torch.Tensor) -> None:
@@ -191,7 +200,8 @@ class SpeculativeBatcher(ContinuousBatcher):
 
     def _record(self) -> dict:
         out, self._last = self._last, {}
-        return {"drafted": out.get("drafted", {}), "accepted": out.get("accepted", {})}
+        empty = {"drafted": {}, "accepted": {}, "verify_tokens": 0, "draft_layer_tokens": 0}
+        return {**empty, **out}
 
 
 def acceptance(stats: dict) -> dict:
