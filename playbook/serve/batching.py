@@ -192,7 +192,7 @@ class ContinuousBatcher:
         pending: dict[int, list[int]] = {}  # admitted requests' prompt tokens not yet computed
         run, step, tracer = BatchRun(), 0, trace.current()
         while waiting or running:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             decoding = [i for i in running if i not in pending]  # prompt done at an earlier step: one token each
             admitted, prefilled, emitted = [], {}, []
             while (
@@ -248,6 +248,7 @@ class ContinuousBatcher:
                     "prefill_tokens": sum(prefilled.values()),
                     "emitted": emitted,  # requests that got a token this step
                     "seconds": time.perf_counter() - t0,
+                    "cpu_seconds": time.thread_time() - c0,  # this thread's own: what shared cores don't inflate
                     **self._record(),
                 }
             )
