@@ -88,10 +88,12 @@ def serve_on_rank(
     token_budget: int | None = None,
     speculative: int = 0,
     draft: str | None = None,
+    temperature: float = 0.0,
 ):
     """Each replica serves its requests (``assign[i]``, a router's choice; default i mod dp) by
     continuous batching, with a prefix cache of its own if asked, and with ``speculative`` k > 0
-    speculative decode steps drafted by ``draft`` (``serve.speculative``); returns tokens, logits, prompt
+    speculative decode steps drafted by ``draft`` (``serve.speculative``; ``temperature`` > 0 samples
+    by the rejection rule instead of greedy); returns tokens, logits, prompt
     tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding."""
     model, mesh = build(ctx, cfg, seed, dims)
     where = assign if assign is not None else [r.id % dims.dp for r in requests]
@@ -107,7 +109,14 @@ def serve_on_rank(
         from playbook.serve.drafts import make_draft
         from playbook.serve.speculative import SpeculativeBatcher
 
-        batcher = SpeculativeBatcher(model, draft=make_draft(draft, model, seed=seed), k=speculative, **options)
+        batcher = SpeculativeBatcher(
+            model,
+            draft=make_draft(draft, model, seed=seed),
+            k=speculative,
+            temperature=temperature,
+            seed=seed + mesh.coords["dp"],  # one stream per replica, the same on each of its TP ranks
+            **options,
+        )
     else:
         batcher = ContinuousBatcher(model, **options)
     run = batcher.run(mine)

@@ -171,8 +171,7 @@ class SpeculativeBatcher(ContinuousBatcher):
             seen = len(running[i].prompt) + len(run.tokens[i])  # the draft had seen all but x₀ .. d_{k-1}
             kept = self._accept(drafts.get(i, []), rows, q.get(i))
             m = len(kept) - 1  # drafts accepted
-            self.cache.advance(i, len(kept), chunk[: len(kept)])  # x₀, d₁..d_m: the inputs whose KV stays
-            self.cache.trim(i)  # the rejected drafts' blocks go back
+            self._commit(i, chunk, kept)
             if ks[i]:
                 rollback(self.draft_cache, i, seen - 1 + min(m + 1, ks[i]))
                 self.stats["drafted"] += ks[i]
@@ -192,6 +191,12 @@ class SpeculativeBatcher(ContinuousBatcher):
             "draft_layer_tokens": self._fed * len(self.draft.blocks) if getattr(self.draft, "shares_target", False) else 0,
         }
         return emitted
+
+    def _commit(self, i: int, chunk: list[int], kept: list[int]) -> None:
+        """The rollback: of the verified inputs x₀, d₁..d_k only those whose next token was kept
+        (x₀, d₁..d_m) count as written, and the blocks past them go back to the pool."""
+        self.cache.advance(i, len(kept), chunk[: len(kept)])
+        self.cache.trim(i)
 
     def _keep(self, run: BatchRun, emitted: list, i: int, tokens: list[int], logits: torch.Tensor) -> None:
         run.tokens[i].extend(tokens)
