@@ -37,20 +37,28 @@ def parse_draft(spec: str, cfg: ModelConfig) -> tuple[str, int | ModelConfig]:
         )
     draft = ModelConfig.preset(spec)
     if draft.vocab_size != cfg.vocab_size:
-        same = [n for n in ModelConfig.presets() if ModelConfig.preset(n).vocab_size == cfg.vocab_size and n != cfg.name]
+        same = [n for n in ModelConfig.presets() if n != cfg.name and _fits(ModelConfig.preset(n), cfg)]
         raise ValueError(
             f"--draft {spec} has a vocabulary of {draft.vocab_size} tokens, {cfg.name} of {cfg.vocab_size}: a draft "
             f"must propose the target's tokens; try --draft self:{max(1, cfg.n_layers // 2)}"
             + (f" or --draft {same[0]}" if same else "")
         )
-    if draft.is_moe or draft.attention != "gqa":
-        raise ValueError(f"--draft {spec}: a draft here is a dense GQA model; try --draft self:1")
-    if draft.max_seq_len < cfg.max_seq_len:
+    if not _fits(draft, cfg):
         raise ValueError(
-            f"--draft {spec} holds {draft.max_seq_len} tokens, {cfg.name} {cfg.max_seq_len}: the draft must read "
-            f"every position the target does; try --draft self:{max(1, cfg.n_layers // 2)}"
+            f"--draft {spec}: a separate draft here is a dense GQA model holding at least {cfg.max_seq_len} "
+            f"positions; try --draft self:{max(1, cfg.n_layers // 2)}"
         )
     return "model", draft
+
+
+def _fits(draft: ModelConfig, cfg: ModelConfig) -> bool:
+    """A separate draft here: the target's vocabulary, dense GQA, at least its positions."""
+    return (
+        draft.vocab_size == cfg.vocab_size
+        and not draft.is_moe
+        and draft.attention == "gqa"
+        and draft.max_seq_len >= cfg.max_seq_len
+    )
 
 
 class EarlyExit:

@@ -132,7 +132,9 @@ def serve_on_rank(
         # tokens through the target's layers, in whole-model units: a speculative step's k + 1 per decoding
         # request, and a self-draft's tokens × its share of the layers
         "computed": sum(
-            s.get("verify_tokens", len(s["decoded"])) + s["prefill_tokens"] + s.get("draft_layer_tokens", 0) / cfg.n_layers
+            s.get("verify_tokens", len(s["decoded"]))
+            + s["prefill_tokens"]
+            + s.get("draft_layer_tokens", 0) / cfg.n_layers
             for s in run.steps
         ),
         "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans, window="step"),  # every token of every step

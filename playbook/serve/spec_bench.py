@@ -30,7 +30,11 @@ from playbook.theory.serving.speculative import expected_tokens, speedup
 def _pool(model, n_blocks: int, block_size: int) -> PagedKVCache:
     attn = model.blocks[0].attn
     return PagedKVCache(
-        n_layers=len(model.blocks), kv_heads=attn.kv_heads, head_dim=attn.head_dim, n_blocks=n_blocks, block_size=block_size
+        n_layers=len(model.blocks),
+        kv_heads=attn.kv_heads,
+        head_dim=attn.head_dim,
+        n_blocks=n_blocks,
+        block_size=block_size,
     )
 
 

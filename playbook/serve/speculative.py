@@ -133,7 +133,9 @@ class SpeculativeBatcher(ContinuousBatcher):
             starts = [dc.lengths[i] for i in act]
             for i in act:
                 dc.reserve(i, len(chunks[i]))
-            logits = forward_packed(self.draft, [chunks[i] for i in act], starts, self._store(act, starts, dc))  # [n, V]
+            logits = forward_packed(
+                self.draft, [chunks[i] for i in act], starts, self._store(act, starts, dc)
+            )  # [n, V]
             self._fed += sum(len(chunks[i]) for i in act)
             for i, row in zip(act, logits):
                 dc.advance(i, len(chunks[i]))
@@ -188,7 +190,9 @@ class SpeculativeBatcher(ContinuousBatcher):
             "accepted": accepted,
             "verify_tokens": sum(ks[i] + 1 for i in decoding),  # decode tokens through the target
             # tokens × layers through the target's own (TP) layers while drafting: a self-draft's share
-            "draft_layer_tokens": self._fed * len(self.draft.blocks) if getattr(self.draft, "shares_target", False) else 0,
+            "draft_layer_tokens": self._fed * len(self.draft.blocks)
+            if getattr(self.draft, "shares_target", False)
+            else 0,
         }
         return emitted
 

@@ -127,7 +127,11 @@ def rollback_run(cfg=SMALL, k=6, block_size=2):
 def rollback_problems(b, run, reqs) -> list[str]:
     want = greedy_of(b.model.cfg, 0, reqs)
     out = [f"request {r.id}: other tokens" for r in reqs if run.tokens[r.id] != want[r.id][0][0].tolist()]
-    out += [f"step {s['step']}: KV held != whole blocks of kept tokens" for s in run.steps if s["kv_bytes"] != s["kv_predicted"]]
+    out += [
+        f"step {s['step']}: KV held != whole blocks of kept tokens"
+        for s in run.steps
+        if s["kv_bytes"] != s["kv_predicted"]
+    ]
     if len(b.cache.free) != b.cache.n_blocks or len(b.draft_cache.free) != b.draft_cache.n_blocks:
         out.append("blocks left held after every request finished")
     return out
