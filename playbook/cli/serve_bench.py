@@ -28,7 +28,10 @@ def cmd_serve_bench(args) -> int:
     cfg = ModelConfig.preset(args.model)
     sizes = dict(tp=args.tp, dp=args.dp, blocks=args.blocks, block_size=args.block_size)
     options = dict(requests=args.requests, max_batch=args.max_batch, token_budget=args.token_budget)
-    check(cfg, **sizes, **options, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)  # the options first
+    spec = dict(speculative=args.speculative, draft=args.draft)
+    check(
+        cfg, **sizes, **options, **spec, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms
+    )  # the options first
     check_quantized(cfg, quantize=args.quantize, kv_dtype=args.kv_dtype)
     check_serving_fits(cfg, **sizes)  # then whether this machine holds the run
     report = serve_bench(
@@ -52,6 +55,7 @@ def cmd_serve_bench(args) -> int:
         slo_tpot_ms=args.slo_tpot_ms,
         quantize=args.quantize,
         kv_dtype=args.kv_dtype,
+        **spec,
     )
     if args.out:
         write_output("--out", args.out, json.dumps(report, indent=2))
@@ -89,6 +93,14 @@ def add_serve_bench(sub) -> None:
                    help="block linears in int8/fp8 (per-output-channel scales); predicted latency reads those bytes")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="fp32",
                    help="paged KV storage, int8/fp8 with per-block scales; predicted at 16 bits unless 8-bit")
+    p.add_argument("--speculative", type=int, default=0, metavar="K", help="speculative decoding: K drafts per step")
+    p.add_argument(
+        "--draft",
+        default=None,
+        metavar="MODEL",
+        help="with --speculative: self:E (the target's first E layers + its head; none: half its layers) "
+        "or a preset with the same vocabulary",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON report here")
     p.set_defaults(func=cmd_serve_bench)

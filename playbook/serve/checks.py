@@ -43,6 +43,8 @@ def check_serve(
     router: str = "round-robin",
     token_budget: int | None = None,
     shared_prefix: int = 0,
+    speculative: int = 0,
+    draft: str | None = None,
 ):
     """(dims, cfg, requests) of a dp × tp serving run, or one ``ValueError`` before any rank starts."""
     from playbook.theory.serving.router import POLICIES
@@ -58,6 +60,9 @@ def check_serve(
     check_counts(requests=requests, blocks=blocks, block_size=block_size, max_batch=max_batch)
     cfg = setup.config()
     dims.check(cfg)
+    from playbook.serve.drafts import check_speculative
+
+    check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
     new = (2, min(10, cfg.max_seq_len // 4))
     reqs = make_requests(requests, cfg.vocab_size, seed=setup.seed, new=new)
     if shared_prefix:  # one system prompt before every request's own tokens: what a prefix cache finds
@@ -95,6 +100,8 @@ def check_options(args) -> None:
         setup.config(), quantize=o.get("quantize"), kv_dtype=o.get("kv_dtype", "fp32"), pp=o["pp"], ep=o["ep"]
     )
     if o["pp"] > 1 or o["ep"] > 1:
+        if o.get("speculative") or o.get("draft"):
+            raise ValueError("--speculative decodes on TP shards in DP replicas here, not with --pp or --ep; drop one")
         _check_alone(o.get("world_size"), tp=o["tp"], dp=o["dp"], pp=o["pp"], ep=o["ep"])
         return
     check_serve(
@@ -109,6 +116,8 @@ def check_options(args) -> None:
         router=o.get("router", "round-robin"),
         token_budget=o.get("token_budget"),
         shared_prefix=o.get("shared_prefix", 0),
+        speculative=o.get("speculative") or 0,
+        draft=o.get("draft"),
     )
 
 

@@ -73,6 +73,7 @@ class ServeReport(Report):
     parity: dict
     setup: dict = field(default_factory=dict)
     replicas: list = field(default_factory=list)
+    speculative: dict | None = None  # ``serve.speculative.acceptance`` of every replica's verifies
 
     def problem(self) -> str | None:
         p = self.parity
@@ -104,6 +105,13 @@ class ServeReport(Report):
                 f"  weights {self.setup.get('quantize') or 'fp32'}, KV {self.setup.get('kv_dtype')}: bytes per rank "
                 f"predicted {w['predicted']:,.0f}, measured {', '.join(f'{x:,}' for x in w['measured'])}; "
                 f"a KV block predicted {k['predicted']:,.0f}, measured {', '.join(f'{x:,}' for x in k['measured'])}"
+            )
+        if self.speculative:
+            sp = self.speculative
+            lines.append(
+                f"  speculative k={self.setup['speculative']} draft {self.setup['draft']}: {sp['accepted']} of "
+                f"{sp['drafted']} drafts accepted ({sp['acceptance_rate']:.0%}; per-token α {sp['alpha']:.2f}), "
+                f"{sp['tokens_per_verify']:.2f} tokens per verify over {sp['verifies']} verifies"
             )
         for r in self.replicas:
             lines.append(

@@ -46,6 +46,16 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--kv-dtype", choices=KV_DTYPES, default="fp32", help="paged KV cache storage; int8/fp8 with per-block scales"
     )
+    parser.add_argument(
+        "--speculative", type=int, default=0, metavar="K", help="speculative decoding: K draft tokens verified per step"
+    )
+    parser.add_argument(
+        "--draft",
+        default=None,
+        metavar="MODEL",
+        help="with --speculative: self:E (the target's first E layers + its head; default half its layers) "
+        "or a preset with the same vocabulary",
+    )
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
@@ -86,6 +96,8 @@ def run_serve(
     shared_prefix: int = 0,
     quantize: str | None = None,
     kv_dtype: str = "fp32",
+    speculative: int = 0,
+    draft: str | None = None,
 ) -> Report:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
     reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
@@ -93,6 +105,13 @@ def run_serve(
     ``kv_dtype``: quantized weights and KV cache, checked against one process running the same
     quantized model (``serve.quant_ref``)."""
     check_quantized(setup.config(), quantize=quantize, kv_dtype=kv_dtype, pp=pp, ep=ep)
+    if speculative and (quantize or kv_dtype in ("int8", "fp8")):
+        raise ValueError(
+            "--speculative runs with full-precision weights and a 16/32-bit KV cache here (a rolled-back 8-bit "
+            "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
+        )
+    if (pp > 1 or ep > 1) and (speculative or draft):
+        raise ValueError("--speculative decodes on TP shards in DP replicas here, not with --pp or --ep; drop one")
     if pp > 1 or ep > 1:
         return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep, launch=launch)
     dims, cfg, reqs = check_serve(
@@ -107,8 +126,13 @@ def run_serve(
         router=router,
         token_budget=token_budget,
         shared_prefix=shared_prefix,
+        speculative=speculative,
+        draft=draft,
     )
+    from playbook.serve.drafts import check_speculative
     from playbook.theory.serving.router import route
+
+    draft = check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
 
     backend = default_backend(dims.world) if backend == "auto" else backend
     assign = route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router)
@@ -126,6 +150,8 @@ def run_serve(
         token_budget=token_budget,
         quantize=quantize,
         kv_dtype=kv_dtype,
+        speculative=speculative,
+        draft=draft,
         backend=backend,
     )
     if quant_ref.is_quantized(quantize, kv_dtype):
@@ -171,9 +197,20 @@ def run_serve(
             "shared_prefix": shared_prefix,
             "quantize": quantize,
             "kv_dtype": kv_dtype,
+            "speculative": speculative,
+            "draft": draft,
         },
         replicas,
+        speculation(answers) if speculative else None,
     )
+
+
+def speculation(answers: list[dict]) -> dict:
+    """Every replica's drafted, accepted and verify counts summed (one rank per replica), as rates."""
+    from playbook.serve.speculative import acceptance
+
+    leads = [a["speculative"] for a in answers if a["coords"]["tp"] == 0]
+    return acceptance({k: sum(s[k] for s in leads) for k in leads[0]})
 
 
 def _pipeline_or_experts(setup, world_size, *, tp: int, dp: int, pp: int, ep: int, launch) -> ParallelDecodeReport:

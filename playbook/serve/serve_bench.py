@@ -23,7 +23,11 @@ The JSON (``BENCH_KEYS`` at the top level):
 - ``cache``: prompt tokens, tokens found cached, hit rate, evictions (over all replicas);
 - ``tokens_identical``: every request's tokens equal greedy decoding without a cache (quantized:
   one process serving with the same quantized model and cache, ``serve.quant_ref``);
-- ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it).
+- ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it);
+- ``speculative``: with ``speculative`` k > 0 (``serve.speculative``), the draft, k, acceptance rate,
+  per-token α, tokens per verify and verifies (``serve.speculative.acceptance``), else None. The
+  predicted latencies price each step as plain decoding would (one token per decoding request, no
+  draft): speculation's own price at scale is ``theory.serving.speculative``.
 """
 
 from __future__ import annotations
@@ -36,15 +40,31 @@ from playbook.config import ModelConfig
 from playbook.hardware import Hardware
 from playbook.dims import ParallelDims
 
-BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "load")
+BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "load", "speculative")
 
 
-def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, token_budget, slo_ttft_ms, slo_tpot_ms):
+def check(
+    cfg: ModelConfig,
+    *,
+    tp,
+    dp,
+    requests,
+    blocks,
+    block_size,
+    max_batch,
+    token_budget,
+    slo_ttft_ms,
+    slo_tpot_ms,
+    speculative=0,
+    draft=None,
+):
     """Every option, before a rank starts: one ValueError naming the constraint and a value that works."""
     from playbook.serve.checks import check_counts, check_token_budget
+    from playbook.serve.drafts import check_speculative
 
     check_counts(requests=requests, blocks=blocks, block_size=block_size, max_batch=max_batch)
     check_token_budget(token_budget, max_batch)
+    check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
     for name, value in (("slo-ttft-ms", slo_ttft_ms), ("slo-tpot-ms", slo_tpot_ms)):
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be > 0 milliseconds, got {value}")
@@ -106,6 +126,8 @@ def serve_bench(
     predict_scale: int = 1,
     quantize: str | None = None,
     kv_dtype: str = "fp32",
+    speculative: int = 0,
+    draft: str | None = None,
     ranks=None,
 ) -> dict:
     """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
@@ -133,17 +155,27 @@ def serve_bench(
         token_budget=token_budget,
         slo_ttft_ms=slo_ttft_ms,
         slo_tpot_ms=slo_tpot_ms,
+        speculative=speculative,
+        draft=draft,
     )
     from playbook.serve import quant_ref
     from playbook.serve.checks import check_quantized
 
     check_quantized(cfg, quantize=quantize, kv_dtype=kv_dtype)
+    if speculative and (quantize or kv_dtype in ("int8", "fp8")):
+        raise ValueError(
+            "--speculative runs with full-precision weights and a 16/32-bit KV cache here (a rolled-back 8-bit "
+            "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
+        )
     big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
     priced = dict(quantize=quantize, kv_dtype="bf16" if kv_dtype == "fp32" else kv_dtype)  # the bytes the roofline reads
     if quantize:
         from playbook.theory.serving.weights import served_weight_bytes
 
         served_weight_bytes(big, tp=tp, quantize=quantize, dtype="bf16")  # refuses a model it cannot count
+    from playbook.serve.drafts import check_speculative
+
+    draft = check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
     trace = poisson_trace(
         n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
     )
@@ -166,6 +198,8 @@ def serve_bench(
         token_budget=token_budget,
         quantize=quantize,
         kv_dtype=kv_dtype,
+        speculative=speculative,
+        draft=draft,
     )
     before = os.getloadavg()[0]
     answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
@@ -226,7 +260,18 @@ def serve_bench(
         },
         "tokens_identical": all(t == want[i][0] for a in answers for i, t in a["tokens"].items()),
         "load": {"before": before, "after": after},
+        "speculative": _speculation(leads, speculative, draft),
     }
+
+
+def _speculation(leads: list[dict], k: int, draft: str | None) -> dict | None:
+    """Every replica's drafted/accepted/verify counts summed, as rates (``serve.speculative.acceptance``)."""
+    if not k:
+        return None
+    from playbook.serve.speculative import acceptance
+
+    counts = {key: sum(a["speculative"][key] for a in leads) for key in leads[0]["speculative"]}
+    return {"k": k, "draft": draft, **acceptance(counts)}
 
 
 def summary(report: dict) -> str:
@@ -251,4 +296,10 @@ def summary(report: dict) -> str:
         f"cache: {c['cached_tokens']} of {c['prompt_tokens']} prompt tokens found ({c['hit_rate']:.0%}), "
         f"{c['evictions']} evictions; load {report['load']['before']:.1f} -> {report['load']['after']:.1f}",
     ]
+    sp = report.get("speculative")
+    if sp:
+        lines.append(
+            f"speculative k={sp['k']} draft {sp['draft']}: acceptance rate {sp['acceptance_rate']:.0%} "
+            f"(per-token α {sp['alpha']:.2f}), {sp['tokens_per_verify']:.2f} tokens per verify over {sp['verifies']} verifies"
+        )
     return "\n".join(lines)
