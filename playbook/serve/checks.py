@@ -91,6 +91,12 @@ def check_options(args) -> None:
 
     o = vars(args)
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
+    if o.get("attention_dp"):
+        from playbook.serve.moe_layouts import check
+
+        _check_attention_dp(o.get("world_size"), tp=o["tp"], dp=o["dp"], pp=o["pp"], ep=o["ep"])
+        check(setup.config(), ep=o["ep"], rows=o["requests"], prompt_len=8, new_tokens=8)
+        return
     if o["pp"] > 1 or o["ep"] > 1:
         _check_alone(o.get("world_size"), tp=o["tp"], dp=o["dp"], pp=o["pp"], ep=o["ep"])
         return
@@ -107,6 +113,19 @@ def check_options(args) -> None:
         token_budget=o.get("token_budget"),
         shared_prefix=o.get("shared_prefix", 0),
     )
+
+
+def _check_attention_dp(world_size, *, tp: int, dp: int, pp: int, ep: int) -> None:
+    """``--attention-dp``: the layouts over ``--ep N`` ranks, no other degree."""
+    if tp > 1 or dp > 1 or pp > 1:
+        raise ValueError(
+            f"--attention-dp compares both attention layouts on the --ep ranks itself (got tp={tp}, dp={dp}, pp={pp}); "
+            f"give only --ep, e.g. --attention-dp --ep 2 --model gpt-tiny-moe"
+        )
+    if ep < 2:
+        raise ValueError("--attention-dp splits the experts over --ep ranks; add --ep 2 (and an MoE --model)")
+    if world_size and world_size != ep:
+        raise ValueError(f"--world-size {world_size} but --attention-dp --ep {ep} needs {ep} ranks; omit --world-size")
 
 
 def _check_alone(world_size, *, tp: int, dp: int, pp: int, ep: int) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from playbook.cluster import default_backend, launch
 from playbook.parallel.registry import register
-from playbook.serve.checks import _check_alone, check_options, check_serve
+from playbook.serve.checks import _check_alone, _check_attention_dp, check_options, check_serve
 from playbook.serve.ranks import serve_on_rank
 from playbook.parallel.report import Report
 from playbook.serve.report import ParallelDecodeReport, ServeReport, merge, reference
@@ -37,10 +37,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--router", default="round-robin", help="which replica serves a request: round-robin, prefix")
     parser.add_argument("--shared-prefix", type=int, default=0, help="tokens of one system prompt before every request")
     parser.add_argument("--token-budget", type=int, default=None, help="tokens per step, chunking long prefills")
+    parser.add_argument(
+        "--attention-dp",
+        action="store_true",
+        help="MoE serving layouts (with --ep N, an MoE --model): DP attention (each rank its own requests' whole "
+        "KV, experts over all-to-all) beside TP attention (heads split, KV heads replicated past n_kv_heads), "
+        "the experts over the same N ranks in both",
+    )
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
 def implied_world_size(options: dict) -> int:
+    if options.get("attention_dp"):
+        return options.get("ep", 1)
     return options["dp"] * options["tp"] * options.get("pp", 1) * options.get("ep", 1)
 
 
@@ -75,10 +84,18 @@ def run_serve(
     router: str = "round-robin",
     token_budget: int | None = None,
     shared_prefix: int = 0,
+    attention_dp: bool = False,
 ) -> Report:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
     reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
-    pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``)."""
+    pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``);
+    ``attention_dp``: the MoE serving layouts over ``ep`` ranks (``serve.moe_layouts``)."""
+    if attention_dp:
+        from playbook.serve.moe_layouts import MoELayoutsReport, serve_moe_layouts
+
+        _check_attention_dp(world_size, tp=tp, dp=dp, pp=pp, ep=ep)
+        result = serve_moe_layouts(setup.config(), ep=ep, seed=setup.seed, rows=requests, launch=launch)
+        return MoELayoutsReport("serve attention-dp", ep, result)
     if pp > 1 or ep > 1:
         return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep, launch=launch)
     dims, cfg, reqs = check_serve(
