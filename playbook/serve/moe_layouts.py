@@ -45,10 +45,9 @@ def check(cfg: ModelConfig, *, ep: int, rows: int, prompt_len: int, new_tokens: 
     if ep < 2:
         raise ValueError(f"--attention-dp splits the experts over --ep ranks, got --ep {ep}; try --ep 2")
     check_moe_layout(cfg, gpus=ep, attention_tp=ep)  # dense model, ep not dividing experts/heads, KV heads
-    if rows % ep:
+    if rows < ep:
         raise ValueError(
-            f"--requests {rows} do not split evenly over ep={ep} DP-attention ranks (each decodes its own); "
-            f"use --requests {-(-rows // ep) * ep}"
+            f"--requests {rows} leave DP-attention ranks idle (each of the ep={ep} decodes its own); use --requests {ep}"
         )
     if prompt_len + new_tokens - 1 > cfg.max_seq_len:
         raise ValueError(f"prompt {prompt_len} + {new_tokens} new tokens exceed max_seq_len={cfg.max_seq_len}")
@@ -112,9 +111,9 @@ def merge(answers: list[dict], cfg: ModelConfig, *, ep: int, prompt_len: int, ne
     for layout, t in (("tp", ep), ("dp", 1)):
         runs = [a[layout] for a in answers]
         kv = kv_per_token_per_gpu(cfg, attention_tp=t, dtype="fp32")
-        batch = len(runs[0]["rows"])  # rows on each rank
+        batch = [len(r["rows"]) for r in runs]  # requests on each rank (DP attention: i mod ep, maybe uneven)
         if layout == "tp":
-            predicted = {"all_reduce": [allreduce_bytes_per_step(cfg, tokens=batch, tp=ep, act_bytes=ACT_BYTES)] * ep}
+            predicted = {"all_reduce": [allreduce_bytes_per_step(cfg, tokens=b, tp=ep, act_bytes=ACT_BYTES) for b in batch]}
         else:
             routed = predicted_alltoall_bytes(runs[0]["decode_routing"], ep, cfg.hidden)
             predicted = {
@@ -125,22 +124,24 @@ def merge(answers: list[dict], cfg: ModelConfig, *, ep: int, prompt_len: int, ne
         row = {
             "layout": LAYOUTS[layout],
             "attention_tp": t,
-            "rows_per_rank": batch,
+            "rows_per_rank": batch,  # [ep]
             "tokens_identical": all(torch.equal(r["tokens"], tokens[r["rows"]]) for r in runs),
             "max_abs_logit_diff": max(float((r["logits"] - logits[r["rows"]]).abs().max()) for r in runs),
             "kv_bytes": {
                 "measured": [r["kv_bytes"] for r in runs],
-                "predicted": [batch * cached * kv["held"]] * ep,
-                "replicated": [batch * cached * kv["replicated"]] * ep,
+                "predicted": [b * cached * kv["held"] for b in batch],
+                "replicated": [b * cached * kv["replicated"] for b in batch],
             },
             "bytes_per_step": {
                 name: {"measured": [r["sent"].get(name, 0.0) / steps for r in runs], "predicted": p}
                 for name, p in predicted.items()
             },
-            "tokens_per_second": ep * batch * steps / seconds if layout == "dp" else batch * steps / seconds,
+            "tokens_per_second": len(tokens) * steps / seconds,
         }
         if layout == "dp":
-            row["alltoall_even_routing"] = alltoall_bytes_per_step(cfg, tokens_per_rank=batch, gpus=ep, act_bytes=4)
+            row["alltoall_even_routing"] = [
+                alltoall_bytes_per_step(cfg, tokens_per_rank=b, gpus=ep, act_bytes=ACT_BYTES) for b in batch
+            ]
         out.append(row)
     return out
 
@@ -208,7 +209,7 @@ class MoELayoutsReport(Report):
         for row in r["layouts"]:
             kv = row["kv_bytes"]
             lines += [
-                f"  {row['layout']} (attention tp{row['attention_tp']}, {row['rows_per_rank']} request(s) per rank): "
+                f"  {row['layout']} (attention tp{row['attention_tp']}, requests per rank {_nums(row['rows_per_rank'])}): "
                 f"tokens identical to one process: {row['tokens_identical']}, max |logit diff| {row['max_abs_logit_diff']:.1e}",
                 f"    KV bytes per rank: predicted {_nums(kv['predicted'])}, measured {_nums(kv['measured'])} "
                 f"(replicated {_nums(kv['replicated'])})",
@@ -219,7 +220,7 @@ class MoELayoutsReport(Report):
                     f"measured {_nums(b['measured'])}"
                 )
             if "alltoall_even_routing" in row:
-                lines.append(f"    (even routing would send {row['alltoall_even_routing']:,.0f})")
+                lines.append(f"    (even routing would send {_nums(row['alltoall_even_routing'])})")
         if self.problem():
             lines.append(f"  PARITY FAILED: {self.problem()}")
         return "\n".join(lines)

@@ -68,7 +68,7 @@ def test_dp_attention_alltoall_counts_every_row_sent_off_its_rank(ranks2):
         (["--model", "gpt-tiny-moe", "--ep", "3"], "ep=3 does not divide the 4 experts"),
         (["--model", "gpt-tiny-moe"], "add --ep 2"),
         (["--model", "gpt-tiny-moe", "--ep", "2", "--tp", "2"], "give only --ep"),
-        (["--model", "gpt-tiny-moe", "--ep", "4", "--requests", "6"], "use --requests 8"),
+        (["--model", "gpt-tiny-moe", "--ep", "4", "--requests", "3"], "use --requests 4"),
     ],
 )
 def test_run_serve_attention_dp_refuses_bad_combinations_in_one_line_before_ranks(capsys, argv, words):
@@ -77,3 +77,12 @@ def test_run_serve_attention_dp_refuses_bad_combinations_in_one_line_before_rank
     assert main(["run", "serve", "--attention-dp", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("playbook: error: ") and "\n" not in err and words in err, err
+
+
+def test_uneven_requests_over_dp_attention_ranks_still_match(ranks2):
+    """3 requests on 2 DP-attention ranks: 2 and 1 (each rank its own batch), the MoE layers still in lockstep."""
+    out = serve_moe_layouts(MOE, ep=2, seed=1, rows=3, prompt_len=PROMPT, new_tokens=NEW, ranks=ranks2)
+    assert problem(out["layouts"]) is None
+    tp, dp = out["layouts"]
+    assert dp["rows_per_rank"] == [2, 1] and tp["rows_per_rank"] == [3, 3]
+    assert dp["kv_bytes"]["measured"] == [_kv_per_rank(2, 2), _kv_per_rank(2, 1)]
