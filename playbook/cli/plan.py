@@ -49,12 +49,15 @@ def cmd_serve_plan(args) -> int:
         dtype=args.dtype,
         latency=BY_SIZE if args.allreduce == "by-size" else RING_STEP,
     )
-    if not rows:
+    from playbook.cli.serve_plan_moe import moe_json, moe_rows, print_moe
+
+    moe, moe_reason = moe_rows(cfg, hw, args)  # an MoE model: TP against DP attention, experts over every GPU
+    if not rows and not any(r["fits"] for r in moe):
         raise BadInput(
             f"{args.model} does not fit {args.gpus} × {args.hardware} with a {args.context}-token sequence at "
             f"any tp <= {hw.devices_per_node}; try more --gpus, a shorter --context or --dtype fp8"
         )
-    best, why = recommend(rows)
+    best, why = recommend(rows) if rows else ({"layout": None}, "no tp × dp replica fits; see the MoE layouts")
     if args.json:
         print(
             json.dumps(
@@ -68,6 +71,7 @@ def cmd_serve_plan(args) -> int:
                     "layouts": rows,
                     "recommended": best["layout"],
                     "why": why,
+                    **moe_json(moe, args),
                 },
                 indent=2,
             )
@@ -89,6 +93,7 @@ def cmd_serve_plan(args) -> int:
         )
     print(f"  seqs: sequences of {args.context} tokens whose KV fits, in all; TPOT at that batch")
     print(f"recommended: {best['layout']}: {why}")
+    print_moe(moe, args, moe_reason)
     return 0
 
 
@@ -120,6 +125,12 @@ def add_serve_plan(sub) -> None:
         "(one-shot, two-shot or ring: theory.allreduce_algo)",
     )
     add_topology_flag(p)
+    p.add_argument(
+        "--attention-dp",
+        action="store_true",
+        help="an MoE model: report DP attention (each GPU its own requests' whole KV, experts over all GPUs by "
+        "all-to-all) against the best MoE layout; the MoE table is printed for any MoE model",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_serve_plan)
 

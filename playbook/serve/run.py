@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from playbook.cluster import default_backend, launch
 from playbook.parallel.registry import register
-from playbook.serve.checks import _check_alone, check_options, check_quantized, check_serve
+from playbook.serve.checks import _check_alone, _check_attention_dp, check_options, check_quantized, check_serve
 from playbook.serve.ranks import serve_on_rank
 from playbook.parallel.report import Report
 from playbook.serve.report import ParallelDecodeReport, ServeReport, merge, reference
@@ -56,10 +56,19 @@ def add_arguments(parser) -> None:
         help="with --speculative: self:E (the target's first E layers + its head; default half its layers) "
         "or a preset with the same vocabulary",
     )
+    parser.add_argument(
+        "--attention-dp",
+        action="store_true",
+        help="MoE serving layouts (with --ep N, an MoE --model): DP attention (each rank its own requests' whole "
+        "KV, experts over all-to-all) beside TP attention (heads split, KV heads replicated past n_kv_heads), "
+        "the experts over the same N ranks in both",
+    )
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
 def implied_world_size(options: dict) -> int:
+    if options.get("attention_dp"):
+        return options.get("ep", 1)
     return options["dp"] * options["tp"] * options.get("pp", 1) * options.get("ep", 1)
 
 
@@ -98,10 +107,12 @@ def run_serve(
     kv_dtype: str = "fp32",
     speculative: int = 0,
     draft: str | None = None,
+    attention_dp: bool = False,
 ) -> Report:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
     reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
-    pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``). ``quantize``,
+    pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``);
+    ``attention_dp``: the MoE serving layouts over ``ep`` ranks (``serve.moe_layouts``). ``quantize``,
     ``kv_dtype``: quantized weights and KV cache, checked against one process running the same
     quantized model (``serve.quant_ref``)."""
     check_quantized(setup.config(), quantize=quantize, kv_dtype=kv_dtype, pp=pp, ep=ep)
@@ -112,6 +123,12 @@ def run_serve(
         )
     if (pp > 1 or ep > 1) and (speculative or draft):
         raise ValueError("--speculative decodes on TP shards in DP replicas here, not with --pp or --ep; drop one")
+    if attention_dp:
+        from playbook.serve.moe_layouts import MoELayoutsReport, serve_moe_layouts
+
+        _check_attention_dp(world_size, tp=tp, dp=dp, pp=pp, ep=ep)
+        result = serve_moe_layouts(setup.config(), ep=ep, seed=setup.seed, rows=requests, launch=launch)
+        return MoELayoutsReport("serve attention-dp", ep, result)
     if pp > 1 or ep > 1:
         return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep, launch=launch)
     dims, cfg, reqs = check_serve(
