@@ -80,3 +80,10 @@ def test_a_tp_that_does_not_fit_is_one_red_line_and_the_last_figure_stays_marked
     assert drawn(box) == before and STALE in box.figure.layout.title.text
     box.controls["tp"].value = 4
     assert drawn(box) == before and STALE not in box.figure.layout.title.text
+
+
+def test_its_memory_categories_have_the_book_s_colours_and_names(box):
+    from playbook.viz.figures import CATEGORY_COLORS, CATEGORY_LABELS
+
+    room = {t.name: t.marker.color for t in box.figure.data if t.legendgroup in CATEGORY_COLORS}
+    assert room == {CATEGORY_LABELS[c]: CATEGORY_COLORS[c] for c in ("weights", "activations", "kv_cache")}
