@@ -375,3 +375,17 @@ def test_a_written_output_has_the_mode_open_would_give_it(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_writing_never_replaces_a_device_or_a_pipe(tmp_path):
+    """write_output renames a finished file into place; over a FIFO (or /dev/full) that rename would
+    swap the node for a regular file, so the write refuses even when its caller skipped the check."""
+    import os
+
+    from playbook.validate import write_output
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="is not a regular file; nothing was written"):
+        write_output("--out", fifo, "{}")
+    assert fifo.is_fifo() and [p.name for p in tmp_path.iterdir()] == ["pipe"]
