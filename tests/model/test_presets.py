@@ -202,7 +202,8 @@ def test_every_profile_cites_its_storage_bandwidth(name):
     # bytes/s per node for checkpoint writes (theory.life.checkpoint), with where the figure comes from
     hw = Hardware.preset(name)
     assert 1e8 <= hw.storage_bandwidth <= 1e11 and hw.storage_source
-    if name != "cpu-laptop":  # Llama 3's 2 TB/s over its 2,048 nodes
+    if name not in ("cpu-laptop", "l40s"):  # cluster GPUs: Llama 3's 2 TB/s over its 2,048 nodes (the two
+        # single machines, a laptop and a PCIe workstation, write to a local SSD)
         assert hw.storage_bandwidth == pytest.approx(2e12 / 2048) and "Dubey" in hw.storage_source
 
 
