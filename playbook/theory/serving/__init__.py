@@ -2,7 +2,8 @@
 
 - ``serving.py``: KV bytes and capacity, prefill and decode time; ``profile.py``: the activation peak
   an engine's profiling run finds before it sizes the cache; ``layouts.py``: TP against DP
-  replicas on N GPUs; ``parallel.py``: pipeline and expert parallelism at inference.
+  replicas on N GPUs; ``parallel.py``: pipeline and expert parallelism at inference;
+  ``moe_layouts.py``: a MoE's TP attention against DP attention, the experts over every GPU.
 - ``prefix_cache.py``: the brute-force prefix cache the engine is tested against, hit rates per
   layout; ``router.py``: round robin or prefix-aware; ``workload.py``: seeded traces;
   ``disagg.py``: when disaggregating prefill from decode pays; ``on_topology.py``: the layouts on a
