@@ -84,6 +84,7 @@ def cmd_plan_topology(args, cfg, options: dict) -> int:
                 c.as_dict() | {"mesh_order": o, "placement": _levels(placement_of(topo, c.layout, o))} for c, o in top
             ],
             "crossings": crossings(topo, best.layout, order),
+            "storage_bandwidth": topo.storage,  # bytes/s per node to checkpoint storage (theory.life.checkpoint)
             "launch": {"torchrun": launch},
         }
         print(json.dumps(record, indent=2))

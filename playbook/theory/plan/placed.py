@@ -26,7 +26,8 @@ from playbook.theory.topology.placement import ORDERS, axis_link, check_order, l
 @dataclass(frozen=True)
 class PlacedHardware(Hardware):
     """A hardware profile whose GPUs sit on ``topology``: ``devices_per_node`` is the topology's
-    scale-up domain (``Topology.node_gpus``), and every axis's link comes from its placement."""
+    scale-up domain (``Topology.node_gpus``), ``storage_bandwidth`` its storage level's (per node, for a
+    checkpoint's save time, ``theory.life.checkpoint``), and every axis's link comes from its placement."""
 
     topology: Topology | None = None
 
@@ -38,7 +39,8 @@ def on_topology(topology: Topology, hw: Hardware | None = None) -> PlacedHardwar
     """``hw`` (default: the topology's ``hardware`` profile) placed on ``topology``."""
     hw = Hardware.preset(topology.hardware) if hw is None else hw
     own = {f.name: getattr(hw, f.name) for f in dataclasses.fields(Hardware)}
-    return PlacedHardware(**(own | {"devices_per_node": topology.node_gpus}), topology=topology)
+    storage = topology.storage or hw.storage_bandwidth  # the topology's checkpoint path feeds theory.life's save time
+    return PlacedHardware(**(own | {"devices_per_node": topology.node_gpus, "storage_bandwidth": storage}), topology=topology)
 
 
 def _check_gpus(topology: Topology, gpus: int) -> None:

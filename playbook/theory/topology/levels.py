@@ -104,13 +104,14 @@ def from_hardware(hw: Hardware) -> Topology:
         Level("node", "node", hw.devices_per_node, hw.intra_node_bandwidth, hw.intra_node_latency, source=hw.source),
         Level("network", "spine", top, hw.inter_node_bandwidth, hw.inter_node_latency, source=hw.source),
     )
-    storage = float(getattr(hw, "storage_bandwidth", 0.0) or 0.0)
+    storage = float(hw.storage_bandwidth)
     return Topology(hw.name, hw.name, levels, collectives="flat", storage=storage, source=hw.source)
 
 
 def storage_bandwidth(topology: Topology) -> float:
     """Bytes/s per node to checkpoint storage (the ``storage`` entry of a topology file), for a
-    checkpoint's save time; 0.0 when the topology does not say (a converted hardware profile)."""
+    checkpoint's save time (``theory.life.checkpoint.save_seconds``); a converted hardware profile's is
+    the profile's ``storage_bandwidth``."""
     return topology.storage
 
 

@@ -16,6 +16,8 @@ ranks, ep an all-to-all, cp and pp sends in a ring. Pure: no torch.
 
 from __future__ import annotations
 
+import functools
+
 from playbook.theory.topology import collectives as coll
 from playbook.theory.topology.levels import Level, Topology
 
@@ -68,10 +70,17 @@ def axis_price(topology: Topology, axis: str, order: str, degrees: dict[str, int
 
 
 def axis_link(topology: Topology, axis: str, order: str, degrees: dict[str, int]) -> tuple[float, float, str]:
+    """:func:`_axis_link`, remembered: a search asks for the same few groups thousands of times."""
+    return _axis_link(topology, axis, order, tuple(sorted(degrees.items())))
+
+
+@functools.lru_cache(maxsize=65536)
+def _axis_link(topology: Topology, axis: str, order: str, frozen: tuple) -> tuple[float, float, str]:
     """(bandwidth, latency, outermost level's name) with which the planner's α–β arithmetic
     (``theory.cost.comm.collective_seconds``) prices ``axis`` on this topology exactly: the level's
     own numbers where one ring at the slowest level is the model ("flat" topologies), else
     the pair that reproduces the hierarchical price (``collectives.effective_link``)."""
+    degrees = dict(frozen)
     parts = axis_levels(topology, axis, order, degrees)
     if not parts:
         lv = topology.levels[0]

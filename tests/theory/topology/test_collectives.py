@@ -102,3 +102,15 @@ def test_group_too_large_is_one_line():
     with pytest.raises(ValueError, match="holds 8 GPUs"):
         seconds(load_topology("pcie-workstation"), "all_reduce", S, 16)
     assert math.isfinite(seconds(load_topology("pcie-workstation"), "all_reduce", S, 8))
+
+
+def test_the_storage_level_feeds_the_placed_profile():
+    from playbook.hardware import Hardware
+    from playbook.theory.plan.placed import on_topology
+    from playbook.theory.topology import from_hardware
+
+    ws = load_topology("pcie-workstation")
+    assert on_topology(ws).storage_bandwidth == storage_bandwidth(ws) == 6.9e9
+    h100 = Hardware.preset("h100-sxm")
+    assert storage_bandwidth(from_hardware(h100)) == h100.storage_bandwidth
+    assert on_topology(load_topology("dgx-h100-rail")).storage_bandwidth == 25e9 != h100.storage_bandwidth
