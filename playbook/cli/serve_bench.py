@@ -26,6 +26,10 @@ def cmd_serve_bench(args) -> int:
     sizes = dict(tp=args.tp, dp=args.dp, blocks=args.blocks, block_size=args.block_size)
     options = dict(requests=args.requests, max_batch=args.max_batch, token_budget=args.token_budget)
     check(cfg, **sizes, **options, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)  # the options first
+    if args.attention_dp:
+        from playbook.serve.dp_attention import check_attention_dp
+
+        check_attention_dp(cfg, tp=args.tp, dp=args.dp)
     check_serving_fits(cfg, **sizes)  # then whether this machine holds the run
     report = serve_bench(
         cfg,
@@ -46,6 +50,7 @@ def cmd_serve_bench(args) -> int:
         max_batch=args.max_batch,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
+        attention_dp=args.attention_dp,
     )
     if args.out:
         write_output("--out", args.out, json.dumps(report, indent=2))
@@ -79,6 +84,12 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--max-batch", type=int, default=4)
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument(
+        "--attention-dp",
+        action="store_true",
+        help="an MoE --model: the --dp replicas are DP-attention ranks (each its own requests' KV) with the experts "
+        "split over all of them (ep = dp, all-to-all), MoE layers in lockstep",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON report here")
     p.set_defaults(func=cmd_serve_bench)

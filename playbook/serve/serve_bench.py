@@ -102,8 +102,11 @@ def serve_bench(
     predict_hardware: str = "h100-sxm",
     predict_scale: int = 1,
     ranks=None,
+    attention_dp: bool = False,
 ) -> dict:
-    """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
+    """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report.
+    ``attention_dp``: a MoE on ``dp`` DP-attention ranks, the experts over all of them, the MoE layers
+    in lockstep (``serve.dp_attention``); the report adds each rank's all-to-all bytes."""
     from playbook.cluster import launch
     from playbook.serve.ranks import serve_on_rank
     from playbook.serve.batching import Request
@@ -129,6 +132,10 @@ def serve_bench(
         slo_ttft_ms=slo_ttft_ms,
         slo_tpot_ms=slo_tpot_ms,
     )
+    if attention_dp:
+        from playbook.serve.dp_attention import check_attention_dp
+
+        check_attention_dp(cfg, tp=tp, dp=dp)
     trace = poisson_trace(
         n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
     )
@@ -151,6 +158,8 @@ def serve_bench(
         token_budget=token_budget,
     )
     before = os.getloadavg()[0]
+    if attention_dp:
+        from playbook.serve.dp_attention import dp_attention_serve_on_rank as serve_on_rank
     answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
     after = os.getloadavg()[0]
     want = _reference(cfg, seed, tuple(reqs))
@@ -172,7 +181,7 @@ def serve_bench(
     return {
         "setup": {
             "model": cfg.name,
-            "layout": f"tp{tp}×dp{dp}",
+            "layout": f"DP attention ×{dp}, ep{dp}" if attention_dp else f"tp{tp}×dp{dp}",
             "seed": seed,
             "trace": {
                 "requests": requests,
@@ -202,6 +211,7 @@ def serve_bench(
         },
         "tokens_identical": all(t == want[i][0] for a in answers for i, t in a["tokens"].items()),
         "load": {"before": before, "after": after},
+        **({"alltoall_bytes": [a["alltoall_bytes"] | {k: a[k] for k in ("forwards", "idle_forwards")} for a in answers]} if attention_dp else {}),
     }
 
 
@@ -226,4 +236,9 @@ def summary(report: dict) -> str:
         f"cache: {c['cached_tokens']} of {c['prompt_tokens']} prompt tokens found ({c['hit_rate']:.0%}), "
         f"{c['evictions']} evictions; load {report['load']['before']:.1f} -> {report['load']['after']:.1f}",
     ]
+    for r, a in enumerate(report.get("alltoall_bytes", [])):
+        lines.append(
+            f"rank {r}: all-to-all bytes predicted from routing {a['predicted']:,.0f}, measured {a['measured']:,.0f}; "
+            f"{a['idle_forwards']} idle forwards"
+        )
     return "\n".join(lines)
