@@ -78,9 +78,15 @@ def dp_attention_serve_on_rank(
     mine = [r for r in requests if where[r.id] == me]
     lock = Lockstep(model, mesh.group("dp_cp"))
     routing: list = []
-    hooks = [m.register_forward_hook(lambda mod, i, o: routing.append(mod.stats.counts_by_rank)) for m in moe_layers(model)]
+    hooks = [
+        m.register_forward_hook(lambda mod, i, o: routing.append(mod.stats.counts_by_rank)) for m in moe_layers(model)
+    ]
     batcher = ContinuousBatcher(
-        lock, n_blocks=n_blocks, block_size=block_size, max_batch=max_batch, prefix_cache=prefix_cache,
+        lock,
+        n_blocks=n_blocks,
+        block_size=block_size,
+        max_batch=max_batch,
+        prefix_cache=prefix_cache,
         token_budget=token_budget,
     )
     try:

@@ -211,8 +211,16 @@ def serve_bench(
         },
         "tokens_identical": all(t == want[i][0] for a in answers for i, t in a["tokens"].items()),
         "load": {"before": before, "after": after},
-        **({"alltoall_bytes": [a["alltoall_bytes"] | {k: a[k] for k in ("forwards", "idle_forwards")} for a in answers]} if attention_dp else {}),
+        **_alltoall(answers, attention_dp),
     }
+
+
+def _alltoall(answers: list[dict], attention_dp: bool) -> dict:
+    """``--attention-dp``: each rank's all-to-all bytes (measured, predicted from its routing), forwards, idle ones."""
+    if not attention_dp:
+        return {}
+    keys = ("forwards", "idle_forwards")
+    return {"alltoall_bytes": [a["alltoall_bytes"] | {k: a[k] for k in keys} for a in answers]}
 
 
 def summary(report: dict) -> str:

@@ -75,7 +75,9 @@ def moe_memory(panels: Mapping[str, tuple[Sequence[Mapping], float, str]], *, ti
             row=1,
             col=col,
         )
-        fig.update_yaxes(title_text=f"{unit_name} per GPU", rangemode="tozero", range=[0, 1.18 * max(tops)], row=1, col=col)
+        fig.update_yaxes(
+            title_text=f"{unit_name} per GPU", rangemode="tozero", range=[0, 1.18 * max(tops)], row=1, col=col
+        )
     figure_layout(fig, title=title, barmode="stack", height=440)
     fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0))
     return fig
