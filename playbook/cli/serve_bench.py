@@ -33,6 +33,10 @@ def cmd_serve_bench(args) -> int:
         cfg, **sizes, **options, **spec, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms
     )  # the options first
     check_quantized(cfg, quantize=args.quantize, kv_dtype=args.kv_dtype)
+    if args.attention_dp:
+        from playbook.serve.dp_attention import check_attention_dp
+
+        check_attention_dp(cfg, tp=args.tp, dp=args.dp)
     check_serving_fits(cfg, **sizes)  # then whether this machine holds the run
     report = serve_bench(
         cfg,
@@ -56,6 +60,7 @@ def cmd_serve_bench(args) -> int:
         quantize=args.quantize,
         kv_dtype=args.kv_dtype,
         **spec,
+        attention_dp=args.attention_dp,
     )
     if args.out:
         write_output("--out", args.out, json.dumps(report, indent=2))
@@ -100,6 +105,12 @@ def add_serve_bench(sub) -> None:
         metavar="MODEL",
         help="with --speculative: self:E (the target's first E layers + its head; none: half its layers) "
         "or a preset with the same vocabulary",
+    )
+    p.add_argument(
+        "--attention-dp",
+        action="store_true",
+        help="an MoE --model: the --dp replicas are DP-attention ranks (each its own requests' KV) with the experts "
+        "split over all of them (ep = dp, all-to-all), MoE layers in lockstep",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON report here")

@@ -80,5 +80,7 @@ def print_moe(rows: list[dict], args, reason: str | None) -> None:
     print(f"MoE recommended: {best['layout']}: {why}")
     if getattr(args, "attention_dp", False):
         dp = next(r for r in rows if r["attention_tp"] == 1)
-        against = "the best here" if dp is best else f"{dp['tokens_per_s'] / best['tokens_per_s']:.0%} of {best['layout']}'s"
+        against = (
+            "the best here" if dp is best else f"{dp['tokens_per_s'] / best['tokens_per_s']:.0%} of {best['layout']}'s"
+        )
         print(f"--attention-dp: {dp['seqs']:,} sequences, {dp['tokens_per_s']:,.0f} tokens/s ({against})")

@@ -80,7 +80,10 @@ def layouts_on_rank(ctx, *, cfg: ModelConfig, seed: int, ep: int, prompts: torch
         if layout == "dp":
             model, dp_mesh = build_dp(ctx, cfg, seed, ep)
             rows = [i for i in range(prompts.shape[0]) if i % ep == dp_mesh.index("dp_cp")]
-            hooks = [m.register_forward_hook(lambda mod, i, o: routing.append(mod.stats.counts_by_rank)) for m in moe_layers(model)]
+            hooks = [
+                m.register_forward_hook(lambda mod, i, o: routing.append(mod.stats.counts_by_rank))
+                for m in moe_layers(model)
+            ]
         else:
             rows, hooks = list(range(prompts.shape[0])), []
         first = len(ctx.tracer.spans)
@@ -113,7 +116,9 @@ def merge(answers: list[dict], cfg: ModelConfig, *, ep: int, prompt_len: int, ne
         kv = kv_per_token_per_gpu(cfg, attention_tp=t, dtype="fp32")
         batch = [len(r["rows"]) for r in runs]  # requests on each rank (DP attention: i mod ep, maybe uneven)
         if layout == "tp":
-            predicted = {"all_reduce": [allreduce_bytes_per_step(cfg, tokens=b, tp=ep, act_bytes=ACT_BYTES) for b in batch]}
+            predicted = {
+                "all_reduce": [allreduce_bytes_per_step(cfg, tokens=b, tp=ep, act_bytes=ACT_BYTES) for b in batch]
+            }
         else:
             routed = predicted_alltoall_bytes(runs[0]["decode_routing"], ep, cfg.hidden)
             predicted = {

@@ -129,8 +129,11 @@ def serve_bench(
     speculative: int = 0,
     draft: str | None = None,
     ranks=None,
+    attention_dp: bool = False,
 ) -> dict:
-    """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
+    """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report.
+    ``attention_dp``: a MoE on ``dp`` DP-attention ranks, the experts over all of them, the MoE layers
+    in lockstep (``serve.dp_attention``); the report adds each rank's all-to-all bytes."""
     from playbook.cluster import launch
     from playbook.serve.ranks import serve_on_rank
     from playbook.serve.batching import Request
@@ -176,6 +179,15 @@ def serve_bench(
     from playbook.serve.drafts import check_speculative
 
     draft = check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
+    if attention_dp:
+        from playbook.serve.dp_attention import check_attention_dp
+
+        check_attention_dp(cfg, tp=tp, dp=dp)
+        if quantize or kv_dtype != "fp32" or speculative:
+            raise ValueError(
+                "--attention-dp serves full-precision weights and KV by plain decoding here; "
+                "drop --quantize/--kv-dtype/--speculative, or --attention-dp"
+            )
     trace = poisson_trace(
         n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
     )
@@ -202,6 +214,10 @@ def serve_bench(
         draft=draft,
     )
     before = os.getloadavg()[0]
+    if attention_dp:
+        from playbook.serve.dp_attention import dp_attention_serve_on_rank as serve_on_rank
+
+        options = {k: v for k, v in options.items() if k not in ("quantize", "kv_dtype", "speculative", "draft")}
     answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
     after = os.getloadavg()[0]
     if quant_ref.is_quantized(quantize, kv_dtype):
@@ -227,7 +243,7 @@ def serve_bench(
     return {
         "setup": {
             "model": cfg.name,
-            "layout": f"tp{tp}×dp{dp}",
+            "layout": f"DP attention ×{dp}, ep{dp}" if attention_dp else f"tp{tp}×dp{dp}",
             "seed": seed,
             "trace": {
                 "requests": requests,
@@ -261,6 +277,7 @@ def serve_bench(
         "tokens_identical": all(t == want[i][0] for a in answers for i, t in a["tokens"].items()),
         "load": {"before": before, "after": after},
         "speculative": _speculation(leads, speculative, draft),
+        **_alltoall(answers, attention_dp),
     }
 
 
@@ -272,6 +289,14 @@ def _speculation(leads: list[dict], k: int, draft: str | None) -> dict | None:
 
     counts = {key: sum(a["speculative"][key] for a in leads) for key in leads[0]["speculative"]}
     return {"k": k, "draft": draft, **acceptance(counts)}
+
+
+def _alltoall(answers: list[dict], attention_dp: bool) -> dict:
+    """``--attention-dp``: each rank's all-to-all bytes (measured, predicted from its routing), forwards, idle ones."""
+    if not attention_dp:
+        return {}
+    keys = ("forwards", "idle_forwards")
+    return {"alltoall_bytes": [a["alltoall_bytes"] | {k: a[k] for k in keys} for a in answers]}
 
 
 def summary(report: dict) -> str:
@@ -301,5 +326,10 @@ def summary(report: dict) -> str:
         lines.append(
             f"speculative k={sp['k']} draft {sp['draft']}: acceptance rate {sp['acceptance_rate']:.0%} "
             f"(per-token α {sp['alpha']:.2f}), {sp['tokens_per_verify']:.2f} tokens per verify over {sp['verifies']} verifies"
+        )
+    for r, a in enumerate(report.get("alltoall_bytes", [])):
+        lines.append(
+            f"rank {r}: all-to-all bytes predicted from routing {a['predicted']:,.0f}, measured {a['measured']:,.0f}; "
+            f"{a['idle_forwards']} idle forwards"
         )
     return "\n".join(lines)

@@ -30,7 +30,7 @@ def moe_rows(layout_rows: Sequence[Mapping]) -> list[dict]:
             "weights": r["weights_per_gpu"],
             "kv": r["kv_per_gpu"] - r["replicated_kv_per_gpu"],
             "replicated_kv": r["replicated_kv_per_gpu"],
-            "note": f"{r['seqs']:,} seqs" + (f", {r['tokens_per_s']:,.0f} tok/s" if r.get("tokens_per_s") else ""),
+            "note": f"{r['seqs']:,} seqs" + (f", {r['tokens_per_s'] / 1e3:.1f}k tok/s" if r.get("tokens_per_s") else ""),
         }
         for r in layout_rows
     ]
@@ -75,7 +75,9 @@ def moe_memory(panels: Mapping[str, tuple[Sequence[Mapping], float, str]], *, ti
             row=1,
             col=col,
         )
-        fig.update_yaxes(title_text=f"{unit_name} per GPU", rangemode="tozero", range=[0, 1.18 * max(tops)], row=1, col=col)
+        fig.update_yaxes(
+            title_text=f"{unit_name} per GPU", rangemode="tozero", range=[0, 1.18 * max(tops)], row=1, col=col
+        )
     figure_layout(fig, title=title, barmode="stack", height=440)
     fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0))
     return fig

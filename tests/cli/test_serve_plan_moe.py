@@ -12,7 +12,23 @@ def _json(capsys, *argv) -> dict:
 
 
 def test_deepseek_v3_on_h200_recommends_dp_attention_and_says_why(capsys):
-    assert main(["serve-plan", "--model", "deepseek-v3", "--gpus", "8", "--hardware", "h200", "--dtype", "fp8", "--attention-dp"]) == 0
+    assert (
+        main(
+            [
+                "serve-plan",
+                "--model",
+                "deepseek-v3",
+                "--gpus",
+                "8",
+                "--hardware",
+                "h200",
+                "--dtype",
+                "fp8",
+                "--attention-dp",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "MoE recommended: DP attention" in out and "copies of other ranks' KV" in out
     assert "--attention-dp:" in out and "(the best here)" in out

@@ -42,7 +42,9 @@ def test_tp_attention_replicates_kv_past_the_kv_heads_and_mla_on_every_rank():
 
 def test_even_routing_alltoall_is_the_expert_chapters_per_token_bytes():
     for n in (2, 4):
-        assert alltoall_bytes_per_step(MOE, tokens_per_rank=1, gpus=n, act_bytes=4) == ep_uniform_bytes_per_token(MOE, ep=n)
+        assert alltoall_bytes_per_step(MOE, tokens_per_rank=1, gpus=n, act_bytes=4) == ep_uniform_bytes_per_token(
+            MOE, ep=n
+        )
     assert alltoall_bytes_per_step(MOE, tokens_per_rank=3, gpus=2, act_bytes=4) == 3 * 1024  # 2·2·2·64·4/2 per token
 
 
@@ -62,7 +64,9 @@ def test_deepseek_v3_wants_dp_attention_and_mixtral_does_not_lose_room_to_tp():
     assert by[1]["seqs"] > 4 * by[8]["seqs"] and by[1]["replicated_kv_per_gpu"] == 0
     best, why = recommend_moe(rows)
     assert best["layout"] == "DP attention" and "copies" in why
-    mix = {r["attention_tp"]: r for r in compare_moe_layouts(MIXTRAL, Hardware.preset("h100-sxm"), gpus=8, context=8192)}
+    mix = {
+        r["attention_tp"]: r for r in compare_moe_layouts(MIXTRAL, Hardware.preset("h100-sxm"), gpus=8, context=8192)
+    }
     assert mix[8]["seqs"] >= mix[1]["seqs"] and mix[8]["replicated_kv_per_gpu"] == 0
 
 

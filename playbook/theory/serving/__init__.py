@@ -12,8 +12,18 @@
 
 from playbook.theory.serving.serving import kv_capacity
 from playbook.theory.serving.disagg import transfer
+from playbook.theory.serving.moe_layouts import compare_moe_layouts, recommend_moe
 from playbook.theory.serving.on_topology import serve_layouts_on
 from playbook.theory.serving.prefix_cache import prefix_layouts
 from playbook.theory.serving.workload import conversations, poisson_trace
 
-__all__ = ["conversations", "kv_capacity", "poisson_trace", "prefix_layouts", "serve_layouts_on", "transfer"]
+__all__ = [
+    "compare_moe_layouts",
+    "conversations",
+    "kv_capacity",
+    "poisson_trace",
+    "prefix_layouts",
+    "recommend_moe",
+    "serve_layouts_on",
+    "transfer",
+]

@@ -283,7 +283,9 @@ def recommend_moe(rows: list[dict]) -> tuple[dict, str]:
         if share > 0:
             why += f" ({share:.0%} of its KV room holds copies of other ranks' KV)"
         elif other["weights_per_gpu"] > best["weights_per_gpu"]:
-            why += f" (its weights take {(other['weights_per_gpu'] - best['weights_per_gpu']) / 1e9:.1f} GB more per GPU)"
+            why += (
+                f" (its weights take {(other['weights_per_gpu'] - best['weights_per_gpu']) / 1e9:.1f} GB more per GPU)"
+            )
         elif other["tpot"] > best["tpot"]:
             why += f" ({other['tpot'] * 1e3:.1f} ms per step against {best['tpot'] * 1e3:.1f})"
     return best, why
