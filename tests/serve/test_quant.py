@@ -127,3 +127,15 @@ def test_run_serve_quantized_report_and_one_line_refusals(capsys):
         assert main(["run", "serve", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1
+
+
+def test_serve_bench_prices_the_quantized_bytes_and_checks_against_the_same_quantized_model(ranks2):
+    from playbook.serve.serve_bench import serve_bench
+
+    kw = dict(tp=2, dp=1, requests=6, rate=1.0, ranks=ranks2)
+    plain = serve_bench(TINY, **kw)
+    q = serve_bench(TINY, quantize="int8", kv_dtype="int8", **kw)
+    assert q["tokens_identical"] and q["setup"]["predicted_dtypes"] == {"weights": "int8", "kv": "int8"}
+    assert plain["setup"]["predicted_dtypes"] == {"weights": "bf16", "kv": "bf16"}
+    # same schedule, llama-3.1-8b's decode reads about half the bytes: its predicted TPOT drops
+    assert q["predicted"]["tpot"]["p50"] < 0.8 * plain["predicted"]["tpot"]["p50"]

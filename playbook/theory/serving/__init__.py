@@ -6,11 +6,14 @@
 - ``prefix_cache.py``: the brute-force prefix cache the engine is tested against, hit rates per
   layout; ``router.py``: round robin or prefix-aware; ``workload.py``: seeded traces;
   ``disagg.py``: when disaggregating prefill from decode pays.
+- ``weights.py``: the weights one TP rank holds to the byte, quantized linears with their scales;
+  ``quantized.py``: what 8-bit weights and KV cache do to capacity and decode at scale.
 """
 
 from playbook.theory.serving.serving import kv_capacity
 from playbook.theory.serving.disagg import transfer
 from playbook.theory.serving.prefix_cache import prefix_layouts
 from playbook.theory.serving.workload import conversations, poisson_trace
+from playbook.theory.serving.weights import served_weight_bytes
 
-__all__ = ["conversations", "kv_capacity", "poisson_trace", "prefix_layouts", "transfer"]
+__all__ = ["conversations", "kv_capacity", "poisson_trace", "prefix_layouts", "served_weight_bytes", "transfer"]
