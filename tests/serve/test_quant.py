@@ -52,7 +52,9 @@ def test_quantized_weight_bytes_measured_equal_predicted_and_the_reference_is_un
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_kv_block_bytes_read_off_the_tensors_equal_the_prediction(kv_dtype, block_size):
     for prefix in (False, True):
-        cache = make_cache(kv_dtype, prefix=prefix, n_layers=2, kv_heads=2, head_dim=16, n_blocks=3, block_size=block_size)
+        cache = make_cache(
+            kv_dtype, prefix=prefix, n_layers=2, kv_heads=2, head_dim=16, n_blocks=3, block_size=block_size
+        )
         assert cache.block_bytes == kv_block_bytes(TINY, dtype=kv_dtype, block_size=block_size)
         held = sum(t.numel() * t.element_size() for t in vars(cache).values() if isinstance(t, torch.Tensor))
         assert held == 3 * cache.block_bytes  # nothing else is stored: no hidden 16-bit copy
@@ -102,7 +104,13 @@ def test_tp2_quantized_serving_equals_one_process_with_the_same_quantized_model(
     options = dict(n_blocks=16, block_size=4, max_batch=4)
     for fmt in ("int8", "fp8"):
         answers = ranks2.run(
-            serve_on_rank, cfg=TINY, seed=0, dims=ParallelDims(tp=2), requests=reqs, quantize=fmt, kv_dtype=fmt,
+            serve_on_rank,
+            cfg=TINY,
+            seed=0,
+            dims=ParallelDims(tp=2),
+            requests=reqs,
+            quantize=fmt,
+            kv_dtype=fmt,
             **options,
         )
         want = reference(TINY, 0, reqs, assign=[0] * 6, dp=1, quantize=fmt, kv_dtype=fmt, **options)

@@ -7,7 +7,10 @@ from playbook.viz.serving_quant import capacity_by_kv_dtype
 
 
 def test_capacity_figure_puts_blocks_left_and_sequences_per_weight_format_right():
-    local = [{"kv_dtype": "bf16", "predicted": 256, "measured": 256}, {"kv_dtype": "int8", "predicted": 504, "measured": 504}]
+    local = [
+        {"kv_dtype": "bf16", "predicted": 256, "measured": 256},
+        {"kv_dtype": "int8", "predicted": 504, "measured": 504},
+    ]
     cfg, hw = ModelConfig.preset("llama-3.1-70b"), Hardware.preset("h100-sxm")
     formats = [("bf16", w, kv) for w in (None, "fp8") for kv in ("bf16", "fp8")]
     scale = quantized.at_scale(cfg, hw, context=8192, tp=8, formats=formats)
