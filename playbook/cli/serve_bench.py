@@ -94,10 +94,18 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--max-batch", type=int, default=4)
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
-    p.add_argument("--quantize", choices=QUANTIZE, default=None,
-                   help="block linears in int8/fp8 (per-output-channel scales); predicted latency reads those bytes")
-    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="fp32",
-                   help="paged KV storage, int8/fp8 with per-block scales; predicted at 16 bits unless 8-bit")
+    p.add_argument(
+        "--quantize",
+        choices=QUANTIZE,
+        default=None,
+        help="block linears in int8/fp8 (per-output-channel scales); predicted latency reads those bytes",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default="fp32",
+        help="paged KV storage, int8/fp8 with per-block scales; predicted at 16 bits unless 8-bit",
+    )
     p.add_argument("--speculative", type=int, default=0, metavar="K", help="speculative decoding: K drafts per step")
     p.add_argument(
         "--draft",

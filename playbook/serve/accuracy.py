@@ -31,7 +31,11 @@ def _teacher_forced(model, requests, tokens: dict, kv_dtype: str, block_size: in
     attn = model.blocks[0].attn
     need = sum(-(-(len(r.prompt) + r.max_new) // block_size) for r in requests)
     cache = make_cache(
-        kv_dtype, n_layers=len(model.blocks), kv_heads=attn.kv_heads, head_dim=attn.head_dim, n_blocks=need,
+        kv_dtype,
+        n_layers=len(model.blocks),
+        kv_heads=attn.kv_heads,
+        head_dim=attn.head_dim,
+        n_blocks=need,
         block_size=block_size,
     )
     out: dict[int, list] = {r.id: [] for r in requests}

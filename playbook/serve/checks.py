@@ -137,7 +137,9 @@ def check_quantized(cfg, *, quantize, kv_dtype: str = "fp32", pp: int = 1, ep: i
     check_kv_dtype(kv_dtype)
     if quantize is None and kv_dtype == "fp32":
         return
-    flags = " ".join(f for f in (quantize and f"--quantize {quantize}", kv_dtype != "fp32" and f"--kv-dtype {kv_dtype}") if f)
+    flags = " ".join(
+        f for f in (quantize and f"--quantize {quantize}", kv_dtype != "fp32" and f"--kv-dtype {kv_dtype}") if f
+    )
     if pp > 1 or ep > 1:
         raise ValueError(f"{flags} serves TP × DP layouts, not --pp/--ep; try {flags} --tp 2")
     if quantize and cfg.is_moe:

@@ -25,6 +25,7 @@ from playbook.serve.kv import PagedKVCache
 from playbook.serve.prefix import PrefixKVCache
 from playbook.serve.quant import STORAGE, scale_for, to_format
 from playbook.theory.serving.quantized import KV_DTYPES
+
 FLOAT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -172,8 +172,13 @@ def run_serve(
         backend=backend,
     )
     if quant_ref.is_quantized(quantize, kv_dtype):
-        batcher = dict(n_blocks=blocks, block_size=block_size, max_batch=max_batch, token_budget=token_budget,
-                       prefix_cache=prefix_cache)
+        batcher = dict(
+            n_blocks=blocks,
+            block_size=block_size,
+            max_batch=max_batch,
+            token_budget=token_budget,
+            prefix_cache=prefix_cache,
+        )
         want = quant_ref.reference(
             cfg, setup.seed, reqs, assign=assign, dp=dp, quantize=quantize, kv_dtype=kv_dtype, **batcher
         )

@@ -171,7 +171,9 @@ def serve_bench(
             "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
         )
     big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
-    priced = dict(quantize=quantize, kv_dtype="bf16" if kv_dtype == "fp32" else kv_dtype)  # the bytes the roofline reads
+    priced = dict(
+        quantize=quantize, kv_dtype="bf16" if kv_dtype == "fp32" else kv_dtype
+    )  # the bytes the roofline reads
     if quantize:
         from playbook.theory.serving.weights import served_weight_bytes
 
@@ -305,7 +307,11 @@ def summary(report: dict) -> str:
     lines = [
         f"serve-bench {s['model']} {s['layout']}: {m['requests']} requests, router {s['router']}, prefix cache "
         f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}"
-        + (f"; weights {s['quantize'] or 'fp32'}, KV {s['kv_dtype']}" if s.get("quantize") or s.get("kv_dtype", "fp32") != "fp32" else ""),
+        + (
+            f"; weights {s['quantize'] or 'fp32'}, KV {s['kv_dtype']}"
+            if s.get("quantize") or s.get("kv_dtype", "fp32") != "fp32"
+            else ""
+        ),
         f"{'ms':<6}{'p50':>9}{'p90':>9}{'p99':>9}   predicted on {s['predicted_on']}: p50, p99",
     ]
     for k in ("ttft", "tpot", "itl", "e2e"):

@@ -18,31 +18,57 @@ from playbook.viz.mesh_layout import PALETTE
 
 
 def capacity_by_kv_dtype(
-    local: Sequence[Mapping], at_scale: Sequence[Mapping], *, local_title: str = "", scale_title: str = "", title: str = ""
+    local: Sequence[Mapping],
+    at_scale: Sequence[Mapping],
+    *,
+    local_title: str = "",
+    scale_title: str = "",
+    title: str = "",
 ) -> go.Figure:
     """``local``: rows {"kv_dtype", "predicted", "measured"} (blocks in a budget); ``at_scale``: rows
     {"kv", "weights", "max_seqs"} (sequences that fit), one bar colour per weight format."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=(local_title, scale_title), horizontal_spacing=0.12)
     kinds = [r["kv_dtype"] for r in local]
     fig.add_trace(
-        go.Bar(x=kinds, y=[r["predicted"] for r in local], name="blocks, predicted", marker_color="#9ab8dc",
-               text=[f"{r['predicted']:,}" for r in local], textposition="inside", insidetextanchor="start",
-               hovertemplate="KV %{x}: %{y:,} blocks predicted<extra></extra>"),
-        row=1, col=1,
+        go.Bar(
+            x=kinds,
+            y=[r["predicted"] for r in local],
+            name="blocks, predicted",
+            marker_color="#9ab8dc",
+            text=[f"{r['predicted']:,}" for r in local],
+            textposition="inside",
+            insidetextanchor="start",
+            hovertemplate="KV %{x}: %{y:,} blocks predicted<extra></extra>",
+        ),
+        row=1,
+        col=1,
     )
     fig.add_trace(
-        go.Scatter(x=kinds, y=[r["measured"] for r in local], name="blocks, measured", mode="markers",
-                   marker=dict(symbol="diamond", size=11, color="#1f3f6e"),
-                   hovertemplate="KV %{x}: %{y:,} blocks measured<extra></extra>"),
-        row=1, col=1,
+        go.Scatter(
+            x=kinds,
+            y=[r["measured"] for r in local],
+            name="blocks, measured",
+            mode="markers",
+            marker=dict(symbol="diamond", size=11, color="#1f3f6e"),
+            hovertemplate="KV %{x}: %{y:,} blocks measured<extra></extra>",
+        ),
+        row=1,
+        col=1,
     )
     for i, w in enumerate(dict.fromkeys(r["weights"] for r in at_scale)):
         rows = [r for r in at_scale if r["weights"] == w]
         fig.add_trace(
-            go.Bar(x=[r["kv"] for r in rows], y=[r["max_seqs"] for r in rows], name=f"weights {w}",
-                   marker_color=PALETTE[(i + 1) % len(PALETTE)], text=[r["max_seqs"] for r in rows],
-                   textposition="outside", hovertemplate=f"weights {w}, KV %{{x}}: %{{y}} sequences<extra></extra>"),
-            row=1, col=2,
+            go.Bar(
+                x=[r["kv"] for r in rows],
+                y=[r["max_seqs"] for r in rows],
+                name=f"weights {w}",
+                marker_color=PALETTE[(i + 1) % len(PALETTE)],
+                text=[r["max_seqs"] for r in rows],
+                textposition="outside",
+                hovertemplate=f"weights {w}, KV %{{x}}: %{{y}} sequences<extra></extra>",
+            ),
+            row=1,
+            col=2,
         )
     fig.update_xaxes(title_text="KV cache dtype", row=1, col=1)
     fig.update_xaxes(title_text="KV cache dtype", row=1, col=2)

@@ -41,7 +41,9 @@ def test_capacity_at_scale_counts_blocks_of_the_quantized_size():
 def test_served_weights_count_each_linear_in_one_byte_and_its_output_channels_scales():
     h, f, v, layers = 64, 176, 64, 2
     linears = layers * (h * h + 2 * 32 * h + h * h + 3 * h * f)  # q, k, v (2 heads of 16), o; gate, up, down
-    assert served_weight_bytes(TINY)["total"] == 4 * (linears + 2 * v * h + (2 * layers + 1) * h) == 4 * TINY.num_params()
+    assert (
+        served_weight_bytes(TINY)["total"] == 4 * (linears + 2 * v * h + (2 * layers + 1) * h) == 4 * TINY.num_params()
+    )
     q = served_weight_bytes(TINY, tp=2, quantize="int8")
     assert q["linears"] == linears / 2
     # column layers keep out/2 scales, row layers (o, down) every output channel's scale

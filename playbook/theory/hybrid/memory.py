@@ -195,7 +195,8 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str = "bf16") -> float:
     61·(512+64)·2 = 70,272 bytes.
 
     ``dtype`` is the cache's storage type, one of :data:`DTYPE_BYTES` (int4: half a byte; the
-    scales that quantized caches also store are not counted).
+    scales that quantized caches also store are not counted per token:
+    ``playbook.theory.serving.serving.kv_block_bytes`` adds them per block).
     """
     nbytes = _dtype_bytes(dtype)
     if cfg.attention == "mla":

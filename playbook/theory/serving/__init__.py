@@ -8,6 +8,8 @@
   layout; ``router.py``: round robin or prefix-aware; ``workload.py``: seeded traces;
   ``disagg.py``: when disaggregating prefill from decode pays; ``on_topology.py``: the layouts on a
   topology's levels (chapter 8).
+- ``weights.py``: the weights one TP rank holds to the byte, quantized linears with their scales;
+  ``quantized.py``: what 8-bit weights and KV cache do to capacity and decode at scale.
 """
 
 from playbook.theory.serving.serving import kv_capacity
@@ -16,6 +18,7 @@ from playbook.theory.serving.moe_layouts import compare_moe_layouts, recommend_m
 from playbook.theory.serving.on_topology import serve_layouts_on
 from playbook.theory.serving.prefix_cache import prefix_layouts
 from playbook.theory.serving.workload import conversations, poisson_trace
+from playbook.theory.serving.weights import served_weight_bytes
 
 __all__ = [
     "compare_moe_layouts",
@@ -25,5 +28,6 @@ __all__ = [
     "prefix_layouts",
     "recommend_moe",
     "serve_layouts_on",
+    "served_weight_bytes",
     "transfer",
 ]

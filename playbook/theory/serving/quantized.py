@@ -25,8 +25,9 @@ from playbook.theory.serving.serving import BLOCK_SIZE, decode, kv_block_bytes, 
 KV_DTYPES = ("fp32", "bf16", "fp16", "int8", "fp8")
 
 
-def capacity_ratio(cfg: ModelConfig, *, tp: int = 1, dtype: str = "int8", against: str = "bf16",
-                   block_size: int = BLOCK_SIZE) -> float:
+def capacity_ratio(
+    cfg: ModelConfig, *, tp: int = 1, dtype: str = "int8", against: str = "bf16", block_size: int = BLOCK_SIZE
+) -> float:
     """Blocks of ``dtype`` that fit in the bytes of one block of ``against`` (the scale term included)."""
     return kv_block_bytes(cfg, tp=tp, dtype=against, block_size=block_size) / kv_block_bytes(
         cfg, tp=tp, dtype=dtype, block_size=block_size

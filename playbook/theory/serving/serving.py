@@ -75,7 +75,9 @@ def kv_bytes_per_token(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, dtype: str
     return whole * share / pp
 
 
-def kv_block_bytes(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, dtype: str = "bf16", block_size: int = BLOCK_SIZE) -> float:
+def kv_block_bytes(
+    cfg: ModelConfig, *, tp: int = 1, pp: int = 1, dtype: str = "bf16", block_size: int = BLOCK_SIZE
+) -> float:
     """Bytes of one paged KV block on one GPU: ``block_size`` tokens of ``kv_bytes_per_token`` and,
     for a quantized cache (:data:`QUANTIZED_KV`), the block's scales, :data:`KV_SCALE_BYTES` for each
     layer's K and V of each KV head this rank holds (an MLA latent: one per layer). So the 16-bit
@@ -89,7 +91,9 @@ def kv_block_bytes(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, dtype: str = "
     return data + cfg.n_layers / pp * per_layer * KV_SCALE_BYTES
 
 
-def weights_bytes(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1, dtype: str = "bf16", quantize=None) -> float:
+def weights_bytes(
+    cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1, dtype: str = "bf16", quantize=None
+) -> float:
     """``weights_per_gpu``, or with ``quantize`` ("int8", "fp8") the exact count of
     ``theory.serving.weights.served_weight_bytes`` (its linears in one byte plus their scales, the
     rest at ``dtype``; dense models, pp = ep = 1)."""
@@ -234,7 +238,9 @@ def allreduce_seconds(message: float, tp: int, hw: Hardware, latency: float | st
     return collective_seconds("all_reduce", message, tp, hw.intra_node_bandwidth, latency)
 
 
-def _phase(cfg, hw, *, tokens, seq_len, kv_tokens, tp, pp, dtype, mfu, mbu, latency, kv_dtype=None, quantize=None) -> Phase:
+def _phase(
+    cfg, hw, *, tokens, seq_len, kv_tokens, tp, pp, dtype, mfu, mbu, latency, kv_dtype=None, quantize=None
+) -> Phase:
     require_positive(tokens=tokens, tp=tp, pp=pp)
     kv_dtype = kv_dtype or dtype
     if not (0 < mfu <= 1 and 0 < mbu <= 1):
