@@ -5,10 +5,12 @@
   ``moe.py``: every stage's aux loss, routing; ``recompute.py``: activation recomputation.
 - ``run.py``: ``playbook run hybrid``; ``merge.py``: the one reassembly of whole tensors for parity;
   ``native.py``: FSDP2 + DTensor on the same mesh; ``replay.py``: a planner candidate shrunk and replayed.
+- ``conditions.py``: a run under made conditions (chapter 10): a straggler's sleep, a DataLoader per rank.
 """
 
+from playbook.parallel.hybrid.conditions import Conditions
 from playbook.parallel.hybrid.parallelize import train_hybrid
 from playbook.parallel.hybrid.merge import comm_table, merge
 from playbook.parallel.hybrid.replay import replay
 
-__all__ = ["comm_table", "merge", "replay", "train_hybrid"]
+__all__ = ["Conditions", "comm_table", "merge", "replay", "train_hybrid"]
