@@ -27,6 +27,7 @@ worker that made them).
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -88,14 +89,16 @@ class RankLoader:
         # ranks' own default, forkserver, would start a new server that imports torch, and pickle
         # the dataset); workers make CPU tensors only, so a rank's CUDA context is never used there
         extra = {"prefetch_factor": self.prefetch or 2, "multiprocessing_context": "fork"} if self.workers else {}
-        loader = DataLoader(
-            self.dataset,
-            batch_size=None,  # each item already is a batch
-            sampler=_FromStep(start, len(self.dataset)),
-            num_workers=self.workers,
-            **extra,
-        )
-        self._it, self._next = _started(loader), start
+        with warnings.catch_warnings():  # more workers than cores is the point here: they sleep, not compute
+            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+            loader = DataLoader(
+                self.dataset,
+                batch_size=None,  # each item already is a batch
+                sampler=_FromStep(start, len(self.dataset)),
+                num_workers=self.workers,
+                **extra,
+            )
+            self._it, self._next = _started(loader), start
 
     def __call__(self, step: int):
         if self._it is None or step != self._next:

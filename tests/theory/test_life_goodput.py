@@ -111,3 +111,13 @@ def test_checkpoint_bytes_405b_by_hand():
 def test_bad_input_is_one_clear_line(call, words):
     with pytest.raises(ValueError, match=words):
         call()
+
+
+def test_input_wait_by_hand():
+    from playbook.theory.life import input_wait, workers_to_hide
+
+    assert input_wait(0.2, 0, 0.03) == 0.2  # made in the rank: all of it
+    assert input_wait(0.2, 1, 0.03) == pytest.approx(0.17)
+    assert input_wait(0.2, 4, 0.03) == pytest.approx(0.02)
+    assert input_wait(0.2, 8, 0.03) == 0.0
+    assert workers_to_hide(0.2, 0.03) == 7 and workers_to_hide(0.2, 0.05) == 4
