@@ -18,6 +18,7 @@ from playbook.viz.figures import figure_layout, timeline
 
 GPUS = [1024, 4096, 8192, 16_384, 32_768, 65_536, 131_072]
 RATE_SCALES = [0.25, 0.5, 1.0, 2.0, 4.0]  # × Llama 3's failures per GPU-hour
+SAVES = [0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0]  # seconds per checkpoint save
 
 
 def _seconds(x: float) -> str:
@@ -111,7 +112,7 @@ def goodput_dashboard(
     controls = {
         "gpus": w.Dropdown(options=GPUS if gpus in GPUS else sorted({*GPUS, gpus}), value=gpus, description="GPUs"),
         "rate": w.Dropdown(options=[(f"{k:g}× Llama 3", k) for k in RATE_SCALES], value=1.0, description="failures"),
-        "save": w.FloatLogSlider(value=save, base=10, min=-1, max=4, step=0.1, description="save (s)"),
+        "save": w.SelectionSlider(options=sorted({*SAVES, save}), value=save, description="save (s)"),
         "restart": w.FloatSlider(value=restart, min=0, max=3600, step=60, description="restart (s)"),
         "interval": w.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.05, description="× Daly"),
     }
