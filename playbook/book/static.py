@@ -161,7 +161,9 @@ def static_pipeline(
 
 
 @once
-def static_goodput(*, gpus: int = 16_384, save: float = 3.0, restart: float = 300.0, failures_per_gpu_hour=None) -> go.Figure:
+def static_goodput(
+    *, gpus: int = 16_384, save: float = 3.0, restart: float = 300.0, failures_per_gpu_hour=None
+) -> go.Figure:
     """Chapter 10's goodput dashboard (:func:`~playbook.viz.life.goodput_dashboard`): goodput against the
     checkpoint interval over GPUs × failure rate × save time, the restart fixed at the cell's value."""
     from playbook.theory.life import LLAMA3_FAILURES_PER_GPU_HOUR, cluster_mtbf

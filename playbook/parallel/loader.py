@@ -154,7 +154,9 @@ def check_loader(workers, prefetch, delay_s) -> None:
         raise ValueError(f"--loader-workers must be an integer in 0..64, got {workers!r}; e.g. --loader-workers 2")
     if prefetch is not None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= 64:
-            raise ValueError(f"--prefetch must be an integer in 1..64 (batches per worker), got {prefetch!r}; e.g. --prefetch 2")
+            raise ValueError(
+                f"--prefetch must be an integer in 1..64 (batches per worker), got {prefetch!r}; e.g. --prefetch 2"
+            )
         if workers == 0:
             raise ValueError(
                 f"--prefetch {prefetch} is batches kept ahead by each worker, and --loader-workers is 0 (batches made "

@@ -29,7 +29,9 @@ def _minutes(s: float) -> float:
     return s / 60.0
 
 
-def goodput_figure(save: float, mtbf: float, restart: float = 0.0, *, interval: float | None = None, title: str = "") -> go.Figure:
+def goodput_figure(
+    save: float, mtbf: float, restart: float = 0.0, *, interval: float | None = None, title: str = ""
+) -> go.Figure:
     """Goodput (exact for exponential failures, Daly 2006) against the checkpoint interval in minutes,
     log scale from ~save/3 to 3 MTBFs; Young's and Daly's intervals as vertical lines, ``interval``
     (the dashboard's choice) as a point on the curve."""
@@ -85,7 +87,9 @@ def goodput_figure(save: float, mtbf: float, restart: float = 0.0, *, interval: 
 def iterations_figure(spans: Sequence[Mapping], *, last: int = 3, title: str = "") -> go.Figure:
     """Every rank's last ``last`` iterations: the ``"input wait"`` before each step beside the step's
     compute and collectives (``figures.timeline``), from a call's trace (``Ranks.last_trace``)."""
-    steps = sorted({int(s["name"].split()[1]) for s in spans if s["kind"] == "compute" and s["name"].startswith("step ")})
+    steps = sorted(
+        {int(s["name"].split()[1]) for s in spans if s["kind"] == "compute" and s["name"].startswith("step ")}
+    )
     if not steps:
         return timeline([], title=title)
     first = steps[-last] if len(steps) >= last else steps[0]
@@ -93,7 +97,9 @@ def iterations_figure(spans: Sequence[Mapping], *, last: int = 3, title: str = "
     previous = [s["end"] for s in spans if s["kind"] == "compute" and s["name"] == f"step {first - 1}"]
     t0 = min(previous) if previous else min(starts)
     shown = [s for s in spans if s.get("end") is not None and s["start"] >= t0 and not s["name"].startswith("step ")]
-    shown = [{**s, "name": s["name"] if s["kind"] != "comm" else f"{s.get('axis') or ''} {s['name']}".strip()} for s in shown]
+    shown = [
+        {**s, "name": s["name"] if s["kind"] != "comm" else f"{s.get('axis') or ''} {s['name']}".strip()} for s in shown
+    ]
     return timeline(shown, title=title or f"the last {last} iterations on every rank")
 
 
@@ -133,7 +139,9 @@ def goodput_dashboard(
             return
         daly = daly_interval(c["save"], mtbf)
         chosen = daly * c["interval"]
-        title = f"{c['gpus']:,} GPUs, MTBF {mtbf / 3600:.3g} h, save {_seconds(c['save'])} s, restart {c['restart']:.0f} s"
+        title = (
+            f"{c['gpus']:,} GPUs, MTBF {mtbf / 3600:.3g} h, save {_seconds(c['save'])} s, restart {c['restart']:.0f} s"
+        )
         show_figure(fig, goodput_figure(c["save"], mtbf, c["restart"], interval=chosen, title=title))
         g, gd = goodput(chosen, c["save"], mtbf, c["restart"]), goodput(daly, c["save"], mtbf, c["restart"])
         text.value = (
@@ -148,5 +156,3 @@ def goodput_dashboard(
     box = w.VBox([w.HBox(list(controls.values())[:3]), w.HBox(list(controls.values())[3:]), text, fig])
     box.controls, box.figure, box.message = controls, fig, text
     return box
-
-

@@ -35,7 +35,14 @@ def test_step_records_by_hand():
         _step(0, 1, 3.0, 4.0),
     ]
     r0, r1 = step_records(spans)
-    assert r0 == {"step": 0, "seconds": 2.0, "step_s": 1.5, "input_wait": 0.5, "comm": pytest.approx(0.7), "busy": pytest.approx(0.8)}
+    assert r0 == {
+        "step": 0,
+        "seconds": 2.0,
+        "step_s": 1.5,
+        "input_wait": 0.5,
+        "comm": pytest.approx(0.7),
+        "busy": pytest.approx(0.8),
+    }
     assert r1["input_wait"] == 0 and r1["comm"] == 0 and r1["busy"] == 1.0 and r1["seconds"] == 1.0
 
 
@@ -44,7 +51,16 @@ def _records(busy_ms, comm_ms, steps=20, seed=0):
     out = []
     for _ in range(steps):
         b = busy_ms / 1e3 * (1 + 0.1 * rng.random())
-        out.append({"step": 0, "seconds": b + comm_ms / 1e3, "step_s": b + comm_ms / 1e3, "input_wait": 0.0, "comm": comm_ms / 1e3, "busy": b})
+        out.append(
+            {
+                "step": 0,
+                "seconds": b + comm_ms / 1e3,
+                "step_s": b + comm_ms / 1e3,
+                "input_wait": 0.0,
+                "comm": comm_ms / 1e3,
+                "busy": b,
+            }
+        )
     return out
 
 

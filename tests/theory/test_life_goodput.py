@@ -60,7 +60,13 @@ def test_daly_is_nearer_the_true_optimum_than_young_and_both_are_near_it():
 
 @pytest.mark.parametrize(
     "interval, save, mtbf, restart, seed",
-    [(20.0, 2.0, 100.0, 5.0, 0), (6.0, 0.5, 20.0, 2.0, 1), (40.0, 10.0, 50.0, 0.0, 2), (200.0, 1.0, 300.0, 30.0, 3), (5.0, 1.0, 20.0, 10.0, 5)],  # last: restarts often hit
+    [
+        (20.0, 2.0, 100.0, 5.0, 0),
+        (6.0, 0.5, 20.0, 2.0, 1),
+        (40.0, 10.0, 50.0, 0.0, 2),
+        (200.0, 1.0, 300.0, 30.0, 3),
+        (5.0, 1.0, 20.0, 10.0, 5),
+    ],  # last: restarts often hit
 )
 def test_simulation_agrees_with_the_closed_form_within_four_standard_errors(interval, save, mtbf, restart, seed):
     sim = simulate(interval, save, mtbf, restart, segments=3000, replicas=16, seed=seed)

@@ -63,7 +63,9 @@ def test_the_iterations_figure_shows_the_input_waits():
         for step in range(4):
             spans.append({"rank": rank, "kind": "compute", "name": "input wait", "start": t, "end": t + 0.2})
             spans.append({"rank": rank, "kind": "compute", "name": f"step {step}", "start": t + 0.2, "end": t + 0.25})
-            spans.append({"rank": rank, "kind": "comm", "name": "all_reduce", "axis": "dp", "start": t + 0.24, "end": t + 0.25})
+            spans.append(
+                {"rank": rank, "kind": "comm", "name": "all_reduce", "axis": "dp", "start": t + 0.24, "end": t + 0.25}
+            )
             t += 0.25
     fig = iterations_figure(spans, last=2)
     names = {trace.name for trace in fig.data}

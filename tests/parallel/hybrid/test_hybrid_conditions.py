@@ -18,7 +18,9 @@ SLOW_S = 0.3  # far above a gpt-tiny step's own work on 4 ranks, even at load 40
 
 def test_the_slow_rank_is_found_from_its_own_work(ranks4):
     setup = TrainSetup(steps=8)
-    answers = ranks4.run(train_hybrid, setup, Plan(ParallelDims(dp=2, tp=2)), Conditions(slow_rank=2, slow_ms=SLOW_S * 1e3))
+    answers = ranks4.run(
+        train_hybrid, setup, Plan(ParallelDims(dp=2, tp=2)), Conditions(slow_rank=2, slow_ms=SLOW_S * 1e3)
+    )
     assert compare(merge(answers, 2), train(setup))["max_abs_loss_diff"] < 1e-5  # a sleep changes no number
     report = step_report(answers)
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2, 3] and all(r["steps"] == 7 for r in report["ranks"])
