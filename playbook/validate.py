@@ -304,6 +304,8 @@ def write_output(flag: str, path, text: str) -> None:
     import tempfile
 
     target = Path(path)
+    if target.exists() and not target.is_file():  # a rename would replace a device or a pipe with a file
+        raise ValueError(f"{flag} {shown(str(path))} is not a regular file; nothing was written there")
     fd, part = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".part")  # whole or not at all
     try:
         with os.fdopen(fd, "w") as f:

@@ -9,6 +9,8 @@ import argparse
 import json
 
 from playbook.cli.checks import check_serving_fits
+from playbook.theory.serving.quantized import KV_DTYPES
+from playbook.theory.serving.weights import QUANTIZE
 from playbook.config import ModelConfig
 from playbook.validate import check_output_path, write_output
 
@@ -18,6 +20,7 @@ _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
 
 def cmd_serve_bench(args) -> int:
+    from playbook.serve.checks import check_quantized
     from playbook.serve.serve_bench import check, serve_bench
 
     if args.out:
@@ -25,7 +28,11 @@ def cmd_serve_bench(args) -> int:
     cfg = ModelConfig.preset(args.model)
     sizes = dict(tp=args.tp, dp=args.dp, blocks=args.blocks, block_size=args.block_size)
     options = dict(requests=args.requests, max_batch=args.max_batch, token_budget=args.token_budget)
-    check(cfg, **sizes, **options, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)  # the options first
+    spec = dict(speculative=args.speculative, draft=args.draft)
+    check(
+        cfg, **sizes, **options, **spec, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms
+    )  # the options first
+    check_quantized(cfg, quantize=args.quantize, kv_dtype=args.kv_dtype)
     check_serving_fits(cfg, **sizes)  # then whether this machine holds the run
     report = serve_bench(
         cfg,
@@ -46,6 +53,9 @@ def cmd_serve_bench(args) -> int:
         max_batch=args.max_batch,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
+        quantize=args.quantize,
+        kv_dtype=args.kv_dtype,
+        **spec,
     )
     if args.out:
         write_output("--out", args.out, json.dumps(report, indent=2))
@@ -79,6 +89,18 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--max-batch", type=int, default=4)
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument("--quantize", choices=QUANTIZE, default=None,
+                   help="block linears in int8/fp8 (per-output-channel scales); predicted latency reads those bytes")
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="fp32",
+                   help="paged KV storage, int8/fp8 with per-block scales; predicted at 16 bits unless 8-bit")
+    p.add_argument("--speculative", type=int, default=0, metavar="K", help="speculative decoding: K drafts per step")
+    p.add_argument(
+        "--draft",
+        default=None,
+        metavar="MODEL",
+        help="with --speculative: self:E (the target's first E layers + its head; none: half its layers) "
+        "or a preset with the same vocabulary",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON report here")
     p.set_defaults(func=cmd_serve_bench)

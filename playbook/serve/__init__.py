@@ -5,7 +5,8 @@
   ``packed.py`` (one forward over a step's mixed tokens), ``prefix.py`` (prefix caching).
 - On ranks: ``run.py`` (``playbook run serve``: TP replicas in DP), ``ranks.py`` (each rank's work),
   ``checks.py`` (refused before any rank starts), ``report.py`` (against the reference),
-  ``pipeline.py`` and ``experts.py`` (PP and EP decoding), ``disagg.py`` (prefill and decode apart).
+  ``pipeline.py`` and ``experts.py`` (PP and EP decoding), ``disagg.py`` (prefill and decode apart),
+  ``moe_tp.py`` and ``moe_layouts.py`` (a MoE under TP attention against DP attention, ``--attention-dp``).
 - Measured: ``rates.py`` (prefill and decode timed, the roofline's rates), ``latency.py`` (TTFT,
   TPOT, goodput), ``serve_bench.py`` (``playbook serve-bench``), ``prefix_bench.py``.
 

@@ -37,10 +37,9 @@ import torch
 import torch.distributed as dist
 
 from playbook.cluster.trace import tracer as trace
-from playbook.serve.kv import PagedKVCache
+from playbook.serve.kv_quant import make_cache
 from playbook.serve.packed import forward_packed
-from playbook.serve.prefix import PrefixKVCache
-from playbook.theory.serving.serving import kv_bytes_per_token, paged_kv_bytes
+from playbook.theory.serving.serving import kv_block_bytes, kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,8 @@ class ContinuousBatcher:
     """Serves requests with ``model`` (a ``GPT`` or a ``TPGPT`` shard) over a ``PagedKVCache`` of
     ``n_blocks`` blocks of ``block_size`` tokens, at most ``max_batch`` requests at a time; with
     ``theory.serving.prefix_cache``, blocks of equal prefixes are shared (``serve.prefix``); with ``token_budget``,
-    a step computes at most that many tokens, decodes first, prompts in chunks (chunked prefill)."""
+    a step computes at most that many tokens, decodes first, prompts in chunks (chunked prefill);
+    ``kv_dtype``: the cache's storage, 8-bit ones with per-block scales (``serve.kv_quant``)."""
 
     def __init__(
         self,
@@ -102,6 +102,7 @@ class ContinuousBatcher:
         max_batch: int = 8,
         prefix_cache: bool = False,
         token_budget: int | None = None,
+        kv_dtype: str = "fp32",
     ):
         if token_budget is not None and token_budget <= max_batch:
             raise ValueError(
@@ -111,7 +112,9 @@ class ContinuousBatcher:
         self.token_budget = token_budget
         attn = model.blocks[0].attn
         self.model, self.max_batch, self.prefix = model, max_batch, prefix_cache
-        self.cache = (PrefixKVCache if prefix_cache else PagedKVCache)(
+        self.cache = make_cache(
+            kv_dtype,
+            prefix=prefix_cache,
             n_layers=len(model.blocks),
             kv_heads=attn.kv_heads,
             head_dim=attn.head_dim,
@@ -119,13 +122,17 @@ class ContinuousBatcher:
             block_size=block_size,
         )
         tp = dist.get_world_size(model.group) if getattr(model, "group", None) is not None else 1
-        self.kv_per_token = kv_bytes_per_token(model.cfg, tp=tp, dtype="fp32")  # this rank's share, predicted
+        self.kv_dtype = kv_dtype
+        self.kv_per_token = kv_bytes_per_token(model.cfg, tp=tp, dtype=kv_dtype)  # this rank's share, predicted
+        self.block_predicted = kv_block_bytes(model.cfg, tp=tp, dtype=kv_dtype, block_size=block_size)  # with scales
 
-    def _store(self, ids: list[int], starts: list[int]):
+    def _store(self, ids: list[int], starts: list[int], cache=None):
+        cache = self.cache if cache is None else cache  # another pool: a speculative draft's (``serve.speculative``)
+
         def store_for(layer):
             def store(row, k, v):
-                self.cache.write(layer, ids[row], k, v)  # k, v: [g, s, d]
-                return self.cache.read(layer, ids[row], starts[row] + k.shape[1])  # [g, n, d]
+                cache.write(layer, ids[row], k, v)  # k, v: [g, s, d]
+                return cache.read(layer, ids[row], starts[row] + k.shape[1])  # [g, n, d]
 
             return store
 
@@ -156,6 +163,25 @@ class ContinuousBatcher:
             run.tokens[i].append(int(row.argmax()))
             run.logits[i] = torch.cat([run.logits[i], row[None]]) if i in run.logits else row[None]
 
+    def _decode_tokens(self, run: BatchRun, running: dict, decoding: list[int]) -> int:
+        """Tokens the decoding requests take from a step's budget: one each (``serve.speculative``: k + 1)."""
+        return len(decoding)
+
+    def _compute(self, run: BatchRun, running: dict, prefilled: dict, decoding: list[int], pending: dict) -> list[int]:
+        """One forward over the prompt chunks ``prefilled`` and one token of each ``decoding`` request;
+        returns the requests that got a token (a prompt's last chunk gives its first)."""
+        ids = [*prefilled, *decoding]
+        chunks = [*prefilled.values(), *([run.tokens[i][-1]] for i in decoding)]
+        logits = self._forward(ids, chunks)  # [n, V]
+        done = [j for j, i in enumerate(ids) if not pending.get(i)]  # decoding, or its whole prompt in
+        emitted = [ids[j] for j in done]
+        self._emit(run, emitted, logits[done])
+        return emitted
+
+    def _record(self) -> dict:
+        """More of a step's record (``serve.speculative``: drafted and accepted tokens)."""
+        return {}
+
     @torch.no_grad()
     def run(self, requests: list[Request]) -> BatchRun:
         """Serve every request to completion; ``BatchRun.steps[k]``: what happened at step k."""
@@ -171,7 +197,7 @@ class ContinuousBatcher:
         pending: dict[int, list[int]] = {}  # admitted requests' prompt tokens not yet computed
         run, step, tracer = BatchRun(), 0, trace.current()
         while waiting or running:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             decoding = [i for i in running if i not in pending]  # prompt done at an earlier step: one token each
             admitted, prefilled, emitted = [], {}, []
             while (
@@ -189,7 +215,7 @@ class ContinuousBatcher:
                     self.cache.add(r.id)
                 run.cached[r.id], pending[r.id] = hit, list(r.prompt[hit:])
                 admitted.append(r.id)
-            budget = self.token_budget - len(decoding) if self.token_budget else None
+            budget = self.token_budget - self._decode_tokens(run, running, decoding) if self.token_budget else None
             for i in list(pending):  # prefills, oldest first: whole, or chunks within the step's budget
                 if budget is not None and budget <= 0:
                     break
@@ -197,14 +223,9 @@ class ContinuousBatcher:
                 pending[i] = pending[i][len(chunk) :]
                 budget = None if budget is None else budget - len(chunk)
                 prefilled[i] = chunk
-            ids = [*prefilled, *decoding]
-            if ids:  # one forward: the prompt chunks, then one token of every decoding request
-                chunks = [*prefilled.values(), *([run.tokens[i][-1]] for i in decoding)]
+            if prefilled or decoding:  # one forward: the prompt chunks, then every decoding request's tokens
                 with tracer.span(f"step {step}") if tracer else nullcontext():
-                    logits = self._forward(ids, chunks)  # [n, V]
-                done = [j for j, i in enumerate(ids) if not pending.get(i)]  # decoding, or its whole prompt in
-                emitted = [ids[j] for j in done]  # a prompt's last chunk gives its first token
-                self._emit(run, emitted, logits[done])
+                    emitted = self._compute(run, running, prefilled, decoding, pending)
                 prefilled = {i: len(c) for i, c in prefilled.items()}
                 for i in emitted:
                     pending.pop(i, None)
@@ -227,11 +248,13 @@ class ContinuousBatcher:
                     "kv_bytes": held,
                     "kv_predicted": None  # shared blocks: counted by theory.prefix_cache instead
                     if self.prefix
-                    else paged_kv_bytes(lengths.values(), self.kv_per_token, self.cache.block_size),
+                    else sum(self.cache.blocks_for(n) for n in lengths.values()) * self.block_predicted,
                     "prefilled": prefilled,  # request -> prompt tokens computed this step
                     "prefill_tokens": sum(prefilled.values()),
                     "emitted": emitted,  # requests that got a token this step
                     "seconds": time.perf_counter() - t0,
+                    "cpu_seconds": time.thread_time() - c0,  # this thread's own: what shared cores don't inflate
+                    **self._record(),
                 }
             )
             step += 1

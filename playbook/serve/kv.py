@@ -96,6 +96,16 @@ class PagedKVCache:
         matter only to a prefix cache (``serve.prefix``)."""
         self.lengths[seq] += tokens
 
+    def trim(self, seq: int) -> list[int]:
+        """Give back the blocks past ``seq``'s written length (reserved for tokens that were then not
+        kept: a speculative step's rejected drafts, ``serve.speculative``); returns them. Slots past the
+        length inside its last block are simply written again by the next step."""
+        keep = self.blocks_for(self.lengths[seq])
+        extra = self.tables[seq][keep:]
+        del self.tables[seq][keep:]
+        self.free = sorted(self.free + extra)
+        return extra
+
     def release(self, seq: int) -> None:
         """A finished sequence gives its blocks back."""
         self.free = sorted(self.free + self.tables.pop(seq))

@@ -45,10 +45,11 @@ def attend_packed(attn, x: torch.Tensor, segments: list[tuple[int, int]], store:
 
 
 def forward_packed(
-    model, chunks: list[list[int]], starts: list[int], store_for: Callable[[int], Store]
+    model, chunks: list[list[int]], starts: list[int], store_for: Callable[[int], Store], *, every: bool = False
 ) -> torch.Tensor:
     """Sequence i's new tokens ``chunks[i]`` at positions starts[i].., all in one forward ->
-    logits [n, V] of each sequence's last new token; ``store_for(layer)`` keeps the KV."""
+    logits [n, V] of each sequence's last new token (``every``: of every new token, [T, V], what a
+    speculative verify reads, ``serve.speculative``); ``store_for(layer)`` keeps the KV."""
     if any(not c for c in chunks):
         raise ValueError("every packed sequence needs at least one new token")
     lengths = [len(c) for c in chunks]
@@ -57,5 +58,7 @@ def forward_packed(
     for layer, block in enumerate(model.blocks):
         x = x + attend_packed(block.attn, block.attn_norm(x), segments, store_for(layer))  # [T, 1, h]
         x = x + block.mlp(block.mlp_norm(x))  # [T, 1, h]
+    if every:
+        return full_logits(model, model.head(x))[:, 0]  # [T, 1, V] -> [T, V]
     last = torch.tensor(lengths).cumsum(0) - 1  # [n]: each sequence's last token
     return full_logits(model, model.head(x[last]))[:, 0]  # [n, 1, V] -> [n, V]

@@ -123,6 +123,18 @@ class PrefixKVCache(PagedKVCache):
             if keys[-1] not in self.block_of and b not in self.key_of:
                 self.block_of[keys[-1]], self.key_of[b] = b, keys[-1]
 
+    def trim(self, seq: int) -> list[int]:
+        """Give back the blocks past ``seq``'s length (never keyed: only full written blocks are)."""
+        self.log.append(("trim", seq))
+        keep = self.blocks_for(self.lengths[seq])
+        extra = self.tables[seq][keep:]
+        del self.tables[seq][keep:]
+        for b in extra:
+            self.refs[b] -= 1
+            self.free.append(b)
+        self.free.sort()
+        return extra
+
     def release(self, seq: int) -> None:
         """``seq`` lets go of its blocks, last first: keyed ones nobody holds join the LRU list's end,
         the others go back to the free list."""

@@ -15,6 +15,7 @@ from playbook.dims import ParallelDims
 from playbook.model.gpt import GPT
 from playbook.serve.batching import ContinuousBatcher, Request
 from playbook.serve.generate import greedy
+from playbook.serve.quant import quantize_model, weight_bytes
 
 
 @functools.lru_cache(maxsize=2)
@@ -86,21 +87,46 @@ def serve_on_rank(
     prefix_cache: bool = False,
     assign: list[int] | None = None,
     token_budget: int | None = None,
+    quantize: str | None = None,
+    kv_dtype: str = "fp32",
+    speculative: int = 0,
+    draft: str | None = None,
+    temperature: float = 0.0,
 ):
     """Each replica serves its requests (``assign[i]``, a router's choice; default i mod dp) by
-    continuous batching, with a prefix cache of its own if asked; returns tokens, logits, prompt
-    tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding."""
+    continuous batching, with a prefix cache of its own if asked, and with ``speculative`` k > 0
+    speculative decode steps drafted by ``draft`` (``serve.speculative``; ``temperature`` > 0 samples
+    by the rejection rule instead of greedy); returns tokens, logits, prompt
+    tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding.
+    ``quantize`` ("int8", "fp8"): the block linears quantized from the whole reference
+    (``serve.quant``); ``kv_dtype``: the paged cache's storage (``serve.kv_quant``)."""
     model, mesh = build(ctx, cfg, seed, dims)
+    if quantize:
+        model = quantize_model(model, quantize, reference=_reference_model(cfg, seed))
     where = assign if assign is not None else [r.id % dims.dp for r in requests]
     mine = [r for r in requests if where[r.id] == mesh.coords["dp"]]
-    batcher = ContinuousBatcher(
-        model,
+    options = dict(
         n_blocks=n_blocks,
         block_size=block_size,
         max_batch=max_batch,
         prefix_cache=prefix_cache,
         token_budget=token_budget,
+        kv_dtype=kv_dtype,
     )
+    if speculative:
+        from playbook.serve.drafts import make_draft
+        from playbook.serve.speculative import SpeculativeBatcher
+
+        batcher = SpeculativeBatcher(
+            model,
+            draft=make_draft(draft, model, seed=seed),
+            k=speculative,
+            temperature=temperature,
+            seed=seed + mesh.coords["dp"],  # one stream per replica, the same on each of its TP ranks
+            **options,
+        )
+    else:
+        batcher = ContinuousBatcher(model, **options)
     run = batcher.run(mine)
     return {
         "rank": ctx.rank,
@@ -111,6 +137,16 @@ def serve_on_rank(
         "evictions": getattr(batcher.cache, "evictions", 0),
         "steps": run.steps,
         "decoded": sum(len(s["decoded"]) for s in run.steps),
-        "computed": sum(len(s["decoded"]) + s["prefill_tokens"] for s in run.steps),  # through the steps' forwards
+        # tokens through the target's layers, in whole-model units: a speculative step's k + 1 per decoding
+        # request, and a self-draft's tokens × its share of the layers
+        "computed": sum(
+            s.get("verify_tokens", len(s["decoded"]))
+            + s["prefill_tokens"]
+            + s.get("draft_layer_tokens", 0) / cfg.n_layers
+            for s in run.steps
+        ),
         "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans, window="step"),  # every token of every step
+        "weight_bytes": weight_bytes(model),  # measured off the tensors, quantized or not
+        "block_bytes": batcher.cache.block_bytes,
+        "speculative": getattr(batcher, "stats", None),  # drafted, accepted, verifies (``serve.speculative``)
     }

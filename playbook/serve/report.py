@@ -73,6 +73,7 @@ class ServeReport(Report):
     parity: dict
     setup: dict = field(default_factory=dict)
     replicas: list = field(default_factory=list)
+    speculative: dict | None = None  # ``serve.speculative.acceptance`` of every replica's verifies
 
     def problem(self) -> str | None:
         p = self.parity
@@ -82,6 +83,8 @@ class ServeReport(Report):
             return f"logits differ by {p['max_abs_logit_diff']:.2e} > {LOGIT_TOLERANCE:g}"
         if not p["kv_bytes_match_every_step"]:
             return "KV bytes held differ from the paged prediction at some step"
+        if not p.get("bytes_match", True):  # a quantized run (serve.quant_ref)
+            return f"weight or KV block bytes differ from the prediction: {p['weight_bytes']}, {p['kv_block_bytes']}"
         return None
 
     def summary(self) -> str:
@@ -95,6 +98,21 @@ class ServeReport(Report):
             + ", ".join(f"{x:,.0f}" for x in b["measured"]),
             f"  KV bytes held == paged prediction at every step: {p['kv_bytes_match_every_step']}",
         ]
+        if "weight_bytes" in p:  # a quantized run: against one process running the same quantized model
+            w, k = p["weight_bytes"], p["kv_block_bytes"]
+            lines[1] = lines[1].replace("the reference (greedy, no cache)", "one process with the same quantized model")
+            lines.append(
+                f"  weights {self.setup.get('quantize') or 'fp32'}, KV {self.setup.get('kv_dtype')}: bytes per rank "
+                f"predicted {w['predicted']:,.0f}, measured {', '.join(f'{x:,}' for x in w['measured'])}; "
+                f"a KV block predicted {k['predicted']:,.0f}, measured {', '.join(f'{x:,}' for x in k['measured'])}"
+            )
+        if self.speculative:
+            sp = self.speculative
+            lines.append(
+                f"  speculative k={self.setup['speculative']} draft {self.setup['draft']}: {sp['accepted']} of "
+                f"{sp['drafted']} drafts accepted ({sp['acceptance_rate']:.0%}; per-token α {sp['alpha']:.2f}), "
+                f"{sp['tokens_per_verify']:.2f} tokens per verify over {sp['verifies']} verifies"
+            )
         for r in self.replicas:
             lines.append(
                 f"  replica {r['dp']}: requests {r['requests']}, {r['decoded']} tokens decoded, "

@@ -17,10 +17,17 @@ The JSON (``BENCH_KEYS`` at the top level):
   ``goodput_requests_per_s``, ``requests``, ``step_seconds`` (each replica's steps, in order);
 - ``predicted``: the same keys for the same schedules timed by the roofline on ``--predict-model``
   and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8), every prompt chunk
-  and context ``predict_scale`` times longer (a shrunk trace replayed at its real lengths);
+  and context ``predict_scale`` times longer (a shrunk trace replayed at its real lengths); with
+  ``--quantize`` and an 8-bit ``--kv-dtype`` the roofline reads the quantized bytes (weights in one
+  byte plus their scales, KV blocks with theirs), 16-bit otherwise (``setup.predicted_dtypes``);
 - ``cache``: prompt tokens, tokens found cached, hit rate, evictions (over all replicas);
-- ``tokens_identical``: every request's tokens equal greedy decoding without a cache;
-- ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it).
+- ``tokens_identical``: every request's tokens equal greedy decoding without a cache (quantized:
+  one process serving with the same quantized model and cache, ``serve.quant_ref``);
+- ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it);
+- ``speculative``: with ``speculative`` k > 0 (``serve.speculative``), the draft, k, acceptance rate,
+  per-token α, tokens per verify and verifies (``serve.speculative.acceptance``), else None. The
+  predicted latencies price each step as plain decoding would (one token per decoding request, no
+  draft): speculation's own price at scale is ``theory.serving.speculative``.
 """
 
 from __future__ import annotations
@@ -33,15 +40,31 @@ from playbook.config import ModelConfig
 from playbook.hardware import Hardware
 from playbook.dims import ParallelDims
 
-BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "load")
+BENCH_KEYS = ("setup", "measured", "predicted", "cache", "tokens_identical", "load", "speculative")
 
 
-def check(cfg: ModelConfig, *, tp, dp, requests, blocks, block_size, max_batch, token_budget, slo_ttft_ms, slo_tpot_ms):
+def check(
+    cfg: ModelConfig,
+    *,
+    tp,
+    dp,
+    requests,
+    blocks,
+    block_size,
+    max_batch,
+    token_budget,
+    slo_ttft_ms,
+    slo_tpot_ms,
+    speculative=0,
+    draft=None,
+):
     """Every option, before a rank starts: one ValueError naming the constraint and a value that works."""
     from playbook.serve.checks import check_counts, check_token_budget
+    from playbook.serve.drafts import check_speculative
 
     check_counts(requests=requests, blocks=blocks, block_size=block_size, max_batch=max_batch)
     check_token_budget(token_budget, max_batch)
+    check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
     for name, value in (("slo-ttft-ms", slo_ttft_ms), ("slo-tpot-ms", slo_tpot_ms)):
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be > 0 milliseconds, got {value}")
@@ -101,6 +124,10 @@ def serve_bench(
     predict_model: str = "llama-3.1-8b",
     predict_hardware: str = "h100-sxm",
     predict_scale: int = 1,
+    quantize: str | None = None,
+    kv_dtype: str = "fp32",
+    speculative: int = 0,
+    draft: str | None = None,
     ranks=None,
 ) -> dict:
     """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
@@ -128,7 +155,27 @@ def serve_bench(
         token_budget=token_budget,
         slo_ttft_ms=slo_ttft_ms,
         slo_tpot_ms=slo_tpot_ms,
+        speculative=speculative,
+        draft=draft,
     )
+    from playbook.serve import quant_ref
+    from playbook.serve.checks import check_quantized
+
+    check_quantized(cfg, quantize=quantize, kv_dtype=kv_dtype)
+    if speculative and (quantize or kv_dtype in ("int8", "fp8")):
+        raise ValueError(
+            "--speculative runs with full-precision weights and a 16/32-bit KV cache here (a rolled-back 8-bit "
+            "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
+        )
+    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
+    priced = dict(quantize=quantize, kv_dtype="bf16" if kv_dtype == "fp32" else kv_dtype)  # the bytes the roofline reads
+    if quantize:
+        from playbook.theory.serving.weights import served_weight_bytes
+
+        served_weight_bytes(big, tp=tp, quantize=quantize, dtype="bf16")  # refuses a model it cannot count
+    from playbook.serve.drafts import check_speculative
+
+    draft = check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
     trace = poisson_trace(
         n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
     )
@@ -149,11 +196,19 @@ def serve_bench(
         prefix_cache=prefix_cache,
         assign=where,
         token_budget=token_budget,
+        quantize=quantize,
+        kv_dtype=kv_dtype,
+        speculative=speculative,
+        draft=draft,
     )
     before = os.getloadavg()[0]
     answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
     after = os.getloadavg()[0]
-    want = _reference(cfg, seed, tuple(reqs))
+    if quant_ref.is_quantized(quantize, kv_dtype):
+        keep = ("n_blocks", "block_size", "max_batch", "prefix_cache", "token_budget", "quantize", "kv_dtype")
+        want = quant_ref.reference(cfg, seed, reqs, dp=dp, **{k: options[k] for k in keep + ("assign",)})
+    else:
+        want = _reference(cfg, seed, tuple(reqs))
     leads = [a for a in answers if a["coords"]["tp"] == 0]  # one per replica
     slo = dict(
         slo_ttft=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
@@ -162,9 +217,9 @@ def serve_bench(
     mine = [[r for r in reqs if where[r.id] == a["coords"]["dp"]] for a in leads]
     measured = summarize([request_latencies(a["steps"], m) for a, m in zip(leads, mine)], **slo)
     measured["step_seconds"] = [[s["seconds"] for s in a["steps"]] for a in leads]
-    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
     timed = [
-        predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8, scale=predict_scale) for a in leads
+        predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8, scale=predict_scale, **priced)
+        for a in leads
     ]
     predicted = summarize([request_latencies(s, m) for s, m in zip(timed, mine)], **slo)
     prompt_tokens = sum(len(r.prompt) for r in reqs)
@@ -191,6 +246,9 @@ def serve_bench(
             "slo_ms": {"ttft": slo_ttft_ms, "tpot": slo_tpot_ms},
             "predicted_on": f"{predict_model} on {predict_hardware}",
             "predict_scale": predict_scale,
+            "quantize": quantize,
+            "kv_dtype": kv_dtype,
+            "predicted_dtypes": {"weights": quantize or "bf16", "kv": priced["kv_dtype"]},
         },
         "measured": measured,
         "predicted": predicted,
@@ -202,7 +260,18 @@ def serve_bench(
         },
         "tokens_identical": all(t == want[i][0] for a in answers for i, t in a["tokens"].items()),
         "load": {"before": before, "after": after},
+        "speculative": _speculation(leads, speculative, draft),
     }
+
+
+def _speculation(leads: list[dict], k: int, draft: str | None) -> dict | None:
+    """Every replica's drafted/accepted/verify counts summed, as rates (``serve.speculative.acceptance``)."""
+    if not k:
+        return None
+    from playbook.serve.speculative import acceptance
+
+    counts = {key: sum(a["speculative"][key] for a in leads) for key in leads[0]["speculative"]}
+    return {"k": k, "draft": draft, **acceptance(counts)}
 
 
 def summary(report: dict) -> str:
@@ -210,7 +279,8 @@ def summary(report: dict) -> str:
     s, m, p = report["setup"], report["measured"], report["predicted"]
     lines = [
         f"serve-bench {s['model']} {s['layout']}: {m['requests']} requests, router {s['router']}, prefix cache "
-        f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}",
+        f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}"
+        + (f"; weights {s['quantize'] or 'fp32'}, KV {s['kv_dtype']}" if s.get("quantize") or s.get("kv_dtype", "fp32") != "fp32" else ""),
         f"{'ms':<6}{'p50':>9}{'p90':>9}{'p99':>9}   predicted on {s['predicted_on']}: p50, p99",
     ]
     for k in ("ttft", "tpot", "itl", "e2e"):
@@ -226,4 +296,10 @@ def summary(report: dict) -> str:
         f"cache: {c['cached_tokens']} of {c['prompt_tokens']} prompt tokens found ({c['hit_rate']:.0%}), "
         f"{c['evictions']} evictions; load {report['load']['before']:.1f} -> {report['load']['after']:.1f}",
     ]
+    sp = report.get("speculative")
+    if sp:
+        lines.append(
+            f"speculative k={sp['k']} draft {sp['draft']}: acceptance rate {sp['acceptance_rate']:.0%} "
+            f"(per-token α {sp['alpha']:.2f}), {sp['tokens_per_verify']:.2f} tokens per verify over {sp['verifies']} verifies"
+        )
     return "\n".join(lines)

@@ -100,10 +100,12 @@ def _clip(model, mesh, plan: Plan, cfg):
 
 
 # ---- the rank function ---------------------------------------------------------------------------
-def train_hybrid(ctx, setup: TrainSetup, plan: Plan, conditions: Conditions | None = None) -> dict:
+def train_hybrid(ctx, setup: TrainSetup, plan: Plan, conditions: Conditions | None = None, checkpoint=None) -> dict:
     """Train ``setup`` on this rank's share of ``plan``'s layout, under ``conditions`` (a straggler,
     a DataLoader; ``hybrid.conditions``); return its result, its coordinates, which of its tensors
-    are tensor-parallel shards, its comm spans, its step times and (MoE) the routing."""
+    are tensor-parallel shards, its comm spans, its step times and (MoE) the routing.
+    ``checkpoint`` (``parallel.checkpoint.CheckpointPlan``): resume from a checkpoint before the first
+    step and save after every K-th (``parallel.checkpoint.session``)."""
     mesh = ctx.mesh_for(plan.dims)
     d, cfg = plan.dims, setup.config()
     positions = None
@@ -157,9 +159,16 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan, conditions: Conditions | No
         hooks["sync_grads"] = clip.after(hooks["sync_grads"])
     hooks = slowed(hooks, ctx, conditions)
     finish = hooks.pop("finish", None)
+    session, start = None, 0
+    if checkpoint is not None:  # after every hook: the pieces are where the optimizer keeps them
+        from playbook.parallel.checkpoint.session import Session
+
+        session = Session(checkpoint, ctx, setup, plan, hooks["model"], hooks["optimizer"], split)
+        start = session.resume()
+        hooks.update(progress=session.after_step(hooks["progress"]), sync_loss=session.wrap_loss(hooks["sync_loss"]))
     first = len(ctx.tracer.spans)
     try:
-        result: TrainResult = train(setup, **hooks)
+        result: TrainResult = train(setup, start=start, **hooks)
     finally:
         close_loader()
     if finish is not None:
@@ -171,4 +180,6 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan, conditions: Conditions | No
     out["steps"] = step_records(ctx.tracer.spans[first:])  # per step: iteration, input wait, own work
     if routing:
         out["routing"] = routing
+    if session is not None:
+        out["checkpoint"] = session.report()
     return out

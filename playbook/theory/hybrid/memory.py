@@ -164,8 +164,8 @@ def training_memory(
         held = params_per_rank(cfg, tp)
         state = model_state_bytes(held["split"] + held["replicated"], **common)
         acts = tp_model_activation_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, attention=attention, **sizes)
-    elif cp > 1:  # ring attention: weights replicated, every activation at s/cp tokens
-        state = model_state_bytes(cfg.num_params(), **common)
+    elif cp > 1:  # ring attention: weights replicated, every activation at s/cp tokens; ZeRO over dp·cp
+        state = model_state_bytes(cfg.num_params(), **{**common, "dp": dp * cp})
         if attention == "flash":  # a fused ring kernel: the flash block at s/cp tokens
             check_layout(seq_len, cp, zigzag=False)
             acts = activation_bytes(cfg, **{**sizes, "seq_len": seq_len // cp}, attention=attention)

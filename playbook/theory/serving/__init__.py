@@ -2,15 +2,18 @@
 
 - ``serving.py``: KV bytes and capacity, prefill and decode time; ``profile.py``: the activation peak
   an engine's profiling run finds before it sizes the cache; ``layouts.py``: TP against DP
-  replicas on N GPUs; ``parallel.py``: pipeline and expert parallelism at inference.
+  replicas on N GPUs; ``parallel.py``: pipeline and expert parallelism at inference;
+  ``moe_layouts.py``: a MoE's TP attention against DP attention, the experts over every GPU.
 - ``prefix_cache.py``: the brute-force prefix cache the engine is tested against, hit rates per
   layout; ``router.py``: round robin or prefix-aware; ``workload.py``: seeded traces;
-  ``disagg.py``: when disaggregating prefill from decode pays.
+  ``disagg.py``: when disaggregating prefill from decode pays; ``on_topology.py``: the layouts on a
+  topology's levels (chapter 8).
 """
 
 from playbook.theory.serving.serving import kv_capacity
 from playbook.theory.serving.disagg import transfer
+from playbook.theory.serving.on_topology import serve_layouts_on
 from playbook.theory.serving.prefix_cache import prefix_layouts
 from playbook.theory.serving.workload import conversations, poisson_trace
 
-__all__ = ["conversations", "kv_capacity", "poisson_trace", "prefix_layouts", "transfer"]
+__all__ = ["conversations", "kv_capacity", "poisson_trace", "prefix_layouts", "serve_layouts_on", "transfer"]

@@ -91,6 +91,11 @@ class ReferencePrefixCache:
                     b["freed"] = self.clock
                     self.clock += 1
 
+    def trim(self, seq: int) -> None:
+        """Drop the (private) blocks past the sequence's length: a speculative step's rejected tokens."""
+        s = self.seqs[seq]
+        del s["blocks"][-(-s["length"] // self.block_size) :]
+
     def replay(self, log) -> list:
         """Apply a ``PrefixKVCache.log``; returns the tokens found by each ``add``, in order."""
         hits = []
@@ -101,6 +106,8 @@ class ReferencePrefixCache:
                 self.reserve(seq, arg[0])
             elif op == "advance":
                 self.advance(seq, arg[0])
+            elif op == "trim":
+                self.trim(seq)
             else:
                 self.release(seq)
         return hits
