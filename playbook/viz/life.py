@@ -85,8 +85,8 @@ def goodput_figure(
 
 
 def iterations_figure(spans: Sequence[Mapping], *, last: int = 3, title: str = "") -> go.Figure:
-    """Every rank's last ``last`` iterations: the ``"input wait"`` before each step beside the step's
-    compute and collectives (``figures.timeline``), from a call's trace (``Ranks.last_trace``)."""
+    """Every rank's last ``last`` iterations: the ``"input wait"`` before each step, the step, and its
+    collectives (``figures.timeline``), from a call's trace (``Ranks.last_trace``)."""
     steps = sorted(
         {int(s["name"].split()[1]) for s in spans if s["kind"] == "compute" and s["name"].startswith("step ")}
     )
@@ -96,10 +96,14 @@ def iterations_figure(spans: Sequence[Mapping], *, last: int = 3, title: str = "
     starts = [s["start"] for s in spans if s["kind"] == "compute" and s["name"] == f"step {first}"]
     previous = [s["end"] for s in spans if s["kind"] == "compute" and s["name"] == f"step {first - 1}"]
     t0 = min(previous) if previous else min(starts)
-    shown = [s for s in spans if s.get("end") is not None and s["start"] >= t0 and not s["name"].startswith("step ")]
-    shown = [
-        {**s, "name": s["name"] if s["kind"] != "comm" else f"{s.get('axis') or ''} {s['name']}".strip()} for s in shown
-    ]
+    shown = [s for s in spans if s.get("end") is not None and s["start"] >= t0]
+
+    def label(s):  # every step is one "step" bar; a collective by its mesh axis
+        if s["kind"] == "comm":
+            return f"{s.get('axis') or ''} {s['name']}".strip()
+        return "step" if s["name"].startswith("step ") else s["name"]
+
+    shown = [{**s, "name": label(s)} for s in shown]
     return timeline(shown, title=title or f"the last {last} iterations on every rank")
 
 

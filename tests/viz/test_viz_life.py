@@ -69,6 +69,6 @@ def test_the_iterations_figure_shows_the_input_waits():
             t += 0.25
     fig = iterations_figure(spans, last=2)
     names = {trace.name for trace in fig.data}
-    assert names == {"input wait", "dp all_reduce"}
+    assert names == {"input wait", "step", "dp all_reduce"}
     waits = [trace for trace in fig.data if trace.name == "input wait"][0]
     assert len(waits.x) == 2 * 2 and all(x == pytest.approx(200.0) for x in waits.x)  # ms
