@@ -160,6 +160,34 @@ def static_pipeline(
     )
 
 
+@once
+def static_goodput(
+    *, gpus: int = 16_384, save: float = 3.0, restart: float = 300.0, failures_per_gpu_hour=None
+) -> go.Figure:
+    """Chapter 10's goodput dashboard (:func:`~playbook.viz.life.goodput_dashboard`): goodput against the
+    checkpoint interval over GPUs × failure rate × save time, the restart fixed at the cell's value."""
+    from playbook.theory.life import LLAMA3_FAILURES_PER_GPU_HOUR, cluster_mtbf
+    from playbook.viz.life import goodput_figure
+
+    base = failures_per_gpu_hour or LLAMA3_FAILURES_PER_GPU_HOUR
+    gpu_grid = sorted({4096, 16_384, 65_536, gpus})
+    saves = sorted({1.0, 3.0, 30.0, 300.0, save})
+
+    def build(gpus, rate, save):
+        mtbf = cluster_mtbf(gpus, base * rate)
+        if save >= 2 * mtbf:
+            raise ValueError(f"a {save:g} s save is over two MTBFs ({2 * mtbf:,.0f} s): no interval keeps up")
+        title = f"{gpus:,} GPUs, MTBF {mtbf / 3600:.3g} h, save {save:g} s, restart {restart:.0f} s"
+        return goodput_figure(save, mtbf, restart, title=title)
+
+    return grid_figure(
+        build,
+        {"gpus": gpu_grid, "rate": [0.5, 1.0, 2.0], "save": saves},
+        {"gpus": gpus, "rate": 1.0, "save": save},
+        note="rate: × Llama 3's failures per GPU-hour; the notebook's live dashboard has every setting",
+    )
+
+
 ZERO_MODELS = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"]
 STATIC = {
     "memory_dashboard": static_memory,
@@ -169,12 +197,14 @@ STATIC = {
     "tp_dashboard": static_tp,
     "cp_dashboard": static_cp,
     "routing_dashboard": static_routing,
+    "goodput_dashboard": static_goodput,
 }
 
 __all__ = [
     "STATIC",
     "static_cp",
     "static_dp",
+    "static_goodput",
     "static_memory",
     "static_pipeline",
     "static_routing",

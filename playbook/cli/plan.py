@@ -202,7 +202,9 @@ def cmd_plan(args) -> int:
         launch["replay_notes"] = [str(e)]
     measured = _replay(small) if args.replay else None
     if args.json:
-        print(json.dumps({**result.as_dict(top=args.top), "launch": launch, "replayed": measured, "life": life}, indent=2))
+        print(
+            json.dumps({**result.as_dict(top=args.top), "launch": launch, "replayed": measured, "life": life}, indent=2)
+        )
         return 0 if measured is None or measured["exact"] else 1
     if args.hf_config:
         print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")

@@ -46,7 +46,9 @@ def add_arguments(p) -> None:
 def check(args) -> None:
     """One line for a restart or a failure rate that is not a positive, finite number."""
     if not (math.isfinite(args.restart_s) and args.restart_s >= 0):
-        raise BadInput(f"--restart-s must be a number of seconds at least 0, got {args.restart_s:g}; e.g. --restart-s 300")
+        raise BadInput(
+            f"--restart-s must be a number of seconds at least 0, got {args.restart_s:g}; e.g. --restart-s 300"
+        )
     rate = args.failures_per_gpu_hour
     if not (math.isfinite(rate) and 0 < rate <= 1):
         raise BadInput(

@@ -7,6 +7,8 @@ nothing here runs a strategy (that is ``parallel``'s, e.g. ``parallel.step_time`
 - ``pipeline.py``: a pipeline run's measured timeline, bubble and held activations.
 - ``flight_recorder.py``: PyTorch's record of each rank's last collectives, and the first the ranks disagree on.
 - ``stacks.py``: a rank's Python stack, dumped by ``faulthandler`` while it waits.
+- ``steps.py``: step times per rank over many steps (iteration, own work, input wait), their
+  percentiles, and the straggler found from them (chapter 10).
 - ``matmul.py``: one rank's matmul throughput; ``calibrate.py``: this machine's rates, fitted into a profile.
 """
 
@@ -19,6 +21,7 @@ from playbook.measure.memory import (
     optimizer_bytes,
     parameter_bytes,
 )
+from playbook.measure.steps import report_lines, step_report
 
 __all__ = [
     "MemorySnapshot",
@@ -28,4 +31,6 @@ __all__ = [
     "measure_training_step",
     "optimizer_bytes",
     "parameter_bytes",
+    "report_lines",
+    "step_report",
 ]

@@ -80,7 +80,14 @@ def step_records(spans: Iterable) -> list[dict]:
                 inside.append((max(a, _get(c, "start")), min(b, end)))
         comm = _union(inside)
         out.append(
-            {"step": int(_get(s, "name").split()[1]), "seconds": wait + (b - a), "step_s": b - a, "input_wait": wait, "comm": comm, "busy": (b - a) - comm}
+            {
+                "step": int(_get(s, "name").split()[1]),
+                "seconds": wait + (b - a),
+                "step_s": b - a,
+                "input_wait": wait,
+                "comm": comm,
+                "busy": (b - a) - comm,
+            }
         )
         previous_end = b
     return out
@@ -127,7 +134,14 @@ def find_straggler(rows: Sequence[dict]) -> dict | None:
         wins = sum(max(group, key=lambda r: r["busy_per_step"][i]) is cand for i in range(n))
         if excess > max(4 * spread, 0.1 * base) and wins >= 0.6 * n:
             if found is None or excess > found["excess_s"]:
-                found = {"rank": cand["rank"], "excess_s": excess, "peers_busy_s": base, "spread_s": spread, "busiest_steps": wins, "of": n}
+                found = {
+                    "rank": cand["rank"],
+                    "excess_s": excess,
+                    "peers_busy_s": base,
+                    "spread_s": spread,
+                    "busiest_steps": wins,
+                    "of": n,
+                }
     return found
 
 

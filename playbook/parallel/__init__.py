@@ -7,7 +7,8 @@ The spine (below the strategy folders; none of it imports a strategy):
   ``tied.py``: a tied embedding's copies on the first and last stage.
 - ``parity.py``: the one parity gate; ``report.py``: the report ``playbook run`` prints;
   ``registry.py``: ``playbook run STRATEGY``'s table; ``mixed.py``: bf16 with fp32 master weights;
-  ``single.py``: ``playbook run single``.
+  ``single.py``: ``playbook run single``; ``loader.py``: a real DataLoader per rank (workers, prefetch,
+  its position as ``state_dict``), its wait on the timeline (chapter 10).
 
 A folder per strategy: ``dp/``, ``zero/``, ``tp/``, ``pp/``, ``cp/``, ``ep/``; above them ``hybrid/``,
 which composes them all, and ``step_time.py``, which times each strategy's step beside its prediction.

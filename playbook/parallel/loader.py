@@ -27,6 +27,7 @@ worker that made them).
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -88,14 +89,16 @@ class RankLoader:
         # ranks' own default, forkserver, would start a new server that imports torch, and pickle
         # the dataset); workers make CPU tensors only, so a rank's CUDA context is never used there
         extra = {"prefetch_factor": self.prefetch or 2, "multiprocessing_context": "fork"} if self.workers else {}
-        loader = DataLoader(
-            self.dataset,
-            batch_size=None,  # each item already is a batch
-            sampler=_FromStep(start, len(self.dataset)),
-            num_workers=self.workers,
-            **extra,
-        )
-        self._it, self._next = _started(loader), start
+        with warnings.catch_warnings():  # more workers than cores is the point here: they sleep, not compute
+            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+            loader = DataLoader(
+                self.dataset,
+                batch_size=None,  # each item already is a batch
+                sampler=_FromStep(start, len(self.dataset)),
+                num_workers=self.workers,
+                **extra,
+            )
+            self._it, self._next = _started(loader), start
 
     def __call__(self, step: int):
         if self._it is None or step != self._next:
@@ -151,7 +154,9 @@ def check_loader(workers, prefetch, delay_s) -> None:
         raise ValueError(f"--loader-workers must be an integer in 0..64, got {workers!r}; e.g. --loader-workers 2")
     if prefetch is not None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= 64:
-            raise ValueError(f"--prefetch must be an integer in 1..64 (batches per worker), got {prefetch!r}; e.g. --prefetch 2")
+            raise ValueError(
+                f"--prefetch must be an integer in 1..64 (batches per worker), got {prefetch!r}; e.g. --prefetch 2"
+            )
         if workers == 0:
             raise ValueError(
                 f"--prefetch {prefetch} is batches kept ahead by each worker, and --loader-workers is 0 (batches made "

@@ -37,10 +37,11 @@ FLAGS = [
 
 
 # ---- the pieces, without a kernel -----------------------------------------------------------------
-def test_the_book_orders_the_mesh_then_its_planner_then_the_appendix():
-    """Chapter order is file order (site, browser tests): 08 the mesh, 08b the planner, 09 the appendix."""
+def test_the_book_orders_the_mesh_then_its_planner_then_the_appendices():
+    """Chapter order is file order (site, browser tests): 08 the mesh, 08b the planner, then the
+    appendices: 09 debugging, 10 a run's life."""
     stems = [p.stem for p in NOTEBOOKS]
-    assert stems[-3:] == ["08_hybrid_mesh", "08b_planning", "09_debugging"], stems
+    assert stems[-4:] == ["08_hybrid_mesh", "08b_planning", "09_debugging", "10_run_life"], stems
 
 
 def test_static_memory_frames_hold_the_zero_papers_model_state():

@@ -31,8 +31,9 @@ def test_405b_on_16384_gpus_by_hand(capsys):
     mtbf = 54 * 24 * 3600 / 419  # Llama 3: 419 interruptions in 54 days, on these 16,384 GPUs
     assert life["mtbf_s"] == pytest.approx(mtbf)
     assert life["young_s"] == pytest.approx(math.sqrt(2 * save * mtbf))
-    assert life["young_s"] - life["daly_s"] == pytest.approx(save - math.sqrt(2 * save * mtbf) * (
-        math.sqrt(save / (2 * mtbf)) / 3 + save / (18 * mtbf)), rel=1e-6)
+    assert life["young_s"] - life["daly_s"] == pytest.approx(
+        save - math.sqrt(2 * save * mtbf) * (math.sqrt(save / (2 * mtbf)) / 3 + save / (18 * mtbf)), rel=1e-6
+    )
     tau = life["daly_s"]
     by_hand = tau / (mtbf * math.exp(600 / mtbf) * (math.exp((tau + save) / mtbf) - 1))
     assert life["goodput_daly"] == pytest.approx(by_hand) and 0.9 < by_hand < 0.95

@@ -207,7 +207,9 @@ def test_every_profile_cites_its_storage_bandwidth(name):
         assert hw.storage_bandwidth == pytest.approx(2e12 / 2048) and "Dubey" in hw.storage_source
 
 
-@pytest.mark.parametrize("bad, words", [("fast", "storage_bandwidth must be a number greater than 0"), (0, "greater than 0")])
+@pytest.mark.parametrize(
+    "bad, words", [("fast", "storage_bandwidth must be a number greater than 0"), (0, "greater than 0")]
+)
 def test_a_wrong_storage_bandwidth_is_one_line(tmp_path, bad, words):
     raw = {**json.loads((HARDWARE_DIR / "h100-sxm.json").read_text()), "storage_bandwidth": bad}
     path = tmp_path / "hw.json"

@@ -60,7 +60,13 @@ def test_daly_is_nearer_the_true_optimum_than_young_and_both_are_near_it():
 
 @pytest.mark.parametrize(
     "interval, save, mtbf, restart, seed",
-    [(20.0, 2.0, 100.0, 5.0, 0), (6.0, 0.5, 20.0, 2.0, 1), (40.0, 10.0, 50.0, 0.0, 2), (200.0, 1.0, 300.0, 30.0, 3), (5.0, 1.0, 20.0, 10.0, 5)],  # last: restarts often hit
+    [
+        (20.0, 2.0, 100.0, 5.0, 0),
+        (6.0, 0.5, 20.0, 2.0, 1),
+        (40.0, 10.0, 50.0, 0.0, 2),
+        (200.0, 1.0, 300.0, 30.0, 3),
+        (5.0, 1.0, 20.0, 10.0, 5),
+    ],  # last: restarts often hit
 )
 def test_simulation_agrees_with_the_closed_form_within_four_standard_errors(interval, save, mtbf, restart, seed):
     sim = simulate(interval, save, mtbf, restart, segments=3000, replicas=16, seed=seed)
@@ -111,3 +117,13 @@ def test_checkpoint_bytes_405b_by_hand():
 def test_bad_input_is_one_clear_line(call, words):
     with pytest.raises(ValueError, match=words):
         call()
+
+
+def test_input_wait_by_hand():
+    from playbook.theory.life import input_wait, workers_to_hide
+
+    assert input_wait(0.2, 0, 0.03) == 0.2  # made in the rank: all of it
+    assert input_wait(0.2, 1, 0.03) == pytest.approx(0.17)
+    assert input_wait(0.2, 4, 0.03) == pytest.approx(0.02)
+    assert input_wait(0.2, 8, 0.03) == 0.0
+    assert workers_to_hide(0.2, 0.03) == 7 and workers_to_hide(0.2, 0.05) == 4

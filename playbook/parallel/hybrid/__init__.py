@@ -6,10 +6,12 @@
 - ``run.py``: ``playbook run hybrid``; ``merge.py``: the one reassembly of whole tensors for parity;
   ``native.py``: FSDP2 + DTensor on the same mesh; ``replay.py``: a planner candidate shrunk and replayed;
   ``resume.py``: ``save_then_resume``, a run saved under one layout and continued under another.
+- ``conditions.py``: a run under made conditions (chapter 10): a straggler's sleep, a DataLoader per rank.
 """
 
+from playbook.parallel.hybrid.conditions import Conditions
 from playbook.parallel.hybrid.parallelize import train_hybrid
 from playbook.parallel.hybrid.merge import comm_table, merge
 from playbook.parallel.hybrid.replay import replay
 
-__all__ = ["comm_table", "merge", "replay", "train_hybrid"]
+__all__ = ["Conditions", "comm_table", "merge", "replay", "train_hybrid"]

@@ -37,13 +37,19 @@ class Conditions:
     def check(self, world: int) -> None:
         """One line per option that cannot work here, before any rank starts."""
         if self.slow_rank is not None and not (isinstance(self.slow_rank, int) and 0 <= self.slow_rank < world):
-            raise ValueError(f"--slow-rank {self.slow_rank} is not a rank of this layout's {world}; try --slow-rank {world - 1}")
+            raise ValueError(
+                f"--slow-rank {self.slow_rank} is not a rank of this layout's {world}; try --slow-rank {world - 1}"
+            )
         if not (isinstance(self.slow_ms, (int, float)) and 0 <= self.slow_ms <= 60_000):
             raise ValueError(f"--slow-ms must be between 0 and 60000, got {self.slow_ms!r}; e.g. --slow-ms 50")
         if self.slow_ms and self.slow_rank is None:
-            raise ValueError(f"--slow-ms {self.slow_ms:g} slows one rank: name it with --slow-rank (e.g. --slow-rank 1)")
+            raise ValueError(
+                f"--slow-ms {self.slow_ms:g} slows one rank: name it with --slow-rank (e.g. --slow-rank 1)"
+            )
         if self.slow_rank is not None and not self.slow_ms:
-            raise ValueError(f"--slow-rank {self.slow_rank} needs --slow-ms, the milliseconds it loses a step; e.g. --slow-ms 50")
+            raise ValueError(
+                f"--slow-rank {self.slow_rank} needs --slow-ms, the milliseconds it loses a step; e.g. --slow-ms 50"
+            )
         if self.loader:
             check_loader(self.loader_workers or 0, self.prefetch, self.loader_delay_ms / 1e3)
 
@@ -58,10 +64,15 @@ def split(options: dict) -> tuple[Conditions, dict]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--slow-rank", type=int, default=None, help="a straggler: this rank sleeps --slow-ms every step")
+    parser.add_argument(
+        "--slow-rank", type=int, default=None, help="a straggler: this rank sleeps --slow-ms every step"
+    )
     parser.add_argument("--slow-ms", type=float, default=None, help="milliseconds the --slow-rank loses every step")
     parser.add_argument(
-        "--loader-workers", type=int, default=None, help="batches from a torch DataLoader with this many workers per rank"
+        "--loader-workers",
+        type=int,
+        default=None,
+        help="batches from a torch DataLoader with this many workers per rank",
     )
     parser.add_argument(
         "--loader-delay-ms", type=float, default=None, help="stand-in work per batch in the loader (reading, decoding)"
@@ -75,7 +86,12 @@ def batches(make, ctx, steps: int, c: Conditions):
     if not c.loader:
         return make, lambda: None
     loader = RankLoader(
-        make, steps, workers=c.loader_workers or 0, prefetch=c.prefetch, delay_s=c.loader_delay_ms / 1e3, tracer=ctx.tracer
+        make,
+        steps,
+        workers=c.loader_workers or 0,
+        prefetch=c.prefetch,
+        delay_s=c.loader_delay_ms / 1e3,
+        tracer=ctx.tracer,
     )
     return loader, loader.close
 

@@ -5,6 +5,7 @@
   and its numerical optimum.
 - ``simulate.py``: a seeded simulation of failures, save and restart, whose goodput the closed form
   must match within a few standard errors.
+- ``stall.py``: the input wait a data loader of W workers leaves per step, in steady state.
 - ``checkpoint.py``: bytes of a training checkpoint (weights, Adam moments, step) and its save time
   from a per-node storage bandwidth.
 
@@ -23,6 +24,7 @@ from playbook.theory.life.goodput import (
     young_interval,
 )
 from playbook.theory.life.simulate import Simulated, simulate
+from playbook.theory.life.stall import input_wait, workers_to_hide
 
 __all__ = [
     "LLAMA3_FAILURES_PER_GPU_HOUR",
@@ -34,8 +36,10 @@ __all__ = [
     "daly_interval",
     "goodput",
     "goodput_first_order",
+    "input_wait",
     "save_seconds",
     "simulate",
     "summary",
+    "workers_to_hide",
     "young_interval",
 ]

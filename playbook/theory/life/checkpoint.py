@@ -47,7 +47,9 @@ def checkpoint_bytes(num_params: float, *, precision: str = "mixed", n_tensors: 
     return {**parts, "total": sum(parts.values())}
 
 
-def save_seconds(total_bytes: float, *, nodes: int, storage_bandwidth: float, aggregate_bandwidth: float = math.inf) -> float:
+def save_seconds(
+    total_bytes: float, *, nodes: int, storage_bandwidth: float, aggregate_bandwidth: float = math.inf
+) -> float:
     """Seconds to write ``total_bytes`` from ``nodes`` nodes at ``storage_bandwidth`` bytes/s each,
     capped by the storage system's ``aggregate_bandwidth`` (bytes/s; default: no cap)."""
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:

@@ -50,7 +50,9 @@ def cluster_mtbf(gpus: int, failures_per_gpu_hour: float = LLAMA3_FAILURES_PER_G
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
     if not (isinstance(failures_per_gpu_hour, (int, float)) and 0 < failures_per_gpu_hour < math.inf):
-        raise ValueError(f"failures per GPU-hour must be a positive number (Llama 3: 1.97e-5), got {failures_per_gpu_hour!r}")
+        raise ValueError(
+            f"failures per GPU-hour must be a positive number (Llama 3: 1.97e-5), got {failures_per_gpu_hour!r}"
+        )
     return 3600.0 / (gpus * failures_per_gpu_hour)
 
 

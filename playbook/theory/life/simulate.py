@@ -28,7 +28,9 @@ class Simulated:
     goodputs: tuple[float, ...]
 
 
-def one_run(rng: random.Random, interval: float, save: float, mtbf: float, restart: float, segments: int) -> tuple[float, int]:
+def one_run(
+    rng: random.Random, interval: float, save: float, mtbf: float, restart: float, segments: int
+) -> tuple[float, int]:
     """One run: (goodput, failures). Memoryless failures, so the clock to the next one is drawn
     afresh whenever a piece of time (a segment, a restart) starts."""
     wall, failures, done = 0.0, 0, 0
