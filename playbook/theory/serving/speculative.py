@@ -125,3 +125,9 @@ def crossover_batch(cfg: ModelConfig, hw: Hardware, *, batch_max: int = 4096, **
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at_scale(cfg, hw, batch=mid, **options)["speedup"] > 1 else (lo, mid)
     return hi
+
+
+def batch_curves(cfg: ModelConfig, hw: Hardware, *, ks, batches, **options) -> tuple[list[dict], dict]:
+    """``at_scale`` rows for every k and batch, and each k's ``crossover_batch``: the figure's data."""
+    rows = [at_scale(cfg, hw, k=k, batch=b, **options) for k in ks for b in batches]
+    return rows, {k: crossover_batch(cfg, hw, k=k, **options) for k in ks}
