@@ -3,8 +3,6 @@ every request of a trace (TP2, DP2), the KV of rejected drafts is rolled back (b
 blocks of the kept tokens at every step; a run without the rollback fails that check), and the
 rejection-sampling rule emits the target's distribution (chi-square at a fixed seed)."""
 
-import math
-
 import pytest
 import torch
 
@@ -19,6 +17,7 @@ from playbook.serve.kv import PagedKVCache
 from playbook.serve.ranks import serve_on_rank
 from playbook.serve.run import run_serve
 from playbook.serve.speculative import SpeculativeBatcher, accept_sampled, acceptance
+from playbook.theory.serving import speculative as spec_theory
 from playbook.theory.serving.serving import tp_allreduce_bytes
 from playbook.theory.serving.workload import poisson_trace
 
@@ -164,20 +163,8 @@ def test_the_token_check_fails_when_rejected_kv_is_counted(monkeypatch):
 
 
 # ---- sampling ------------------------------------------------------------------------------------
-def chi_square_threshold(df: int, z: float = 3.09) -> float:
-    """The chi-square quantile at the normal quantile z (3.09: p = 0.001), Wilson & Hilferty (1931)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
 def chi_square(counts: torch.Tensor, p: torch.Tensor) -> tuple[float, int]:
-    """Pearson's statistic of ``counts`` against probabilities ``p``, cells expected < 5 pooled."""
-    n = counts.sum()
-    expected = n * p
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+    return spec_theory.chi_square(counts.tolist(), p.tolist())
 
 
 def first_tokens(rule, draws=20000, seed=0, temperature=0.1):
@@ -213,14 +200,14 @@ def test_rejection_sampling_emits_the_targets_distribution():
     n = 20000
     counts, p = first_tokens(accept_sampled, draws=n)
     stat, df = chi_square(counts, p)
-    assert stat < chi_square_threshold(df), (stat, df)
+    assert stat < spec_theory.chi_square_threshold(df), (stat, df)
     # total variation: E[TV] <= ½ Σ √(p/n) (Jensen per cell), and one draw moves TV by at most 1/n,
     # so it exceeds its mean by 0.015 with probability <= exp(−2 n 0.015²) ≈ 1e-4 (McDiarmid 1989)
     tv = 0.5 * float((counts / n - p).abs().sum())
     assert tv < 0.5 * float((p / n).sqrt().sum()) + 0.015, tv
     for wrong in (resample_from_target, lambda d, p, q, g: d):  # both wrong rules fail the same test
         counts, p = first_tokens(wrong, draws=8000)
-        assert chi_square(counts, p)[0] > chi_square_threshold(chi_square(counts, p)[1])
+        assert chi_square(counts, p)[0] > spec_theory.chi_square_threshold(chi_square(counts, p)[1])
 
 
 def test_bad_combinations_are_refused_in_one_line():
