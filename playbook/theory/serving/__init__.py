@@ -6,11 +6,23 @@
 - ``prefix_cache.py``: the brute-force prefix cache the engine is tested against, hit rates per
   layout; ``router.py``: round robin or prefix-aware; ``workload.py``: seeded traces;
   ``disagg.py``: when disaggregating prefill from decode pays.
+- ``speculative.py``: speculative decoding's tokens per verify and speed-up, where it stops paying
+  as the batch grows, and the chi-square check of a sampler.
 """
 
 from playbook.theory.serving.serving import kv_capacity
 from playbook.theory.serving.disagg import transfer
 from playbook.theory.serving.prefix_cache import prefix_layouts
+from playbook.theory.serving.speculative import batch_curves, chi_square, chi_square_threshold
 from playbook.theory.serving.workload import conversations, poisson_trace
 
-__all__ = ["conversations", "kv_capacity", "poisson_trace", "prefix_layouts", "transfer"]
+__all__ = [
+    "batch_curves",
+    "chi_square",
+    "chi_square_threshold",
+    "conversations",
+    "kv_capacity",
+    "poisson_trace",
+    "prefix_layouts",
+    "transfer",
+]
