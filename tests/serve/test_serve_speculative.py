@@ -234,3 +234,27 @@ def test_run_serve_speculative_report():
     sp = report.speculative
     assert sp["verifies"] > 0 and 1 <= sp["tokens_per_verify"] <= 3
     assert "tokens per verify" in report.summary()
+
+
+def test_speculation_with_chunked_prefill_counts_k_plus_1_tokens_per_decode():
+    model = GPT(TINY, seed=0).eval()
+    reqs = make_requests(5, TINY.vocab_size, seed=6, prompt=(10, 30), new=(6, 12))
+    b = SpeculativeBatcher(model, draft=make_draft("self:1", model, seed=0), k=3, n_blocks=64, token_budget=20)
+    run = b.run(reqs)
+    want = greedy_of(TINY, 0, reqs)
+    assert all(run.tokens[r.id] == want[r.id][0][0].tolist() for r in reqs)
+    for s in run.steps:  # the decodes' k + 1 tokens each and the prompt chunks share the budget
+        assert s["verify_tokens"] + s["prefill_tokens"] <= 20
+    prefilling = [sum(r.id in s["prefilled"] for s in run.steps) for r in reqs]
+    assert max(prefilling) > 1  # some prompt was chunked over several steps
+
+
+def test_measured_table_has_every_k_and_consistent_counts():
+    from playbook.serve.spec_bench import measure
+
+    out = measure(GPT(TINY, seed=0).eval(), draft="self:1", ks=(1, 3), requests=2, new=(6, 8), repeats=2)
+    assert [r["k"] for r in out["rows"]] == [1, 3]
+    for r in out["rows"]:
+        assert 1 <= r["tokens_per_verify"] <= r["k"] + 1 and 0 <= r["acceptance_rate"] <= 1
+        assert r["speedup_measured"] > 0 and r["speedup_predicted"] > 0 and r["draft_cost"] > 0
+    assert set(out["load"]) == {"before", "after"}
