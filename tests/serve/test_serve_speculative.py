@@ -34,6 +34,11 @@ def trace(cfg, n=6, seed=2):
     return make_requests(n, cfg.vocab_size, seed=seed, new=(6, 14))
 
 
+def no_block_past_kept_tokens(steps, block_size: int) -> bool:
+    """After every step each running request holds exactly the blocks of its kept tokens."""
+    return all(len(s["tables"][i]) == -(-s["lengths"][i] // block_size) for s in steps for i in s["tables"])
+
+
 def check_exact(answers, want):
     drafted = accepted = 0
     for a in answers:
@@ -66,6 +71,7 @@ def test_greedy_speculative_tokens_are_the_targets_on_tp2(ranks2, draft):
             assert tokens == want[rid][0][0].tolist(), f"request {rid} on rank {a['rank']}"
             assert (a["logits"][rid] - want[rid][1][0]).abs().max() < 1e-5
         assert all(s["kv_bytes"] == s["kv_predicted"] for s in a["steps"])
+        assert no_block_past_kept_tokens(a["steps"], 4)
         assert a["steps"][-1]["free_blocks_after"] == 24  # every block back, rejected ones included
     s = answers[0]["speculative"]
     assert answers[1]["speculative"] == s  # both shards drafted and accepted the same
@@ -98,6 +104,7 @@ def test_greedy_speculative_tokens_are_the_targets_on_dp2(ranks2, prefix_cache):
     assert sorted(r for a in answers for r in a["tokens"]) == [r.id for r in reqs]
     check_exact(answers, want)
     for a in answers:
+        assert no_block_past_kept_tokens(a["steps"], 2)  # with shared prefix blocks too
         if not prefix_cache:
             assert all(s["kv_bytes"] == s["kv_predicted"] for s in a["steps"])
     if prefix_cache:
@@ -131,6 +138,8 @@ def rollback_problems(b, run, reqs) -> list[str]:
         for s in run.steps
         if s["kv_bytes"] != s["kv_predicted"]
     ]
+    if not no_block_past_kept_tokens(run.steps, b.cache.block_size):
+        out.append("a request held blocks past its kept tokens")
     if len(b.cache.free) != b.cache.n_blocks or len(b.draft_cache.free) != b.draft_cache.n_blocks:
         out.append("blocks left held after every request finished")
     return out
