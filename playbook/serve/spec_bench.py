@@ -76,7 +76,7 @@ def timed_forward(model, *, batch: int, context: int, tokens: int, seed: int = 0
     return run
 
 
-def step_costs(model, draft, *, batch: int, context: int, ks, repeats: int = 7) -> dict:
+def step_costs(model, draft, *, batch: int, context: int, ks, repeats: int = 11) -> dict:
     """The draft's step and each verify of k + 1 tokens, in plain target steps of the same batch:
     medians of ``repeats`` rounds, each round timing every forward once (so a change of load while
     measuring falls on all of them alike)."""
@@ -124,7 +124,7 @@ def measure(
     prompt=(4, 8),
     new=(24, 32),
     seed: int = 0,
-    repeats: int = 5,
+    repeats: int = 11,
 ) -> dict:
     """Rows per k: acceptance rate, α, tokens per verify (measured and from α), speed-up measured and
     predicted, with c and v_k, and a speculative step's CPU time split (draft, verify, the rest) in

@@ -267,3 +267,14 @@ def test_measured_table_has_every_k_and_consistent_counts():
         assert 1 <= r["tokens_per_verify"] <= r["k"] + 1 and 0 <= r["acceptance_rate"] <= 1
         assert r["speedup_measured"] > 0 and r["speedup_predicted"] > 0 and r["draft_cost"] > 0
     assert set(out["load"]) == {"before", "after"}
+
+
+def test_serve_bench_reports_acceptance_and_tokens_per_verify(ranks2):
+    from playbook.serve.serve_bench import BENCH_KEYS, serve_bench, summary
+
+    rep = serve_bench(TINY, dp=2, requests=6, rate=1.0, speculative=2, draft="self:1", ranks=ranks2)
+    assert tuple(rep) == BENCH_KEYS and rep["tokens_identical"]
+    sp = rep["speculative"]
+    assert sp["k"] == 2 and sp["draft"] == "self:1" and 1 <= sp["tokens_per_verify"] <= 3 and sp["verifies"] > 0
+    assert "tokens per verify" in summary(rep)
+    assert serve_bench(TINY, dp=2, requests=2, ranks=ranks2)["speculative"] is None
