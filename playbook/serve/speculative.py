@@ -175,12 +175,13 @@ class SpeculativeBatcher(ContinuousBatcher):
                 if not pending.get(i):  # its last prompt chunk: the first token
                     self._keep(run, emitted, i, [self._pick(rows[-1])], rows[-1:])
                 continue
-            seen = len(running[i].prompt) + len(run.tokens[i])  # the draft had seen all but x₀ .. d_{k-1}
+            seen = len(running[i].prompt) + len(run.tokens[i])  # tokens before this step, x₀ the last
             kept = self._accept(drafts.get(i, []), rows, q.get(i))
             m = len(kept) - 1  # drafts accepted
             self._commit(i, chunk, kept)
             if ks[i]:
-                rollback(self.draft_cache, i, seen - 1 + min(m + 1, ks[i]))
+                # the draft's pool holds those and d₁..d_{k−1}; of these it keeps the accepted ones
+                rollback(self.draft_cache, i, seen + min(m, ks[i] - 1))
                 self.stats["drafted"] += ks[i]
                 self.stats["accepted"] += m
                 self.stats["verifies"] += 1
