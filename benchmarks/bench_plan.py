@@ -22,6 +22,23 @@ from playbook.theory.plan.cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
 GOAL_S = 2.0
 
 
+def theory_caches() -> list:
+    """Every memoised function of ``playbook.theory`` (``functools.lru_cache``/``cache``), found by
+    walking its modules, so a cache added later is cleared too."""
+    import importlib
+    import pkgutil
+
+    import playbook.theory as theory
+
+    found = {}
+    for info in pkgutil.walk_packages(theory.__path__, "playbook.theory."):
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if callable(getattr(obj, "cache_clear", None)) and getattr(obj, "__module__", "").startswith("playbook."):
+                found[id(obj)] = obj
+    return list(found.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -38,30 +55,9 @@ def main() -> None:
 
     from playbook.config import ModelConfig
     from playbook.hardware import Hardware
-    from playbook.theory.cost import gemm_efficiency
-    from playbook.theory.plan import (
-        axis_bytes as plan_bytes,
-        cost as plan_cost,
-        dp as plan_dp,
-        memory as plan_memory,
-        schedule as plan_schedule,
-    )
-    from playbook.theory.inventory import prod_activations
-    from playbook.theory.plan import stage_balance
     from playbook.theory.plan.planner import plan
 
-    caches = (
-        plan_cost._per_token,
-        plan_bytes.dp_groups,
-        plan_bytes.cp_layer,
-        plan_bytes._local,
-        plan_memory._ours,
-        plan_schedule.bubble_fraction,
-    )
-    caches += (gemm_efficiency._efficiency, gemm_efficiency._factor, plan_dp._seconds)
-    caches += (plan_memory.rank_chunks, plan_memory.rank_state, prod_activations.rank_activations)
-    caches += (stage_balance.rank_flops_per_token, stage_balance.stage_imbalance)
-
+    caches = theory_caches()
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     times, cpu, result = [], [], None
     for _ in range(args.repeats):

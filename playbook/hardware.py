@@ -42,6 +42,10 @@ class Hardware:
     sms: int = 0  # streaming multiprocessors (AMD: compute units): the waves of a GEMM (theory.gemm_efficiency)
     reported_memory_bytes: float = 0.0  # the total the driver reports (nvidia-smi); 0: memory_bytes (capacity_bytes)
     planning_source: str = field(default="", compare=False)  # where the three planning numbers come from
+    peak_fp8_flops: float = 0.0  # dense FP8 FLOP/s, read by --precision fp8 (theory.plan.precision); 0: none
+    # bytes/s each node writes to the checkpoint store (theory.life.checkpoint); a cluster's storage, not the device's
+    storage_bandwidth: float = 1e9
+    storage_source: str = field(default="", compare=False)
     # written by ``playbook calibrate`` (playbook.measure.calibrate); empty for datasheet profiles
     collectives: dict = field(default_factory=dict, compare=False)  # op -> {alpha, beta, points, ...}
     matmul: list = field(default_factory=list, compare=False)  # [{size, flops_per_s}]: square matmuls measured

@@ -147,6 +147,7 @@ HARDWARE_LIMITS = {
     "sms": Range("int", 0, 10**5, "132"),
     "reported_memory_bytes": Range("number", 0, 1e15, "85.5e9"),  # 0: memory_bytes (Hardware.capacity_bytes)
     "peak_fp8_flops": Range("number", 0, 1e19, "1979e12", open_low=True),
+    "storage_bandwidth": Range("number", 0, 1e15, "1e9", open_low=True),  # bytes/s per node: checkpoint writes
     # what `playbook calibrate` writes beside its fits (playbook.measure.calibrate)
     "cpus": Range("int", 1, 10**6, "2", nullable=True),  # os.cpu_count(): None where it cannot tell
     "ranks": Range("int", 1, 10**6, "2"),
@@ -303,6 +304,8 @@ def write_output(flag: str, path, text: str) -> None:
     import tempfile
 
     target = Path(path)
+    if target.exists() and not target.is_file():  # a rename would replace a device or a pipe with a file
+        raise ValueError(f"{flag} {shown(str(path))} is not a regular file; nothing was written there")
     fd, part = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".part")  # whole or not at all
     try:
         with os.fdopen(fd, "w") as f:

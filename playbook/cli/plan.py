@@ -12,7 +12,9 @@ import argparse
 import json
 
 from playbook.cli.plan_layout import LABEL_KEY
+from playbook.cli.plan_topology import ORDERS, add_topology_flag, mesh_order
 from playbook.cli.checks import BadInput
+from playbook.cli.plan_life import add_arguments as add_life_arguments, life_for, life_lines
 from playbook.config import ModelConfig
 from playbook.hardware import MEM_UTIL, Hardware
 from playbook.theory.plan.cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
@@ -27,6 +29,10 @@ def cmd_serve_plan(args) -> int:
     from playbook.theory.serving.serving import BY_SIZE, RING_STEP
     from playbook.theory.serving.layouts import compare_layouts, recommend
 
+    if args.topology:  # tp priced where its group sits on the topology's levels (cli.plan_topology)
+        from playbook.cli.plan_topology import cmd_serve_plan_topology
+
+        return cmd_serve_plan_topology(args, ModelConfig.preset(args.model))
     cfg, hw = ModelConfig.preset(args.model), Hardware.preset(args.hardware)
     if not 1 <= args.context <= cfg.max_seq_len:  # --gpus, --mem-util, --block-size: cli.checks.LIMITS
         raise BadInput(
@@ -43,12 +49,15 @@ def cmd_serve_plan(args) -> int:
         dtype=args.dtype,
         latency=BY_SIZE if args.allreduce == "by-size" else RING_STEP,
     )
-    if not rows:
+    from playbook.cli.serve_plan_moe import moe_json, moe_rows, print_moe
+
+    moe, moe_reason = moe_rows(cfg, hw, args)  # an MoE model: TP against DP attention, experts over every GPU
+    if not rows and not any(r["fits"] for r in moe):
         raise BadInput(
             f"{args.model} does not fit {args.gpus} × {args.hardware} with a {args.context}-token sequence at "
             f"any tp <= {hw.devices_per_node}; try more --gpus, a shorter --context or --dtype fp8"
         )
-    best, why = recommend(rows)
+    best, why = recommend(rows) if rows else ({"layout": None}, "no tp × dp replica fits; see the MoE layouts")
     if args.json:
         print(
             json.dumps(
@@ -62,6 +71,7 @@ def cmd_serve_plan(args) -> int:
                     "layouts": rows,
                     "recommended": best["layout"],
                     "why": why,
+                    **moe_json(moe, args),
                 },
                 indent=2,
             )
@@ -83,6 +93,7 @@ def cmd_serve_plan(args) -> int:
         )
     print(f"  seqs: sequences of {args.context} tokens whose KV fits, in all; TPOT at that batch")
     print(f"recommended: {best['layout']}: {why}")
+    print_moe(moe, args, moe_reason)
     return 0
 
 
@@ -112,6 +123,13 @@ def add_serve_plan(sub) -> None:
         choices=["ring", "by-size"],
         help="TP all-reduce cost: a ring of 5 µs steps, or the algorithm a library picks by message size "
         "(one-shot, two-shot or ring: theory.allreduce_algo)",
+    )
+    add_topology_flag(p)
+    p.add_argument(
+        "--attention-dp",
+        action="store_true",
+        help="an MoE model: report DP attention (each GPU its own requests' whole KV, experts over all GPUs by "
+        "all-to-all) against the best MoE layout; the MoE table is printed for any MoE model",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_serve_plan)
@@ -147,13 +165,19 @@ def cmd_plan(args) -> int:
     if not 2 <= args.replay_ranks <= 8:
         raise BadInput(f"--replay-ranks must be in 2..8 (local ranks), got {args.replay_ranks}; try --replay-ranks 4")
     cfg, hw = _plan_inputs(args)
+    life = life_for(cfg, hw, args)  # checkpoint, save, MTBF, interval, goodput (cli.plan_life)
     # what a search and a one-layout costing both take from the flags
     options = dict(gpus_per_node=args.gpus_per_node, mem_util=args.mem_util, activations=args.activations)
     options |= dict(overlap=args.overlap, precision=args.precision, mesh_order=args.mesh_order)
+    if args.topology:  # every axis priced on the topology's levels (cli.plan_topology)
+        from playbook.cli.plan_topology import cmd_plan_topology
+
+        return cmd_plan_topology(args, cfg, options)
+    options["mesh_order"] = mesh_order(args)
     if args.layout:
         from playbook.cli.plan_layout import one_layout
 
-        return one_layout(cfg, hw, args, options)
+        return one_layout(cfg, hw, args, options, life)
     result = plan(
         cfg,
         hw,
@@ -178,7 +202,7 @@ def cmd_plan(args) -> int:
         launch["replay_notes"] = [str(e)]
     measured = _replay(small) if args.replay else None
     if args.json:
-        print(json.dumps({**result.as_dict(top=args.top), "launch": launch, "replayed": measured}, indent=2))
+        print(json.dumps({**result.as_dict(top=args.top), "launch": launch, "replayed": measured, "life": life}, indent=2))
         return 0 if measured is None or measured["exact"] else 1
     if args.hf_config:
         print(f"{cfg.name}: {cfg.num_params():,} parameters from {cfg.source}")
@@ -194,6 +218,7 @@ def cmd_plan(args) -> int:
             f"{c.cost.exposed:>7.2f}s {c.mfu:>6.1%} {c.tokens_per_s:>11,.0f}"
         )
     print(f"  ({LABEL_KEY})")
+    print("\n".join(life_lines(life, result.candidates[0].cost.total)))  # at the fastest layout's step
     print("rejected:")
     for kind, (count, example) in result.rejected.items():
         print(f"  {kind}: {count}, e.g. {example}")
@@ -283,11 +308,13 @@ def add_plan(sub) -> None:
     )
     p.add_argument(
         "--mesh-order",
-        choices=("tp-cp-dp-pp", "tp-cp-pp-dp"),
-        default="tp-cp-dp-pp",
+        choices=ORDERS,
+        default=None,
         help="rank order, fastest axis first: Megatron-LM's tp-cp-dp-pp (ep inside dp; the default) or "
-        "Llama 3's tp-cp-pp-dp (pp inside dp): which groups fit in a node, so which links each axis crosses",
+        "Llama 3's tp-cp-pp-dp (pp inside dp): which groups fit in a node, so which links each axis crosses; "
+        "the other four need --topology, which searches all six when this is omitted",
     )
+    add_topology_flag(p)
     p.add_argument(
         "--layout",
         default=None,
@@ -298,5 +325,6 @@ def add_plan(sub) -> None:
         "--replay", action="store_true", help="run the fastest candidate that shrinks to --replay-ranks real ranks"
     )
     p.add_argument("--replay-ranks", type=int, default=8, help="most local ranks a shrunk replay may use")
+    add_life_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)

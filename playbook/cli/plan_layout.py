@@ -13,7 +13,7 @@ LABEL_KEY = (
 )
 
 
-def one_layout(cfg, hw, args, options: dict) -> int:
+def one_layout(cfg, hw, args, options: dict, life: dict | None = None) -> int:
     """``--layout``: cost one given layout (``theory.plan.layout``) and print it, or its JSON;
     ``options``: the flags' gpus_per_node, mem_util, activations, overlap, precision and mesh_order."""
     from playbook.theory.plan.layout import cost_layout, parse_layout
@@ -26,7 +26,7 @@ def one_layout(cfg, hw, args, options: dict) -> int:
         )
     r = cost_layout(cfg, hw, lay, seq_len=args.seq_len, **options)
     if args.json:
-        print(json.dumps(r, indent=2))
+        print(json.dumps(r if life is None else {**r, "life": life}, indent=2))
         return 0
     print(
         f"{cfg.name}, {r['layout']} on {r['gpus']} × {args.hardware}, seq {args.seq_len}, "
@@ -56,6 +56,10 @@ def one_layout(cfg, hw, args, options: dict) -> int:
     print(f"  MFU {r['mfu']:.1%} of the BF16 peak; {ranks}")
     if not r["fits"]:
         print_what_would_fit(cfg, hw, lay, args, options, r)
+    if life is not None:  # cli.plan_life
+        from playbook.cli.plan_life import life_lines
+
+        print("\n".join(f"  {line}" for line in life_lines(life, step["total"])))
     print(f"  ({LABEL_KEY})")
     return 0
 

@@ -9,6 +9,8 @@ import argparse
 import json
 
 from playbook.cli.checks import check_serving_fits
+from playbook.theory.serving.quantized import KV_DTYPES
+from playbook.theory.serving.weights import QUANTIZE
 from playbook.config import ModelConfig
 from playbook.validate import check_output_path, write_output
 
@@ -18,6 +20,7 @@ _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
 
 def cmd_serve_bench(args) -> int:
+    from playbook.serve.checks import check_quantized
     from playbook.serve.serve_bench import check, serve_bench
 
     if args.out:
@@ -29,6 +32,11 @@ def cmd_serve_bench(args) -> int:
     check(
         cfg, **sizes, **options, **spec, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms
     )  # the options first
+    check_quantized(cfg, quantize=args.quantize, kv_dtype=args.kv_dtype)
+    if args.attention_dp:
+        from playbook.serve.dp_attention import check_attention_dp
+
+        check_attention_dp(cfg, tp=args.tp, dp=args.dp)
     check_serving_fits(cfg, **sizes)  # then whether this machine holds the run
     report = serve_bench(
         cfg,
@@ -49,7 +57,10 @@ def cmd_serve_bench(args) -> int:
         max_batch=args.max_batch,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
+        quantize=args.quantize,
+        kv_dtype=args.kv_dtype,
         **spec,
+        attention_dp=args.attention_dp,
     )
     if args.out:
         write_output("--out", args.out, json.dumps(report, indent=2))
@@ -83,6 +94,18 @@ def add_serve_bench(sub) -> None:
     p.add_argument("--max-batch", type=int, default=4)
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument(
+        "--quantize",
+        choices=QUANTIZE,
+        default=None,
+        help="block linears in int8/fp8 (per-output-channel scales); predicted latency reads those bytes",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default="fp32",
+        help="paged KV storage, int8/fp8 with per-block scales; predicted at 16 bits unless 8-bit",
+    )
     p.add_argument("--speculative", type=int, default=0, metavar="K", help="speculative decoding: K drafts per step")
     p.add_argument(
         "--draft",
@@ -90,6 +113,12 @@ def add_serve_bench(sub) -> None:
         metavar="MODEL",
         help="with --speculative: self:E (the target's first E layers + its head; none: half its layers) "
         "or a preset with the same vocabulary",
+    )
+    p.add_argument(
+        "--attention-dp",
+        action="store_true",
+        help="an MoE --model: the --dp replicas are DP-attention ranks (each its own requests' KV) with the experts "
+        "split over all of them (ep = dp, all-to-all), MoE layers in lockstep",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", metavar="FILE.json", help="also write the JSON report here")

@@ -95,6 +95,7 @@ def train(
     context: Callable = nullcontext,
     measure: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    start: int = 0,
 ) -> TrainResult:
     """The one training loop: ``setup.steps`` AdamW steps, for the reference and every strategy.
 
@@ -109,7 +110,8 @@ def train(
     - ``sync_grads(model)``: where gradients are reduced (after every backward);
     - ``sync_loss(loss)``: the global batch's loss, for reporting;
     - ``collect(tensor)``: what is returned for a parameter or gradient (default a CPU copy);
-    - ``context()``: wraps each step (DTensor's ``loss_parallel``).
+    - ``context()``: wraps each step (DTensor's ``loss_parallel``);
+    - ``start``: the first step to run (a run resumed from a checkpoint: steps ``start`` .. ``steps − 1``).
 
     Step 0 is measured by category (``measure``) when the default forward is used; gradients are
     taken after the first synchronised backward, parameters after the last step.
@@ -125,7 +127,7 @@ def train(
 
     tracer = trace.current()
     losses, grads, memory = [], {}, {}
-    for step in range(setup.steps):
+    for step in range(start, setup.steps):
         tokens, targets = batch(step)
         with context(), tracer.span(f"step {step}") if tracer else nullcontext():
             if step == 0 and measure and forward_backward is None:  # the first step, measured by category

@@ -37,10 +37,9 @@ import torch
 import torch.distributed as dist
 
 from playbook.cluster.trace import tracer as trace
-from playbook.serve.kv import PagedKVCache
+from playbook.serve.kv_quant import make_cache
 from playbook.serve.packed import forward_packed
-from playbook.serve.prefix import PrefixKVCache
-from playbook.theory.serving.serving import kv_bytes_per_token, paged_kv_bytes
+from playbook.theory.serving.serving import kv_block_bytes, kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,8 @@ class ContinuousBatcher:
     """Serves requests with ``model`` (a ``GPT`` or a ``TPGPT`` shard) over a ``PagedKVCache`` of
     ``n_blocks`` blocks of ``block_size`` tokens, at most ``max_batch`` requests at a time; with
     ``theory.serving.prefix_cache``, blocks of equal prefixes are shared (``serve.prefix``); with ``token_budget``,
-    a step computes at most that many tokens, decodes first, prompts in chunks (chunked prefill)."""
+    a step computes at most that many tokens, decodes first, prompts in chunks (chunked prefill);
+    ``kv_dtype``: the cache's storage, 8-bit ones with per-block scales (``serve.kv_quant``)."""
 
     def __init__(
         self,
@@ -102,6 +102,7 @@ class ContinuousBatcher:
         max_batch: int = 8,
         prefix_cache: bool = False,
         token_budget: int | None = None,
+        kv_dtype: str = "fp32",
     ):
         if token_budget is not None and token_budget <= max_batch:
             raise ValueError(
@@ -111,7 +112,9 @@ class ContinuousBatcher:
         self.token_budget = token_budget
         attn = model.blocks[0].attn
         self.model, self.max_batch, self.prefix = model, max_batch, prefix_cache
-        self.cache = (PrefixKVCache if prefix_cache else PagedKVCache)(
+        self.cache = make_cache(
+            kv_dtype,
+            prefix=prefix_cache,
             n_layers=len(model.blocks),
             kv_heads=attn.kv_heads,
             head_dim=attn.head_dim,
@@ -119,7 +122,9 @@ class ContinuousBatcher:
             block_size=block_size,
         )
         tp = dist.get_world_size(model.group) if getattr(model, "group", None) is not None else 1
-        self.kv_per_token = kv_bytes_per_token(model.cfg, tp=tp, dtype="fp32")  # this rank's share, predicted
+        self.kv_dtype = kv_dtype
+        self.kv_per_token = kv_bytes_per_token(model.cfg, tp=tp, dtype=kv_dtype)  # this rank's share, predicted
+        self.block_predicted = kv_block_bytes(model.cfg, tp=tp, dtype=kv_dtype, block_size=block_size)  # with scales
 
     def _store(self, ids: list[int], starts: list[int], cache=None):
         cache = self.cache if cache is None else cache  # another pool: a speculative draft's (``serve.speculative``)
@@ -243,7 +248,7 @@ class ContinuousBatcher:
                     "kv_bytes": held,
                     "kv_predicted": None  # shared blocks: counted by theory.prefix_cache instead
                     if self.prefix
-                    else paged_kv_bytes(lengths.values(), self.kv_per_token, self.cache.block_size),
+                    else sum(self.cache.blocks_for(n) for n in lengths.values()) * self.block_predicted,
                     "prefilled": prefilled,  # request -> prompt tokens computed this step
                     "prefill_tokens": sum(prefilled.values()),
                     "emitted": emitted,  # requests that got a token this step

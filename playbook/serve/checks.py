@@ -96,6 +96,15 @@ def check_options(args) -> None:
 
     o = vars(args)
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
+    check_quantized(
+        setup.config(), quantize=o.get("quantize"), kv_dtype=o.get("kv_dtype", "fp32"), pp=o["pp"], ep=o["ep"]
+    )
+    if o.get("attention_dp"):
+        from playbook.serve.moe_layouts import check
+
+        _check_attention_dp(o.get("world_size"), tp=o["tp"], dp=o["dp"], pp=o["pp"], ep=o["ep"])
+        check(setup.config(), ep=o["ep"], rows=o["requests"], prompt_len=8, new_tokens=8)
+        return
     if o["pp"] > 1 or o["ep"] > 1:
         if o.get("speculative") or o.get("draft"):
             raise ValueError("--speculative decodes on TP shards in DP replicas here, not with --pp or --ep; drop one")
@@ -116,6 +125,38 @@ def check_options(args) -> None:
         speculative=o.get("speculative") or 0,
         draft=o.get("draft"),
     )
+
+
+def check_quantized(cfg, *, quantize, kv_dtype: str = "fp32", pp: int = 1, ep: int = 1) -> None:
+    """``--quantize`` and ``--kv-dtype``: known formats, on TP × DP serving of a dense model."""
+    from playbook.serve.kv_quant import check_kv_dtype
+    from playbook.theory.serving.weights import QUANTIZE
+
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"--quantize {quantize} is not one of {', '.join(QUANTIZE)}; try --quantize int8")
+    check_kv_dtype(kv_dtype)
+    if quantize is None and kv_dtype == "fp32":
+        return
+    flags = " ".join(
+        f for f in (quantize and f"--quantize {quantize}", kv_dtype != "fp32" and f"--kv-dtype {kv_dtype}") if f
+    )
+    if pp > 1 or ep > 1:
+        raise ValueError(f"{flags} serves TP × DP layouts, not --pp/--ep; try {flags} --tp 2")
+    if quantize and cfg.is_moe:
+        raise ValueError(f"--quantize {quantize} covers dense models, not {cfg.name}; try --model gpt-tiny")
+
+
+def _check_attention_dp(world_size, *, tp: int, dp: int, pp: int, ep: int) -> None:
+    """``--attention-dp``: the layouts over ``--ep N`` ranks, no other degree."""
+    if tp > 1 or dp > 1 or pp > 1:
+        raise ValueError(
+            f"--attention-dp compares both attention layouts on the --ep ranks itself (got tp={tp}, dp={dp}, pp={pp}); "
+            f"give only --ep, e.g. --attention-dp --ep 2 --model gpt-tiny-moe"
+        )
+    if ep < 2:
+        raise ValueError("--attention-dp splits the experts over --ep ranks; add --ep 2 (and an MoE --model)")
+    if world_size and world_size != ep:
+        raise ValueError(f"--world-size {world_size} but --attention-dp --ep {ep} needs {ep} ranks; omit --world-size")
 
 
 def _check_alone(world_size, *, tp: int, dp: int, pp: int, ep: int) -> int:

@@ -15,6 +15,7 @@ from playbook.dims import ParallelDims
 from playbook.model.gpt import GPT
 from playbook.serve.batching import ContinuousBatcher, Request
 from playbook.serve.generate import greedy
+from playbook.serve.quant import quantize_model, weight_bytes
 
 
 @functools.lru_cache(maxsize=2)
@@ -86,6 +87,8 @@ def serve_on_rank(
     prefix_cache: bool = False,
     assign: list[int] | None = None,
     token_budget: int | None = None,
+    quantize: str | None = None,
+    kv_dtype: str = "fp32",
     speculative: int = 0,
     draft: str | None = None,
     temperature: float = 0.0,
@@ -94,8 +97,12 @@ def serve_on_rank(
     continuous batching, with a prefix cache of its own if asked, and with ``speculative`` k > 0
     speculative decode steps drafted by ``draft`` (``serve.speculative``; ``temperature`` > 0 samples
     by the rejection rule instead of greedy); returns tokens, logits, prompt
-    tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding."""
+    tokens found cached and the step records of this rank, and its layer all-reduce bytes while decoding.
+    ``quantize`` ("int8", "fp8"): the block linears quantized from the whole reference
+    (``serve.quant``); ``kv_dtype``: the paged cache's storage (``serve.kv_quant``)."""
     model, mesh = build(ctx, cfg, seed, dims)
+    if quantize:
+        model = quantize_model(model, quantize, reference=_reference_model(cfg, seed))
     where = assign if assign is not None else [r.id % dims.dp for r in requests]
     mine = [r for r in requests if where[r.id] == mesh.coords["dp"]]
     options = dict(
@@ -104,6 +111,7 @@ def serve_on_rank(
         max_batch=max_batch,
         prefix_cache=prefix_cache,
         token_budget=token_budget,
+        kv_dtype=kv_dtype,
     )
     if speculative:
         from playbook.serve.drafts import make_draft
@@ -138,5 +146,7 @@ def serve_on_rank(
             for s in run.steps
         ),
         "layer_bytes": layer_allreduce_bytes(ctx.tracer.spans, window="step"),  # every token of every step
+        "weight_bytes": weight_bytes(model),  # measured off the tensors, quantized or not
+        "block_bytes": batcher.cache.block_bytes,
         "speculative": getattr(batcher, "stats", None),  # drafted, accepted, verifies (``serve.speculative``)
     }

@@ -79,10 +79,13 @@ class ServeReport(Report):
         p = self.parity
         if not p["tokens_identical"]:
             return f"requests {p['mismatched_requests']} generated other tokens than the reference"
-        if not p["max_abs_logit_diff"] <= LOGIT_TOLERANCE:
-            return f"logits differ by {p['max_abs_logit_diff']:.2e} > {LOGIT_TOLERANCE:g}"
+        tolerance = p.get("logit_tolerance", LOGIT_TOLERANCE)  # a rounded KV cache: serve.quant_ref
+        if not p["max_abs_logit_diff"] <= tolerance:
+            return f"logits differ by {p['max_abs_logit_diff']:.2e} > {tolerance:g}"
         if not p["kv_bytes_match_every_step"]:
             return "KV bytes held differ from the paged prediction at some step"
+        if not p.get("bytes_match", True):  # a quantized run (serve.quant_ref)
+            return f"weight or KV block bytes differ from the prediction: {p['weight_bytes']}, {p['kv_block_bytes']}"
         return None
 
     def summary(self) -> str:
@@ -96,6 +99,16 @@ class ServeReport(Report):
             + ", ".join(f"{x:,.0f}" for x in b["measured"]),
             f"  KV bytes held == paged prediction at every step: {p['kv_bytes_match_every_step']}",
         ]
+        if "weight_bytes" in p:  # a quantized run: against one process running the same quantized model
+            w, k = p["weight_bytes"], p["kv_block_bytes"]
+            lines[1] = lines[1].replace(
+                "the reference (greedy, no cache)", "one process with the same weights and KV format"
+            )
+            lines.append(
+                f"  weights {self.setup.get('quantize') or 'fp32'}, KV {self.setup.get('kv_dtype')}: bytes per rank "
+                f"predicted {w['predicted']:,.0f}, measured {', '.join(f'{x:,}' for x in w['measured'])}; "
+                f"a KV block predicted {k['predicted']:,.0f}, measured {', '.join(f'{x:,}' for x in k['measured'])}"
+            )
         if self.speculative:
             sp = self.speculative
             lines.append(

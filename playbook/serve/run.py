@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from playbook.cluster import default_backend, launch
 from playbook.parallel.registry import register
-from playbook.serve.checks import _check_alone, check_options, check_serve
+from playbook.serve.checks import _check_alone, _check_attention_dp, check_options, check_quantized, check_serve
 from playbook.serve.ranks import serve_on_rank
 from playbook.parallel.report import Report
 from playbook.serve.report import ParallelDecodeReport, ServeReport, merge, reference
+from playbook.serve import quant_ref
+from playbook.serve.kv_quant import KV_DTYPES
+from playbook.theory.serving.weights import QUANTIZE
 
 
 def add_arguments(parser) -> None:
@@ -38,6 +41,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shared-prefix", type=int, default=0, help="tokens of one system prompt before every request")
     parser.add_argument("--token-budget", type=int, default=None, help="tokens per step, chunking long prefills")
     parser.add_argument(
+        "--quantize", choices=QUANTIZE, default=None, help="block linears in int8 or fp8, one scale per output channel"
+    )
+    parser.add_argument(
+        "--kv-dtype", choices=KV_DTYPES, default="fp32", help="paged KV cache storage; int8/fp8 with per-block scales"
+    )
+    parser.add_argument(
         "--speculative", type=int, default=0, metavar="K", help="speculative decoding: K draft tokens verified per step"
     )
     parser.add_argument(
@@ -47,10 +56,19 @@ def add_arguments(parser) -> None:
         help="with --speculative: self:E (the target's first E layers + its head; default half its layers) "
         "or a preset with the same vocabulary",
     )
+    parser.add_argument(
+        "--attention-dp",
+        action="store_true",
+        help="MoE serving layouts (with --ep N, an MoE --model): DP attention (each rank its own requests' whole "
+        "KV, experts over all-to-all) beside TP attention (heads split, KV heads replicated past n_kv_heads), "
+        "the experts over the same N ranks in both",
+    )
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
 def implied_world_size(options: dict) -> int:
+    if options.get("attention_dp"):
+        return options.get("ep", 1)
     return options["dp"] * options["tp"] * options.get("pp", 1) * options.get("ep", 1)
 
 
@@ -85,14 +103,32 @@ def run_serve(
     router: str = "round-robin",
     token_budget: int | None = None,
     shared_prefix: int = 0,
+    quantize: str | None = None,
+    kv_dtype: str = "fp32",
     speculative: int = 0,
     draft: str | None = None,
+    attention_dp: bool = False,
 ) -> Report:
     """Serve ``requests`` synthetic requests of ``setup.model`` on dp × tp ranks and compare with the
     reference; ``setup.seed`` draws the weights and the requests. ``pp`` or ``ep`` > 1 (alone):
-    pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``)."""
+    pipeline or expert-parallel decoding instead (``serve.pipeline``, ``serve.experts``);
+    ``attention_dp``: the MoE serving layouts over ``ep`` ranks (``serve.moe_layouts``). ``quantize``,
+    ``kv_dtype``: quantized weights and KV cache, checked against one process running the same
+    quantized model (``serve.quant_ref``)."""
+    check_quantized(setup.config(), quantize=quantize, kv_dtype=kv_dtype, pp=pp, ep=ep)
+    if speculative and (quantize or kv_dtype in ("int8", "fp8")):
+        raise ValueError(
+            "--speculative runs with full-precision weights and a 16/32-bit KV cache here (a rolled-back 8-bit "
+            "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
+        )
     if (pp > 1 or ep > 1) and (speculative or draft):
         raise ValueError("--speculative decodes on TP shards in DP replicas here, not with --pp or --ep; drop one")
+    if attention_dp:
+        from playbook.serve.moe_layouts import MoELayoutsReport, serve_moe_layouts
+
+        _check_attention_dp(world_size, tp=tp, dp=dp, pp=pp, ep=ep)
+        result = serve_moe_layouts(setup.config(), ep=ep, seed=setup.seed, rows=requests, launch=launch)
+        return MoELayoutsReport("serve attention-dp", ep, result)
     if pp > 1 or ep > 1:
         return _pipeline_or_experts(setup, world_size, tp=tp, dp=dp, pp=pp, ep=ep, launch=launch)
     dims, cfg, reqs = check_serve(
@@ -116,6 +152,7 @@ def run_serve(
     draft = check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
 
     backend = default_backend(dims.world) if backend == "auto" else backend
+    assign = route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router)
     answers = launch(
         on_rank,
         dims.world,
@@ -126,13 +163,31 @@ def run_serve(
         block_size=block_size,
         max_batch=max_batch,
         prefix_cache=prefix_cache,
-        assign=route([r.prompt for r in reqs], dp=dp, block_size=block_size, policy=router),
+        assign=assign,
         token_budget=token_budget,
+        quantize=quantize,
+        kv_dtype=kv_dtype,
         speculative=speculative,
         draft=draft,
         backend=backend,
     )
-    parity = merge(answers, cfg, dims, reference(cfg, setup.seed, reqs))
+    if quant_ref.is_quantized(quantize, kv_dtype):
+        batcher = dict(
+            n_blocks=blocks,
+            block_size=block_size,
+            max_batch=max_batch,
+            token_budget=token_budget,
+            prefix_cache=prefix_cache,
+        )
+        want = quant_ref.reference(
+            cfg, setup.seed, reqs, assign=assign, dp=dp, quantize=quantize, kv_dtype=kv_dtype, **batcher
+        )
+        parity = merge(answers, cfg, dims, want)
+        parity |= quant_ref.bytes_parity(
+            answers, cfg, dims, quantize=quantize, kv_dtype=kv_dtype, block_size=block_size
+        )
+    else:
+        parity = merge(answers, cfg, dims, reference(cfg, setup.seed, reqs))
     replicas = [
         {
             "dp": a["coords"]["dp"],
@@ -162,6 +217,8 @@ def run_serve(
             "router": router,
             "token_budget": token_budget,
             "shared_prefix": shared_prefix,
+            "quantize": quantize,
+            "kv_dtype": kv_dtype,
             "speculative": speculative,
             "draft": draft,
         },

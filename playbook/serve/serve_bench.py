@@ -17,9 +17,12 @@ The JSON (``BENCH_KEYS`` at the top level):
   ``goodput_requests_per_s``, ``requests``, ``step_seconds`` (each replica's steps, in order);
 - ``predicted``: the same keys for the same schedules timed by the roofline on ``--predict-model``
   and ``--predict-hardware`` (``serve.latency.predicted_steps``, mfu 0.5, mbu 0.8), every prompt chunk
-  and context ``predict_scale`` times longer (a shrunk trace replayed at its real lengths);
+  and context ``predict_scale`` times longer (a shrunk trace replayed at its real lengths); with
+  ``--quantize`` and an 8-bit ``--kv-dtype`` the roofline reads the quantized bytes (weights in one
+  byte plus their scales, KV blocks with theirs), 16-bit otherwise (``setup.predicted_dtypes``);
 - ``cache``: prompt tokens, tokens found cached, hit rate, evictions (over all replicas);
-- ``tokens_identical``: every request's tokens equal greedy decoding without a cache;
+- ``tokens_identical``: every request's tokens equal greedy decoding without a cache (quantized:
+  one process serving with the same quantized model and cache, ``serve.quant_ref``);
 - ``load``: ``os.getloadavg()`` before and after (the measured times are this machine's, under it);
 - ``speculative``: with ``speculative`` k > 0 (``serve.speculative``), the draft, k, acceptance rate,
   per-token α, tokens per verify and verifies (``serve.speculative.acceptance``), else None. The
@@ -121,11 +124,16 @@ def serve_bench(
     predict_model: str = "llama-3.1-8b",
     predict_hardware: str = "h100-sxm",
     predict_scale: int = 1,
+    quantize: str | None = None,
+    kv_dtype: str = "fp32",
     speculative: int = 0,
     draft: str | None = None,
     ranks=None,
+    attention_dp: bool = False,
 ) -> dict:
-    """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report."""
+    """Run the benchmark (on ``ranks``, a ``Ranks`` of tp·dp, or freshly launched ones) and report.
+    ``attention_dp``: a MoE on ``dp`` DP-attention ranks, the experts over all of them, the MoE layers
+    in lockstep (``serve.dp_attention``); the report adds each rank's all-to-all bytes."""
     from playbook.cluster import launch
     from playbook.serve.ranks import serve_on_rank
     from playbook.serve.batching import Request
@@ -153,9 +161,35 @@ def serve_bench(
         speculative=speculative,
         draft=draft,
     )
+    from playbook.serve import quant_ref
+    from playbook.serve.checks import check_quantized
+
+    check_quantized(cfg, quantize=quantize, kv_dtype=kv_dtype)
+    if speculative and (quantize or kv_dtype in ("int8", "fp8")):
+        raise ValueError(
+            "--speculative runs with full-precision weights and a 16/32-bit KV cache here (a rolled-back 8-bit "
+            "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
+        )
+    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
+    priced = dict(
+        quantize=quantize, kv_dtype="bf16" if kv_dtype == "fp32" else kv_dtype
+    )  # the bytes the roofline reads
+    if quantize:
+        from playbook.theory.serving.weights import served_weight_bytes
+
+        served_weight_bytes(big, tp=tp, quantize=quantize, dtype="bf16")  # refuses a model it cannot count
     from playbook.serve.drafts import check_speculative
 
     draft = check_speculative(cfg, speculative, draft, max_batch=max_batch, token_budget=token_budget)
+    if attention_dp:
+        from playbook.serve.dp_attention import check_attention_dp
+
+        check_attention_dp(cfg, tp=tp, dp=dp)
+        if quantize or kv_dtype != "fp32" or speculative:
+            raise ValueError(
+                "--attention-dp serves full-precision weights and KV by plain decoding here; "
+                "drop --quantize/--kv-dtype/--speculative, or --attention-dp"
+            )
     trace = poisson_trace(
         n=requests, rate=rate, groups=groups, prefix=prefix, suffix=suffix, new=new, vocab=cfg.vocab_size, seed=seed
     )
@@ -176,13 +210,23 @@ def serve_bench(
         prefix_cache=prefix_cache,
         assign=where,
         token_budget=token_budget,
+        quantize=quantize,
+        kv_dtype=kv_dtype,
         speculative=speculative,
         draft=draft,
     )
     before = os.getloadavg()[0]
+    if attention_dp:
+        from playbook.serve.dp_attention import dp_attention_serve_on_rank as serve_on_rank
+
+        options = {k: v for k, v in options.items() if k not in ("quantize", "kv_dtype", "speculative", "draft")}
     answers = ranks.run(serve_on_rank, **options) if ranks is not None else launch(serve_on_rank, tp * dp, **options)
     after = os.getloadavg()[0]
-    want = _reference(cfg, seed, tuple(reqs))
+    if quant_ref.is_quantized(quantize, kv_dtype):
+        keep = ("n_blocks", "block_size", "max_batch", "prefix_cache", "token_budget", "quantize", "kv_dtype")
+        want = quant_ref.reference(cfg, seed, reqs, dp=dp, **{k: options[k] for k in keep + ("assign",)})
+    else:
+        want = _reference(cfg, seed, tuple(reqs))
     leads = [a for a in answers if a["coords"]["tp"] == 0]  # one per replica
     slo = dict(
         slo_ttft=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
@@ -191,9 +235,9 @@ def serve_bench(
     mine = [[r for r in reqs if where[r.id] == a["coords"]["dp"]] for a in leads]
     measured = summarize([request_latencies(a["steps"], m) for a, m in zip(leads, mine)], **slo)
     measured["step_seconds"] = [[s["seconds"] for s in a["steps"]] for a in leads]
-    big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
     timed = [
-        predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8, scale=predict_scale) for a in leads
+        predicted_steps(a["steps"], big, hw, tp=tp, dtype="bf16", mfu=0.5, mbu=0.8, scale=predict_scale, **priced)
+        for a in leads
     ]
     predicted = summarize([request_latencies(s, m) for s, m in zip(timed, mine)], **slo)
     prompt_tokens = sum(len(r.prompt) for r in reqs)
@@ -201,7 +245,7 @@ def serve_bench(
     return {
         "setup": {
             "model": cfg.name,
-            "layout": f"tp{tp}×dp{dp}",
+            "layout": f"DP attention ×{dp}, ep{dp}" if attention_dp else f"tp{tp}×dp{dp}",
             "seed": seed,
             "trace": {
                 "requests": requests,
@@ -220,6 +264,9 @@ def serve_bench(
             "slo_ms": {"ttft": slo_ttft_ms, "tpot": slo_tpot_ms},
             "predicted_on": f"{predict_model} on {predict_hardware}",
             "predict_scale": predict_scale,
+            "quantize": quantize,
+            "kv_dtype": kv_dtype,
+            "predicted_dtypes": {"weights": quantize or "bf16", "kv": priced["kv_dtype"]},
         },
         "measured": measured,
         "predicted": predicted,
@@ -232,6 +279,7 @@ def serve_bench(
         "tokens_identical": all(t == want[i][0] for a in answers for i, t in a["tokens"].items()),
         "load": {"before": before, "after": after},
         "speculative": _speculation(leads, speculative, draft),
+        **_alltoall(answers, attention_dp),
     }
 
 
@@ -245,12 +293,25 @@ def _speculation(leads: list[dict], k: int, draft: str | None) -> dict | None:
     return {"k": k, "draft": draft, **acceptance(counts)}
 
 
+def _alltoall(answers: list[dict], attention_dp: bool) -> dict:
+    """``--attention-dp``: each rank's all-to-all bytes (measured, predicted from its routing), forwards, idle ones."""
+    if not attention_dp:
+        return {}
+    keys = ("forwards", "idle_forwards")
+    return {"alltoall_bytes": [a["alltoall_bytes"] | {k: a[k] for k in keys} for a in answers]}
+
+
 def summary(report: dict) -> str:
     """The report as lines: setup, one row per metric (ms), throughput, goodput, cache, load."""
     s, m, p = report["setup"], report["measured"], report["predicted"]
     lines = [
         f"serve-bench {s['model']} {s['layout']}: {m['requests']} requests, router {s['router']}, prefix cache "
-        f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}",
+        f"{s['prefix_cache']}, token budget {s['token_budget']}; tokens identical: {report['tokens_identical']}"
+        + (
+            f"; weights {s['quantize'] or 'fp32'}, KV {s['kv_dtype']}"
+            if s.get("quantize") or s.get("kv_dtype", "fp32") != "fp32"
+            else ""
+        ),
         f"{'ms':<6}{'p50':>9}{'p90':>9}{'p99':>9}   predicted on {s['predicted_on']}: p50, p99",
     ]
     for k in ("ttft", "tpot", "itl", "e2e"):
@@ -271,5 +332,10 @@ def summary(report: dict) -> str:
         lines.append(
             f"speculative k={sp['k']} draft {sp['draft']}: acceptance rate {sp['acceptance_rate']:.0%} "
             f"(per-token α {sp['alpha']:.2f}), {sp['tokens_per_verify']:.2f} tokens per verify over {sp['verifies']} verifies"
+        )
+    for r, a in enumerate(report.get("alltoall_bytes", [])):
+        lines.append(
+            f"rank {r}: all-to-all bytes predicted from routing {a['predicted']:,.0f}, measured {a['measured']:,.0f}; "
+            f"{a['idle_forwards']} idle forwards"
         )
     return "\n".join(lines)

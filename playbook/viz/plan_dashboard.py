@@ -114,7 +114,11 @@ def plan_dashboard(
             return
         name = f"{p.model} on {p.gpus:,} × {p.hardware}, seq {p.seq_len:,}, batch {p.global_batch:,}"
         rows = table(candidate_rows(p, v["top"]), title=f"{name}: the fastest layouts that fit")
-        show_figure(figs["table"], rows.update_layout(width=WIDTH))  # the width ``table`` sizes its rows for
+        rows.update_layout(width=WIDTH)  # the width ``table`` sizes its rows for, and the height they take
+        if figs["table"].data:
+            show_figure(figs["table"], rows, keep_height=True)
+        else:  # the first drawing: a widget keeps the height it is built with (show_figure)
+            figs["table"] = go.FigureWidget(rows)
         show_figure(figs["breakdown"], step_breakdown(p, top=v["top"], title=f"{name}: why they rank so"))
         message.value = summary(p)
         rejected.value = "".join(

@@ -20,12 +20,15 @@ STALE = f"  <i style='color:{RED}'>(stale)</i>"
 POWERS_OF_TWO = lambda lo, hi: [2**k for k in range(lo, hi + 1)]  # noqa: E731
 
 
-def show_figure(live: go.FigureWidget, new: go.Figure) -> None:
+def show_figure(live: go.FigureWidget, new: go.Figure, *, keep_height: bool = False) -> None:
     """Replace ``live``'s traces and layout with ``new``'s, in one message (a layout applied piecemeal
     lost "reversed" axes on the page), at the page's default height: plotly's widget drops a height set
     before it is first shown, so a figure replaced after a control moves would come back taller than it
-    was first drawn."""
-    new.layout.height = None
+    was first drawn. ``keep_height`` keeps ``new``'s height instead, for a figure whose height is its
+    content (a table's rows): ``live`` must then be built from its first figure
+    (``go.FigureWidget(first)``), whose height the widget keeps."""
+    if not keep_height:
+        new.layout.height = None
     with live.batch_update():
         live.data = ()
         live.add_traces(new.data)

@@ -47,11 +47,12 @@ def test_the_chapter_is_laid_out_at_1280_px_with_the_file_browser_open(ran):
     """After Run All the page is 1280 px wide with the file browser open beside the notebook, the
     layout ``NotebookPage.layout_problems`` judges: no output wider than its cell, no text-table row
     that wraps, no clipped control text, no plotly title, legend or annotation cut at its figure's
-    edge, every row of a plotly table shown. What it finds is listed after the run ("layout at
-    1280 px"), not yet failed on: chapters 01, 06, 08b and 09 still have problems it names (issue 48)."""
+    edge, every row of a plotly table shown. What it finds is also listed after the run ("layout at
+    1280 px"); every chapter fits (issue 48)."""
     where = f"{ran.name} at {ran.layout['width']} px, file browser {ran.layout['fileBrowser']} px wide"
     assert ran.layout["width"] == 1280 and ran.layout["fileBrowser"] > 0, f"{where}: not the layout under test"
     LAYOUT[ran.name] = list(ran.layout_seen)
+    assert not ran.layout_seen, f"{where}:\n" + "\n".join(ran.layout_seen)
 
 
 def test_every_control_changes_a_figure_or_says_why_not(ran):

@@ -316,6 +316,19 @@ def test_calibrate_out_paths_are_checked_before_measuring(tmp_path, capsys, monk
     assert (expected in err or "must name a .json file" in err) and calls == [], err
 
 
+@pytest.mark.parametrize("case", BAD_PATHS)
+def test_serve_bench_out_paths_are_checked_before_any_rank_starts(tmp_path, capsys, monkeypatch, case):
+    """Issue 48's sweep, every output path unwritable: serve-bench's --out too (only a missing folder
+    was tried), refused in one line before the trace is drawn or a rank starts."""
+    import playbook.serve.serve_bench as bench
+
+    calls = []
+    monkeypatch.setattr(bench, "serve_bench", lambda *a, **k: calls.append(a) or {})
+    path, expected = _bad_paths(tmp_path)[case]
+    err = one_line(capsys, ["serve-bench", "--out", path])
+    assert (expected in err or "must name a .json file" in err) and "--out" in err and calls == [], err
+
+
 def test_calibrate_checks_the_step_time_table_s_name_too(tmp_path, capsys, monkeypatch):
     calls = []
     _fake_calibrate(monkeypatch, calls)
@@ -362,3 +375,17 @@ def test_a_written_output_has_the_mode_open_would_give_it(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_writing_never_replaces_a_device_or_a_pipe(tmp_path):
+    """write_output renames a finished file into place; over a FIFO (or /dev/full) that rename would
+    swap the node for a regular file, so the write refuses even when its caller skipped the check."""
+    import os
+
+    from playbook.validate import write_output
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="is not a regular file; nothing was written"):
+        write_output("--out", fifo, "{}")
+    assert fifo.is_fifo() and [p.name for p in tmp_path.iterdir()] == ["pipe"]

@@ -10,7 +10,7 @@ layer and below, never above):
 - the top-level packages: configure < cluster, theory < model < measure < parallel < serve, viz <
   book, cli, exercises (``TOP``);
 - ``theory``'s groups: cost, inventory < one strategy each < hybrid < plan, serving (``THEORY``);
-- ``parallel``'s folders: the spine < a folder per strategy < hybrid and step_time (``PARALLEL``).
+- ``parallel``'s folders: the spine < a folder per strategy < checkpoint < hybrid and step_time (``PARALLEL``).
 
 ``KNOWN`` lists the climbs and cycles not yet taken apart; the tests fail on any other, and on a listed
 one that no longer exists (so the list only shrinks, and says exactly what is left)."""
@@ -39,12 +39,16 @@ TOP = {
     "cli": 6,
     "exercises": 6,
 }
-THEORY = {"cost": 0, "inventory": 0, "dp": 1, "zero": 1, "tp": 1, "pp": 1, "cp": 1, "moe": 1, "hybrid": 2}
+THEORY = {"cost": 0, "inventory": 0, "topology": 1, "dp": 1, "zero": 1, "tp": 1, "pp": 1, "cp": 1, "moe": 1, "hybrid": 2}
+THEORY |= {"life": 1}  # checkpoints, failures and goodput at scale (chapter 10): reads inventory only
+THEORY |= {"checkpoint": 2}  # a rank's pieces of every tensor, from the layout (pp's chunks)
 THEORY |= {"plan": 3, "serving": 3}
 SPINE = ("training", "comm", "parity", "report", "registry", "mixed", "grads", "tied", "clip")
 PARALLEL = {**dict.fromkeys(SPINE, 0), **dict.fromkeys(("single", "dp", "zero", "tp", "pp", "cp", "ep"), 1)}
 PARALLEL |= {"valid_tokens": 1, "reduce_precision": 1}  # chapter 8's step synchronisation, on the spine
-PARALLEL |= {"hybrid": 2, "step_time": 2}
+PARALLEL |= {"loader": 0}  # a DataLoader on each rank (chapter 10): the spine, beside the loop it feeds
+PARALLEL |= {"checkpoint": 2}  # DCP of any layout: the hybrid hooks it in, so it sits below
+PARALLEL |= {"hybrid": 3, "step_time": 3}
 EXEMPT = {"playbook", "playbook.__main__"}  # the package's face and ``python -m playbook``
 
 KNOWN_CLIMBS: set[tuple[str, str]] = set()

@@ -158,7 +158,7 @@ def test_expected_hardware_profiles_exist():
 def test_every_hardware_profile_loads(name):
     raw = json.loads((HARDWARE_DIR / f"{name}.json").read_text())
     measured_only = {"collectives", "load_average", "date", "matmul"}  # what `playbook calibrate` adds to a profile
-    fp8_only = {"peak_fp8_flops", "fp8_source"}  # read by theory.plan_precision, not Hardware; both or neither
+    fp8_only = {"peak_fp8_flops", "fp8_source"}  # Hardware.peak_fp8_flops (theory.plan.precision): both or neither
     # a GPU's SM count and its driver-reported memory: each with its source, both or neither
     cited = ({"sms", "sms_source"}, {"reported_memory_bytes", "reported_memory_source"})
     optional = fp8_only.union(*cited)
@@ -195,3 +195,23 @@ def test_cpu_laptop_peak_is_per_device():
 def test_unknown_hardware_lists_known_ones():
     with pytest.raises(ValueError, match="unknown hardware profile 'tpu-v9'.*h100-sxm"):
         Hardware.preset("tpu-v9")
+
+
+@pytest.mark.parametrize("name", Hardware.presets())
+def test_every_profile_cites_its_storage_bandwidth(name):
+    # bytes/s per node for checkpoint writes (theory.life.checkpoint), with where the figure comes from
+    hw = Hardware.preset(name)
+    assert 1e8 <= hw.storage_bandwidth <= 1e11 and hw.storage_source
+    if name not in ("cpu-laptop", "l40s"):  # cluster GPUs: Llama 3's 2 TB/s over its 2,048 nodes (the two
+        # single machines, a laptop and a PCIe workstation, write to a local SSD)
+        assert hw.storage_bandwidth == pytest.approx(2e12 / 2048) and "Dubey" in hw.storage_source
+
+
+@pytest.mark.parametrize("bad, words", [("fast", "storage_bandwidth must be a number greater than 0"), (0, "greater than 0")])
+def test_a_wrong_storage_bandwidth_is_one_line(tmp_path, bad, words):
+    raw = {**json.loads((HARDWARE_DIR / "h100-sxm.json").read_text()), "storage_bandwidth": bad}
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=words) as err:
+        Hardware.preset(str(path))
+    assert "\n" not in str(err.value)

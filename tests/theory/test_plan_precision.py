@@ -65,3 +65,26 @@ def test_mesh_order_decides_which_axis_crosses_nodes():
     assert llama.compute == meg.compute and llama.axes["tp"] == meg.axes["tp"]
     with pytest.raises(ValueError, match="mesh order must be one of tp-cp-dp-pp, tp-cp-pp-dp"):
         plan(cfg, H100, gpus=8, seq_len=4096, global_batch=64, mesh_order="pp-dp")
+
+
+def test_fp8_reads_the_peak_of_the_profile_file_given_not_a_shipped_namesake(tmp_path):
+    """``--hardware FILE`` with ``--precision fp8``: the FP8 peak is the file's own (issue 41, cause 6),
+    whatever the file is called; a file without one is refused in one line."""
+    import json
+
+    from playbook.hardware import HARDWARE_DIR
+    from playbook.theory.plan.precision import fp8_share, time_factor
+
+    cfg = ModelConfig.preset("llama-3.1-8b")
+    raw = json.loads((HARDWARE_DIR / "h100-sxm.json").read_text())
+    share = fp8_share(cfg, 4096)
+    for stem in ("h100-sxm", "my-h100"):  # named as a shipped profile, and not
+        path = tmp_path / stem / f"{stem}.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(raw | {"peak_fp8_flops": 4 * raw["peak_bf16_flops"]}))
+        hw = Hardware.preset(str(path))
+        assert time_factor(cfg, hw, 4096, "fp8") == pytest.approx(share / 4 + 1 - share)
+    bare = tmp_path / "h200.json"
+    bare.write_text(json.dumps({k: v for k, v in raw.items() if k not in ("peak_fp8_flops", "fp8_source")}))
+    with pytest.raises(ValueError, match="h200 has no FP8 peak in its profile"):
+        time_factor(cfg, Hardware.preset(str(bare)), 4096, "fp8")

@@ -665,3 +665,22 @@ def test_an_moe_block_under_tp_at_even_routing_is_the_hybrids_exact_count(sp):
         cfg, ParallelDims(tp=2), rank=0, micro_batch=2, seq_len=32, layer=even, sequence_parallel=sp
     )
     assert block_bytes(cfg, True, seq_len=32, micro_batch=2, tp=2, sequence_parallel=sp) == exact
+
+
+def test_zero_with_context_parallelism_alone_shards_over_dp_times_cp():
+    """ZeRO's data ranks are dp·cp (the ranks that hold the same weights: cp replicates them), on the
+    path where cp is the only split as on every other (issue 41, cause 6). By hand for gpt-tiny in
+    fp32 at ZeRO-3: every category is 1/(dp·cp) of the unsharded 4 + 4 + 8 bytes per parameter."""
+    tiny = ModelConfig.preset("gpt-tiny")
+    n = tiny.num_params()
+    got = training_memory(tiny, seq_len=64, micro_batch=8, dp=2, cp=2, zero=3, precision="fp32")
+    assert (got.params, got.grads, got.optimizer) == (4 * n / 4, 4 * n / 4, 8 * n / 4)
+    from playbook.theory.hybrid.stages import layout_stage_memory, most_loaded_stage
+
+    for zero in (1, 2, 3):
+        kw = dict(seq_len=4096, micro_batch=1, dp=4, cp=4, zero=zero)
+        llama = ModelConfig.preset("llama-3.1-8b")
+        stages = layout_stage_memory(llama, **kw)
+        want = stages[most_loaded_stage(stages)].memory
+        alone = training_memory(llama, **kw)
+        assert (alone.params, alone.grads, alone.optimizer) == pytest.approx((want.params, want.grads, want.optimizer))

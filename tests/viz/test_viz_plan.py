@@ -122,3 +122,14 @@ def test_replay_rows_pivot_one_row_per_rank_with_predicted_and_measured():
         {"rank": 1, "tp": "1,024 / 1,024", "ep": "8 / 8 †"},
     ]
     assert replay_rows(rows, "memory") == [{"rank": 0, "params": "— / 5"}]
+
+
+def test_the_table_is_as_tall_as_its_rows_after_every_move(box):
+    """Issue 48: at 1280 px chapter 8b's table showed 4 of its 6 rows, the widget at the page's default
+    height. The live table keeps the height ``table`` counts for its rows, first drawing and after."""
+    tall = box.figures["table"].layout.height
+    assert tall is not None and tall > 100
+    box.controls["top"].value = 8
+    assert box.figures["table"].layout.height > tall
+    box.controls["top"].value = 4
+    assert box.figures["table"].layout.height == tall

@@ -4,7 +4,8 @@
   function; ``pipeline.py``: the one pipeline driver of every layout; ``zero.py``: ZeRO over dp×cp;
   ``moe.py``: every stage's aux loss, routing; ``recompute.py``: activation recomputation.
 - ``run.py``: ``playbook run hybrid``; ``merge.py``: the one reassembly of whole tensors for parity;
-  ``native.py``: FSDP2 + DTensor on the same mesh; ``replay.py``: a planner candidate shrunk and replayed.
+  ``native.py``: FSDP2 + DTensor on the same mesh; ``replay.py``: a planner candidate shrunk and replayed;
+  ``resume.py``: ``save_then_resume``, a run saved under one layout and continued under another.
 """
 
 from playbook.parallel.hybrid.parallelize import train_hybrid

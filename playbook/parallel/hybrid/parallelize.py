@@ -41,6 +41,8 @@ import torch.distributed as dist
 from playbook.cluster.trace import tracer as trace
 from playbook.model.gpt import GPT
 from playbook.parallel.grads import reduce_gradients
+from playbook.measure.steps import step_records
+from playbook.parallel.hybrid.conditions import Conditions, batches, slowed
 from playbook.parallel.hybrid.pipeline import pipeline_hooks
 from playbook.parallel.hybrid.recompute import apply_recompute
 from playbook.parallel.tied import tie_across_stages
@@ -98,9 +100,12 @@ def _clip(model, mesh, plan: Plan, cfg):
 
 
 # ---- the rank function ---------------------------------------------------------------------------
-def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
-    """Train ``setup`` on this rank's share of ``plan``'s layout; return its result, its coordinates,
-    which of its tensors are tensor-parallel shards, its comm spans and (MoE) the routing."""
+def train_hybrid(ctx, setup: TrainSetup, plan: Plan, conditions: Conditions | None = None, checkpoint=None) -> dict:
+    """Train ``setup`` on this rank's share of ``plan``'s layout, under ``conditions`` (a straggler,
+    a DataLoader; ``hybrid.conditions``); return its result, its coordinates, which of its tensors
+    are tensor-parallel shards, its comm spans, its step times and (MoE) the routing.
+    ``checkpoint`` (``parallel.checkpoint.CheckpointPlan``): resume from a checkpoint before the first
+    step and save after every K-th (``parallel.checkpoint.session``)."""
     mesh = ctx.mesh_for(plan.dims)
     d, cfg = plan.dims, setup.config()
     positions = None
@@ -125,10 +130,14 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
     clip = _clip(model, mesh, plan, cfg) if plan.max_norm is not None else None  # before ZeRO-3 takes the params
     task, rows = setup.task(), setup.global_batch // d.dp
 
+    def rows_of(step):  # this rank's rows of the step's global batch, on CPU (a loader's worker may make them)
+        return task.batch(step, setup.global_batch, setup.seq_len, mesh.coords["dp"], d.dp)
+
+    conditions = conditions or Conditions()  # a straggler, a DataLoader (hybrid.conditions)
+    source, close_loader = batches(rows_of, ctx, setup.steps, conditions)
+
     def batch(step):
-        tokens, targets = task.batch(
-            step, setup.global_batch, setup.seq_len, mesh.coords["dp"], d.dp, device=ctx.device
-        )
+        tokens, targets = (t.to(ctx.device) for t in source(step))
         if positions is not None:
             tokens, targets = tokens[:, positions], targets[:, positions]  # [rows, s/cp]: this rank's tokens
         return tokens, targets
@@ -148,15 +157,29 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan) -> dict:
         hooks = moe_hooks(hooks, plan, routing, mesh)
     if clip is not None and not plan.zero:  # last: after every sum (ZeRO clips its slices inside its own sync)
         hooks["sync_grads"] = clip.after(hooks["sync_grads"])
+    hooks = slowed(hooks, ctx, conditions)
     finish = hooks.pop("finish", None)
+    session, start = None, 0
+    if checkpoint is not None:  # after every hook: the pieces are where the optimizer keeps them
+        from playbook.parallel.checkpoint.session import Session
+
+        session = Session(checkpoint, ctx, setup, plan, hooks["model"], hooks["optimizer"], split)
+        start = session.resume()
+        hooks.update(progress=session.after_step(hooks["progress"]), sync_loss=session.wrap_loss(hooks["sync_loss"]))
     first = len(ctx.tracer.spans)
-    result: TrainResult = train(setup, **hooks)
+    try:
+        result: TrainResult = train(setup, start=start, **hooks)
+    finally:
+        close_loader()
     if finish is not None:
         result = finish(result)
     if clip is not None:
         result.grad_norms = clip.norms
     spans = [s.as_dict() for s in ctx.tracer.spans[first:] if s.kind == "comm"]
     out = {"rank": ctx.rank, "coords": mesh.coords, "result": result, "spans": spans, "shard_dims": split}
+    out["steps"] = step_records(ctx.tracer.spans[first:])  # per step: iteration, input wait, own work
     if routing:
         out["routing"] = routing
+    if session is not None:
+        out["checkpoint"] = session.report()
     return out

@@ -15,6 +15,7 @@ from playbook.dims import ParallelDims
 from playbook.theory.inventory.inventory import RECOMPUTE_MODES
 from playbook.theory.cp import VARIANTS as CP_VARIANTS
 from playbook.theory.hybrid.plan import Plan
+from playbook.parallel.hybrid import conditions as life
 from playbook.parallel.hybrid.parallelize import train_hybrid
 from playbook.parallel.hybrid.merge import comm_table, merge
 from playbook.parallel.hybrid.moe import reference as moe_reference
@@ -23,6 +24,7 @@ from playbook.parallel.parity import gated
 from playbook.parallel.registry import register
 from playbook.parallel.report import RunReport, bounds_lines, compare
 from playbook.parallel.training import TrainSetup
+from playbook.measure.steps import report_lines, step_report
 from playbook.theory.pp.schedules import SCHEDULES, V_SCHEDULES
 
 
@@ -32,6 +34,7 @@ class HybridReport(RunReport):
 
     layout: dict = field(default_factory=dict)
     per_rank: list = field(default_factory=list)
+    steps: dict = field(default_factory=dict)  # per-rank step-time percentiles and the straggler (measure.steps)
 
     def summary(self) -> str:
         p = self.parity
@@ -57,6 +60,8 @@ class HybridReport(RunReport):
                     for k in ("params", "grads", "optimizer", "activations")
                 )
             )
+        if self.steps:
+            lines += report_lines(self.steps)
         if self.native:
             lines.append(summary_line(self.native))
         return "\n".join(lines)
@@ -71,15 +76,23 @@ def _num(x) -> str:
 
 
 def run_layout(
-    setup: TrainSetup, plan: Plan, backend: str = "auto", native: bool = False, launch=launch
+    setup: TrainSetup,
+    plan: Plan,
+    backend: str = "auto",
+    native: bool = False,
+    launch=launch,
+    conditions: life.Conditions | None = None,
 ) -> HybridReport:
-    """Check ``plan``, run it on ``plan.dims.world`` fresh ranks (``launch``), and compare with the single process."""
+    """Check ``plan``, run it on ``plan.dims.world`` fresh ranks (``launch``) under ``conditions``,
+    and compare with the single process."""
     plan.check(setup)
+    conditions = conditions or life.Conditions()
+    conditions.check(plan.dims.world)
     if native:
         check_native(setup, plan.dims, sequence_parallel=plan.sequence_parallel)
     world = plan.dims.world
     backend = default_backend(world) if backend == "auto" else backend
-    answers = launch(train_hybrid, world, setup, plan, backend=backend)
+    answers = launch(train_hybrid, world, setup, plan, conditions, backend=backend)
     ours = merge(answers, plan.dims.tp)
     table = comm_table(answers, setup, plan)
     mine = table[0]
@@ -95,6 +108,7 @@ def run_layout(
         losses=ours.losses,
         layout={"name": str(plan.dims), "groups": plan.dims.describe()},
         per_rank=table,
+        steps=step_report(answers),
         native=native_parity(
             setup, plan.dims, backend, sequence_parallel=plan.sequence_parallel, ours=ours, launch=launch
         )
@@ -126,6 +140,7 @@ def add_arguments(parser) -> None:
         help="with --pp: model chunks per rank (default: 2 for interleaved, zb-v and dualpipe-v, else 1)",
     )
     parser.add_argument("--recompute", default="none", choices=list(RECOMPUTE_MODES), help="activation recomputation")
+    life.add_arguments(parser)  # --slow-rank --slow-ms, --loader-workers --loader-delay-ms --prefetch
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
@@ -162,7 +177,7 @@ def _idle_flags(dims: ParallelDims, options: dict) -> list[tuple[bool, str]]:
 def check_options(args) -> None:
     """``playbook run hybrid``'s own constraints, before the memory check and any rank: the world size
     the degrees imply, every flag doing something, then the layout against the model."""
-    o = vars(args)
+    conditions, o = life.split(vars(args))
     dims = ParallelDims(dp=o["dp"], tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"])
     if o.get("world_size") and o["world_size"] != dims.world:
         raise ValueError(
@@ -185,12 +200,15 @@ def check_options(args) -> None:
     Plan(dims, **{k: o.get(k) for k in keys if k in o}).check(setup)
     if o.get("native"):
         check_native(setup, dims, sequence_parallel=o["sequence_parallel"])
+    conditions.check(dims.world)
 
 
 def on_rank(ctx, setup: TrainSetup, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, **plan):
     """Rank function in the registry's shape: ``train_hybrid`` of ``Plan(ParallelDims(dp, tp, pp, cp,
-    ep), **plan)``, the layout ``playbook run hybrid``'s flags name."""
-    return train_hybrid(ctx, setup, Plan(ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), **plan))
+    ep), **plan)``, the layout ``playbook run hybrid``'s flags name (and its conditions: a straggler,
+    a DataLoader, ``hybrid.conditions``)."""
+    conditions, plan = life.split(plan)
+    return train_hybrid(ctx, setup, Plan(ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), **plan), conditions)
 
 
 @register(
@@ -218,4 +236,5 @@ def run_hybrid(
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     if world_size and world_size != dims.world:
         raise ValueError(f"--world-size {world_size} but the degrees {dims} need {dims.world} ranks; omit --world-size")
-    return run_layout(setup, Plan(dims, **plan), backend, native=native, launch=launch)
+    conditions, plan = life.split(plan)
+    return run_layout(setup, Plan(dims, **plan), backend, native=native, launch=launch, conditions=conditions)

@@ -164,8 +164,8 @@ def training_memory(
         held = params_per_rank(cfg, tp)
         state = model_state_bytes(held["split"] + held["replicated"], **common)
         acts = tp_model_activation_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, attention=attention, **sizes)
-    elif cp > 1:  # ring attention: weights replicated, every activation at s/cp tokens
-        state = model_state_bytes(cfg.num_params(), **common)
+    elif cp > 1:  # ring attention: weights replicated, every activation at s/cp tokens; ZeRO over dp·cp
+        state = model_state_bytes(cfg.num_params(), **{**common, "dp": dp * cp})
         if attention == "flash":  # a fused ring kernel: the flash block at s/cp tokens
             check_layout(seq_len, cp, zigzag=False)
             acts = activation_bytes(cfg, **{**sizes, "seq_len": seq_len // cp}, attention=attention)
@@ -195,7 +195,8 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str = "bf16") -> float:
     61·(512+64)·2 = 70,272 bytes.
 
     ``dtype`` is the cache's storage type, one of :data:`DTYPE_BYTES` (int4: half a byte; the
-    scales that quantized caches also store are not counted).
+    scales that quantized caches also store are not counted per token:
+    ``playbook.theory.serving.serving.kv_block_bytes`` adds them per block).
     """
     nbytes = _dtype_bytes(dtype)
     if cfg.attention == "mla":

@@ -7,14 +7,17 @@
   ``precision.py``: FP8; ``axis_bytes.py``: bytes per axis; ``memory.py``: memory on the most loaded GPU.
 - ``validation.py``: the planner calibrated on published runs, ``fitted.py``: the choices that fitted
   it, each beside its alternative; ``shrink.py``: a layout at laptop size;
-  ``step_time.py``: a step on a calibrated machine; ``launch.py``: torchrun and Slurm text.
+  ``step_time.py``: a step on a calibrated machine; ``launch.py``: torchrun and Slurm text;
+  ``placed.py``: the planner priced on a topology (``theory.topology``, chapters 8 and 8b).
 """
 
 from playbook.theory.plan.axis_bytes import busiest, replay_bytes
 from playbook.theory.plan.cost import OVERLAP_PRESETS
 from playbook.theory.plan.fitted import alternatives
+from playbook.theory.plan.launch import torchrun_command
 from playbook.theory.plan.layout import cost_layout, parse_layout
 from playbook.theory.plan.memory import memory_bytes
+from playbook.theory.plan.placed import best_by_tp, cost_on, placement_of, plan_on, ranking
 from playbook.theory.plan.planner import MEM_UTIL, plan
 from playbook.theory.plan.schedule import PLAN_SCHEDULES, chunk_layers, layers_held
 from playbook.theory.plan.shrink import first_shrinkable, shrink
@@ -26,6 +29,8 @@ __all__ = [
     "OVERLAP_PRESETS",
     "PLAN_SCHEDULES",
     "alternatives",
+    "best_by_tp",
+    "cost_on",
     "busiest",
     "chunk_layers",
     "cost_layout",
@@ -36,9 +41,13 @@ __all__ = [
     "megatron_runs",
     "memory_bytes",
     "parse_layout",
+    "placement_of",
     "plan",
+    "plan_on",
+    "ranking",
     "replay_bytes",
     "shrink",
     "stage_imbalance",
+    "torchrun_command",
     "validate",
 ]

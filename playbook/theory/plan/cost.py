@@ -141,7 +141,11 @@ def span(axis: str, *, dp: int, tp: int, pp: int, cp: int, ep: int = 1, order: s
 def link(
     hw: Hardware, axis: str, gpus_per_node: int, order: str = MESH_ORDERS[0], **degrees
 ) -> tuple[float, float, str]:
-    """(bandwidth, latency, "intra"/"inter") of the link a group of ``axis`` uses."""
+    """(bandwidth, latency, "intra"/"inter") of the link a group of ``axis`` uses; a profile placed
+    on a topology (``theory.plan.placed``) answers itself, with the level its group reaches."""
+    placed = getattr(hw, "axis_link", None)
+    if placed is not None:
+        return placed(axis, order, degrees)
     if span(axis, order=order, **degrees) <= gpus_per_node:
         return hw.intra_node_bandwidth, hw.intra_node_latency, "intra"
     return hw.inter_node_bandwidth, hw.inter_node_latency, "inter"
@@ -170,23 +174,24 @@ def step_cost(
     grad_bytes: int = GRAD_BYTES,
     placement: str = "1f1b",
     ends: str = "even",
+    data_axis: bool = True,
 ) -> StepCost:
     """Predicted seconds of one step of ``dp·micro_batch·microbatches`` sequences (module docstring);
     ``precision="fp8"``: the linear layers at the FP8 peak, ep's dispatch in FP8 (``theory.plan.precision``);
     ``grad_bytes``: bytes per gradient element dp reduces (``theory.plan.dp.GRAD_REDUCE_BYTES``); ``placement``:
     "1f1b", or a V schedule whose rank 0 holds the embedding and the head (the data axis's units);
-    ``ends``: the layers per virtual stage (``theory.plan.schedule.ENDS``), which set the busiest rank."""
+    ``ends``: the layers per virtual stage (``theory.plan.schedule.ENDS``), which set the busiest rank;
+    ``data_axis=False``: without the dp axis (the search adds it per ZeRO stage, :func:`with_data_axis`)."""
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}; got {overlap!r}")
     hidden = OVERLAP_PRESETS[overlap]
-    world, s, b, m, h = dp * tp * pp * cp, seq_len, micro_batch, microbatches, cfg.hidden
-    tokens = dp * b * m * s
-    train, forward, attention_train, attention_forward = _per_token(cfg, s)
-    model_flops = tokens * train
-    extra = {"none": 0.0, "full": forward, "selective": attention_forward}[recompute]
+    s, b, m, h = seq_len, micro_batch, microbatches, cfg.hidden
+    compute, model_flops = step_compute(
+        cfg, hw, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, micro_batch=b, microbatches=m, recompute=recompute,
+        seq_len=s, precision=precision,
+    )  # fmt: skip
+    world, tokens, attention_train = dp * tp * pp * cp, dp * b * m * s, _per_token(cfg, s)[2]
     rate = hw.peak_bf16_flops * hw.achievable_flops_fraction
-    shapes = compute_factor(cfg, hw, tokens=b * s // cp, tp=tp, ep=ep, seq_len=s)  # small GEMMs run slower
-    compute = (model_flops + tokens * extra) / world / rate * time_factor(cfg, hw, s, precision) * shapes
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     layers = math.ceil(cfg.n_layers / pp)
     moe_layers = math.ceil(cfg.n_moe_layers / pp)
@@ -219,7 +224,7 @@ def step_cost(
         axes["pp"] = (comm, overlapped(comm, compute, 0.0) if "pp" in hidden else comm)
     imbalance = stage_imbalance(cfg, s, pp, schedule, v, ends)
     bubble = pipeline_idle(compute, sum(e for _, e in axes.values()), bubble_fraction(schedule, pp, m, v), imbalance)
-    if dp * cp > 1:
+    if dp * cp > 1 and data_axis:
         bw, lat, _ = link(hw, "dp", gpus_per_node, mesh_order, **degrees)
         axes["dp"] = dp_seconds(
             cfg,
@@ -236,6 +241,55 @@ def step_cost(
     return StepCost(compute=compute, bubble=bubble, axes=axes, model_flops=model_flops)
 
 
+def step_compute(
+    cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    ep: int,
+    micro_batch: int,
+    microbatches: int,
+    recompute: str,
+    seq_len: int,
+    precision: str = "bf16",
+) -> tuple[float, float]:
+    """(compute seconds of the average rank, model FLOPs) of one step: :func:`step_cost`'s first term,
+    which the search also uses alone as a lower bound of a step (every other term is >= 0)."""
+    world, s, b, m = dp * tp * pp * cp, seq_len, micro_batch, microbatches
+    tokens = dp * b * m * s
+    train, forward, attention_train, attention_forward = _per_token(cfg, s)
+    model_flops = tokens * train
+    extra = {"none": 0.0, "full": forward, "selective": attention_forward}[recompute]
+    rate = hw.peak_bf16_flops * hw.achievable_flops_fraction
+    shapes = compute_factor(cfg, hw, tokens=b * s // cp, tp=tp, ep=ep, seq_len=s)  # small GEMMs run slower
+    return (model_flops + tokens * extra) / world / rate * time_factor(cfg, hw, s, precision) * shapes, model_flops
+
+
+def with_data_axis(cfg: ModelConfig, hw: Hardware, base: StepCost, *, zero: int, **layout) -> StepCost:
+    """``base`` (a step without, or with another, dp axis) with the data axis of ZeRO stage ``zero``
+    (``theory.plan.dp.dp_seconds``), as :func:`step_cost` adds it: the same arguments, the same float."""
+    degrees = {a: layout[a] for a in ("dp", "tp", "pp", "cp", "ep")}
+    if degrees["dp"] * degrees["cp"] == 1:
+        return base
+    bw, lat, _ = link(hw, "dp", layout["gpus_per_node"], layout.get("mesh_order", MESH_ORDERS[0]), **degrees)
+    dp = dp_seconds(
+        cfg,
+        bandwidth=bw,
+        latency=lat,
+        zero=zero,
+        compute=base.compute,
+        microbatches=layout["microbatches"],
+        **degrees,
+        grad_bytes=layout.get("grad_bytes", GRAD_BYTES),
+        placement=layout.get("placement", "1f1b"),
+        hide="dp" in OVERLAP_PRESETS[layout.get("overlap", "dp")],
+    )
+    return StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
+
+
 def step_costs(
     cfg: ModelConfig, hw: Hardware, *, zeros: tuple[int, ...], like: dict | None = None, **layout
 ) -> dict[int, StepCost]:
@@ -246,22 +300,8 @@ def step_costs(
     out = {} if like else {zeros[0]: base}
     if "dp" not in base.axes:
         return {zeros[0]: base}
-    degrees = {a: layout[a] for a in ("dp", "tp", "pp", "cp", "ep")}
-    bw, lat, _ = link(hw, "dp", layout["gpus_per_node"], layout.get("mesh_order", MESH_ORDERS[0]), **degrees)
     for zero in zeros if like else zeros[1:]:
-        dp = dp_seconds(
-            cfg,
-            bandwidth=bw,
-            latency=lat,
-            zero=zero,
-            compute=base.compute,
-            microbatches=layout["microbatches"],
-            **degrees,
-            grad_bytes=layout.get("grad_bytes", GRAD_BYTES),
-            placement=layout.get("placement", "1f1b"),
-            hide="dp" in OVERLAP_PRESETS[layout.get("overlap", "dp")],
-        )
-        out[zero] = StepCost(base.compute, base.bubble, {**base.axes, "dp": dp}, base.model_flops)
+        out[zero] = with_data_axis(cfg, hw, base, zero=zero, **layout)
     return out
 
 
@@ -294,3 +334,21 @@ def scheduled_total(base: StepCost, *, pp: int, microbatches: int, schedule: str
             pipelined += e
     idle = pipeline_idle(base.compute, pipelined, bubble_fraction(schedule, pp, microbatches, v), imbalance)
     return base.compute + idle + every
+
+
+def scheduled_split(
+    base: StepCost, *, pp: int, microbatches: int, schedule: str, v: int, imbalance: float
+) -> tuple[float, float]:
+    """(compute + idle, every exposed time but dp's) of ``base`` under ``schedule``, so that
+    :func:`scheduled_total` is ``first + (second + dp's exposed)`` to the bit (dp is the last axis a
+    step adds and the idle does not depend on it): the search bounds a variant by ``first + second``
+    before costing its data axis (``theory.plan.best_first``)."""
+    if pp == 1:
+        return base.compute + base.bubble, sum(e for a, (_, e) in base.axes.items() if a != "dp")
+    k = pp_sends(schedule, pp, v) / pp_sends("1f1b", pp)
+    pipelined = 0.0
+    for a, (_, e) in base.axes.items():
+        if a != "dp":
+            pipelined += e * k if a == "pp" else e
+    idle = pipeline_idle(base.compute, pipelined, bubble_fraction(schedule, pp, microbatches, v), imbalance)
+    return base.compute + idle, pipelined

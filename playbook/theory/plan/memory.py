@@ -39,8 +39,9 @@ def in_flight(schedule: str, pp: int, microbatches: int, v: int = 1) -> float:
 
 
 def production_rank_activations(cfg: ModelConfig, **kw) -> dict[int, float]:
-    """:func:`rank_activations` as a dict: rank -> bytes."""
-    return dict(rank_activations(cfg, **kw))
+    """:func:`rank_activations` as a dict: rank -> bytes (remembered without ``ep``, which it does not read:
+    a search asks the same for every ep of one structure)."""
+    return dict(rank_activations(cfg, **{k: v for k, v in kw.items() if k != "ep"}))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -183,10 +184,12 @@ def memory_breakdown(
         v=v,
         ends=ends,
     )
-    # training_memory's state (and its refusals: a layout it cannot model is not planned), the same at any b
-    state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
+    # training_memory's state (and its refusals: a layout it cannot model is not planned), the same at any b;
+    # with a pipeline only the refusals, which do not depend on the ZeRO stage: asked once at ZeRO 0
     if lay.pp == 1:
+        state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
         return dict(zip(("params", "grads", "optimizer"), state[:3]), activations=acts[0])
+    _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), 0, lay.recompute, attention, "main_grad")
     rows = []
     for rank, act in acts.items():
         chunks = rank_chunks(cfg, lay.pp, rank, schedule, v, ends)

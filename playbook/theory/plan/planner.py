@@ -31,29 +31,11 @@ from playbook.theory.inventory.model_state import ZERO_STAGES
 from playbook.theory.inventory.inventory import RECOMPUTE_MODES
 from playbook.theory.plan.advice import batch_advice, nothing_fits, nothing_plans
 from playbook.theory.plan.dp import GRAD_REDUCE_BYTES
-from playbook.theory.plan.cost import (
-    DEFAULT_OVERLAP,
-    OVERLAP_PRESETS,
-    StepCost,
-    scheduled_total,
-    step_costs,
-    with_schedule,
-)
-from playbook.theory.plan.memory import _memory_key, _needs_more, memory_bytes
-from playbook.theory.plan.memory import placement_states
-from playbook.theory.plan.schedule import PLAN_SCHEDULES, check_schedules, stage_placement
-from playbook.theory.pp.schedules import V_SCHEDULES
-from playbook.theory.plan.search import (
-    Candidate,
-    Layout,
-    Plan,
-    _modelled,
-    check_search_size,
-    _structures,
-    _variants,
-)
+from playbook.theory.plan.cost import DEFAULT_OVERLAP, OVERLAP_PRESETS
+from playbook.theory.plan.schedule import PLAN_SCHEDULES, check_schedules
+from playbook.theory.plan.best_first import search_exhaustive, search_structure
+from playbook.theory.plan.search import Plan, _structures, _variant_groups, check_search_size
 from playbook.theory.inventory.prod_activations import check_activations
-from playbook.theory.plan.stage_balance import stage_imbalance
 
 # MEM_UTIL (imported above, and from here by the notebooks): the share of the device's memory
 # (``Hardware.capacity_bytes``: what the driver reports where the profile knows it, e.g. 81,559 MiB on
@@ -77,13 +59,16 @@ def plan(
     mesh_order: str = "tp-cp-dp-pp",
     zeros: tuple[int, ...] = ZERO_STAGES,
     recomputes: tuple[str, ...] = RECOMPUTE_MODES,
+    exhaustive: bool = False,
 ) -> Plan:
     """Every layout of ``gpus`` GPUs for ``cfg`` on ``hw``: candidates fastest first, rejections by reason.
     ``attention``: "flash" (a fused kernel, what production runs use) or "eager" (our model's
     softmax, [b, a, s, s] kept per layer); see ``theory.inventory.activations``. ``activations``: "production"
     (fused kernels as Megatron-LM runs them, ``theory.inventory.prod_activations``) or "ours" (our GPT's);
     ``precision``: "bf16" or "fp8" (``theory.plan.precision``); ``mesh_order``: ``theory.plan.cost.MESH_ORDERS``;
-    ``zeros``, ``recomputes``: the ZeRO stages and recomputation choices searched (a stack's options).
+    ``zeros``, ``recomputes``: the ZeRO stages and recomputation choices searched (a stack's options);
+    ``exhaustive``: cost and sort every variant of a structure (``theory.plan.best_first.search_exhaustive``,
+    the reference the default best-first search is tested against: the same plan).
     Raises ``ValueError`` (one line) on bad input, when no layout divides, the global batch splits over
     none, or nothing fits (naming the smallest memory found)."""
     g = hw.devices_per_node if gpus_per_node is None else gpus_per_node
@@ -120,71 +105,10 @@ def plan(
             raise ValueError(batch_advice(cfg, gpus=gpus, gpus_per_node=g, seq_len=seq_len, global_batch=global_batch))
         first = next((msg for k, (_, msg) in out.rejected.items() if k.endswith("vs the model")), "")
         raise ValueError(f"no layout of {gpus} GPUs divides {cfg.name}: {first}")
+    search = search_exhaustive if exhaustive else search_structure
+    sizes = dict(budget=budget, seq_len=seq_len, common=common, timing=timing)
     for dims in structures:
-        variants = list(_variants(dims, out))
-        if not variants:
-            continue
-        variants, need, least = _modelled(cfg, dims, variants, seq_len, out)
-        if not variants:
-            continue
-        if need > budget:
-            out.reject(
-                "memory", f"{least} needs {need / 1e9:.1f} GB per GPU of a {hw.capacity_bytes / 1e9:.1f} GB device"
-            )
-            if out.smallest is None or need < out.smallest[0]:
-                out.smallest = (need, str(least))
-            continue
-        zeros = tuple(sorted({v.zero for v in variants}))
-        by_zero: dict[tuple, dict[int, StepCost]] = {}  # (b, recompute, placement) -> 1F1B cost per ZeRO stage
-        for v in variants:
-            key = (v.micro_batch, v.recompute, stage_placement(v.schedule))
-            if key not in by_zero:
-                plain = by_zero.get((v.micro_batch, v.recompute, "1f1b"))  # a V changes only dp's units
-                by_zero[key] = step_costs(
-                    cfg,
-                    hw,
-                    zeros=zeros,
-                    like=plain,
-                    **v.degrees,
-                    micro_batch=v.micro_batch,
-                    microbatches=v.microbatches,
-                    recompute=v.recompute,
-                    placement=key[2],
-                    **timing,
-                    **common,
-                )
-
-        def base(v: Layout) -> StepCost:
-            return by_zero[v.micro_batch, v.recompute, stage_placement(v.schedule)][v.zero]
-
-        def total(v: Layout) -> tuple[float, int]:
-            return scheduled_total(base(v), **at(v)), -v.zero
-
-        def at(v: Layout) -> dict:
-            imbalance = stage_imbalance(cfg, seq_len, dims.pp, v.schedule, v.v, v.ends)
-            return dict(pp=dims.pp, microbatches=v.microbatches, schedule=v.schedule, v=v.v, imbalance=imbalance)
-
-        order = sorted(variants, key=total)
-        too_big: list[tuple] = []  # (memory key, layout) of variants that did not fit
-        states: dict[tuple, tuple] = {}  # each rank's state by ZeRO stage and placement (plan_memory)
-        for i, v in enumerate(order):
-            where = (v.zero, v.schedule in V_SCHEDULES, v.v, v.ends)
-            if where not in states:
-                states[where] = placement_states(cfg, v, activations)
-            key = _memory_key(v, states[where])
-            if any(_needs_more(key, f) for f, _ in too_big):  # grows with b, falls with ZeRO and recomputation
-                seen = "memory" in out.rejected  # the first message is kept: format no other
-                out.reject("memory", "" if seen else f"{v} needs more than {too_big[0][1]}, which does not fit")
-                continue
-            mem = memory_bytes(cfg, v, seq_len, attention, activations)
-            if mem <= budget:
-                cost = with_schedule(base(v), **at(v))
-                mfu = cost.mfu(gpus, hw.peak_bf16_flops)
-                out.candidates.append(Candidate(v, mem, cost, mfu, global_batch * seq_len / cost.total))
-                out.dominated += len(order) - i - 1
-                break
-            out.reject("memory", f"{v} needs {mem / 1e9:.1f} GB per GPU of a {hw.capacity_bytes / 1e9:.1f} GB device")
-            too_big = [(f, w) for f, w in too_big if not _needs_more(f, key)] + [(key, v)]  # keep the minimal
+        search(cfg, hw, dims, _variant_groups(dims, out), out, **sizes)
     if not out.candidates:
         if out.smallest is None:
             raise ValueError(nothing_plans(cfg, out))

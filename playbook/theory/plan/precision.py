@@ -10,7 +10,8 @@ On the wire, §3.3.4: the activations before the MoE up-projections are dispatch
 activation gradients before the down-projections likewise, while both combines stay BF16, so ep's
 all-to-all moves 3/4 of the BF16 bytes; tp, cp, pp and dp stay BF16 (DeepSeek-V3 has no tp).
 
-The FP8 peak is ``peak_fp8_flops`` of the hardware profile's file (``data/hardware/``; H100 and
+The FP8 peak is ``peak_fp8_flops`` of the hardware profile's file (``data/hardware/``, or the file
+``--hardware FILE`` names: ``Hardware.peak_fp8_flops``; H100 and
 H200: 1,979 TFLOPS dense, twice BF16, their datasheets); a profile without it refuses FP8. MFU stays
 model FLOPs over the BF16 peak, as the papers report it. Not modelled: FP8's memory (DeepSeek-V3
 caches some activations in FP8 and keeps AdamW's moments in BF16, §3.3.3), its quantization kernels.
@@ -34,16 +35,13 @@ def check_precision(precision: str) -> None:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
 
 
-@functools.lru_cache(maxsize=64)
-def fp8_peak(name: str) -> float:
-    """Dense FP8 FLOP/s of the profile ``name`` (its file's ``peak_fp8_flops``), or one line saying
-    which profiles have one."""
-    path = HARDWARE_DIR / f"{name}.json"
-    peak = json.loads(path.read_text()).get("peak_fp8_flops") if path.exists() else None
-    if not peak:
+def fp8_peak(hw: Hardware) -> float:
+    """Dense FP8 FLOP/s of the profile ``hw`` (``peak_fp8_flops`` of the file it was read from, a
+    shipped one or ``--hardware FILE``), or one line saying which shipped profiles have one."""
+    if not hw.peak_fp8_flops:
         have = sorted(p.stem for p in HARDWARE_DIR.glob("*.json") if "peak_fp8_flops" in json.loads(p.read_text()))
-        raise ValueError(f"{name} has no FP8 peak in its profile; --precision fp8 needs one of {', '.join(have)}")
-    return float(peak)
+        raise ValueError(f"{hw.name} has no FP8 peak in its profile; --precision fp8 needs one of {', '.join(have)}")
+    return float(hw.peak_fp8_flops)
 
 
 @functools.lru_cache(maxsize=256)
@@ -66,4 +64,4 @@ def time_factor(cfg: ModelConfig, hw: Hardware, seq_len: int, precision: str) ->
     if precision == "bf16":
         return 1.0
     share = fp8_share(cfg, seq_len)
-    return share * hw.peak_bf16_flops / fp8_peak(hw.name) + (1 - share)
+    return share * hw.peak_bf16_flops / fp8_peak(hw) + (1 - share)

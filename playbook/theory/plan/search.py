@@ -176,9 +176,10 @@ def _structures(cfg: ModelConfig, plan: Plan):
                     yield dims
 
 
-def _variants(dims: ParallelDims, plan: Plan):
-    rows = plan.global_batch // dims.dp
-    zeros = plan.zeros if dims.dp * dims.cp > 1 else (0,)
+def _variant_groups(dims: ParallelDims, plan: Plan) -> list[tuple[int, int, list[tuple[str, int]]]]:
+    """(b, m, the (schedule, v) options) per micro-batch size a structure can run, in :func:`_variants`'
+    order, rejections recorded: the variants are these times the ZeRO stages times the recomputations."""
+    rows, out = plan.global_batch // dims.dp, []
     for b in powers_of_two(min(rows, MAX_MICRO_BATCH)):
         if rows % b:
             continue
@@ -186,8 +187,20 @@ def _variants(dims: ParallelDims, plan: Plan):
         if m < dims.pp:
             plan.reject("pipeline not filled", f"{dims}: m={m} micro-batches of {b} < pp={dims.pp} stages")
             continue
-        degrees = {a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")}
-        for schedule, v in schedule_options(dims.pp, m, plan.n_layers, plan.schedules):
+        out.append((b, m, schedule_options(dims.pp, m, plan.n_layers, plan.schedules)))
+    return out
+
+
+def structure_zeros(dims: ParallelDims, plan: Plan) -> tuple[int, ...]:
+    """The ZeRO stages searched for ``dims``: none without data ranks to shard over."""
+    return plan.zeros if dims.dp * dims.cp > 1 else (0,)
+
+
+def _variants(dims: ParallelDims, plan: Plan, groups=None):
+    zeros = structure_zeros(dims, plan)
+    degrees = {a: getattr(dims, a) for a in ("dp", "tp", "pp", "cp", "ep")}
+    for b, m, options in _variant_groups(dims, plan) if groups is None else groups:
+        for schedule, v in options:
             for zero in zeros:
                 for rc in plan.recomputes:
                     yield Layout(

@@ -104,6 +104,24 @@ def unit_sizes(
     """``rank_units`` counted: (numel, experts, how many units of that size) in first-seen order, for
     sums over units where the names do not matter (a layer's routed experts are one size)."""
     counts: dict[tuple[int, bool], int] = {}
-    for u in _rank_units(cfg, tp, ep, ranges):
-        counts[u.numel, u.experts] = counts.get((u.numel, u.experts), 0) + 1
+
+    def add(numel: int, experts: bool, k: int = 1) -> None:
+        counts[numel, experts] = counts.get((numel, experts), 0) + k
+
+    # the units of _rank_units in its order, counted without building one Unit per routed expert
+    t, h = tp, cfg.hidden
+    pieces = {i for start, end in ranges for i in range(start, end)}
+    table = cfg.vocab_size * h // t
+    if 0 in pieces:
+        add(table, False)
+    for i in blocks_in(cfg, ranges):
+        if not is_moe_block(cfg, i):
+            add((cfg.layer_params() - 2 * h) // t + 2 * h, False)
+            continue
+        expert = 3 * h * cfg.expert_ffn_hidden
+        add(cfg.attention_params() // t + 2 * h + h * cfg.n_experts + cfg.n_shared_experts * expert, False)
+        if cfg.n_experts // ep:
+            add(expert, True, cfg.n_experts // ep)
+    if cfg.n_layers + 1 in pieces:
+        add(h if cfg.tie_embeddings and 0 in pieces else table + h, False)
     return tuple((numel, experts, k) for (numel, experts), k in counts.items())

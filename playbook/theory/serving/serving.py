@@ -14,6 +14,10 @@ headroom for other processes and fragmentation.
 - Paged cache (Kwon et al. §4.2): memory is cut into blocks of ``block_size`` tokens; a sequence of
   n tokens holds ceil(n / block_size) blocks, so at most ``block_size − 1`` slots per sequence are
   wasted and the number of sequences that fit is ``blocks // ceil(context / block_size)``.
+- A quantized block (int8, fp8) also holds its scales: one fp32 per layer, per K and V, per KV head
+  (``kv_block_bytes``; ``playbook.serve.kv_quant`` stores them so), so an int8 block of 16 tokens of
+  Llama 3.1 70B is 2,621,440 + 5,120 bytes against bf16's 5,242,880. Quantized weights (``quantize``):
+  ``playbook.theory.serving.weights``; their capacity and speed at scale: ``theory.serving.quantized``.
 
 Time, as a roofline (Pope et al. 2022, "Efficiently Scaling Transformer Inference",
 arXiv:2211.05102, §2 and §3.1): a phase takes max(FLOPs / achievable FLOP/s, bytes read / achievable
@@ -49,8 +53,11 @@ from playbook.theory.cost.flops import flops_per_token
 from playbook.theory.inventory.model_state import _dtype_bytes
 from playbook.theory.hybrid.memory import _kv_heads_per_rank, inference_memory, kv_cache_bytes_per_token
 from playbook.theory.serving.profile import activation_peak
+from playbook.theory.serving.weights import served_weight_bytes
 
 BLOCK_SIZE = 16  # vLLM's default tokens per KV block
+KV_SCALE_BYTES = 4  # a quantized KV block's scale: one fp32 per layer, per K and V, per KV head
+QUANTIZED_KV = ("int8", "fp8", "int4")  # KV dtypes stored with per-block scales
 
 
 # ---- memory -------------------------------------------------------------------------------------
@@ -66,6 +73,35 @@ def kv_bytes_per_token(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, dtype: str
     whole = kv_cache_bytes_per_token(cfg, dtype)
     share = 1.0 if cfg.attention == "mla" else _kv_heads_per_rank(cfg, tp) / cfg.kv_heads
     return whole * share / pp
+
+
+def kv_block_bytes(
+    cfg: ModelConfig, *, tp: int = 1, pp: int = 1, dtype: str = "bf16", block_size: int = BLOCK_SIZE
+) -> float:
+    """Bytes of one paged KV block on one GPU: ``block_size`` tokens of ``kv_bytes_per_token`` and,
+    for a quantized cache (:data:`QUANTIZED_KV`), the block's scales, :data:`KV_SCALE_BYTES` for each
+    layer's K and V of each KV head this rank holds (an MLA latent: one per layer). So the 16-bit
+    block of gpt-tiny (2 layers, 2 KV heads of 16) at 16 tokens is 4,096 bytes, the int8 one
+    2,048 + 2·2·2·4 = 2,080: the scale term is why capacity grows 1.97×, not 2×."""
+    require_positive(block_size=block_size)
+    data = block_size * kv_bytes_per_token(cfg, tp=tp, pp=pp, dtype=dtype)
+    if dtype not in QUANTIZED_KV:
+        return data
+    per_layer = 1.0 if cfg.attention == "mla" else 2 * _kv_heads_per_rank(cfg, tp)
+    return data + cfg.n_layers / pp * per_layer * KV_SCALE_BYTES
+
+
+def weights_bytes(
+    cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1, dtype: str = "bf16", quantize=None
+) -> float:
+    """``weights_per_gpu``, or with ``quantize`` ("int8", "fp8") the exact count of
+    ``theory.serving.weights.served_weight_bytes`` (its linears in one byte plus their scales, the
+    rest at ``dtype``; dense models, pp = ep = 1)."""
+    if quantize is None:
+        return weights_per_gpu(cfg, tp=tp, pp=pp, ep=ep, dtype=dtype)
+    if pp > 1 or ep > 1:
+        raise ValueError(f"quantized weights are counted at pp = ep = 1 here, got pp={pp} ep={ep}")
+    return served_weight_bytes(cfg, tp=tp, quantize=quantize, dtype=dtype)["total"]
 
 
 def kv_per_token_by_attention(cfg: ModelConfig, dtype: str = "bf16") -> dict[str, float]:
@@ -93,6 +129,8 @@ def kv_capacity(
     block_size: int = BLOCK_SIZE,
     max_batched_tokens: int | None = None,
     dtype: str = "bf16",
+    kv_dtype: str | None = None,
+    quantize: str | None = None,
 ) -> dict:
     """How much KV cache one GPU of a replica holds, and how many sequences of ``context`` tokens fit
     (paged: whole blocks of ``block_size`` tokens), as vLLM sizes it after its profiling run:
@@ -103,8 +141,11 @@ def kv_capacity(
     engine's largest step prefills one whole prompt, as §3's time to first token assumes;
     ``theory.serving.profile.activation_peak``). The non-torch memory vLLM also subtracts (CUDA
     graphs, NCCL buffers) is not counted. Raises ``ValueError`` when not one sequence fits, naming a
-    tp that would."""
+    tp that would. ``kv_dtype`` (default ``dtype``): the cache's dtype, a quantized one with its
+    scales (``kv_block_bytes``); ``quantize`` ("int8", "fp8"): the weights' linears in one byte
+    (``weights_bytes``)."""
     require_positive(context=context, block_size=block_size)
+    kv_dtype = kv_dtype or dtype
     if not 0 < mem_util <= 1:
         raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; vLLM's default is 0.9")
     step = context if max_batched_tokens is None else max_batched_tokens
@@ -112,19 +153,20 @@ def kv_capacity(
     memory = mem_util * hw.capacity_bytes
 
     def room(t: int) -> tuple[float, float, float]:  # weights, activation peak, what is left for the cache
-        weights = weights_per_gpu(cfg, tp=t, pp=pp, ep=ep, dtype=dtype)
+        weights = weights_bytes(cfg, tp=t, pp=pp, ep=ep, dtype=dtype, quantize=quantize)
         act = activation_peak(cfg, tokens=step, tp=t, dtype=dtype)
         return weights, act, memory - weights - act
 
     weights, activations, budget = room(tp)
-    per_token = kv_bytes_per_token(cfg, tp=tp, pp=pp, dtype=dtype)
-    block = block_size * per_token
+    per_token = kv_bytes_per_token(cfg, tp=tp, pp=pp, dtype=kv_dtype)
+    block = kv_block_bytes(cfg, tp=tp, pp=pp, dtype=kv_dtype, block_size=block_size)
     per_seq = math.ceil(context / block_size)
     if budget < block * per_seq:
         ok = [
             t
             for t in divisors(cfg.n_heads)
-            if t > tp and room(t)[2] >= per_seq * block_size * kv_bytes_per_token(cfg, tp=t, pp=pp, dtype=dtype)
+            if t > tp
+            and room(t)[2] >= per_seq * kv_block_bytes(cfg, tp=t, pp=pp, dtype=kv_dtype, block_size=block_size)
         ]
         raise ValueError(
             f"{cfg.name} at tp={tp} pp={pp}: weights {weights / 1e9:.1f} GB and activations "
@@ -196,15 +238,17 @@ def allreduce_seconds(message: float, tp: int, hw: Hardware, latency: float | st
     return collective_seconds("all_reduce", message, tp, hw.intra_node_bandwidth, latency)
 
 
-def _phase(cfg, hw, *, tokens, seq_len, kv_tokens, tp, pp, dtype, mfu, mbu, latency) -> Phase:
+def _phase(
+    cfg, hw, *, tokens, seq_len, kv_tokens, tp, pp, dtype, mfu, mbu, latency, kv_dtype=None, quantize=None
+) -> Phase:
     require_positive(tokens=tokens, tp=tp, pp=pp)
+    kv_dtype = kv_dtype or dtype
     if not (0 < mfu <= 1 and 0 < mbu <= 1):
         raise ValueError(f"mfu and mbu must be in (0, 1], got {mfu} and {mbu}")
     b = _dtype_bytes(dtype)
     flops = tokens * flops_per_token(cfg, seq_len, training=False) / (tp * pp)
-    read = weights_per_gpu(cfg, tp=tp, pp=pp, dtype=dtype) + kv_tokens * kv_bytes_per_token(
-        cfg, tp=tp, pp=pp, dtype=dtype
-    )
+    kv_per_token = kv_block_bytes(cfg, tp=tp, pp=pp, dtype=kv_dtype) / BLOCK_SIZE  # with a quantized block's scales
+    read = weights_bytes(cfg, tp=tp, pp=pp, dtype=dtype, quantize=quantize) + kv_tokens * kv_per_token
     message = tokens * cfg.hidden * b
     comm = 2 * cfg.n_layers * allreduce_seconds(message, tp, hw, latency)
     if pp > 1:
@@ -224,6 +268,8 @@ def prefill(
     mfu: float = 0.5,
     mbu: float = 0.8,
     latency: float | str = RING_STEP,
+    kv_dtype: str | None = None,
+    quantize: str | None = None,
 ) -> Phase:
     """Prefill of ``batch`` prompts of ``prompt`` tokens: its ``seconds`` is the time to first token."""
     return _phase(
@@ -238,6 +284,8 @@ def prefill(
         mfu=mfu,
         mbu=mbu,
         latency=latency,
+        kv_dtype=kv_dtype,
+        quantize=quantize,
     )
 
 
@@ -253,9 +301,13 @@ def decode(
     mfu: float = 0.5,
     mbu: float = 0.8,
     latency: float | str = RING_STEP,
+    kv_dtype: str | None = None,
+    quantize: str | None = None,
 ) -> Phase:
     """One decode step of ``batch`` sequences with ``context`` tokens cached each: its ``seconds``
-    is the time per output token; it reads this GPU's weights and ``batch·context`` tokens of KV."""
+    is the time per output token; it reads this GPU's weights and ``batch·context`` tokens of KV.
+    ``kv_dtype`` and ``quantize`` (as in ``kv_capacity``) price the bytes read in those formats; the
+    FLOPs stay at the bf16 peak (a dequantizing kernel; FP8 tensor cores would double the peak)."""
     return _phase(
         cfg,
         hw,
@@ -268,6 +320,8 @@ def decode(
         mfu=mfu,
         mbu=mbu,
         latency=latency,
+        kv_dtype=kv_dtype,
+        quantize=quantize,
     )
 
 

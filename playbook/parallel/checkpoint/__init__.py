@@ -1,0 +1,14 @@
+"""Distributed checkpoints of every hybrid layout, with PyTorch DCP: save under one, load under another.
+
+- ``dcp_io.py``: ``Chunks`` (a tensor as rectangles of the whole, DCP's write/read protocol),
+  ``write``, ``write_async``, ``read``, ``written_bytes`` (measured per rank), ``metadata``;
+- ``state.py``: ``RankState``, a hybrid rank's weights, AdamW moments and steps as pieces;
+- ``session.py``: ``CheckpointPlan`` and ``Session`` (resume, save every K steps), ``resolve``, ``read_meta``;
+- ``inspect.py``: ``inspect`` (tensors, global shapes, shards per rank, bytes), its table.
+(``parallel.hybrid.resume``: a run cut in two across layouts, merged for parity.)
+"""
+
+from playbook.parallel.checkpoint.session import CheckpointPlan, read_meta, resolve
+from playbook.parallel.checkpoint.dcp_io import written_bytes
+
+__all__ = ["CheckpointPlan", "read_meta", "resolve", "written_bytes"]

@@ -1,0 +1,66 @@
+"""A run cut in two: ``k`` steps under one layout, saved; the rest under another, resumed from the
+checkpoint; put back together as one result for the parity gate against the run that never stopped.
+
+The merged result has the second part's losses (the saved ones, then its own) and final parameters
+(``hybrid.merge``), and the first part's first-step gradients (its own; the second part starts
+later). Beside it, per rank of the first layout, the bytes written predicted
+(``theory.checkpoint.bytes_per_rank``) and measured (``dcp_io.written_bytes``), and the seconds of
+every save and load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from playbook.parallel.training import TrainResult, TrainSetup
+from playbook.parallel.hybrid.merge import merge
+from playbook.parallel.hybrid.parallelize import train_hybrid
+from playbook.parallel.checkpoint.dcp_io import file_bytes, written_bytes
+from playbook.parallel.checkpoint.session import CheckpointPlan
+from playbook.theory.checkpoint.writes import bytes_per_rank
+from playbook.theory.hybrid.plan import Plan
+
+
+@dataclasses.dataclass
+class Resumed:
+    """``result``: the whole run as one TrainResult; ``predicted`` and ``measured``: tensor bytes each
+    rank of the first layout wrote; ``files``: its files' sizes on disk; ``saves``/``loads``: seconds."""
+
+    result: TrainResult
+    predicted: list[int]
+    measured: list[int]
+    files: list[int]
+    save_seconds: float
+    load_seconds: float
+
+    @property
+    def bytes_exact(self) -> bool:
+        return self.predicted == self.measured
+
+
+def predicted_bytes(setup: TrainSetup, plan: Plan) -> list[int]:
+    """Tensor bytes each rank of ``plan`` writes (``theory.checkpoint``)."""
+    rows = bytes_per_rank(setup.config(), plan.dims, zero=plan.zero, schedule=plan.played_schedule, v=plan.v)
+    return [r["total"] for r in rows]
+
+
+def save_then_resume(run_a, run_b, setup: TrainSetup, a: Plan, b: Plan, k: int, folder: str | Path) -> Resumed:
+    """``k`` steps of ``setup`` under ``a`` on ``run_a`` (a ``Ranks.run`` or a launch of a.dims.world
+    ranks), saved to ``folder``; then steps k .. setup.steps − 1 under ``b`` on ``run_b``, resumed."""
+    first = run_a(train_hybrid, dataclasses.replace(setup, steps=k), a, None, CheckpointPlan(save=str(folder)))
+    second = run_b(train_hybrid, setup, b, None, CheckpointPlan(resume=str(folder)))
+    path = Path(folder) / f"step-{k}"
+    measured = written_bytes(path)
+    on_disk = file_bytes(path)
+    whole = merge(second, b.dims.tp)
+    ck = second[0]["checkpoint"]
+    grads = merge(first, a.dims.tp).grads
+    return Resumed(
+        result=TrainResult(ck["losses"], grads, whole.params),
+        predicted=predicted_bytes(setup, a),
+        measured=[measured.get(r, 0) for r in range(a.dims.world)],
+        files=[on_disk.get(r, 0) for r in range(a.dims.world)],
+        save_seconds=max(x["checkpoint"]["log"][-1]["seconds"] for x in first),
+        load_seconds=max(x["checkpoint"]["log"][0]["seconds"] for x in second),
+    )
