@@ -2,7 +2,8 @@
 
 - The engine: ``kv.py`` (contiguous and paged KV caches), ``generate.py`` (greedy decoding with a
   cache, one process or TP shards), ``batching.py`` (continuous batching, chunked prefill),
-  ``packed.py`` (one forward over a step's mixed tokens), ``prefix.py`` (prefix caching).
+  ``packed.py`` (one forward over a step's mixed tokens), ``prefix.py`` (prefix caching),
+  ``speculative.py`` (speculative decode steps: draft, verify, roll back) with ``drafts.py``.
 - Quantized: ``quant.py`` (INT8/FP8 weights, per-output-channel scales), ``kv_quant.py`` (an 8-bit
   paged KV cache with per-block scales), ``accuracy.py`` (logit error and top-1 agreement against
   fp32), ``quant_ref.py`` (the one-process reference of a quantized run, its bytes).
@@ -11,7 +12,8 @@
   ``pipeline.py`` and ``experts.py`` (PP and EP decoding), ``disagg.py`` (prefill and decode apart),
   ``moe_tp.py`` and ``moe_layouts.py`` (a MoE under TP attention against DP attention, ``--attention-dp``).
 - Measured: ``rates.py`` (prefill and decode timed, the roofline's rates), ``latency.py`` (TTFT,
-  TPOT, goodput), ``serve_bench.py`` (``playbook serve-bench``), ``prefix_bench.py``.
+  TPOT, goodput), ``serve_bench.py`` (``playbook serve-bench``), ``prefix_bench.py``, ``spec_bench.py``
+  (speculation's acceptance and speed-up per k beside the prediction).
 
 Predictions live in ``playbook.theory.serving``.
 """

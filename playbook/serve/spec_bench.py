@@ -76,7 +76,7 @@ def timed_forward(model, *, batch: int, context: int, tokens: int, seed: int = 0
     return run
 
 
-def step_costs(model, draft, *, batch: int, context: int, ks, repeats: int = 7) -> dict:
+def step_costs(model, draft, *, batch: int, context: int, ks, repeats: int = 11) -> dict:
     """The draft's step and each verify of k + 1 tokens, in plain target steps of the same batch:
     medians of ``repeats`` rounds, each round timing every forward once (so a change of load while
     measuring falls on all of them alike)."""
@@ -96,6 +96,20 @@ def step_costs(model, draft, *, batch: int, context: int, ks, repeats: int = 7) 
     }
 
 
+def _breakdown(run, plain) -> dict:
+    """A speculative decode step's CPU time in plain decode steps: in the draft's forwards, in the
+    verify's, and the rest (choosing, accepting, rolling back, scheduling), which the formula leaves out."""
+    steps = [s for s in run.steps if not s["prefill_tokens"]]
+    unit = _decode_seconds(plain) / sum(1 for s in plain.steps if not s["prefill_tokens"])
+    draft = sum(s["draft_cpu_seconds"] for s in steps) / len(steps) / unit
+    check = sum(s["verify_cpu_seconds"] for s in steps) / len(steps) / unit
+    return {
+        "step_draft": draft,
+        "step_verify": check,
+        "step_other": _decode_seconds(run) / len(steps) / unit - draft - check,
+    }
+
+
 def _decode_seconds(run) -> float:
     return sum(s["cpu_seconds"] for s in run.steps if not s["prefill_tokens"])
 
@@ -110,10 +124,11 @@ def measure(
     prompt=(4, 8),
     new=(24, 32),
     seed: int = 0,
-    repeats: int = 5,
+    repeats: int = 11,
 ) -> dict:
     """Rows per k: acceptance rate, α, tokens per verify (measured and from α), speed-up measured and
-    predicted, with c and v_k; plain decoding's tokens/s; the load before and after."""
+    predicted, with c and v_k, and a speculative step's CPU time split (draft, verify, the rest) in
+    plain steps; plain decoding's tokens/s; the load before and after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as on a rank
     try:
@@ -143,6 +158,7 @@ def measure(
                         a["alpha"], k, draft_cost=costs["draft_cost"], verify_cost=costs["verify_cost"][k]
                     ),
                     "speedup_measured": base / _decode_seconds(run),
+                    **_breakdown(run, plain),
                 }
             )
         decoded = sum(len(t) - 1 for t in plain.tokens.values())

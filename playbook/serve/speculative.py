@@ -34,6 +34,8 @@ replica draws the same tokens. DP replicas speculate independently.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from playbook.serve.batching import BatchRun, ContinuousBatcher
@@ -155,13 +157,16 @@ class SpeculativeBatcher(ContinuousBatcher):
         [x₀, d₁..d_k]; keep the agreeing prefix and the target's next token, roll the rest back."""
         ks = {i: self._k(run, running, i) for i in decoding}
         self._fed = 0
+        c0 = time.thread_time()
         drafts, q = self._propose(run, running, ks)
+        c1 = time.thread_time()
         ids = [*prefilled, *decoding]
         chunks = [*prefilled.values(), *([run.tokens[i][-1], *drafts.get(i, [])] for i in decoding)]
         starts = [self.cache.lengths[i] for i in ids]
         for i, chunk in zip(ids, chunks):
             self.cache.reserve(i, len(chunk))
         logits = forward_packed(self.model, chunks, starts, self._store(ids, starts), every=True)  # [T, V]
+        c2 = time.thread_time()
         emitted, at, accepted = [], 0, {}
         for i, chunk in zip(ids, chunks):
             rows, at = logits[at : at + len(chunk)], at + len(chunk)  # [s, V]: this request's positions
@@ -170,12 +175,13 @@ class SpeculativeBatcher(ContinuousBatcher):
                 if not pending.get(i):  # its last prompt chunk: the first token
                     self._keep(run, emitted, i, [self._pick(rows[-1])], rows[-1:])
                 continue
-            seen = len(running[i].prompt) + len(run.tokens[i])  # the draft had seen all but x₀ .. d_{k-1}
+            seen = len(running[i].prompt) + len(run.tokens[i])  # tokens before this step, x₀ the last
             kept = self._accept(drafts.get(i, []), rows, q.get(i))
             m = len(kept) - 1  # drafts accepted
             self._commit(i, chunk, kept)
             if ks[i]:
-                rollback(self.draft_cache, i, seen - 1 + min(m + 1, ks[i]))
+                # the draft's pool holds those and d₁..d_{k−1}; of these it keeps the accepted ones
+                rollback(self.draft_cache, i, seen + min(m, ks[i] - 1))
                 self.stats["drafted"] += ks[i]
                 self.stats["accepted"] += m
                 self.stats["verifies"] += 1
@@ -189,6 +195,8 @@ class SpeculativeBatcher(ContinuousBatcher):
             "drafted": {i: ks[i] for i in accepted},
             "accepted": accepted,
             "verify_tokens": sum(ks[i] + 1 for i in decoding),  # decode tokens through the target
+            "draft_cpu_seconds": c1 - c0,  # this thread's CPU time in the draft's forwards (and their bookkeeping)
+            "verify_cpu_seconds": c2 - c1,  # in the target's one forward
             # tokens × layers through the target's own (TP) layers while drafting: a self-draft's share
             "draft_layer_tokens": self._fed * len(self.draft.blocks)
             if getattr(self.draft, "shares_target", False)
@@ -210,6 +218,7 @@ class SpeculativeBatcher(ContinuousBatcher):
     def _record(self) -> dict:
         out, self._last = self._last, {}
         empty = {"drafted": {}, "accepted": {}, "verify_tokens": 0, "draft_layer_tokens": 0}
+        empty.update(draft_cpu_seconds=0.0, verify_cpu_seconds=0.0)
         return {**empty, **out}
 
 

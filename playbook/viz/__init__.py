@@ -6,7 +6,7 @@
   ``widgets.py`` (controls, stale marks, ``show_figure``).
 - A module per chapter, its dashboard beside it in ``<chapter>_dashboard.py``: ``memory_dashboard``
   (0), ``dp`` (1), ``zero`` (2), ``tp`` (3), ``pp`` (4), ``cp`` (5), ``ep`` + ``moe_balance`` (6),
-  ``serving`` + ``serving_engine`` + ``serving_moe`` (7, its dashboard
+  ``serving`` + ``serving_engine`` + ``serving_moe`` + ``serving_spec`` (7, its dashboard
   ``serving_dashboard``), ``mesh`` + ``mesh_layout`` (8), ``plan`` + ``calibrate`` (8b),
   ``activations`` (chapter 0's formulas).
 """

@@ -3,8 +3,6 @@ every request of a trace (TP2, DP2), the KV of rejected drafts is rolled back (b
 blocks of the kept tokens at every step; a run without the rollback fails that check), and the
 rejection-sampling rule emits the target's distribution (chi-square at a fixed seed)."""
 
-import math
-
 import pytest
 import torch
 
@@ -19,6 +17,7 @@ from playbook.serve.kv import PagedKVCache
 from playbook.serve.ranks import serve_on_rank
 from playbook.serve.run import run_serve
 from playbook.serve.speculative import SpeculativeBatcher, accept_sampled, acceptance
+from playbook.theory.serving import speculative as spec_theory
 from playbook.theory.serving.serving import tp_allreduce_bytes
 from playbook.theory.serving.workload import poisson_trace
 
@@ -33,6 +32,11 @@ def greedy_of(cfg, seed, requests):
 def trace(cfg, n=6, seed=2):
     """Requests arriving one per step, long enough to speculate several times each."""
     return make_requests(n, cfg.vocab_size, seed=seed, new=(6, 14))
+
+
+def no_block_past_kept_tokens(steps, block_size: int) -> bool:
+    """After every step each running request holds exactly the blocks of its kept tokens."""
+    return all(len(s["tables"][i]) == -(-s["lengths"][i] // block_size) for s in steps for i in s["tables"])
 
 
 def check_exact(answers, want):
@@ -67,6 +71,7 @@ def test_greedy_speculative_tokens_are_the_targets_on_tp2(ranks2, draft):
             assert tokens == want[rid][0][0].tolist(), f"request {rid} on rank {a['rank']}"
             assert (a["logits"][rid] - want[rid][1][0]).abs().max() < 1e-5
         assert all(s["kv_bytes"] == s["kv_predicted"] for s in a["steps"])
+        assert no_block_past_kept_tokens(a["steps"], 4)
         assert a["steps"][-1]["free_blocks_after"] == 24  # every block back, rejected ones included
     s = answers[0]["speculative"]
     assert answers[1]["speculative"] == s  # both shards drafted and accepted the same
@@ -99,6 +104,7 @@ def test_greedy_speculative_tokens_are_the_targets_on_dp2(ranks2, prefix_cache):
     assert sorted(r for a in answers for r in a["tokens"]) == [r.id for r in reqs]
     check_exact(answers, want)
     for a in answers:
+        assert no_block_past_kept_tokens(a["steps"], 2)  # with shared prefix blocks too
         if not prefix_cache:
             assert all(s["kv_bytes"] == s["kv_predicted"] for s in a["steps"])
     if prefix_cache:
@@ -132,6 +138,8 @@ def rollback_problems(b, run, reqs) -> list[str]:
         for s in run.steps
         if s["kv_bytes"] != s["kv_predicted"]
     ]
+    if not no_block_past_kept_tokens(run.steps, b.cache.block_size):
+        out.append("a request held blocks past its kept tokens")
     if len(b.cache.free) != b.cache.n_blocks or len(b.draft_cache.free) != b.draft_cache.n_blocks:
         out.append("blocks left held after every request finished")
     return out
@@ -164,20 +172,8 @@ def test_the_token_check_fails_when_rejected_kv_is_counted(monkeypatch):
 
 
 # ---- sampling ------------------------------------------------------------------------------------
-def chi_square_threshold(df: int, z: float = 3.09) -> float:
-    """The chi-square quantile at the normal quantile z (3.09: p = 0.001), Wilson & Hilferty (1931)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
 def chi_square(counts: torch.Tensor, p: torch.Tensor) -> tuple[float, int]:
-    """Pearson's statistic of ``counts`` against probabilities ``p``, cells expected < 5 pooled."""
-    n = counts.sum()
-    expected = n * p
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+    return spec_theory.chi_square(counts.tolist(), p.tolist())
 
 
 def first_tokens(rule, draws=20000, seed=0, temperature=0.1):
@@ -213,14 +209,14 @@ def test_rejection_sampling_emits_the_targets_distribution():
     n = 20000
     counts, p = first_tokens(accept_sampled, draws=n)
     stat, df = chi_square(counts, p)
-    assert stat < chi_square_threshold(df), (stat, df)
+    assert stat < spec_theory.chi_square_threshold(df), (stat, df)
     # total variation: E[TV] <= ½ Σ √(p/n) (Jensen per cell), and one draw moves TV by at most 1/n,
     # so it exceeds its mean by 0.015 with probability <= exp(−2 n 0.015²) ≈ 1e-4 (McDiarmid 1989)
     tv = 0.5 * float((counts / n - p).abs().sum())
     assert tv < 0.5 * float((p / n).sqrt().sum()) + 0.015, tv
     for wrong in (resample_from_target, lambda d, p, q, g: d):  # both wrong rules fail the same test
         counts, p = first_tokens(wrong, draws=8000)
-        assert chi_square(counts, p)[0] > chi_square_threshold(chi_square(counts, p)[1])
+        assert chi_square(counts, p)[0] > spec_theory.chi_square_threshold(chi_square(counts, p)[1])
 
 
 def test_bad_combinations_are_refused_in_one_line():
@@ -247,3 +243,38 @@ def test_run_serve_speculative_report():
     sp = report.speculative
     assert sp["verifies"] > 0 and 1 <= sp["tokens_per_verify"] <= 3
     assert "tokens per verify" in report.summary()
+
+
+def test_speculation_with_chunked_prefill_counts_k_plus_1_tokens_per_decode():
+    model = GPT(TINY, seed=0).eval()
+    reqs = make_requests(5, TINY.vocab_size, seed=6, prompt=(10, 30), new=(6, 12))
+    b = SpeculativeBatcher(model, draft=make_draft("self:1", model, seed=0), k=3, n_blocks=64, token_budget=20)
+    run = b.run(reqs)
+    want = greedy_of(TINY, 0, reqs)
+    assert all(run.tokens[r.id] == want[r.id][0][0].tolist() for r in reqs)
+    for s in run.steps:  # the decodes' k + 1 tokens each and the prompt chunks share the budget
+        assert s["verify_tokens"] + s["prefill_tokens"] <= 20
+    prefilling = [sum(r.id in s["prefilled"] for s in run.steps) for r in reqs]
+    assert max(prefilling) > 1  # some prompt was chunked over several steps
+
+
+def test_measured_table_has_every_k_and_consistent_counts():
+    from playbook.serve.spec_bench import measure
+
+    out = measure(GPT(TINY, seed=0).eval(), draft="self:1", ks=(1, 3), requests=2, new=(6, 8), repeats=2)
+    assert [r["k"] for r in out["rows"]] == [1, 3]
+    for r in out["rows"]:
+        assert 1 <= r["tokens_per_verify"] <= r["k"] + 1 and 0 <= r["acceptance_rate"] <= 1
+        assert r["speedup_measured"] > 0 and r["speedup_predicted"] > 0 and r["draft_cost"] > 0
+    assert set(out["load"]) == {"before", "after"}
+
+
+def test_serve_bench_reports_acceptance_and_tokens_per_verify(ranks2):
+    from playbook.serve.serve_bench import BENCH_KEYS, serve_bench, summary
+
+    rep = serve_bench(TINY, dp=2, requests=6, rate=1.0, speculative=2, draft="self:1", ranks=ranks2)
+    assert tuple(rep) == BENCH_KEYS and rep["tokens_identical"]
+    sp = rep["speculative"]
+    assert sp["k"] == 2 and sp["draft"] == "self:1" and 1 <= sp["tokens_per_verify"] <= 3 and sp["verifies"] > 0
+    assert "tokens per verify" in summary(rep)
+    assert serve_bench(TINY, dp=2, requests=2, ranks=ranks2)["speculative"] is None

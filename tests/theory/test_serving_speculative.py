@@ -60,3 +60,16 @@ def test_speculation_stops_paying_past_the_crossover_batch():
     )
     # more drafts per step stop paying at a smaller batch
     assert crossover_batch(BIG, H100, **{**options, "k": 8}) < cross < crossover_batch(BIG, H100, **{**options, "k": 1})
+
+
+def test_chi_square_against_a_known_case_and_its_threshold():
+    from playbook.theory.serving.speculative import chi_square, chi_square_threshold
+
+    # a fair die thrown 600 times: (observed − 100)² / 100 summed by hand
+    stat, df = chi_square([90, 110, 100, 95, 105, 100], [1 / 6] * 6)
+    assert df == 5 and stat == pytest.approx((100 + 100 + 0 + 25 + 25 + 0) / 100)
+    # tables: 20.52 at df 5, 149.45 at df 100 (p = 0.001); Wilson–Hilferty within 2 % and 1 %
+    assert chi_square_threshold(5) == pytest.approx(20.52, rel=0.02)
+    assert chi_square_threshold(100) == pytest.approx(149.45, rel=0.01)
+    # cells expected fewer than 5 times are pooled into one
+    assert chi_square([10, 0, 1], [0.98, 0.01, 0.01])[1] == 1

@@ -125,3 +125,34 @@ def crossover_batch(cfg: ModelConfig, hw: Hardware, *, batch_max: int = 4096, **
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at_scale(cfg, hw, batch=mid, **options)["speedup"] > 1 else (lo, mid)
     return hi
+
+
+def batch_curves(cfg: ModelConfig, hw: Hardware, *, ks, batches, **options) -> tuple[list[dict], dict]:
+    """``at_scale`` rows for every k and batch, and each k's ``crossover_batch``: the figure's data."""
+    rows = [at_scale(cfg, hw, k=k, batch=b, **options) for k in ks for b in batches]
+    return rows, {k: crossover_batch(cfg, hw, k=k, **options) for k in ks}
+
+
+# ---- checking a sampler ---------------------------------------------------------------------------
+def chi_square(counts, probs, *, pool_below: float = 5.0) -> tuple[float, int]:
+    """Pearson's statistic of observed ``counts`` against ``probs`` (sequences of equal length), the
+    cells expected fewer than ``pool_below`` times pooled into one; returns (statistic, degrees of freedom)."""
+    n = sum(counts)
+    obs, exp, rest_obs, rest_exp = [], [], 0.0, 0.0
+    for c, p in zip(counts, probs):
+        if n * p >= pool_below:
+            obs.append(c)
+            exp.append(n * p)
+        else:
+            rest_obs, rest_exp = rest_obs + c, rest_exp + n * p
+    if rest_exp > 0:
+        obs.append(rest_obs)
+        exp.append(rest_exp)
+    return sum((o - e) ** 2 / e for o, e in zip(obs, exp)), len(exp) - 1
+
+
+def chi_square_threshold(df: int, z: float = 3.09) -> float:
+    """The chi-square quantile at the standard normal quantile ``z`` (3.09: p = 0.001), by Wilson &
+    Hilferty's (1931) cube-root approximation."""
+    require_positive(df=df)
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
