@@ -14,8 +14,9 @@ and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473
 across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
 
 Degrees: every divisor of the GPUs (384 GPUs plan: dp 3·2^k, pp 12, ...). Pruned (and said so):
-tp ≤ GPUs per node is a rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (past it
-``theory.cost.gemm_efficiency`` gains under 1 % per doubling on the profiles shipped). Within one (dp, tp, pp, cp, ep), the variant with the least
+tp ≤ GPUs per node is a rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (16, as published
+runs used; past it ``theory.cost.gemm_efficiency`` gains under 1 % per doubling on the profiles shipped) and
+interleaved v up to 12 (``theory.plan.schedule.V_CHOICES``). Within one (dp, tp, pp, cp, ep), the variant with the least
 memory (largest ZeRO stage, full recomputation, smallest b) is tried first: if even it does not fit,
 the layout is rejected for memory at once; otherwise variants are tried fastest first and the first
 that fits is the layout's candidate, the slower ones counted as dominated. Pure: no torch.

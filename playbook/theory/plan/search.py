@@ -17,7 +17,7 @@ from playbook.theory.plan.cost import DEFAULT_OVERLAP, MESH_ORDERS, StepCost
 from playbook.theory.plan.memory import memory_bytes
 from playbook.theory.plan.schedule import PLAN_SCHEDULES, schedule_options
 
-MAX_MICRO_BATCH = 8
+MAX_MICRO_BATCH = 16  # published runs used micro-batches of 16 (issue 41): the search reaches them
 # The most units (a layer, or one routed expert of an MoE layer) a search sizes: each is a unit of its
 # own in every rank's parameters and ZeRO's flat units, for every layout, so time and memory grow with
 # the count. DeepSeek-V3, the largest published MoE, has 61 + 58 × 256 = 14,909; 100,000 keeps a search
