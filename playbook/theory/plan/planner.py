@@ -78,10 +78,6 @@ def plan(
         raise ValueError(
             f"--gpus {gpus} is not a whole number of nodes of {g}; try --gpus {gpus // g * g} or {(gpus // g + 1) * g}"
         )
-    if seq_len > cfg.max_seq_len:
-        raise ValueError(
-            f"--seq-len {seq_len} exceeds {cfg.name}'s max_seq_len {cfg.max_seq_len}; try --seq-len {cfg.max_seq_len}"
-        )
     if not 0 < mem_util <= 1:
         raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; try 0.9")
     if attention not in ATTENTION:
@@ -90,6 +86,7 @@ def plan(
     check_search_size(cfg)
     out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.capacity_bytes, attention, activations)
     out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
+    out.rope_scaling = cfg.rope_scaling_note(seq_len)  # past max_position_embeddings: what the run assumes
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
     out.overlap, out.precision, out.mesh_order = overlap, precision, mesh_order  # a bad one: the first step costed says

@@ -99,6 +99,7 @@ class Plan:
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
     smallest: tuple[float, str] | None = None  # least memory seen in a rejected layout
+    rope_scaling: str = ""  # past the model's max_position_embeddings: the RoPE scaling assumed (config)
 
     def reject(self, kind: str, message: str) -> None:
         entry = self.rejected.setdefault(kind, [0, message])
@@ -106,7 +107,7 @@ class Plan:
 
     def as_dict(self, top: int | None = None) -> dict:
         keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations overlap precision"
-        keys += " mesh_order zeros recomputes device_bytes"
+        keys += " mesh_order zeros recomputes device_bytes rope_scaling"
         keys = keys.split() + ["dominated"]
         return {
             **{k: getattr(self, k) for k in keys},
