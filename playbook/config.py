@@ -122,6 +122,22 @@ class ModelConfig:
             raise ValueError(f"n_dense_layers={self.n_dense_layers} must be in 0..n_layers={self.n_layers}")
 
     # ---- derived sizes -------------------------------------------------------------------------
+    def rope_scaling_note(self, seq_len: int) -> str:
+        """'' up to ``max_seq_len`` (the config's ``max_position_embeddings``); past it, one sentence
+        saying what a run at ``seq_len`` assumes. Long-context training extends RoPE beyond the
+        positions a model was trained at, by position interpolation (Chen et al. 2023,
+        arXiv:2306.15595: positions scaled by max/seq) or YaRN (Peng et al. 2023, arXiv:2309.00071: per
+        frequency band, Llama 3.1's and DeepSeek-V3's context extension), and then trains at the new
+        length; either rescales the rotation angles only, so the FLOPs and bytes the theory counts
+        are those of any sequence of that length. The model the chapters run keeps its RoPE table."""
+        if seq_len <= self.max_seq_len:
+            return ""
+        return (
+            f"seq {seq_len:,} is past {self.name}'s max_position_embeddings {self.max_seq_len:,}: this assumes RoPE "
+            f"extended {seq_len / self.max_seq_len:g}x (position interpolation or YaRN-style scaling, as long-context "
+            "training does); FLOPs and bytes are counted as for any sequence of that length"
+        )
+
     @property
     def kv_heads(self) -> int:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads

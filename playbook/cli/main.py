@@ -67,11 +67,7 @@ def cmd_memory(args) -> int:
     from playbook.cli.fit import device_fit, memory_model
 
     cfg = memory_model(args)
-    if args.seq_len > cfg.max_seq_len:
-        raise BadInput(
-            f"--seq-len {args.seq_len} exceeds {cfg.name}'s max_seq_len={cfg.max_seq_len}; "
-            f"try --seq-len {min(4096, cfg.max_seq_len)} (at most {cfg.max_seq_len})"
-        )
+    rope = cfg.rope_scaling_note(args.seq_len)  # past max_position_embeddings: said, not refused (issue 41)
     degrees = {
         k: getattr(args, k)
         for k in (
@@ -107,7 +103,7 @@ def cmd_memory(args) -> int:
         options = dict(seq_len=args.seq_len, micro_batch=args.micro_batch, **degrees)
         would_fit = what_would_fit(cfg, options, fit["allowed_bytes"])
     if args.json:
-        report = {"model": cfg.name, "num_params": cfg.num_params(), "attention": args.attention}
+        report = {"model": cfg.name, "num_params": cfg.num_params(), "attention": args.attention, "rope_scaling": rope}
         report |= {"training": train, "inference": serve, "device": fit}
         report["training_would_fit"] = [
             {"flags": c.flags, "total_bytes": c.total_bytes, "fits": c.fits} for c in would_fit
@@ -120,6 +116,8 @@ def cmd_memory(args) -> int:
         f"{cfg.name}: {cfg.num_params():,} parameters; per rank, seq_len {args.seq_len}, micro-batch "
         f"{args.micro_batch}, {args.attention} attention"
     )
+    if rope:
+        print(f"  ({rope})")
     for title, budget in (("training (the most loaded rank)", train), ("inference", serve)):
         what = title.split()[0]
         verdict = "fits" if fit[what]["fits"] else "does NOT fit"

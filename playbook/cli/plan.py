@@ -213,6 +213,8 @@ def cmd_plan(args) -> int:
         f"global batch {args.global_batch}, {args.attention} attention, {args.activations} activations, overlap {args.overlap}, {args.precision}; {len(result.candidates)} layouts fit, "
         f"{result.dominated} slower variants of them skipped"
     )
+    if result.rope_scaling:
+        print(f"  ({result.rope_scaling})")
     print(f"  {'layout':<40} {'memory/GPU':>10} {'step':>8} {'bubble':>7} {'exposed':>8} {'MFU':>6} {'tokens/s':>11}")
     for c in result.candidates[: args.top]:
         print(

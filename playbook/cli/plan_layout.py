@@ -32,6 +32,8 @@ def one_layout(cfg, hw, args, options: dict, life: dict | None = None) -> int:
         f"{cfg.name}, {r['layout']} on {r['gpus']} × {args.hardware}, seq {args.seq_len}, "
         f"{args.activations} activations, overlap {args.overlap}, {args.precision}"
     )
+    if r["rope_scaling"]:
+        print(f"  ({r['rope_scaling']})")
     mem = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in r["memory_bytes"].items())
     verdict = "fits" if r["fits"] else "does NOT fit"
     print(

@@ -277,7 +277,7 @@ def test_ch08b_405b_at_llama_3_scale():
     index = next(i for i, c in enumerate(p.candidates) if c.layout.degrees == dict(dp=128, tp=8, pp=16, cp=1, ep=1))
     published = p.candidates[index].layout
     assert published.recompute == "full" and published.microbatches == 16
-    assert (index + 1, len(p.candidates)) == (98, 242)
+    assert (index + 1, len(p.candidates)) == (100, 248)  # (98, 242) while ZeRO sharded over dp alone with cp (issue 41)
 
 
 def test_ch08_question_3_a_decode_all_reduce_is_latency_bound():
@@ -389,7 +389,8 @@ def test_ch08b_small_matmuls_and_the_published_runs():
 
 def test_ch08b_the_ranking_by_overlap_preset():
     """Chapter 8b, "How overlap moves the ranking": tp4 wins while tp's collectives are exposed, tp8 once
-    they hide; Llama 3's degrees rank #43 with nothing hidden, #31 with megatron-tp."""
+    they hide; Llama 3's degrees rank #43 with nothing hidden, #34 with megatron-tp (#31 while the search
+    stopped at micro-batch 8: three layouts pass it at b = 16, issue 41)."""
     from playbook.theory.plan.cost import OVERLAP_PRESETS
     from playbook.theory.plan.schedule import PLAN_SCHEDULES
     from playbook.viz.plan_dashboard import cached_plan
@@ -401,7 +402,7 @@ def test_ch08b_the_ranking_by_overlap_preset():
         rank[preset] = 1 + next(i for i, c in enumerate(p.candidates) if c.layout.degrees == published)
         tp[preset] = p.candidates[0].layout.tp
     assert tp == {"none": 4, "dp": 4, "megatron-tp": 8, "deepseek-ep": 8}
-    assert rank["none"] == 43 and rank["megatron-tp"] == 31
+    assert rank["none"] == 43 and rank["megatron-tp"] == 34
 
 
 def test_ch04_interleaving_messages_and_adams_step_on_a_rounding_level_gradient():

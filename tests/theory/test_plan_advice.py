@@ -117,8 +117,6 @@ def test_bad_input_one_line_each(capsys, tmp_path):
     assert line.endswith("--gpus 12 is not a whole number of nodes of 8; try --gpus 8 or 16")
     line = _one_line_error(capsys, ["plan", "--model", "llama-3.1-8b", "--hardware", "tpu-v9"])
     assert "unknown hardware profile 'tpu-v9'; known hardware profiles: a100-80gb" in line
-    line = _one_line_error(capsys, ["plan", "--model", "llama-3.1-8b", "--seq-len", "262144"])
-    assert line.endswith("exceeds llama-3.1-8b's max_seq_len 131072; try --seq-len 131072")
     line = _one_line_error(capsys, ["plan", "--model", "llama-3.1-8b", "--gpus", "0"])
     assert line.endswith("--gpus must be a positive integer, got 0; e.g. --gpus 64")  # cli.checks.LIMITS
 
@@ -148,3 +146,25 @@ def test_every_model_gets_ranked_layouts_that_fit(name):
         assert cfg.n_heads % c.layout.tp == 0 and cfg.kv_heads % c.layout.tp == 0
         assert c.layout.dp * c.layout.tp * c.layout.pp * c.layout.cp == 64
         assert c.layout.dp * c.layout.micro_batch * c.layout.microbatches == 64
+
+
+def test_a_sequence_past_max_position_embeddings_plans_and_says_its_rope_scaling(capsys):
+    """Long-context training extends RoPE past a model's max_position_embeddings (issue 41, cause 6):
+    the planner, ``plan --layout`` and ``memory`` take such a sequence and say what they assume."""
+    from playbook.cli.main import main
+    from playbook.hardware import Hardware
+    from playbook.theory.plan.planner import plan
+
+    cfg = ModelConfig.preset("llama-3.1-8b")  # 131,072 positions
+    p = plan(cfg, Hardware.preset("h100-sxm"), gpus=64, seq_len=262144, global_batch=8)
+    assert p.candidates and p.rope_scaling.startswith("seq 262,144 is past llama-3.1-8b's max_position_embeddings")
+    assert "extended 2x" in p.rope_scaling and "YaRN" in p.rope_scaling
+    assert plan(cfg, Hardware.preset("h100-sxm"), gpus=8, seq_len=8192, global_batch=8).rope_scaling == ""
+    common = ["--model", "llama-3.1-8b", "--seq-len", "262144"]
+    for argv in (
+        ["plan", *common, "--gpus", "64", "--global-batch", "8", "--layout", "dp=1 tp=8 cp=8 zero=1 recompute=full"],
+        ["memory", *common, "--tp", "8", "--cp", "8"],
+    ):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert "past llama-3.1-8b's max_position_embeddings 131,072: this assumes RoPE extended 2x" in out, argv

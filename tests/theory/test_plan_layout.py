@@ -10,6 +10,7 @@ from playbook.theory.plan.layout import cost_layout, parse_layout
 from playbook.theory.plan.memory import memory_breakdown
 from playbook.theory.inventory.prod_activations import production_block_bytes
 from playbook.theory.plan.planner import plan
+from playbook.theory.plan.search import Layout
 
 CFG, HW = ModelConfig.preset("llama-3.1-8b"), Hardware.preset("h100-sxm")
 
@@ -117,3 +118,36 @@ def test_the_peak_is_the_most_of_state_and_activations_over_ranks():
     peak = max(acts, key=lambda r: states[r] + acts[r])
     mem = memory_breakdown(cfg, lay, 8192)
     assert peak == 1 and sum(mem.values()) == states[1] + acts[1] and mem["activations"] == acts[1]
+
+
+@pytest.mark.parametrize(
+    "name, flags",
+    [
+        ("llama-3.1-405b", dict(dp=128, tp=8, pp=16, zero=1)),  # Llama 3's 8K layout (issue 41: 165 GB vs 89 GB)
+        ("llama-3.1-8b", dict(dp=4, tp=2, cp=2, zero=3, recompute="selective")),
+        ("mixtral-8x7b", dict(dp=8, ep=8, pp=2, zero=2)),
+    ],
+)
+def test_playbook_memory_is_plan_layouts_count_with_our_kernels(name, flags, capsys):
+    """``playbook memory`` and ``plan --layout`` on one layout give one answer per category when they
+    count the same kernels: memory counts our GPT's (bf16 gradients), the planner's default is the
+    production stack's (fused kernels, fp32 main_grad), which is where their totals part."""
+    import json
+
+    from playbook.cli.main import main
+
+    cfg = ModelConfig.preset(name)
+    argv = ["memory", "--model", name, "--seq-len", "4096", "--attention", "flash", "--json"]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()] + (
+        ["--sequence-parallel"] * (flags.get("tp", 1) > 1)
+    )
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)["training"]
+    degrees = dict(dp=1, tp=1, pp=1, cp=1, ep=1) | {
+        k: v for k, v in flags.items() if k in ("dp", "tp", "pp", "cp", "ep")
+    }
+    lay = Layout(
+        **degrees, zero=flags["zero"], micro_batch=1, microbatches=16, recompute=flags.get("recompute", "none")
+    )
+    want = memory_breakdown(cfg, lay, 4096, activations="ours")
+    assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-12)

@@ -1,6 +1,7 @@
 """Planning a run at scale (chapter 8b): every layout of N GPUs costed, ranked, explained, shrunk.
 
 - ``search.py``: the search space (``Layout``, ``Candidate``, ``Plan``); ``planner.py``: the search;
+  ``best_first.py``: one structure's best variant, best first (and the exhaustive sort it is tested against);
   ``advice.py``: what would work when nothing fits; ``layout.py``: one given layout costed.
 - ``cost.py``: a step's time (compute, exposed communication, bubble); ``dp.py``: the data axis;
   ``schedule.py``: schedules and their bubbles; ``stage_balance.py``: the busiest stage;

@@ -68,7 +68,29 @@ def dp_seconds(
     the schedule whose placement of the stages sets the most loaded rank (``theory.plan.axis_bytes.dp_groups``);
     ``hide``: overlap as the module docstring says (False: all of it exposed)."""
     m = microbatches
+    window = BACKWARD_SHARE * compute / m  # one micro-batch's backward
     comm = exposed = 0.0
+    for rs, ag, last_rs, last_ag in _terms(cfg, bandwidth, latency, dp, tp, pp, cp, ep, zero, grad_bytes, placement):
+        if zero == 0:  # rs, last_rs: the all-reduce of the gradients and of their last bucket
+            c = rs
+            e = overlapped(c, window, last_rs)
+        elif zero == 1:
+            c, e = rs + ag, overlapped(rs, window, last_rs) + last_ag
+        elif zero == 2:
+            c = m * rs + ag
+            e = m * overlapped(rs, window, last_rs) + last_ag
+        else:  # rs, last_rs: one micro-batch's two gathers and its reduce-scatter, in full and of the last buckets
+            c, e = m * rs, m * overlapped(rs, compute / m, last_rs)
+        comm, exposed = comm + c, exposed + (e if hide else c)
+    return comm, exposed
+
+
+@functools.lru_cache(maxsize=65536)
+def _terms(cfg, bandwidth, latency, dp, tp, pp, cp, ep, zero, grad_bytes, placement) -> tuple[tuple, ...]:
+    """Per data group of ``dp_groups`` (one with a single rank left out), the collective seconds
+    :func:`dp_seconds` combines with the compute and the micro-batches: remembered, since a search asks
+    for one structure, stage and placement at every micro-batch and recomputation."""
+    out = []
     for numel, pad, n in dp_groups(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, placement=placement):
         if n == 1:
             continue
@@ -78,20 +100,14 @@ def dp_seconds(
             return _seconds(op, size, n, bandwidth, latency)
 
         last_w, last_g = min(BUCKET_BYTES, w), min(BUCKET_BYTES, g)
-        window = BACKWARD_SHARE * compute / m  # one micro-batch's backward
         if zero == 0:
-            c = t("all_reduce", g)
-            e = overlapped(c, window, t("all_reduce", last_g))
-        elif zero == 1:
-            rs, ag = t("reduce_scatter", g), t("all_gather", w)
-            c, e = rs + ag, overlapped(rs, window, t("reduce_scatter", last_g)) + t("all_gather", last_w)
-        elif zero == 2:
-            rs, ag = t("reduce_scatter", g), t("all_gather", w)
-            c = m * rs + ag
-            e = m * overlapped(rs, window, t("reduce_scatter", last_g)) + t("all_gather", last_w)
+            out.append((t("all_reduce", g), 0.0, t("all_reduce", last_g), 0.0))
+        elif zero in (1, 2):
+            out.append(
+                (t("reduce_scatter", g), t("all_gather", w), t("reduce_scatter", last_g), t("all_gather", last_w))
+            )
         else:
             one = 2 * t("all_gather", w) + t("reduce_scatter", g)
             floor = 2 * t("all_gather", last_w) + t("reduce_scatter", last_g)
-            c, e = m * one, m * overlapped(one, compute / m, floor)
-        comm, exposed = comm + c, exposed + (e if hide else c)
-    return comm, exposed
+            out.append((one, 0.0, floor, 0.0))
+    return tuple(out)

@@ -132,6 +132,7 @@ def cost_layout(
         "margin_bytes": budget - total,
         "step": cost.as_dict(),
         "mfu": cost.mfu(gpus, hw.peak_bf16_flops),
+        "rope_scaling": cfg.rope_scaling_note(seq_len),  # past max_position_embeddings: what is assumed
     }
     if rank and planned_units(cfg) > MAX_UNITS:  # too many units to search: this layout alone
         out["unranked"] = f"{planned_units(cfg):,} units, past the {MAX_UNITS:,} a search takes"

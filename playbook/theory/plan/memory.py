@@ -151,6 +151,29 @@ def _ours(
     return mem.params, mem.grads, mem.optimizer, mem.activations
 
 
+def _refuse_as_training_memory(cfg, seq_len, degrees: dict, recompute: str, attention: str) -> None:
+    """Raise what ``training_memory`` raises for ``degrees`` (a layout it cannot model is not planned).
+    Its refusals read dp, tp, pp, cp, whether ep is 1 (which picks its path) and whether ep divides
+    dp·cp (the one message naming ep), never ep's value nor the ZeRO stage: so they are asked once per
+    structure, with ep at the smallest factor of dp·cp standing for any ep that divides it."""
+    dp, tp, pp, cp, ep = (degrees[a] for a in ("dp", "tp", "pp", "cp", "ep"))
+    if ep != 1 and (dp * cp) % ep == 0:
+        ep = next(k for k in range(2, dp * cp + 1) if (dp * cp) % k == 0)
+    error = _refusal(cfg, seq_len, (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)), recompute, attention)
+    if error is not None:
+        raise error
+
+
+@functools.lru_cache(maxsize=65536)
+def _refusal(cfg, seq_len, degrees, recompute, attention) -> Exception | None:
+    """The refusal of :func:`_refuse_as_training_memory`, remembered (None: modelled)."""
+    try:
+        _ours(cfg, seq_len, 1, degrees, 0, recompute, attention, "main_grad")
+    except (ValueError, NotImplementedError) as e:
+        return e
+    return None
+
+
 def memory_breakdown(
     cfg: ModelConfig, lay, seq_len: int, attention: str = "flash", activations: str = "production"
 ) -> dict[str, float]:
@@ -189,7 +212,7 @@ def memory_breakdown(
     if lay.pp == 1:
         state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
         return dict(zip(("params", "grads", "optimizer"), state[:3]), activations=acts[0])
-    _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), 0, lay.recompute, attention, "main_grad")
+    _refuse_as_training_memory(cfg, seq_len, lay.degrees, lay.recompute, attention)
     rows = []
     for rank, act in acts.items():
         chunks = rank_chunks(cfg, lay.pp, rank, schedule, v, ends)

@@ -14,8 +14,9 @@ and tokens per second. The shape follows Narayanan et al. 2021 (arXiv:2104.04473
 across nodes, dp for the rest) and Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.2).
 
 Degrees: every divisor of the GPUs (384 GPUs plan: dp 3·2^k, pp 12, ...). Pruned (and said so):
-tp ≤ GPUs per node is a rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (past it
-``theory.cost.gemm_efficiency`` gains under 1 % per doubling on the profiles shipped). Within one (dp, tp, pp, cp, ep), the variant with the least
+tp ≤ GPUs per node is a rejection; m ≥ pp (1F1B fills its pipeline); b ≤ ``MAX_MICRO_BATCH`` (16, as published
+runs used; past it ``theory.cost.gemm_efficiency`` gains under 1 % per doubling on the profiles shipped) and
+interleaved v up to 12 (``theory.plan.schedule.V_CHOICES``). Within one (dp, tp, pp, cp, ep), the variant with the least
 memory (largest ZeRO stage, full recomputation, smallest b) is tried first: if even it does not fit,
 the layout is rejected for memory at once; otherwise variants are tried fastest first and the first
 that fits is the layout's candidate, the slower ones counted as dominated. Pure: no torch.
@@ -77,10 +78,6 @@ def plan(
         raise ValueError(
             f"--gpus {gpus} is not a whole number of nodes of {g}; try --gpus {gpus // g * g} or {(gpus // g + 1) * g}"
         )
-    if seq_len > cfg.max_seq_len:
-        raise ValueError(
-            f"--seq-len {seq_len} exceeds {cfg.name}'s max_seq_len {cfg.max_seq_len}; try --seq-len {cfg.max_seq_len}"
-        )
     if not 0 < mem_util <= 1:
         raise ValueError(f"mem_util must be in (0, 1], got {mem_util}; try 0.9")
     if attention not in ATTENTION:
@@ -89,6 +86,7 @@ def plan(
     check_search_size(cfg)
     out = Plan(cfg.name, hw.name, gpus, g, seq_len, global_batch, hw.capacity_bytes, attention, activations)
     out.schedules, out.n_layers = check_schedules(schedules), cfg.n_layers
+    out.rope_scaling = cfg.rope_scaling_note(seq_len)  # past max_position_embeddings: what the run assumes
     if overlap not in OVERLAP_PRESETS:
         raise ValueError(f"overlap must be one of {', '.join(OVERLAP_PRESETS)}, got {overlap!r}; try {DEFAULT_OVERLAP}")
     out.overlap, out.precision, out.mesh_order = overlap, precision, mesh_order  # a bad one: the first step costed says

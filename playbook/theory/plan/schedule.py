@@ -40,7 +40,7 @@ from playbook.theory.pp.orders import _interleaved, _one_f_one_b
 from playbook.theory.pp.schedules import V_SCHEDULES, check_pipeline, chunks_per_rank, closed_form
 
 PLAN_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
-V_CHOICES = (2, 3, 4, 6, 8)  # chunks per stage tried for the interleaved schedule
+V_CHOICES = (2, 3, 4, 6, 8, 12)  # chunks per stage tried interleaved: published runs used up to 12 (issue 41)
 ENDS = ("even", "light")  # layers per virtual stage (module docstring)
 
 

@@ -17,7 +17,7 @@ from playbook.theory.plan.cost import DEFAULT_OVERLAP, MESH_ORDERS, StepCost
 from playbook.theory.plan.memory import memory_bytes
 from playbook.theory.plan.schedule import PLAN_SCHEDULES, schedule_options
 
-MAX_MICRO_BATCH = 8
+MAX_MICRO_BATCH = 16  # published runs used micro-batches of 16 (issue 41): the search reaches them
 # The most units (a layer, or one routed expert of an MoE layer) a search sizes: each is a unit of its
 # own in every rank's parameters and ZeRO's flat units, for every layout, so time and memory grow with
 # the count. DeepSeek-V3, the largest published MoE, has 61 + 58 × 256 = 14,909; 100,000 keeps a search
@@ -99,6 +99,7 @@ class Plan:
     rejected: dict[str, list] = field(default_factory=dict)  # reason kind -> [count, first message]
     dominated: int = 0
     smallest: tuple[float, str] | None = None  # least memory seen in a rejected layout
+    rope_scaling: str = ""  # past the model's max_position_embeddings: the RoPE scaling assumed (config)
 
     def reject(self, kind: str, message: str) -> None:
         entry = self.rejected.setdefault(kind, [0, message])
@@ -106,7 +107,7 @@ class Plan:
 
     def as_dict(self, top: int | None = None) -> dict:
         keys = "model hardware gpus gpus_per_node seq_len global_batch attention activations overlap precision"
-        keys += " mesh_order zeros recomputes device_bytes"
+        keys += " mesh_order zeros recomputes device_bytes rope_scaling"
         keys = keys.split() + ["dominated"]
         return {
             **{k: getattr(self, k) for k in keys},

@@ -302,3 +302,37 @@ def test_two_tied_pipelines_side_by_side_exchange_with_their_own_other_end(ranks
         mine = [r for r in results if r["pipeline"] == pipeline]
         check_parity(merge(mine), TIED)
         assert torch.equal(mine[0]["params"]["tok_emb.weight"], mine[1]["params"]["tok_emb.weight"])
+
+
+def test_dualpipe_v_measured_pairs_wait_for_both_inputs_and_replay_in_the_simulator(ranks2):
+    """DualPipe-V on real ranks plays the simulator's order, and each overlapped F&B pair is one unit as
+    ``theory.pp.v`` says (issue 41, cause 7): on the measured clock (perf_counter, one clock for every
+    process here) its F starts only after both its F's input and its B's output-gradient were produced
+    on the neighbouring stages. The simulator fed the run's own mean costs gives each rank's busy time."""
+    from playbook.measure.pipeline import measured_costs
+    from playbook.theory.pp.simulator import simulate
+    from playbook.theory.pp.v import v_pairs
+
+    p, m = 2, 4
+    schedule = make_schedule("dualpipe-v", p, m, 2)
+    results = ranks2.run(on_rank, TINY, schedule="dualpipe-v", m=m, v=2, progress=False)
+    pairs = v_pairs("dualpipe-v", p, m)
+    assert sum(map(len, pairs)) >= 3
+    waited = 0
+    for step in range(1, TINY.steps):
+        slots = [s for r in results for s in r["logs"][step].slots]
+        at = {(s.kind, s.mb, schedule.stage(s.rank, s.chunk)): s for s in slots}
+        for r in range(p):
+            mine = sorted((s for s in slots if s.rank == r), key=lambda s: s.start)
+            assert [(s.kind, s.mb, s.chunk) for s in mine] == [(a.kind, a.mb, a.chunk) for a in schedule.compute(r)]
+            for k in pairs[r]:
+                f, b = mine[k], mine[k + 1]
+                assert (f.kind, b.kind) == ("F", "B") and f.chunk != b.chunk
+                j, i = schedule.stage(r, f.chunk), schedule.stage(r, b.chunk)
+                inputs = [x for x in (at.get(("F", f.mb, j - 1)), at.get(("B", b.mb, i + 1))) if x and x.rank != r]
+                assert f.start >= max((x.end for x in inputs), default=f.start)
+                waited += any(x.kind == "B" for x in inputs)  # the B's gradient, from the other rank
+    assert waited >= TINY.steps - 1  # every step has pairs whose B input crosses ranks
+    steps = range(1, TINY.steps)
+    measured = [sum(measured_timeline(results, st).busy()[r] for st in steps) / len(steps) for r in range(p)]
+    assert simulate(schedule, measured_costs(results, schedule)).busy() == pytest.approx(measured, rel=1e-9)
