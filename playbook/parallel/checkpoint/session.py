@@ -90,7 +90,9 @@ class Session:
         data = torch.zeros(2, dtype=torch.int64)
         rng = torch.zeros(dcp_io_rng_bytes(), dtype=torch.uint8)
         state = self.state.state(reading=True, world=meta["world"], rank=rank % meta["world"], data=data, rng=rng)
+        mark = len(self.ctx.tracer.spans)
         seconds = dcp_io.read(state, path, self.group)
+        self._label(mark)
         if meta["world"] == world:  # the same ranks: each its own generator back
             torch.set_rng_state(rng)
         self.start = int(data[0])
@@ -128,8 +130,16 @@ class Session:
         written = {(p.name, p.offsets) for p in writers(everyone)[rank]}
         return written, set(step_writers(everyone)[rank])
 
+    def _label(self, mark: int) -> None:
+        """The collectives DCP issued since span ``mark`` (on its own group, unlabelled) are the
+        checkpoint's, not the step's: axis "checkpoint", which the step's accounting leaves out."""
+        for span in self.ctx.tracer.spans[mark:]:
+            if not span.axis:
+                span.axis = "checkpoint"
+
     def save(self, step: int) -> None:
         self.finish()  # the previous async save first: one in flight at a time
+        self.mark = len(self.ctx.tracer.spans)
         rank, world = self.ctx.rank, self.ctx.world_size
         data = torch.tensor([step, step * self.setup.global_batch], dtype=torch.int64)
         full = self.state.state(reading=False, world=world, rank=rank, data=data, rng=torch.get_rng_state())
@@ -173,6 +183,7 @@ class Session:
             (final.parent / (LATEST + ".tmp")).write_text(final.name)
             os.replace(final.parent / (LATEST + ".tmp"), latest)
         dist.barrier(group=self.group)
+        self._label(self.mark)
         self.log.append({"what": "save", "step": step, "path": str(final), **times})
 
     def report(self) -> dict:
