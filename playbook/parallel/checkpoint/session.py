@@ -28,6 +28,7 @@ from playbook.parallel.checkpoint.state import RankState, keep_only
 
 META = "playbook.json"
 LATEST = "latest"
+EVENTS = "events.jsonl"
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,15 @@ class Session:
         self.log: list[dict] = []  # one row per save or load: step, seconds, bytes
         self.pending = None  # (future, tmp folder, final folder, step) of an async save in flight
         self.start = 0
+        self.event("start", attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+
+    def event(self, what: str, **fields) -> None:
+        """Rank 0 appends one line to ``<save>/events.jsonl`` (wall-clock time): the failure drill
+        reads when each attempt started, loaded, finished a step and saved (``checkpoint.drill``)."""
+        if self.ctx.rank == 0 and self.ck.save:
+            Path(self.ck.save).mkdir(parents=True, exist_ok=True)
+            with open(Path(self.ck.save) / EVENTS, "a") as f:
+                f.write(json.dumps({"event": what, "t": time.time(), **fields}) + "\n")
 
     # ---- resume ----
     def resume(self) -> int:
@@ -98,6 +108,7 @@ class Session:
         self.start = int(data[0])
         self.losses = list(meta["losses"])
         self.log.append({"what": "load", "step": self.start, "seconds": seconds, "path": str(path)})
+        self.event("loaded", step=self.start, seconds=seconds)
         return self.start
 
     # ---- save ----
@@ -115,6 +126,7 @@ class Session:
         def wrapped(done, total):
             if progress is not None:
                 progress(done, total)
+            self.event("step", step=done)
             if self.ck.save and (done == steps or (every and done % every == 0)):
                 self.save(done)
 
@@ -185,6 +197,7 @@ class Session:
         dist.barrier(group=self.group)
         self._label(self.mark)
         self.log.append({"what": "save", "step": step, "path": str(final), **times})
+        self.event("saved", step=step, **times)
 
     def report(self) -> dict:
         self.finish()
