@@ -1,7 +1,7 @@
 """``playbook checkpoint inspect DIR``: a distributed checkpoint's tensors, global shapes, shards per rank, bytes.
 
-    playbook checkpoint inspect runs/ckpt            # its latest checkpoint, or DIR itself
-    playbook checkpoint inspect runs/ckpt --json
+playbook checkpoint inspect runs/ckpt            # its latest checkpoint, or DIR itself
+playbook checkpoint inspect runs/ckpt --json
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ def cmd_inspect(args) -> int:
 
     path = Path(args.dir)
     if not path.is_dir():
-        raise ValueError(f"checkpoint inspect {args.dir}: no such folder; name a folder written by playbook run hybrid --save")
+        raise ValueError(
+            f"checkpoint inspect {args.dir}: no such folder; name a folder written by playbook run hybrid --save"
+        )
     try:
         info = inspect(path)
     except FileNotFoundError:

@@ -21,7 +21,13 @@ def fake_checkpoint(folder, model="gpt-tiny", step=2, **setup):
     """A checkpoint folder's playbook.json alone: what the checks read before any rank starts."""
     ck = folder / "step-2"
     ck.mkdir(parents=True)
-    meta = {"model": model, "world": 2, "step": step, "losses": [], "layout": {"dp": 2, "tp": 1, "pp": 1, "cp": 1, "ep": 1}}
+    meta = {
+        "model": model,
+        "world": 2,
+        "step": step,
+        "losses": [],
+        "layout": {"dp": 2, "tp": 1, "pp": 1, "cp": 1, "ep": 1},
+    }
     meta["setup"] = {"model": model, "global_batch": 8, "seq_len": 32, **setup}
     (ck / "playbook.json").write_text(json.dumps(meta))
     (folder / "latest").write_text("step-2")
@@ -66,7 +72,9 @@ def test_save_options_need_save(capsys, flag):
 
 
 def test_save_every_must_be_positive(capsys, tmp_path):
-    assert "--save-every must be a positive" in one_line(capsys, [*RUN, "--save", str(tmp_path / "x"), "--save-every", "0"])
+    assert "--save-every must be a positive" in one_line(
+        capsys, [*RUN, "--save", str(tmp_path / "x"), "--save-every", "0"]
+    )
 
 
 def test_inspect_refuses_a_missing_or_empty_folder(capsys, tmp_path):

@@ -24,7 +24,9 @@ def test_every_run_of_elements_is_at_most_three_rectangles_covering_exactly_it(s
                 if len(shape) == 1:
                     cells |= set(range(off[0], off[0] + size[0]))
                 else:
-                    cells |= {(r * cols + c) for r in range(off[0], off[0] + size[0]) for c in range(off[1], off[1] + size[1])}
+                    cells |= {
+                        (r * cols + c) for r in range(off[0], off[0] + size[0]) for c in range(off[1], off[1] + size[1])
+                    }
             assert cells == set(range(lo, hi)), (shape, lo, hi, rects)
 
 

@@ -14,4 +14,11 @@ from playbook.parallel.checkpoint.session import CheckpointPlan, read_meta, reso
 from playbook.parallel.checkpoint.dcp_io import written_bytes
 from playbook.parallel.checkpoint.inspect import inspect, table
 
-__all__ = ["CheckpointPlan", "inspect", "read_meta", "resolve", "table", "written_bytes"]  # chapter 10: inspect, save_then_resume
+__all__ = [
+    "CheckpointPlan",
+    "inspect",
+    "read_meta",
+    "resolve",
+    "table",
+    "written_bytes",
+]  # chapter 10: inspect, save_then_resume

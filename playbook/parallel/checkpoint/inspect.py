@@ -23,8 +23,14 @@ def inspect(path: str | Path) -> dict:
         by = sorted({r for idx, r in writer.items() if idx.fqn == fqn})
         nbytes = sum(c.sizes.numel() * size for c in t.chunks)
         tensors.append(
-            {"tensor": fqn, "shape": tuple(t.size), "dtype": str(t.properties.dtype).replace("torch.", ""),
-             "chunks": len(t.chunks), "ranks": by, "bytes": nbytes}
+            {
+                "tensor": fqn,
+                "shape": tuple(t.size),
+                "dtype": str(t.properties.dtype).replace("torch.", ""),
+                "chunks": len(t.chunks),
+                "ranks": by,
+                "bytes": nbytes,
+            }
         )
         for c in t.chunks:
             r = next(r for idx, r in writer.items() if idx.fqn == fqn and tuple(idx.offset) == tuple(c.offsets))
@@ -52,16 +58,22 @@ def table(info: dict, *, all_steps: bool = False) -> str:
         rows = [r for r in rows if r not in steps]
     for r in rows:
         shape = "×".join(map(str, r["shape"])) or "scalar"
-        lines.append(f"{r['tensor']:<{w}} {shape:<14} {r['dtype']:<8} {r['chunks']:>6}  {_ranks(r['ranks']):<18} {r['bytes']:>10,}")
+        lines.append(
+            f"{r['tensor']:<{w}} {shape:<14} {r['dtype']:<8} {r['chunks']:>6}  {_ranks(r['ranks']):<18} {r['bytes']:>10,}"
+        )
     if not all_steps and steps:
         writers = sorted({x for r in steps for x in r["ranks"]})
         total = sum(r["bytes"] for r in steps)
-        lines.append(f"{'optim/step/* (one per parameter)':<{w}} {'scalar':<14} {'float32':<8} {len(steps):>6}  {_ranks(writers):<18} {total:>10,}")
+        lines.append(
+            f"{'optim/step/* (one per parameter)':<{w}} {'scalar':<14} {'float32':<8} {len(steps):>6}  {_ranks(writers):<18} {total:>10,}"
+        )
     lines.append(f"{'rank':>4} {'chunks':>7} {'tensor bytes':>13} {'file bytes':>11}")
     for r in info["ranks"]:
         lines.append(f"{r['rank']:>4} {r['chunks']:>7} {r['tensor_bytes']:>13,} {r['file_bytes']:>11,}")
     total = sum(r["tensor_bytes"] for r in info["ranks"])
-    lines.append(f"{'all':>4} {sum(r['chunks'] for r in info['ranks']):>7} {total:>13,} {sum(r['file_bytes'] for r in info['ranks']):>11,}")
+    lines.append(
+        f"{'all':>4} {sum(r['chunks'] for r in info['ranks']):>7} {total:>13,} {sum(r['file_bytes'] for r in info['ranks']):>11,}"
+    )
     return "\n".join(lines)
 
 

@@ -18,10 +18,14 @@ from playbook.parallel.checkpoint.session import CheckpointPlan, META, read_meta
 
 def add_arguments(parser) -> None:
     parser.add_argument("--save", metavar="DIR", help="write distributed checkpoints (DCP) of this run to DIR")
-    parser.add_argument("--save-every", type=int, metavar="K", help="with --save: after every K-th step (default: the last)")
+    parser.add_argument(
+        "--save-every", type=int, metavar="K", help="with --save: after every K-th step (default: the last)"
+    )
     parser.add_argument("--resume", metavar="DIR", help="start from DIR's latest checkpoint, under any layout")
     parser.add_argument("--overwrite", action="store_true", help="with --save: replace what DIR holds")
-    parser.add_argument("--async-save", action="store_true", help="with --save: write with dcp.async_save while training goes on")
+    parser.add_argument(
+        "--async-save", action="store_true", help="with --save: write with dcp.async_save while training goes on"
+    )
 
 
 def _in_place(o: dict) -> bool:
@@ -31,7 +35,11 @@ def _in_place(o: dict) -> bool:
 def check(o: dict, *, model: str, steps: int, global_batch: int, seq_len: int, torchrun: bool = False) -> None:
     """Refuse bad checkpoint flags (ValueError, one line) before any rank starts."""
     save, every, resume = o.get("save"), o.get("save_every"), o.get("resume")
-    for flag, on in (("--save-every", every is not None), ("--overwrite", o.get("overwrite")), ("--async-save", o.get("async_save"))):
+    for flag, on in (
+        ("--save-every", every is not None),
+        ("--overwrite", o.get("overwrite")),
+        ("--async-save", o.get("async_save")),
+    ):
         if on and not save:
             raise ValueError(f"{flag} needs --save DIR (where the checkpoints go)")
     if every is not None and every < 1:
@@ -46,7 +54,9 @@ def check(o: dict, *, model: str, steps: int, global_batch: int, seq_len: int, t
                 "replace it, --resume with the same folder to continue it, or name a new folder"
             )
         if o.get("overwrite") and torchrun:
-            raise ValueError("--overwrite under torchrun: every rank would clear the folder; clear it before torchrun starts")
+            raise ValueError(
+                "--overwrite under torchrun: every rank would clear the folder; clear it before torchrun starts"
+            )
     if not resume:
         return
     path = Path(resume)
@@ -59,14 +69,20 @@ def check(o: dict, *, model: str, steps: int, global_batch: int, seq_len: int, t
     except FileNotFoundError:
         if _in_place(o):
             return
-        raise ValueError(f"--resume {resume}: no checkpoint there (no {META}); name a folder written by --save") from None
+        raise ValueError(
+            f"--resume {resume}: no checkpoint there (no {META}); name a folder written by --save"
+        ) from None
     meta = read_meta(path)
     if meta["model"] != model:
-        raise ValueError(f"--resume {resume}: a checkpoint of {meta['model']}, and --model is {model}; pass --model {meta['model']}")
+        raise ValueError(
+            f"--resume {resume}: a checkpoint of {meta['model']}, and --model is {model}; pass --model {meta['model']}"
+        )
     saved = meta["setup"]
     for flag, key, now in (("--global-batch", "global_batch", global_batch), ("--seq-len", "seq_len", seq_len)):
         if saved[key] != now:
-            raise ValueError(f"--resume {resume}: saved with {flag} {saved[key]}, and this run has {now}; pass {flag} {saved[key]}")
+            raise ValueError(
+                f"--resume {resume}: saved with {flag} {saved[key]}, and this run has {now}; pass {flag} {saved[key]}"
+            )
     if meta["step"] >= steps:
         raise ValueError(
             f"--resume {resume}: saved after step {meta['step']} and --steps is {steps}: nothing left to run; "
@@ -85,7 +101,9 @@ def plan_of(o: dict) -> CheckpointPlan | None:
             resolve(resume)
         except FileNotFoundError:
             resume = None
-    return CheckpointPlan(save=o.get("save"), every=o.get("save_every"), resume=resume, async_save=bool(o.get("async_save")))
+    return CheckpointPlan(
+        save=o.get("save"), every=o.get("save_every"), resume=resume, async_save=bool(o.get("async_save"))
+    )
 
 
 def prepare(o: dict) -> None:

@@ -102,7 +102,11 @@ def checkpoint_lines(ck: dict) -> list[str]:
     for row in ck["loads"]:
         lines.append(f"  resumed from {row['path']} (after step {row['step']}): read in {row['seconds']:.3f} s")
     for row in ck["saves"]:
-        kind = f"async, blocked {row['seconds']:.3f} s, done in {row['async_total_seconds']:.3f} s" if row.get("async_total_seconds") else f"{row['seconds']:.3f} s"
+        kind = (
+            f"async, blocked {row['seconds']:.3f} s, done in {row['async_total_seconds']:.3f} s"
+            if row.get("async_total_seconds")
+            else f"{row['seconds']:.3f} s"
+        )
         lines.append(f"  saved {row['path']} after step {row['step']} ({kind})")
         if "measured" in row:
             cells = ", ".join(f"r{r} {p:,} / {m:,}" for r, (p, m) in enumerate(zip(row["predicted"], row["measured"])))

@@ -200,7 +200,9 @@ def check_options(args) -> None:
     Plan(dims, **{k: o.get(k) for k in keys if k in o}).check(setup)
     if o.get("native"):
         check_native(setup, dims, sequence_parallel=o["sequence_parallel"])
-    checkpoint_options.check(o, model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
+    checkpoint_options.check(
+        o, model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len
+    )
 
 
 def on_rank(ctx, setup: TrainSetup, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, **plan):
@@ -240,7 +242,14 @@ def run_hybrid(
         raise ValueError(f"--world-size {world_size} but the degrees {dims} need {dims.world} ranks; omit --world-size")
     flags = {k: plan.pop(k) for k in CHECKPOINT_FLAGS if k in plan}
     if under_torchrun():  # no parent checked them: every rank checks the same flags alike
-        checkpoint_options.check(flags, model=setup.model, steps=setup.steps, global_batch=setup.global_batch, seq_len=setup.seq_len, torchrun=True)
+        checkpoint_options.check(
+            flags,
+            model=setup.model,
+            steps=setup.steps,
+            global_batch=setup.global_batch,
+            seq_len=setup.seq_len,
+            torchrun=True,
+        )
     else:
         checkpoint_options.prepare(flags)
     checkpoint = checkpoint_options.plan_of(flags)

@@ -44,7 +44,9 @@ def writers(per_rank: list[list[Piece]]) -> list[list[Piece]]:
             if written == 0:
                 mine.append(p)
             elif written != p.numel:
-                raise ValueError(f"{p.name}: rank {rank}'s piece {p.offsets}+{p.sizes} is partly another rank's; no rule writes it once")
+                raise ValueError(
+                    f"{p.name}: rank {rank}'s piece {p.offsets}+{p.sizes} is partly another rank's; no rule writes it once"
+                )
         for p in mine:
             done.setdefault(p.name, []).append(p)
         out.append(mine)

@@ -25,7 +25,21 @@ def test_save_inspect_resume(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "global shape" in text and "model/tok_emb.weight" in text and "64×64" in text
 
-    argv = ["run", "hybrid", "--dp", "2", "--pp", "2", "--schedule", "interleaved", "--steps", "4", "--resume", folder, "--json"]
+    argv = [
+        "run",
+        "hybrid",
+        "--dp",
+        "2",
+        "--pp",
+        "2",
+        "--schedule",
+        "interleaved",
+        "--steps",
+        "4",
+        "--resume",
+        folder,
+        "--json",
+    ]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["losses"]) == 4 and report["parity"]["within_bounds"]
