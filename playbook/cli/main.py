@@ -3,6 +3,7 @@
     playbook info
     playbook memory --model llama-3.1-70b --seq-len 4096 --dp 64 --zero 3 [--tp 8 --sequence-parallel] [--json]
     playbook run single --world-size 1 [--json]
+    playbook checkpoint inspect DIR
     torchrun --nproc-per-node 4 -m playbook.cli run dp --world-size 4   (chapters that register dp)
 
 Every number is checked in one place (:func:`check_numbers`) before any rank starts: a bad one
@@ -203,6 +204,7 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_memory)
 
     from playbook.cli.calibrate import add_calibrate
+    from playbook.cli.checkpoint import add_checkpoint
     from playbook.cli.plan import add_plan, add_serve_plan
     from playbook.cli.serve_bench import add_serve_bench
 
@@ -210,6 +212,7 @@ def build_parser(strategies: bool = True) -> argparse.ArgumentParser:
     add_serve_bench(sub)
     add_plan(sub)
     add_calibrate(sub)
+    add_checkpoint(sub)
 
     run = sub.add_parser(
         "run", help="run a strategy on real ranks and compare with the reference", formatter_class=_Formatter

@@ -149,6 +149,26 @@ class Launcher:
         return launch(fn, world_size, *args, timeout=self.timeout, progress=self.progress, traces=self.traces, **kwargs)
 
 
+def _init_group(backend: str) -> None:
+    """Join the job's process group from torchrun's environment. After an elastic restart
+    (``TORCHELASTIC_RESTART_COUNT`` > 0, ``torchrun --max-restarts``) the agent's store still holds the
+    keys the failed attempt wrote (gloo's addresses of ranks that are gone: measured here, the new
+    attempt timed out connecting to them); each attempt then gets keys of its own, under a prefix."""
+    import datetime
+
+    import torch.distributed as dist
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend)
+        return
+    env = os.environ
+    timeout = datetime.timedelta(minutes=10)
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), False, timeout=timeout)
+    store = dist.PrefixStore(f"/playbook/attempt_{attempt}", store)
+    dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
+
+
 def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:
     import torch
     import torch.distributed as dist
@@ -172,7 +192,7 @@ def _run_as_torchrun_rank(fn, world_size, backend, *args, **kwargs) -> list:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        _init_group(backend)
     trace.install()
     tracer = trace.Tracer(dist.get_rank())
     ctx = RankContext(dist.get_rank(), env_world, backend, device, dist.group.WORLD, tracer)

@@ -24,7 +24,9 @@ def test_every_run_of_elements_is_at_most_three_rectangles_covering_exactly_it(s
                 if len(shape) == 1:
                     cells |= set(range(off[0], off[0] + size[0]))
                 else:
-                    cells |= {(r * cols + c) for r in range(off[0], off[0] + size[0]) for c in range(off[1], off[1] + size[1])}
+                    cells |= {
+                        (r * cols + c) for r in range(off[0], off[0] + size[0]) for c in range(off[1], off[1] + size[1])
+                    }
             assert cells == set(range(lo, hi)), (shape, lo, hi, rects)
 
 
@@ -63,3 +65,16 @@ def test_a_piece_a_lower_rank_wrote_only_in_part_is_refused():
     with pytest.raises(ValueError, match="partly"):
         writers([[a], [b]])
     assert writers([[a], [a]]) == [[a], []]
+
+
+def test_a_checkpoint_at_scale_and_its_write_time():
+    """Llama 3.1 405B in mixed precision: bf16 weights (2 bytes), fp32 masters and two moments (ZeRO's
+    K = 12): 14 bytes a parameter, no gradients; written by 2,048 nodes at once, each at 1 GB/s, it takes
+    the total over 2,048 GB/s."""
+    from playbook.theory.checkpoint import model_checkpoint_bytes, save_seconds
+
+    n = ModelConfig.preset("llama-3.1-405b").num_params()
+    total = model_checkpoint_bytes(n, weight_bytes=2, master_bytes=4)
+    assert total == 14 * n
+    assert save_seconds(total, 2048, 1e9) == pytest.approx(14 * n / 2.048e12)
+    assert model_checkpoint_bytes(100, weight_bytes=4) == 1200  # ours: fp32 weights and two moments

@@ -4,11 +4,21 @@
   ``write``, ``write_async``, ``read``, ``written_bytes`` (measured per rank), ``metadata``;
 - ``state.py``: ``RankState``, a hybrid rank's weights, AdamW moments and steps as pieces;
 - ``session.py``: ``CheckpointPlan`` and ``Session`` (resume, save every K steps), ``resolve``, ``read_meta``;
-- ``inspect.py``: ``inspect`` (tensors, global shapes, shards per rank, bytes), its table.
+- ``inspect.py``: ``inspect`` (tensors, global shapes, shards per rank, bytes), its ``table``;
+- ``options.py``: ``run hybrid``'s --save/--save-every/--resume/--overwrite/--async-save, checked before ranks;
+- ``drill.py``: ``drill``, the failure drill under ``torchrun --max-restarts`` (detect, restart, reload, work lost).
 (``parallel.hybrid.resume``: a run cut in two across layouts, merged for parity.)
 """
 
 from playbook.parallel.checkpoint.session import CheckpointPlan, read_meta, resolve
 from playbook.parallel.checkpoint.dcp_io import written_bytes
+from playbook.parallel.checkpoint.inspect import inspect, table
 
-__all__ = ["CheckpointPlan", "read_meta", "resolve", "written_bytes"]
+__all__ = [
+    "CheckpointPlan",
+    "inspect",
+    "read_meta",
+    "resolve",
+    "table",
+    "written_bytes",
+]  # chapter 10: inspect, save_then_resume

@@ -28,6 +28,7 @@ from playbook.parallel.checkpoint.state import RankState, keep_only
 
 META = "playbook.json"
 LATEST = "latest"
+EVENTS = "events.jsonl"
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,15 @@ class Session:
         self.log: list[dict] = []  # one row per save or load: step, seconds, bytes
         self.pending = None  # (future, tmp folder, final folder, step) of an async save in flight
         self.start = 0
+        self.event("start", attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+
+    def event(self, what: str, **fields) -> None:
+        """Rank 0 appends one line to ``<save>/events.jsonl`` (wall-clock time): the failure drill
+        reads when each attempt started, loaded, finished a step and saved (``checkpoint.drill``)."""
+        if self.ctx.rank == 0 and self.ck.save:
+            Path(self.ck.save).mkdir(parents=True, exist_ok=True)
+            with open(Path(self.ck.save) / EVENTS, "a") as f:
+                f.write(json.dumps({"event": what, "t": time.time(), **fields}) + "\n")
 
     # ---- resume ----
     def resume(self) -> int:
@@ -90,12 +100,15 @@ class Session:
         data = torch.zeros(2, dtype=torch.int64)
         rng = torch.zeros(dcp_io_rng_bytes(), dtype=torch.uint8)
         state = self.state.state(reading=True, world=meta["world"], rank=rank % meta["world"], data=data, rng=rng)
+        mark = len(self.ctx.tracer.spans)
         seconds = dcp_io.read(state, path, self.group)
+        self._label(mark)
         if meta["world"] == world:  # the same ranks: each its own generator back
             torch.set_rng_state(rng)
         self.start = int(data[0])
         self.losses = list(meta["losses"])
         self.log.append({"what": "load", "step": self.start, "seconds": seconds, "path": str(path)})
+        self.event("loaded", step=self.start, seconds=seconds)
         return self.start
 
     # ---- save ----
@@ -113,6 +126,7 @@ class Session:
         def wrapped(done, total):
             if progress is not None:
                 progress(done, total)
+            self.event("step", step=done)
             if self.ck.save and (done == steps or (every and done % every == 0)):
                 self.save(done)
 
@@ -128,8 +142,16 @@ class Session:
         written = {(p.name, p.offsets) for p in writers(everyone)[rank]}
         return written, set(step_writers(everyone)[rank])
 
+    def _label(self, mark: int) -> None:
+        """The collectives DCP issued since span ``mark`` (on its own group, unlabelled) are the
+        checkpoint's, not the step's: axis "checkpoint", which the step's accounting leaves out."""
+        for span in self.ctx.tracer.spans[mark:]:
+            if not span.axis:
+                span.axis = "checkpoint"
+
     def save(self, step: int) -> None:
         self.finish()  # the previous async save first: one in flight at a time
+        self.mark = len(self.ctx.tracer.spans)
         rank, world = self.ctx.rank, self.ctx.world_size
         data = torch.tensor([step, step * self.setup.global_batch], dtype=torch.int64)
         full = self.state.state(reading=False, world=world, rank=rank, data=data, rng=torch.get_rng_state())
@@ -173,7 +195,9 @@ class Session:
             (final.parent / (LATEST + ".tmp")).write_text(final.name)
             os.replace(final.parent / (LATEST + ".tmp"), latest)
         dist.barrier(group=self.group)
+        self._label(self.mark)
         self.log.append({"what": "save", "step": step, "path": str(final), **times})
+        self.event("saved", step=step, **times)
 
     def report(self) -> dict:
         self.finish()

@@ -13,5 +13,6 @@ from playbook.parallel.hybrid.conditions import Conditions
 from playbook.parallel.hybrid.parallelize import train_hybrid
 from playbook.parallel.hybrid.merge import comm_table, merge
 from playbook.parallel.hybrid.replay import replay
+from playbook.parallel.hybrid.resume import save_then_resume
 
-__all__ = ["Conditions", "comm_table", "merge", "replay", "train_hybrid"]
+__all__ = ["Conditions", "comm_table", "merge", "replay", "save_then_resume", "train_hybrid"]

@@ -39,13 +39,16 @@ def merge(answers: list[dict], tp: int) -> TrainResult:
     return TrainResult(first.losses, out["grads"], out["params"], first.memory, first.grad_norms)
 
 
+OUTSIDE_THE_STEP = ("report", "checkpoint")  # the loss report, checkpoint reads and writes
+
+
 def comm_table(answers: list[dict], setup: TrainSetup, plan: Plan) -> list[dict]:
     """Per rank: bytes sent per step on each axis, and memory by category, predicted and measured
-    (the loss report excluded)."""
+    (the loss report and checkpoints excluded)."""
     rows = []
     for a in sorted(answers, key=lambda a: a["rank"]):
         routing = a.get("routing")  # [step][forward] of this rank's MoE layers (its stage's)
-        measured = bytes_by_axis([s for s in a["spans"] if s["axis"] != "report"], per=setup.steps)
+        measured = bytes_by_axis([s for s in a["spans"] if s["axis"] not in OUTSIDE_THE_STEP], per=setup.steps)
         layout = dict(
             rank=a["rank"],
             global_batch=setup.global_batch,

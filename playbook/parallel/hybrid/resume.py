@@ -64,3 +64,51 @@ def save_then_resume(run_a, run_b, setup: TrainSetup, a: Plan, b: Plan, k: int, 
         save_seconds=max(x["checkpoint"]["log"][-1]["seconds"] for x in first),
         load_seconds=max(x["checkpoint"]["log"][0]["seconds"] for x in second),
     )
+
+
+def checkpoint_report(answers: list[dict], ours: TrainResult, single: TrainResult, setup: TrainSetup, plan: Plan):
+    """For ``run hybrid --save/--resume``: (ours, the reference, the report's checkpoint part). A resumed
+    run is compared on its losses (the saved ones, then its own) and final parameters; its first-step
+    gradients belong to the run that saved. Every save: seconds (the slowest rank), tensor bytes per
+    rank predicted and measured, file bytes; every load: seconds."""
+    logs = [a["checkpoint"]["log"] for a in sorted(answers, key=lambda a: a["rank"])]
+    ck = answers[0]["checkpoint"]
+    if ck["start"] > 0:
+        ours = TrainResult(ck["losses"], {}, ours.params, ours.memory, ours.grad_norms)
+        single = TrainResult(single.losses, {}, single.params)
+    predicted = predicted_bytes(setup, plan)
+    saves, loads = [], []
+    for i, row in enumerate(logs[0]):
+        slowest = {k: max(log[i].get(k, 0.0) for log in logs) for k in ("seconds", "async_total_seconds")}
+        entry = {"step": row["step"], "path": row["path"], **slowest}
+        if row["what"] == "load":
+            loads.append(entry)
+            continue
+        path = Path(row["path"])
+        if path.exists():  # a later save of the same step replaced nothing here; measure what is on disk
+            measured, files = written_bytes(path), file_bytes(path)
+            entry |= {
+                "predicted": predicted,
+                "measured": [measured.get(r, 0) for r in range(plan.dims.world)],
+                "files": [files.get(r, 0) for r in range(plan.dims.world)],
+            }
+        saves.append(entry)
+    return ours, single, {"start": ck["start"], "saves": saves, "loads": loads}
+
+
+def checkpoint_lines(ck: dict) -> list[str]:
+    """The summary's lines for the checkpoints of a run."""
+    lines = []
+    for row in ck["loads"]:
+        lines.append(f"  resumed from {row['path']} (after step {row['step']}): read in {row['seconds']:.3f} s")
+    for row in ck["saves"]:
+        kind = (
+            f"async, blocked {row['seconds']:.3f} s, done in {row['async_total_seconds']:.3f} s"
+            if row.get("async_total_seconds")
+            else f"{row['seconds']:.3f} s"
+        )
+        lines.append(f"  saved {row['path']} after step {row['step']} ({kind})")
+        if "measured" in row:
+            cells = ", ".join(f"r{r} {p:,} / {m:,}" for r, (p, m) in enumerate(zip(row["predicted"], row["measured"])))
+            lines.append(f"    tensor bytes written per rank, predicted / measured: {cells}")
+    return lines

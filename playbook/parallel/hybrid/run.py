@@ -7,10 +7,11 @@ memory by category as measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
-from playbook.cluster import default_backend, launch
+from playbook.cluster import default_backend, launch, under_torchrun
+from playbook.parallel.checkpoint import options as checkpoint_options
 from playbook.dims import ParallelDims
 from playbook.theory.inventory.inventory import RECOMPUTE_MODES
 from playbook.theory.cp import VARIANTS as CP_VARIANTS
@@ -35,6 +36,7 @@ class HybridReport(RunReport):
     layout: dict = field(default_factory=dict)
     per_rank: list = field(default_factory=list)
     steps: dict = field(default_factory=dict)  # per-rank step-time percentiles and the straggler (measure.steps)
+    checkpoint: dict | None = None  # --save / --resume: every save and load, bytes per rank predicted / measured
 
     def summary(self) -> str:
         p = self.parity
@@ -64,6 +66,10 @@ class HybridReport(RunReport):
             lines += report_lines(self.steps)
         if self.native:
             lines.append(summary_line(self.native))
+        if self.checkpoint:
+            from playbook.parallel.hybrid.resume import checkpoint_lines
+
+            lines += checkpoint_lines(self.checkpoint)
         return "\n".join(lines)
 
 
@@ -82,9 +88,11 @@ def run_layout(
     native: bool = False,
     launch=launch,
     conditions: life.Conditions | None = None,
+    checkpoint=None,
 ) -> HybridReport:
     """Check ``plan``, run it on ``plan.dims.world`` fresh ranks (``launch``) under ``conditions``,
-    and compare with the single process."""
+    and compare with the single process. ``checkpoint`` (``parallel.checkpoint.CheckpointPlan``):
+    resume from and save to checkpoints."""
     plan.check(setup)
     conditions = conditions or life.Conditions()
     conditions.check(plan.dims.world)
@@ -92,15 +100,22 @@ def run_layout(
         check_native(setup, plan.dims, sequence_parallel=plan.sequence_parallel)
     world = plan.dims.world
     backend = default_backend(world) if backend == "auto" else backend
-    answers = launch(train_hybrid, world, setup, plan, conditions, backend=backend)
+    answers = launch(train_hybrid, world, setup, plan, conditions, checkpoint, backend=backend)
     ours = merge(answers, plan.dims.tp)
-    table = comm_table(answers, setup, plan)
-    mine = table[0]
     single, floor = moe_reference(setup, plan)  # an MoE model in m micro-batches: the same m on one process
+    ck = None
+    if checkpoint is not None:
+        from playbook.parallel.hybrid.resume import checkpoint_report
+
+        ours, single, ck = checkpoint_report(answers, ours, single, setup, plan)
+    ran = setup if ck is None else replace(setup, steps=setup.steps - ck["start"])  # bytes per step of the steps run
+    table = comm_table(answers, ran, plan)
+    mine = table[0]
     return HybridReport(
         strategy="hybrid",
         world_size=world,
         backend=backend,
+        checkpoint=ck,
         parity=gated(compare(ours, single), setup, floor),
         memory=mine["memory"],
         comm={"predicted": mine["predicted"], "measured": mine["measured"]},
@@ -141,6 +156,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--recompute", default="none", choices=list(RECOMPUTE_MODES), help="activation recomputation")
     life.add_arguments(parser)  # --slow-rank --slow-ms, --loader-workers --loader-delay-ms --prefetch
+    checkpoint_options.add_arguments(parser)
     parser.set_defaults(world_size=None)  # implied by the degrees
 
 
@@ -201,14 +217,21 @@ def check_options(args) -> None:
     if o.get("native"):
         check_native(setup, dims, sequence_parallel=o["sequence_parallel"])
     conditions.check(dims.world)
+    checkpoint_options.check(
+        o, model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len
+    )
 
 
 def on_rank(ctx, setup: TrainSetup, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, **plan):
     """Rank function in the registry's shape: ``train_hybrid`` of ``Plan(ParallelDims(dp, tp, pp, cp,
     ep), **plan)``, the layout ``playbook run hybrid``'s flags name (and its conditions: a straggler,
-    a DataLoader, ``hybrid.conditions``)."""
+    a DataLoader, ``hybrid.conditions``; its checkpoint flags left out)."""
+    plan = {k: v for k, v in plan.items() if k not in CHECKPOINT_FLAGS}
     conditions, plan = life.split(plan)
     return train_hybrid(ctx, setup, Plan(ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), **plan), conditions)
+
+
+CHECKPOINT_FLAGS = ("save", "save_every", "resume", "overwrite", "async_save")  # not the layout's: run_hybrid's
 
 
 @register(
@@ -236,5 +259,20 @@ def run_hybrid(
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     if world_size and world_size != dims.world:
         raise ValueError(f"--world-size {world_size} but the degrees {dims} need {dims.world} ranks; omit --world-size")
+    flags = {k: plan.pop(k) for k in CHECKPOINT_FLAGS if k in plan}
+    if under_torchrun():  # no parent checked them: every rank checks the same flags alike
+        checkpoint_options.check(
+            flags,
+            model=setup.model,
+            steps=setup.steps,
+            global_batch=setup.global_batch,
+            seq_len=setup.seq_len,
+            torchrun=True,
+        )
+    else:
+        checkpoint_options.prepare(flags)
+    checkpoint = checkpoint_options.plan_of(flags)
     conditions, plan = life.split(plan)
-    return run_layout(setup, Plan(dims, **plan), backend, native=native, launch=launch, conditions=conditions)
+    return run_layout(
+        setup, Plan(dims, **plan), backend, native=native, launch=launch, conditions=conditions, checkpoint=checkpoint
+    )

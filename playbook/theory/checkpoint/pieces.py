@@ -98,7 +98,9 @@ def _split(name: str, shape: tuple[int, int], dim: int | None, tp: int, tp_rank:
     return Param(name, shape, local, offset)
 
 
-def units(cfg: ModelConfig, dims: ParallelDims, rank: int, *, schedule: str = "1f1b", v: int = 1) -> list[tuple[str, bool, list[Param]]]:
+def units(
+    cfg: ModelConfig, dims: ParallelDims, rank: int, *, schedule: str = "1f1b", v: int = 1
+) -> list[tuple[str, bool, list[Param]]]:
     """``rank``'s flat units as (name, routed expert?, its parameters in flat order), the order of
     ``parallel.zero.flat_unit.units_of``: the embedding, each block (its dense part, then each of its
     E/ep routed experts), the final norm and head. Without ZeRO the same parameters, unit by unit."""
@@ -122,7 +124,9 @@ def units(cfg: ModelConfig, dims: ParallelDims, rank: int, *, schedule: str = "1
         if is_moe_block(cfg, i):
             f = cfg.expert_ffn_hidden
             mlp = [_split(b + "mlp.router.weight", (cfg.n_experts, h), None, t, r)]
-            mlp += [p for s in range(cfg.n_shared_experts) for p in _swiglu(f"{b}mlp.shared_experts.{s}.", h, f, None, t, r)]
+            mlp += [
+                p for s in range(cfg.n_shared_experts) for p in _swiglu(f"{b}mlp.shared_experts.{s}.", h, f, None, t, r)
+            ]
         else:
             mlp = _swiglu(b + "mlp.", h, cfg.ffn_hidden, 0, t, r)
         # GPT's Block registers attn_norm, attn, mlp_norm, mlp; TPGPT's block both norms first
@@ -183,4 +187,9 @@ def holdings(
 
 def shapes(cfg: ModelConfig, dims: ParallelDims, *, schedule: str = "1f1b", v: int = 1) -> dict[str, tuple[int, ...]]:
     """Every parameter's full shape, by name, over all ranks of the layout."""
-    return {p.name: p.shape for r in range(dims.world) for _, _, ps in units(cfg, dims, r, schedule=schedule, v=v) for p in ps}
+    return {
+        p.name: p.shape
+        for r in range(dims.world)
+        for _, _, ps in units(cfg, dims, r, schedule=schedule, v=v)
+        for p in ps
+    }

@@ -44,7 +44,9 @@ def writers(per_rank: list[list[Piece]]) -> list[list[Piece]]:
             if written == 0:
                 mine.append(p)
             elif written != p.numel:
-                raise ValueError(f"{p.name}: rank {rank}'s piece {p.offsets}+{p.sizes} is partly another rank's; no rule writes it once")
+                raise ValueError(
+                    f"{p.name}: rank {rank}'s piece {p.offsets}+{p.sizes} is partly another rank's; no rule writes it once"
+                )
         for p in mine:
             done.setdefault(p.name, []).append(p)
         out.append(mine)
@@ -82,3 +84,12 @@ def save_seconds(total_bytes: float, nodes: int, bytes_per_s_per_node: float) ->
     bandwidth: total / (nodes × bandwidth) (each rank writes only what it holds, so the write is
     spread evenly over the nodes; Wang et al. 2023, *Gemini*, §2 gives the same bound)."""
     return total_bytes / (nodes * bytes_per_s_per_node)
+
+
+def model_checkpoint_bytes(num_params: int, *, weight_bytes: int = FP32, master_bytes: int = 0) -> int:
+    """A whole training checkpoint of ``num_params`` parameters: the weights (``weight_bytes`` each;
+    2 for a bf16 model), fp32 masters where the weights are not fp32 (``master_bytes``, 4 under mixed
+    precision), and AdamW's two fp32 moments (Rajbhandari et al. 2020, §3.1: K = 12 bytes of optimizer
+    state per parameter under mixed precision, masters included); steps, RNG and data position are
+    negligible at scale."""
+    return num_params * (weight_bytes + master_bytes + MOMENTS * FP32)

@@ -18,7 +18,11 @@ from playbook.parallel.report import compare
 from playbook.parallel.training import TrainSetup
 from playbook.theory.hybrid.plan import Plan
 
-DENSE, MOE, TIED = TrainSetup(steps=4), TrainSetup(model="gpt-tiny-moe", steps=4), TrainSetup(model="gpt-tiny-tied", steps=4)
+DENSE, MOE, TIED = (
+    TrainSetup(steps=4),
+    TrainSetup(model="gpt-tiny-moe", steps=4),
+    TrainSetup(model="gpt-tiny-tied", steps=4),
+)
 SP = dict(sequence_parallel=True)
 MATRIX = [  # (name, setup, saved under, loaded under)
     ("dp2xtp2 z1 -> tp2xpp2", DENSE, Plan(D(dp=2, tp=2), zero=1), Plan(D(tp=2, pp=2))),
@@ -28,10 +32,20 @@ MATRIX = [  # (name, setup, saved under, loaded under)
     ("moe dp4xep2 z1 -> dp2xep2 z3", MOE, Plan(D(dp=4, ep=2), zero=1), Plan(D(dp=2, ep=2), zero=3)),
     ("dp4 z2 -> dp2", DENSE, Plan(D(dp=4), zero=2), Plan(D(dp=2))),
     ("dp2xcp2 z2 -> tp2 sp", DENSE, Plan(D(dp=2, cp=2), zero=2), Plan(D(tp=2), **SP)),
-    ("pp2 interleaved z1 dp2 -> dp2xtp2 z3", DENSE, Plan(D(dp=2, pp=2), zero=1, schedule="interleaved"), Plan(D(dp=2, tp=2), zero=3)),
+    (
+        "pp2 interleaved z1 dp2 -> dp2xtp2 z3",
+        DENSE,
+        Plan(D(dp=2, pp=2), zero=1, schedule="interleaved"),
+        Plan(D(dp=2, tp=2), zero=3),
+    ),
     ("tied pp2 -> dp2 z3", TIED, Plan(D(pp=2)), Plan(D(dp=2), zero=3)),
     ("tied dp2 z2 -> pp2 zb-v", TIED, Plan(D(dp=2), zero=2), Plan(D(pp=2), schedule="zb-v")),
-    ("16 ranks dp2xtp2xpp2xcp2 z1 sp -> dp2xtp2 z2", DENSE, Plan(D(dp=2, tp=2, pp=2, cp=2), zero=1, **SP), Plan(D(dp=2, tp=2), zero=2)),
+    (
+        "16 ranks dp2xtp2xpp2xcp2 z1 sp -> dp2xtp2 z2",
+        DENSE,
+        Plan(D(dp=2, tp=2, pp=2, cp=2), zero=1, **SP),
+        Plan(D(dp=2, tp=2), zero=2),
+    ),
 ]
 SAME = [  # unchanged layouts: bit-identical to the run that never stopped
     ("dp2 z0", DENSE, Plan(D(dp=2))),
@@ -45,7 +59,9 @@ def _run(rank_sets, n):
 
 
 @pytest.mark.parametrize("name, setup, a, b", MATRIX, ids=[m[0] for m in MATRIX])
-def test_saved_under_one_layout_continues_under_another_as_the_run_that_never_stopped(rank_sets, tmp_path, name, setup, a, b):
+def test_saved_under_one_layout_continues_under_another_as_the_run_that_never_stopped(
+    rank_sets, tmp_path, name, setup, a, b
+):
     a.check(setup), b.check(setup)
     out = save_then_resume(_run(rank_sets, a.dims.world), _run(rank_sets, b.dims.world), setup, a, b, 2, tmp_path)
     single, floor = hybrid_moe.reference(setup, b)
