@@ -123,6 +123,9 @@ def bytes_figure(
         barmode="group",
         legend=dict(orientation="h", y=-0.15),
     )
+    # room above the tallest bar for its label: plotly's autorange cut the tallest labels at 1280 px
+    tallest = max([*predicted, *(measured or [])], default=0)
+    fig.update_yaxes(range=[0, 1.15 * tallest] if tallest > 0 else None)
     return fig
 
 

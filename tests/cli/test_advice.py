@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from playbook.cli import main
 from playbook.cli.advice import training_total, what_would_fit
 from playbook.config import ModelConfig
@@ -72,3 +74,35 @@ def test_plan_layout_names_a_change_that_fits_and_the_planners_fastest_and_expla
     assert "z1 (ZeRO stage)" in out  # what a label says
     assert main([*args, "--layout", "dp=8 tp=8 zero=3"]) == 0
     assert "what would fit" not in capsys.readouterr().out
+
+
+def test_plan_help_explains_a_layout_label(capsys):
+    """Issue 48: the labels (dp8×tp8 z3 b2 m32 none) were explained nowhere; --help reads one out."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse rewraps the description
+    for part in (
+        "z1 (ZeRO stage)",
+        "b1 (micro-batch, sequences)",
+        "m32 (micro-batches per step)",
+        "none (recomputation",
+    ):
+        assert part in text, part
+
+
+def test_the_readme_memory_examples_show_a_miss_with_its_fix_and_a_fit(capsys):
+    """Issue 48: the README's first memory example only said 'does NOT fit, margin −243.91 GB'. Its two
+    examples now show a miss that names what would fit, and that change fitting."""
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    lines = [ln.split("#")[0].strip() for ln in readme.splitlines() if ln.startswith("playbook memory ")]
+    miss, fit = lines[0], lines[1]
+    assert main(shlex.split(miss)[1:]) == 0
+    out = capsys.readouterr().out
+    training = next(ln for ln in out.splitlines() if "training" in ln)
+    assert "does NOT fit" in training and "what would fit (cheapest first): --recompute full:" in out, out
+    assert main(shlex.split(fit)[1:]) == 0  # the change it names
+    training = next(ln for ln in capsys.readouterr().out.splitlines() if "training" in ln)
+    assert "fits h100-sxm" in training and "NOT" not in training, training

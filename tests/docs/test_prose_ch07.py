@@ -149,3 +149,11 @@ def test_ch07_a_512_token_chunk_is_past_the_ridge():
     st = stall_at_scale(LLAMA70, H100, prompt=8192, budget=512, batch=32, context=2048, tp=4)
     assert round(chunked / decode_only, 1) == round(st["chunked_step"] / st["decode_only"], 1) == 2.5
     assert st["chunked_steps"] == math.ceil(8192 / 480) == 18
+
+
+def test_ch07_dashboard_things_to_try():
+    """The dashboard's "Things to try" (cell dash7-intro): "70B on 4 GPUs (at tp = 2 the weights leave
+    room for a few sequences), a context of 131,072 tokens (tp = 2 no longer fits one)", by hand."""
+    assert 0 < by_hand(2, 8192)["seqs"] < 10
+    assert by_hand(2, 131_072)["budget"] < 131_072 * 2 * L * (KV_HEADS // 2) * HEAD * 2
+    assert by_hand(4, 131_072)["seqs"] >= 1
