@@ -17,7 +17,9 @@ times alone cannot name it; the rank's own work can: the straggler is busy longe
 :func:`find_straggler` names a rank when its median own work exceeds its peers' by more than four
 times their step-to-step spread (median absolute deviation) and 10 % of their median, and it is the
 busiest rank in at least 60 % of the steps; peers are the ranks of the same pipeline stage when a
-stage has two or more, else every rank (a pipeline's stages differ by design).
+stage has two or more, else every rank (a pipeline's stages differ by design). Fewer than
+``MIN_STEPS`` measured steps name no one: a spread needs steps to be measured (one step has none,
+and any rank is then "busiest in 1 of 1").
 Percentiles interpolate linearly between order statistics (Hyndman & Fan 1996, type 7: numpy's default).
 """
 
@@ -28,6 +30,7 @@ from typing import Iterable, Mapping, Sequence
 
 INPUT_WAIT = "input wait"  # the span name of parallel.loader (measure sits below parallel)
 QUANTILES = (50, 90, 99)
+MIN_STEPS = 5  # measured steps (after the skipped first) below which find_straggler names no rank
 
 
 def _get(span, key):
@@ -131,6 +134,8 @@ def find_straggler(rows: Sequence[dict]) -> dict | None:
         spread = statistics.median(abs(x - r["busy"]["p50"]) for r in peers for x in r["busy_per_step"])
         excess = cand["busy"]["p50"] - base
         n = min(len(r["busy_per_step"]) for r in group)
+        if n < MIN_STEPS:
+            continue
         wins = sum(max(group, key=lambda r: r["busy_per_step"][i]) is cand for i in range(n))
         if excess > max(4 * spread, 0.1 * base) and wins >= 0.6 * n:
             if found is None or excess > found["excess_s"]:

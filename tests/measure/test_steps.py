@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from playbook.measure.steps import find_straggler, percentile, percentiles, rank_table, report_lines, step_records
+from playbook.measure.steps import MIN_STEPS, find_straggler, percentile, percentiles, rank_table, report_lines, step_records
 
 
 def test_percentiles_by_hand():
@@ -85,3 +85,13 @@ def test_pipeline_stages_are_compared_within_a_stage():
     assert find_straggler(rank_table(records, stages=[0, 0, 1, 1])) is None
     records[3] = _records(60, 1, seed=4)
     assert find_straggler(rank_table(records, stages=[0, 0, 1, 1]))["rank"] == 3
+
+
+def test_too_few_steps_name_no_straggler():
+    # one measured step: every spread is 0 and some rank is "busiest in 1 of 1"; a resumed run of one
+    # step named one before. Five steps of the same ranks name it.
+    slow = [_records(10, 60, seed=r) for r in range(3)] + [_records(70, 2, seed=3)]
+    few = [r[: 1 + MIN_STEPS - 1] for r in slow]  # the first is skipped: MIN_STEPS - 1 measured
+    assert find_straggler(rank_table(few)) is None
+    enough = [r[: 1 + MIN_STEPS] for r in slow]
+    assert find_straggler(rank_table(enough))["rank"] == 3
