@@ -44,3 +44,14 @@ def test_save_inspect_resume(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert len(report["losses"]) == 4 and report["parity"]["within_bounds"]
     assert report["checkpoint"]["loads"][0]["step"] == 2
+
+
+def test_overwrite_replaces_what_the_folder_held(tmp_path, capsys):
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "old.txt").write_text("an earlier run")
+    assert main(["run", "hybrid", "--dp", "2", "--steps", "1", "--save", str(folder), "--overwrite", "--json"]) == 0
+    capsys.readouterr()
+    assert not (folder / "old.txt").exists() and (folder / "latest").read_text() == "step-1"
+    assert main(["checkpoint", "inspect", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["meta"]["step"] == 1
