@@ -22,6 +22,21 @@ SEGMENTS = {  # key in a row -> (legend name, colour)
 }
 
 
+PANEL_TITLE_CHARS = 28  # characters of a 16 px panel title in a third of FIT_WIDTH
+
+
+def panel_title(name: str, chars: int = PANEL_TITLE_CHARS) -> str:
+    """``name`` broken after its last comma (else space) within ``chars`` characters (plotly does not wrap
+    a panel title: at 1280 px chapter 7's third one ran past the figure's edge)."""
+    if len(name) <= chars:
+        return name
+    comma = name.rfind(", ", 0, chars)
+    if comma > 0:
+        return name[: comma + 1] + "<br>" + name[comma + 2 :]
+    space = name.rfind(" ", 0, chars)
+    return name if space <= 0 else name[:space] + "<br>" + name[space + 1 :]
+
+
 def moe_rows(layout_rows: Sequence[Mapping]) -> list[dict]:
     """``theory.serving.moe_layouts`` rows -> this figure's rows (label, weights, kv, replicated_kv, note)."""
     return [
@@ -30,7 +45,8 @@ def moe_rows(layout_rows: Sequence[Mapping]) -> list[dict]:
             "weights": r["weights_per_gpu"],
             "kv": r["kv_per_gpu"] - r["replicated_kv_per_gpu"],
             "replicated_kv": r["replicated_kv_per_gpu"],
-            "note": f"{r['seqs']:,} seqs" + (f", {r['tokens_per_s'] / 1e3:.1f}k tok/s" if r.get("tokens_per_s") else ""),
+            "note": f"{r['seqs']:,} seqs"
+            + (f"<br>{r['tokens_per_s'] / 1e3:.1f}k tok/s" if r.get("tokens_per_s") else ""),
         }
         for r in layout_rows
     ]
@@ -40,7 +56,10 @@ def moe_memory(panels: Mapping[str, tuple[Sequence[Mapping], float, str]], *, ti
     """``panels``: name -> (rows of ``moe_rows``' shape, bytes per unit, unit name). Stacked bars,
     one panel each, the legend once, each bar's ``note`` above it."""
     names = list(panels)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.1)
+    chars = PANEL_TITLE_CHARS * 3 // max(len(names), 1)
+    fig = make_subplots(
+        rows=1, cols=len(names), subplot_titles=[panel_title(n, chars) for n in names], horizontal_spacing=0.1
+    )
     for col, name in enumerate(names, start=1):
         rows, unit, unit_name = panels[name]
         labels = [r["label"] for r in rows]
@@ -76,8 +95,10 @@ def moe_memory(panels: Mapping[str, tuple[Sequence[Mapping], float, str]], *, ti
             col=col,
         )
         fig.update_yaxes(
-            title_text=f"{unit_name} per GPU", rangemode="tozero", range=[0, 1.18 * max(tops)], row=1, col=col
+            title_text=f"{unit_name} per GPU", rangemode="tozero", range=[0, 1.3 * max(tops)], row=1, col=col
         )
     figure_layout(fig, title=title, barmode="stack", height=440)
+    if any("<br>" in panel_title(n, chars) for n in names):  # room for a panel title's second line
+        fig.update_layout(margin_t=fig.layout.margin.t + 20)
     fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0))
     return fig

@@ -25,3 +25,18 @@ def test_each_bar_stacks_to_the_gpus_weights_and_kv_room():
     tp = next(i for i, r in enumerate(rows) if r["layout"] == "TP attention")
     assert v3[2].y[tp] > v3[1].y[tp]  # MLA on 8 TP ranks: copies outweigh the own share
     assert list(bars[5].y) == [1.0] and list(bars[4].y) == [2.0]  # the second panel in KB
+
+
+def test_a_long_panel_title_breaks_at_a_comma_and_bar_notes_take_two_lines():
+    """At 1280 px (issue 48's layout check) the third panel's title ran past the figure's edge and two
+    bars' notes overlapped: a title longer than its third of the width breaks, a note is two lines."""
+    from playbook.viz.serving_moe import PANEL_TITLE_CHARS, panel_title
+
+    long = "gpt-tiny-moe on 4 ranks, KV measured"
+    assert len(long) > PANEL_TITLE_CHARS and panel_title(long) == "gpt-tiny-moe on 4 ranks,<br>KV measured"
+    assert panel_title("deepseek-v3, 8 × H200, fp8") == "deepseek-v3, 8 × H200, fp8"
+    one = ([{"label": "x", "kv": 1.0}], 1.0, "B")
+    fig = moe_memory({"a": one, "b": one, long: one})  # three panels, as in the chapter
+    assert [a.text for a in fig.layout.annotations] == ["a", "b", "gpt-tiny-moe on 4 ranks,<br>KV measured"]
+    rows = compare_moe_layouts(ModelConfig.preset("mixtral-8x7b"), Hardware.preset("h100-sxm"), gpus=8, context=8192)
+    assert all(r["note"].count("<br>") == 1 for r in moe_rows(rows))
