@@ -30,7 +30,8 @@ def moe_rows(layout_rows: Sequence[Mapping]) -> list[dict]:
             "weights": r["weights_per_gpu"],
             "kv": r["kv_per_gpu"] - r["replicated_kv_per_gpu"],
             "replicated_kv": r["replicated_kv_per_gpu"],
-            "note": f"{r['seqs']:,} seqs" + (f", {r['tokens_per_s'] / 1e3:.1f}k tok/s" if r.get("tokens_per_s") else ""),
+            "note": f"{r['seqs']:,} seqs"
+            + (f", {r['tokens_per_s'] / 1e3:.1f}k tok/s" if r.get("tokens_per_s") else ""),
         }
         for r in layout_rows
     ]

@@ -65,4 +65,3 @@ def test_a_piece_a_lower_rank_wrote_only_in_part_is_refused():
     with pytest.raises(ValueError, match="partly"):
         writers([[a], [b]])
     assert writers([[a], [a]]) == [[a], []]
-

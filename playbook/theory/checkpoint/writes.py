@@ -77,4 +77,3 @@ def bytes_per_rank(
         row["data"] = DATA_BYTES if rank == 0 else 0
         out.append(row | {"total": sum(row.values())})
     return out
-
