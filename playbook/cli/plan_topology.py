@@ -50,20 +50,23 @@ def _topology(args):
 def cmd_plan_topology(args, cfg, options: dict) -> int:
     """``plan --topology``: the fastest layouts over the orders searched, each with its placement."""
     from playbook.theory.plan.launch import torchrun_command
-    from playbook.theory.plan.placed import crossings, on_topology, placement_of, plan_orders
+    from playbook.theory.plan.placed import crossings, placement_of, plan_orders
 
     topo = _topology(args)
     orders = (args.mesh_order,) if args.mesh_order else ORDERS
     options = {k: v for k, v in options.items() if k not in ("gpus_per_node", "mesh_order")}
     if args.gpus_per_node is not None:
-        raise BadInput(f"--gpus-per-node with --topology: the topology sets it ({topo.node_gpus} for {topo.name}); omit it")
+        raise BadInput(
+            f"--gpus-per-node with --topology: the topology sets it ({topo.node_gpus} for {topo.name}); omit it"
+        )
     if args.layout:
         return _one_layout(args, cfg, topo, orders[0], options)
     kw = dict(gpus=args.gpus, seq_len=args.seq_len, global_batch=args.global_batch, attention=args.attention)
     kw |= dict(schedules=tuple(x for x in args.schedules.split(",") if x), **options)
     plans = plan_orders(cfg, topo, orders=orders, **kw)
     rows = sorted(
-        ((c, o) for o, p in plans for c in p.candidates[: args.top]), key=lambda co: (co[0].cost.total, ORDERS.index(co[1]))
+        ((c, o) for o, p in plans for c in p.candidates[: args.top]),
+        key=lambda co: (co[0].cost.total, ORDERS.index(co[1])),
     )
     seen, top = set(), []
     for c, o in rows:
@@ -90,11 +93,14 @@ def cmd_plan_topology(args, cfg, options: dict) -> int:
         print(json.dumps(record, indent=2))
         return 0
     levels = ", ".join(
-        f"{lv.name} ×{lv.size} {lv.bandwidth / 1e9:g} GB/s" + (f" {lv.oversubscription:g}:1" if lv.oversubscription > 1 else "")
+        f"{lv.name} ×{lv.size} {lv.bandwidth / 1e9:g} GB/s"
+        + (f" {lv.oversubscription:g}:1" if lv.oversubscription > 1 else "")
         for lv in topo.levels
     )
-    print(f"{cfg.name} on {args.gpus} × {topo.hardware}, topology {topo.name} ({levels}), seq {args.seq_len}, "
-          f"global batch {args.global_batch}; mesh orders searched: {', '.join(orders)}")
+    print(
+        f"{cfg.name} on {args.gpus} × {topo.hardware}, topology {topo.name} ({levels}), seq {args.seq_len}, "
+        f"global batch {args.global_batch}; mesh orders searched: {', '.join(orders)}"
+    )
     print(f"  {'layout':<40} {'order':<12} {'step':>8} {'exposed':>8} {'MFU':>6}  placement (axis: outermost level)")
     for c, o in top:
         print(
@@ -141,24 +147,46 @@ def cmd_serve_plan_topology(args, cfg) -> int:
 
     try:
         rows = serve_layouts_on(
-            cfg, topo, gpus=args.gpus, context=args.context, mem_util=args.mem_util, block_size=args.block_size,
-            dtype=args.dtype, latency=BY_SIZE if args.allreduce == "by-size" else None,
+            cfg,
+            topo,
+            gpus=args.gpus,
+            context=args.context,
+            mem_util=args.mem_util,
+            block_size=args.block_size,
+            dtype=args.dtype,
+            latency=BY_SIZE if args.allreduce == "by-size" else None,
         )
     except ValueError as e:
         raise BadInput(str(e)) from None
     if not rows:
-        raise BadInput(f"{cfg.name} does not fit {args.gpus} GPUs of {topo.name} with a {args.context}-token "
-                       "sequence at any tp; try a shorter --context or --dtype fp8")
+        raise BadInput(
+            f"{cfg.name} does not fit {args.gpus} GPUs of {topo.name} with a {args.context}-token "
+            "sequence at any tp; try a shorter --context or --dtype fp8"
+        )
     best, why = recommend(rows)
     if args.json:
-        print(json.dumps({"model": cfg.name, "topology": topo.name, "gpus": args.gpus, "context": args.context,
-                          "layouts": rows, "placement": {r["layout"]: {"tp": r["tp_level"]} for r in rows},
-                          "recommended": best["layout"], "why": why}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": cfg.name,
+                    "topology": topo.name,
+                    "gpus": args.gpus,
+                    "context": args.context,
+                    "layouts": rows,
+                    "placement": {r["layout"]: {"tp": r["tp_level"]} for r in rows},
+                    "recommended": best["layout"],
+                    "why": why,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"{cfg.name} on {args.gpus} × {topo.hardware}, topology {topo.name}, context {args.context}, {args.dtype}")
     print(f"  {'layout':<9} {'tp spans':<12} {'TPOT b=1':>9} {'TPOT':>8} {'tokens/s':>9}")
     for r in rows:
-        print(f"  {r['layout']:<9} {r['tp_level']:<12} {r['tpot_batch1'] * 1e3:>7.1f}ms {r['tpot'] * 1e3:>6.1f}ms "
-              f"{r['tokens_per_s']:>9,.0f}")
+        print(
+            f"  {r['layout']:<9} {r['tp_level']:<12} {r['tpot_batch1'] * 1e3:>7.1f}ms {r['tpot'] * 1e3:>6.1f}ms "
+            f"{r['tokens_per_s']:>9,.0f}"
+        )
     print(f"recommended: {best['layout']}: {why}")
     return 0

@@ -32,7 +32,9 @@ def level_label(topology: Topology, i: int) -> str:
     return f"{lv.name} (×{lv.size}, {lv.bandwidth / 1e9:g} GB/s{ratio})"
 
 
-def topology_figure(topology: Topology, degrees: dict[str, int], order: str, *, gpus: int, title: str = "") -> go.Figure:
+def topology_figure(
+    topology: Topology, degrees: dict[str, int], order: str, *, gpus: int, title: str = ""
+) -> go.Figure:
     """The figure of the module docstring for a layout's ``degrees`` laid out in mesh ``order``."""
     degrees = {a: degrees.get(a, 1) for a in ("dp", "tp", "pp", "cp", "ep")}
     where = placement(topology, order, degrees)
@@ -42,27 +44,50 @@ def topology_figure(topology: Topology, degrees: dict[str, int], order: str, *, 
         cap = topology.capacity(i)
         for u in range(-(-gpus // cap)):
             x0, x1 = u * cap - 0.5, min((u + 1) * cap, gpus) - 0.5
-            shapes.append(dict(type="rect", x0=x0, x1=x1, y0=i + 0.6, y1=i + 1.4, line=dict(color="#888", width=1),
-                               fillcolor="rgba(0,0,0,0.03)", layer="below"))
+            shapes.append(
+                dict(
+                    type="rect",
+                    x0=x0,
+                    x1=x1,
+                    y0=i + 0.6,
+                    y1=i + 1.4,
+                    line=dict(color="#888", width=1),
+                    fillcolor="rgba(0,0,0,0.03)",
+                    layer="below",
+                )
+            )
     for axis, w in where.items():
         ranks = group_ranks(axis, order, degrees)
         color = AXIS_COLORS.get(axis, "#444")
         name = f"{axis} ({w['ranks']} ranks, stride {w['stride']})"
         spans = ", ".join(f"{lv} ×{k:g}" for lv, k in w["levels"].items()) or "one GPU"
         fig.add_trace(
-            go.Scatter(x=ranks, y=[_OFFSET[axis]] * len(ranks), mode="markers", name=name, legendgroup=axis,
-                       marker=dict(color=color, size=7, symbol="square"),
-                       hovertemplate=f"<b>{axis}</b> rank %{{x}}<br>spans {spans}<extra></extra>")
+            go.Scatter(
+                x=ranks,
+                y=[_OFFSET[axis]] * len(ranks),
+                mode="markers",
+                name=name,
+                legendgroup=axis,
+                marker=dict(color=color, size=7, symbol="square"),
+                hovertemplate=f"<b>{axis}</b> rank %{{x}}<br>spans {spans}<extra></extra>",
+            )
         )
         top = topology.names.index(w["outermost"]) + 1
         fig.add_trace(
-            go.Scatter(x=[ranks[0], ranks[-1]], y=[top + _OFFSET[axis]] * 2, mode="lines+markers", legendgroup=axis,
-                       showlegend=False, line=dict(color=color, width=5),
-                       hovertemplate=f"<b>{axis}</b> crosses {w['outermost']}<br>spans {spans}<extra></extra>")
+            go.Scatter(
+                x=[ranks[0], ranks[-1]],
+                y=[top + _OFFSET[axis]] * 2,
+                mode="lines+markers",
+                legendgroup=axis,
+                showlegend=False,
+                line=dict(color=color, width=5),
+                hovertemplate=f"<b>{axis}</b> crosses {w['outermost']}<br>spans {spans}<extra></extra>",
+            )
         )
     ticks = ["GPUs (one group per axis)"] + [level_label(topology, i) for i in range(len(topology.levels))]
-    figure_layout(fig, title=title, height=300 + 60 * len(topology.levels), shapes=shapes,
-                  legend=dict(orientation="h", y=-0.25))
+    figure_layout(
+        fig, title=title, height=300 + 60 * len(topology.levels), shapes=shapes, legend=dict(orientation="h", y=-0.25)
+    )
     fig.update_xaxes(title="rank", range=[-1, gpus])
     fig.update_yaxes(tickvals=list(range(len(ticks))), ticktext=ticks, range=[-0.6, len(ticks) - 0.4])
     return fig
@@ -71,7 +96,13 @@ def topology_figure(topology: Topology, degrees: dict[str, int], order: str, *, 
 def placement_rows(topology: Topology, degrees: dict[str, int], order: str) -> list[dict]:
     """One row per axis: its group, the levels it spans and the outermost: a table's rows."""
     return [
-        {"axis": a, "ranks": w["ranks"], "stride": w["stride"], "collective": w["op"].replace("_", "-"),
-         "spans": ", ".join(f"{lv} ×{k:g}" for lv, k in w["levels"].items()), "outermost level": w["outermost"]}
+        {
+            "axis": a,
+            "ranks": w["ranks"],
+            "stride": w["stride"],
+            "collective": w["op"].replace("_", "-"),
+            "spans": ", ".join(f"{lv} ×{k:g}" for lv, k in w["levels"].items()),
+            "outermost level": w["outermost"],
+        }
         for a, w in placement(topology, order, degrees).items()
     ]

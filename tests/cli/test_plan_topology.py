@@ -39,16 +39,22 @@ def _layout(c):
 
 
 def test_plan_table_and_one_layout(capsys):
-    code, out, _ = run(capsys, "plan", *WS, "--topology", "pcie-workstation", "--mesh-order", "tp-cp-pp-dp", "--top", "2")
+    code, out, _ = run(
+        capsys, "plan", *WS, "--topology", "pcie-workstation", "--mesh-order", "tp-cp-pp-dp", "--top", "2"
+    )
     assert code == 0 and "topology pcie-workstation" in out and "mesh orders searched: tp-cp-pp-dp" in out
     code, out, _ = run(capsys, "plan", *WS, "--topology", "pcie-workstation", "--layout", "dp=4 tp=2 zero=2 b=2")
     assert code == 0 and "placement (tp-cp-dp-pp): tp: pcie-switch, dp: upi" in out
-    code, out, _ = run(capsys, "plan", *WS, "--topology", "pcie-workstation", "--layout", "dp=4 tp=2 zero=2 b=2", "--json")
+    code, out, _ = run(
+        capsys, "plan", *WS, "--topology", "pcie-workstation", "--layout", "dp=4 tp=2 zero=2 b=2", "--json"
+    )
     assert json.loads(out)["placement"] == {"tp": "pcie-switch", "dp": "upi"}
 
 
 def test_serve_plan_on_a_topology(capsys):
-    code, out, _ = run(capsys, "serve-plan", "--model", "llama-3.1-8b", "--gpus", "8", "--topology", "pcie-workstation", "--json")
+    code, out, _ = run(
+        capsys, "serve-plan", "--model", "llama-3.1-8b", "--gpus", "8", "--topology", "pcie-workstation", "--json"
+    )
     d = json.loads(out)
     assert code == 0 and d["placement"]["tp8×dp1"] == {"tp": "upi"} and d["recommended"] in d["placement"]
 
@@ -58,7 +64,10 @@ def test_serve_plan_on_a_topology(capsys):
     [
         (["plan", *WS, "--topology", "nope"], "unknown topology 'nope'; known topologies: dgx-h100-rail"),
         (["plan", *WS, "--mesh-order", "cp-tp-dp-pp"], "--mesh-order cp-tp-dp-pp needs --topology"),
-        (["plan", *WS, "--gpus", "16", "--topology", "pcie-workstation"], "more than topology 'pcie-workstation' holds (8)"),
+        (
+            ["plan", *WS, "--gpus", "16", "--topology", "pcie-workstation"],
+            "more than topology 'pcie-workstation' holds (8)",
+        ),
         (["plan", *WS, "--topology", "pcie-workstation", "--gpus-per-node", "4"], "the topology sets it (8"),
         (["serve-plan", "--model", "llama-3.1-8b", "--gpus", "16", "--topology", "pcie-workstation"], "holds (8)"),
     ],

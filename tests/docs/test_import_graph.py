@@ -39,7 +39,18 @@ TOP = {
     "cli": 6,
     "exercises": 6,
 }
-THEORY = {"cost": 0, "inventory": 0, "topology": 1, "dp": 1, "zero": 1, "tp": 1, "pp": 1, "cp": 1, "moe": 1, "hybrid": 2}
+THEORY = {
+    "cost": 0,
+    "inventory": 0,
+    "topology": 1,
+    "dp": 1,
+    "zero": 1,
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "moe": 1,
+    "hybrid": 2,
+}
 THEORY |= {"life": 1}  # checkpoints, failures and goodput at scale (chapter 10): reads inventory only
 THEORY |= {"checkpoint": 2}  # a rank's pieces of every tensor, from the layout (pp's chunks)
 THEORY |= {"plan": 3, "serving": 3}

@@ -42,8 +42,10 @@ def test_why_the_winners_differ():
     assert "keeps tp small and adds cp" in prose("08_hybrid_mesh.ipynb", "topo-7")
     r, s = rail["candidate"].layout, spine["candidate"].layout
     assert r.tp < s.tp and r.cp > 1 and s.cp == 1 and s.tp == 4  # "with tp4 on NVLink"
-    mine = {n: cost_on(LLAMA70, load_topology(n), r, seq_len=8192, mesh_order=rail["mesh_order"], rank=False)
-            for n in ("dgx-h100-rail", "h100-ethernet-2to1")}
+    mine = {
+        n: cost_on(LLAMA70, load_topology(n), r, seq_len=8192, mesh_order=rail["mesh_order"], rank=False)
+        for n in ("dgx-h100-rail", "h100-ethernet-2to1")
+    }
     on_rail, on_spine = mine["dgx-h100-rail"]["step"]["axes"]["dp"], mine["h100-ethernet-2to1"]["step"]["axes"]["dp"]
     assert mine["dgx-h100-rail"]["placement"]["dp"]["outermost"] == "rail-leaf"  # "stay on one non-blocking leaf"
     assert on_rail["exposed"] < 0.01 * on_rail["comm"]  # "and hide behind the compute"
@@ -58,7 +60,11 @@ def test_tp_over_pcie_stops_paying_earlier():
     pc = best_by_tp(LLAMA8, load_topology("pcie-workstation"), **job)
     nv = best_by_tp(LLAMA8, load_topology("dgx-h100-rail"), **job)
     text = prose("08_hybrid_mesh.ipynb", "topo-12")
-    assert "under one switch, still pays" in text and pc[2]["step_s"] < pc[1]["step_s"] and pc[2]["tp_level"] == "pcie-switch"
+    assert (
+        "under one switch, still pays" in text
+        and pc[2]["step_s"] < pc[1]["step_s"]
+        and pc[2]["tp_level"] == "pcie-switch"
+    )
     assert pc[4]["tp_level"] == "socket" and pc[8]["tp_level"] == "upi"
     share = [pc[t]["tp_exposed_s"] / pc[t]["step_s"] for t in (2, 4, 8)]
     assert share == sorted(share)  # "its exposed share of the step grows each time"
@@ -70,9 +76,17 @@ def test_chapter_8b_the_fabrics_against_the_profile():
     job = dict(gpus=64, seq_len=8192, global_batch=512, activations="ours", schedules=("1f1b",), overlap="dp", top=1)
     from playbook.theory.topology import ORDERS
 
-    on = {t.name: ranking(LLAMA70, t, orders=ORDERS[:2], **job)[0]["step_s"]
-          for t in (from_hardware(Hardware.preset("h100-sxm")), load_topology("dgx-h100-rail"), load_topology("h100-ethernet-2to1"))}
-    assert "get cheaper than the profile says, and the spine's 2:1 takes some of that back" in prose("08b_planning.ipynb", "topo-2")
+    on = {
+        t.name: ranking(LLAMA70, t, orders=ORDERS[:2], **job)[0]["step_s"]
+        for t in (
+            from_hardware(Hardware.preset("h100-sxm")),
+            load_topology("dgx-h100-rail"),
+            load_topology("h100-ethernet-2to1"),
+        )
+    }
+    assert "get cheaper than the profile says, and the spine's 2:1 takes some of that back" in prose(
+        "08b_planning.ipynb", "topo-2"
+    )
     assert on["dgx-h100-rail"] < on["h100-sxm"] and on["dgx-h100-rail"] <= on["h100-ethernet-2to1"] < on["h100-sxm"]
 
 

@@ -5,7 +5,15 @@ import random
 
 import pytest
 
-from playbook.measure.steps import MIN_STEPS, find_straggler, percentile, percentiles, rank_table, report_lines, step_records
+from playbook.measure.steps import (
+    MIN_STEPS,
+    find_straggler,
+    percentile,
+    percentiles,
+    rank_table,
+    report_lines,
+    step_records,
+)
 
 
 def test_percentiles_by_hand():

@@ -65,16 +65,3 @@ def test_a_piece_a_lower_rank_wrote_only_in_part_is_refused():
     with pytest.raises(ValueError, match="partly"):
         writers([[a], [b]])
     assert writers([[a], [a]]) == [[a], []]
-
-
-def test_a_checkpoint_at_scale_and_its_write_time():
-    """Llama 3.1 405B in mixed precision: bf16 weights (2 bytes), fp32 masters and two moments (ZeRO's
-    K = 12): 14 bytes a parameter, no gradients; written by 2,048 nodes at once, each at 1 GB/s, it takes
-    the total over 2,048 GB/s."""
-    from playbook.theory.checkpoint import model_checkpoint_bytes, save_seconds
-
-    n = ModelConfig.preset("llama-3.1-405b").num_params()
-    total = model_checkpoint_bytes(n, weight_bytes=2, master_bytes=4)
-    assert total == 14 * n
-    assert save_seconds(total, 2048, 1e9) == pytest.approx(14 * n / 2.048e12)
-    assert model_checkpoint_bytes(100, weight_bytes=4) == 1200  # ours: fp32 weights and two moments

@@ -77,19 +77,3 @@ def bytes_per_rank(
         row["data"] = DATA_BYTES if rank == 0 else 0
         out.append(row | {"total": sum(row.values())})
     return out
-
-
-def save_seconds(total_bytes: float, nodes: int, bytes_per_s_per_node: float) -> float:
-    """A whole checkpoint's write time when every node writes its share at once at its storage
-    bandwidth: total / (nodes × bandwidth) (each rank writes only what it holds, so the write is
-    spread evenly over the nodes; Wang et al. 2023, *Gemini*, §2 gives the same bound)."""
-    return total_bytes / (nodes * bytes_per_s_per_node)
-
-
-def model_checkpoint_bytes(num_params: int, *, weight_bytes: int = FP32, master_bytes: int = 0) -> int:
-    """A whole training checkpoint of ``num_params`` parameters: the weights (``weight_bytes`` each;
-    2 for a bf16 model), fp32 masters where the weights are not fp32 (``master_bytes``, 4 under mixed
-    precision), and AdamW's two fp32 moments (Rajbhandari et al. 2020, §3.1: K = 12 bytes of optimizer
-    state per parameter under mixed precision, masters included); steps, RNG and data position are
-    negligible at scale."""
-    return num_params * (weight_bytes + master_bytes + MOMENTS * FP32)

@@ -25,7 +25,9 @@ from __future__ import annotations
 import heapq
 
 from playbook.theory.plan.cost import (
+    OVERLAP_PRESETS,
     StepCost,
+    link,
     scheduled_split,
     scheduled_total,
     step_compute,
@@ -33,6 +35,7 @@ from playbook.theory.plan.cost import (
     with_data_axis,
     with_schedule,
 )
+from playbook.theory.plan.dp import dp_seconds
 from playbook.theory.plan.memory import _memory_key, _needs_more, memory_bytes, placement_states
 from playbook.theory.plan.schedule import stage_placement
 from playbook.theory.plan.search import Candidate, Layout, _modelled, _variants, structure_zeros
@@ -126,16 +129,28 @@ def search_structure(cfg, hw, dims, groups, out, **sizes) -> None:
         total_count += len(options) * nz * nr
     timing, common = s.timing, s.common
     plain: dict[tuple, StepCost] = {}  # (b, recompute) -> the step without dp
-    full: dict[tuple, StepCost] = {}  # (b, recompute, placement, zero) -> with it
+    full: dict[tuple, float] = {}  # (b, recompute, placement, zero) -> dp's exposed seconds
     split: dict[tuple, tuple] = {}  # (b, recompute, schedule) -> scheduled_split of the step without dp
     ats = [[s.at_args(m, schedule, v) for schedule, v in options] for _, m, options in groups]
 
     def with_dp(bi, ri, placement, zero) -> StepCost:
+        """The step with its data axis: a candidate's cost, as ``with_data_axis`` builds it."""
+        b, m, _ = groups[bi]
+        args = s.layout_args(b, m, recomputes[ri], placement)
+        return with_data_axis(cfg, hw, plain[bi, ri], zero=zero, **args, **timing, **common)
+
+    if dims.dp * dims.cp > 1:  # the data axis's link, for the structure (with_data_axis's own arguments)
+        bw, lat, _ = link(hw, "dp", common["gpus_per_node"], timing["mesh_order"], **s.degrees)
+        hide = "dp" in OVERLAP_PRESETS[timing["overlap"]]
+
+    def dp_exposed(bi, ri, placement, zero) -> float:
+        """The exposed seconds of the data axis ``with_dp`` adds (``theory.plan.dp.dp_seconds``, the same call)."""
         key = (bi, ri, placement, zero)
         if key not in full:
-            b, m, _ = groups[bi]
-            args = s.layout_args(b, m, recomputes[ri], placement)
-            full[key] = with_data_axis(cfg, hw, plain[bi, ri], zero=zero, **args, **timing, **common)
+            m = groups[bi][1]
+            full[key] = dp_seconds(cfg, bandwidth=bw, latency=lat, zero=zero, compute=plain[bi, ri].compute,
+                                   microbatches=m, **s.degrees, grad_bytes=timing["grad_bytes"],
+                                   placement=placement, hide=hide)[1]  # fmt: skip
         return full[key]
 
     def layout(bi, oi, zi, ri) -> Layout:
@@ -173,7 +188,7 @@ def search_structure(cfg, hw, dims, groups, out, **sizes) -> None:
                 first, rest = split[bi, ri, oi]
                 placement = stage_placement(groups[bi][2][oi][0])
                 for zi, zero in enumerate(zeros):
-                    dp = with_dp(bi, ri, placement, zero).axes["dp"][1] if data else 0.0
+                    dp = dp_exposed(bi, ri, placement, zero) if data else 0.0
                     idx = starts[bi] + (oi * nz + zi) * nr + ri
                     heapq.heappush(heap, (first + (rest + dp), -zero, idx, 2, (bi, oi, zi, ri)))
 

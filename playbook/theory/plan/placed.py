@@ -40,12 +40,16 @@ def on_topology(topology: Topology, hw: Hardware | None = None) -> PlacedHardwar
     hw = Hardware.preset(topology.hardware) if hw is None else hw
     own = {f.name: getattr(hw, f.name) for f in dataclasses.fields(Hardware)}
     storage = topology.storage or hw.storage_bandwidth  # the topology's checkpoint path feeds theory.life's save time
-    return PlacedHardware(**(own | {"devices_per_node": topology.node_gpus, "storage_bandwidth": storage}), topology=topology)
+    return PlacedHardware(
+        **(own | {"devices_per_node": topology.node_gpus, "storage_bandwidth": storage}), topology=topology
+    )
 
 
 def _check_gpus(topology: Topology, gpus: int) -> None:
     if gpus > topology.gpus:
-        raise ValueError(f"--gpus {gpus} is more than topology {topology.name!r} holds ({topology.gpus}); try --gpus {topology.gpus}")
+        raise ValueError(
+            f"--gpus {gpus} is more than topology {topology.name!r} holds ({topology.gpus}); try --gpus {topology.gpus}"
+        )
 
 
 def plan_on(
@@ -67,7 +71,9 @@ def plan_on(
     return plan(cfg, placed, gpus=gpus, seq_len=seq_len, global_batch=global_batch, mesh_order=mesh_order, **options)
 
 
-def plan_orders(cfg: ModelConfig, topology: Topology, *, orders: tuple[str, ...] = ORDERS, **kw) -> list[tuple[str, Plan]]:
+def plan_orders(
+    cfg: ModelConfig, topology: Topology, *, orders: tuple[str, ...] = ORDERS, **kw
+) -> list[tuple[str, Plan]]:
     """(mesh order, its plan) for every order, the order whose best layout is fastest first."""
     plans = [(o, plan_on(cfg, topology, mesh_order=o, **kw)) for o in orders]
     return sorted(plans, key=lambda op: op[1].candidates[0].cost.total)
@@ -84,18 +90,16 @@ def ranking(cfg: ModelConfig, topology: Topology, *, top: int = 5, **kw) -> list
             if seen is not None and seen["step_s"] <= c.cost.total:
                 seen["orders"] += [order] if seen["step_s"] == c.cost.total else []
                 continue
-            rows[str(c.layout)] = (
-                {
-                    "layout": str(c.layout),
-                    "mesh_order": order,
-                    "step_s": c.cost.total,
-                    "mfu": c.mfu,
-                    "exposed": {a: e for a, (_, e) in c.cost.axes.items()},
-                    "placement": {a: w["outermost"] for a, w in placement_of(topology, c.layout, order).items()},
-                    "orders": [order],
-                    "candidate": c,
-                }
-            )
+            rows[str(c.layout)] = {
+                "layout": str(c.layout),
+                "mesh_order": order,
+                "step_s": c.cost.total,
+                "mfu": c.mfu,
+                "exposed": {a: e for a, (_, e) in c.cost.axes.items()},
+                "placement": {a: w["outermost"] for a, w in placement_of(topology, c.layout, order).items()},
+                "orders": [order],
+                "candidate": c,
+            }
     return sorted(rows.values(), key=lambda r: (r["step_s"], ORDERS.index(r["mesh_order"])))[:top]
 
 
@@ -109,14 +113,20 @@ def crossings(topology: Topology, layout: Layout, mesh_order: str = ORDERS[0]) -
     return level_axes(topology, mesh_order, layout.degrees)
 
 
-def cost_on(cfg: ModelConfig, topology: Topology, layout: Layout, *, seq_len: int, mesh_order: str = ORDERS[0], hw=None, **kw) -> dict:
+def cost_on(
+    cfg: ModelConfig, topology: Topology, layout: Layout, *, seq_len: int, mesh_order: str = ORDERS[0], hw=None, **kw
+) -> dict:
     """``theory.plan.layout.cost_layout`` of one layout on ``topology``, with its placement."""
     check_order(mesh_order)
     _check_gpus(topology, layout.dp * layout.tp * layout.pp * layout.cp)
     placed = on_topology(topology, hw)
     kw.pop("gpus_per_node", None)
     out = cost_layout(cfg, placed, layout, seq_len=seq_len, mesh_order=mesh_order, **kw)
-    return out | {"topology": topology.name, "mesh_order": mesh_order, "placement": placement_of(topology, layout, mesh_order)}
+    return out | {
+        "topology": topology.name,
+        "mesh_order": mesh_order,
+        "placement": placement_of(topology, layout, mesh_order),
+    }
 
 
 def best_by_tp(cfg: ModelConfig, topology: Topology, *, mesh_order: str = ORDERS[0], **kw) -> dict[int, dict]:

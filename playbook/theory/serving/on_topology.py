@@ -16,18 +16,24 @@ from playbook.theory.topology.levels import Topology
 from playbook.theory.topology.placement import ORDERS, axis_link
 
 
-def serve_layouts_on(cfg: ModelConfig, topology: Topology, *, gpus: int, context: int, latency=None, **options) -> list[dict]:
+def serve_layouts_on(
+    cfg: ModelConfig, topology: Topology, *, gpus: int, context: int, latency=None, **options
+) -> list[dict]:
     """Every tp × dp of ``gpus`` with tp dividing the heads and within the topology's scale-up domain
     whose replica fits, smallest tp first; ``latency`` ``BY_SIZE``: the library's choice by size."""
     if gpus > topology.gpus:
-        raise ValueError(f"--gpus {gpus} is more than topology {topology.name!r} holds ({topology.gpus}); try --gpus {topology.gpus}")
+        raise ValueError(
+            f"--gpus {gpus} is more than topology {topology.name!r} holds ({topology.gpus}); try --gpus {topology.gpus}"
+        )
     hw = Hardware.preset(topology.hardware)
     rows = []
     for tp in divisors(gpus):
         if cfg.n_heads % tp or tp > topology.node_gpus:
             continue
         bw, lat, level = axis_link(topology, "tp", ORDERS[0], dict(tp=tp, dp=gpus // tp))
-        placed = dataclasses.replace(hw, intra_node_bandwidth=bw, intra_node_latency=lat, devices_per_node=topology.node_gpus)
+        placed = dataclasses.replace(
+            hw, intra_node_bandwidth=bw, intra_node_latency=lat, devices_per_node=topology.node_gpus
+        )
         step = BY_SIZE if latency == BY_SIZE else lat
         try:
             row = serving_layout(cfg, placed, tp=tp, dp=gpus // tp, context=context, latency=step, **options)

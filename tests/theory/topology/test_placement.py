@@ -44,7 +44,14 @@ def test_equal_gpu_counts_prefer_different_layouts():
     assert rail[0]["layout"] != eth[0]["layout"]
     # each winner is slower on the other fabric, and the difference is where dp sits
     for mine, other, name in ((rail, eth, "h100-ethernet-2to1"), (eth, rail, "dgx-h100-rail")):
-        there = cost_on(cfg, load_topology(name), mine[0]["candidate"].layout, seq_len=8192, mesh_order=mine[0]["mesh_order"], rank=False)
+        there = cost_on(
+            cfg,
+            load_topology(name),
+            mine[0]["candidate"].layout,
+            seq_len=8192,
+            mesh_order=mine[0]["mesh_order"],
+            rank=False,
+        )
         assert there["step"]["total"] > other[0]["step_s"]
     assert rail[0]["placement"]["dp"] == "rail-leaf" and eth[0]["placement"]["dp"] == "spine"
 
@@ -90,4 +97,10 @@ def test_bad_topology_files_are_one_line(tmp_path):
     with pytest.raises(ValueError, match="unknown topology 'nope'.*dgx-h100-rail"):
         load_topology("nope")
     with pytest.raises(ValueError, match="more than topology 'pcie-workstation' holds"):
-        plan_on(ModelConfig.preset("llama-3.1-8b"), load_topology("pcie-workstation"), gpus=16, seq_len=4096, global_batch=32)
+        plan_on(
+            ModelConfig.preset("llama-3.1-8b"),
+            load_topology("pcie-workstation"),
+            gpus=16,
+            seq_len=4096,
+            global_batch=32,
+        )

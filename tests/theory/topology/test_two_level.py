@@ -37,7 +37,9 @@ def _same(got: list[dict], want: list[dict]) -> None:
 @pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['model']}-{c['hardware']}-{c['gpus']}-{c['mesh_order']}")
 def test_profile_plans_are_unchanged(case):
     cfg, hw = ModelConfig.preset(case["model"]), Hardware.preset(case["hardware"])
-    kw = dict(gpus=case["gpus"], seq_len=case["seq_len"], global_batch=case["global_batch"], mesh_order=case["mesh_order"])
+    kw = dict(
+        gpus=case["gpus"], seq_len=case["seq_len"], global_batch=case["global_batch"], mesh_order=case["mesh_order"]
+    )
     today = plan(cfg, hw, **kw)
     assert len(today.candidates) == case["n_candidates"]
     _same(_top(today), case["top"])
@@ -46,7 +48,9 @@ def test_profile_plans_are_unchanged(case):
 @pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['model']}-{c['hardware']}-{c['gpus']}-{c['mesh_order']}")
 def test_profile_as_a_topology_plans_the_same(case):
     cfg, hw = ModelConfig.preset(case["model"]), Hardware.preset(case["hardware"])
-    kw = dict(gpus=case["gpus"], seq_len=case["seq_len"], global_batch=case["global_batch"], mesh_order=case["mesh_order"])
+    kw = dict(
+        gpus=case["gpus"], seq_len=case["seq_len"], global_batch=case["global_batch"], mesh_order=case["mesh_order"]
+    )
     placed = plan_on(cfg, from_hardware(hw), hw=hw, **kw)
     assert len(placed.candidates) == case["n_candidates"]
     _same(_top(placed), case["top"])
