@@ -74,6 +74,27 @@ def _slowest(per_rank: list[dict], op: str, e: int) -> tuple[float, float]:
     return slowest[len(slowest) // 2], slowest[0]
 
 
+def storage_write_rate(nbytes: int = 64 << 20, folder: str | None = None) -> float:
+    """Bytes/s of writing ``nbytes`` to a file in ``folder`` (default: the temp folder) and ``fsync``-ing
+    it, as a checkpoint save must before it counts (``parallel.checkpoint``): the ``storage_bandwidth``
+    a save time at scale is priced with (``theory.life.checkpoint.save_seconds``). One file, one writer;
+    the folder's file system is what is measured (a tmpfs /tmp measures memory, not a disk)."""
+    import tempfile
+
+    block = os.urandom(1 << 20)  # incompressible, written 1 MiB at a time
+    fd, path = tempfile.mkstemp(dir=folder, prefix=".playbook-storage-")
+    try:
+        t0 = time.perf_counter()
+        for _ in range(max(1, nbytes >> 20)):
+            os.write(fd, block)
+        os.fsync(fd)
+        seconds = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return max(1, nbytes >> 20) * len(block) / seconds
+
+
 def memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
     """Bytes/s of one large copy (read + write counted: 2 × size), one thread, median of repeats."""
     import torch
@@ -164,6 +185,8 @@ def calibrate(world_size: int = 2, *, quick: bool = False, ranks=None) -> dict:
         "intra_node_latency": ar["alpha"],
         "inter_node_latency": 1e-4,
         "achievable_flops_fraction": plateau / best,
+        "storage_bandwidth": storage_write_rate(16 << 20 if quick else 64 << 20),
+        "storage_source": "Measured: one file written and fsync-ed in the temp folder (measure.calibrate.storage_write_rate).",
         "source": (
             f"Measured by `playbook calibrate --ranks {world_size}{' --quick' if quick else ''}` on "
             f"{platform.node() or 'this machine'} ({os.cpu_count()} CPUs): peak_bf16_flops is the best fp32 "

@@ -322,7 +322,8 @@ BAD_NUMBERS = [
     (["run", "dp", "--steps", "0"], "--steps must be between 1 and"),
     (["run", "single", "--model", "llama-3.1-405b"], "needs 6.5 TB per rank"),
     (["run", "single", "--global-batch", "1000000"], "try --global-batch"),
-    (["memory", "--seq-len", "10000000"], "exceeds llama-3.1-8b's max_seq_len=131072"),
+    # a prediction past the RoPE table is planned with a note (RoPE scaling assumed); a run on ranks is refused
+    (["run", "single", "--seq-len", "10000000"], "exceeds gpt-tiny's max_seq_len=64"),
     (["memory", "--dp", "0"], "--dp must be a positive integer"),
 ]
 

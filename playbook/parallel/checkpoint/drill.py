@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from playbook.parallel.checkpoint.session import EVENTS
+from playbook.parallel.checkpoint.session import EVENTS, HOLD
 
 MARK = "PLAYBOOK_DRILL"
 
@@ -110,7 +110,9 @@ def drill(
     for flag, value in zip(layout[::2], layout[1::2]):
         world *= int(value) if flag in ("--dp", "--tp", "--pp", "--cp") else 1
     mark = uuid.uuid4().hex
-    env = {**os.environ, MARK: mark, "OMP_NUM_THREADS": "1"}
+    # HOLD: the first attempt's ranks wait after step kill_after, so the kill lands there and not a step
+    # later on a loaded machine (the kill itself is a real SIGKILL of a real worker)
+    env = {**os.environ, MARK: mark, HOLD: str(kill_after), "OMP_NUM_THREADS": "1"}
     cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
     cmd += ["--max-restarts", str(max_restarts), "--monitor-interval", "0.1", "-m", "playbook.cli", "run", "hybrid"]
     cmd += [*layout, "--steps", str(steps), "--save", str(folder), "--save-every", str(save_every)]

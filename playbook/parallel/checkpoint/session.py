@@ -29,6 +29,7 @@ from playbook.parallel.checkpoint.state import RankState, keep_only
 META = "playbook.json"
 LATEST = "latest"
 EVENTS = "events.jsonl"
+HOLD = "PLAYBOOK_DRILL_HOLD_AFTER"  # set by parallel.checkpoint.drill: the first attempt waits after this step
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,8 @@ class Session:
             self.event("step", step=done)
             if self.ck.save and (done == steps or (every and done % every == 0)):
                 self.save(done)
+            if os.environ.get(HOLD) == str(done) and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+                time.sleep(60)  # the failure drill kills a rank here, at a known step, however loaded the machine
 
         return wrapped
 

@@ -100,7 +100,7 @@ def _clip(model, mesh, plan: Plan, cfg):
 
 
 # ---- the rank function ---------------------------------------------------------------------------
-def train_hybrid(ctx, setup: TrainSetup, plan: Plan, conditions: Conditions | None = None, checkpoint=None) -> dict:
+def train_hybrid(ctx, setup: TrainSetup, plan: Plan, conditions: Conditions | None = None, *, checkpoint=None) -> dict:
     """Train ``setup`` on this rank's share of ``plan``'s layout, under ``conditions`` (a straggler,
     a DataLoader; ``hybrid.conditions``); return its result, its coordinates, which of its tensors
     are tensor-parallel shards, its comm spans, its step times and (MoE) the routing.

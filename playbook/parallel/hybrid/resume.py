@@ -48,8 +48,8 @@ def predicted_bytes(setup: TrainSetup, plan: Plan) -> list[int]:
 def save_then_resume(run_a, run_b, setup: TrainSetup, a: Plan, b: Plan, k: int, folder: str | Path) -> Resumed:
     """``k`` steps of ``setup`` under ``a`` on ``run_a`` (a ``Ranks.run`` or a launch of a.dims.world
     ranks), saved to ``folder``; then steps k .. setup.steps − 1 under ``b`` on ``run_b``, resumed."""
-    first = run_a(train_hybrid, dataclasses.replace(setup, steps=k), a, None, CheckpointPlan(save=str(folder)))
-    second = run_b(train_hybrid, setup, b, None, CheckpointPlan(resume=str(folder)))
+    first = run_a(train_hybrid, dataclasses.replace(setup, steps=k), a, checkpoint=CheckpointPlan(save=str(folder)))
+    second = run_b(train_hybrid, setup, b, checkpoint=CheckpointPlan(resume=str(folder)))
     path = Path(folder) / f"step-{k}"
     measured = written_bytes(path)
     on_disk = file_bytes(path)

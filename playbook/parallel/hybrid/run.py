@@ -100,7 +100,7 @@ def run_layout(
         check_native(setup, plan.dims, sequence_parallel=plan.sequence_parallel)
     world = plan.dims.world
     backend = default_backend(world) if backend == "auto" else backend
-    answers = launch(train_hybrid, world, setup, plan, conditions, checkpoint, backend=backend)
+    answers = launch(train_hybrid, world, setup, plan, conditions, checkpoint=checkpoint, backend=backend)
     ours = merge(answers, plan.dims.tp)
     single, floor = moe_reference(setup, plan)  # an MoE model in m micro-batches: the same m on one process
     ck = None
