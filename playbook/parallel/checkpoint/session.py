@@ -101,13 +101,13 @@ class Session:
         rng = torch.zeros(dcp_io_rng_bytes(), dtype=torch.uint8)
         state = self.state.state(reading=True, world=meta["world"], rank=rank % meta["world"], data=data, rng=rng)
         mark = len(self.ctx.tracer.spans)
-        seconds = dcp_io.read(state, path, self.group)
+        seconds, counts = dcp_io.read(state, path, self.group)
         self._label(mark)
         if meta["world"] == world:  # the same ranks: each its own generator back
             torch.set_rng_state(rng)
         self.start = int(data[0])
         self.losses = list(meta["losses"])
-        self.log.append({"what": "load", "step": self.start, "seconds": seconds, "path": str(path)})
+        self.log.append({"what": "load", "step": self.start, "seconds": seconds, "path": str(path), "bytes": counts})
         self.event("loaded", step=self.start, seconds=seconds)
         return self.start
 
