@@ -24,6 +24,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.utils import find_state_dict_object
 
 
 class Chunks:
@@ -61,8 +62,10 @@ class Chunks:
 
 
 def _lookup(state: dict, index: MetadataIndex):
+    """The local tensor of a write or read item: a piece of a ``Chunks``, or (a DTensor's shard, a
+    plain tensor) what DCP's own planners find (``checkpoint.native``'s state dicts)."""
     obj = state[index.fqn]
-    return obj.find(index.offset) if isinstance(obj, Chunks) else obj
+    return obj.find(index.offset) if isinstance(obj, Chunks) else find_state_dict_object(state, index)
 
 
 class _Save(DefaultSavePlanner):
