@@ -58,6 +58,8 @@ def save(model, optimizer, folder: str | Path, *, step: int, losses: list[float]
         state["data/position"] = Chunks((2,), [((0,), torch.tensor([step, step * setup.global_batch]))])
     rng = torch.get_rng_state()
     state["rng/cpu"] = Chunks((dims.world, RNG_BYTES), [((rank, 0), rng.view(1, RNG_BYTES))])
+    row = torch.tensor([[step, -1, 0]], dtype=torch.int64)  # batches made inline: no DataLoader position
+    state["data/loader"] = Chunks((dims.world, 3), [((rank, 0), row)])
     final = Path(folder) / f"step-{step}"
     t0 = time.perf_counter()
     dcp.save(state, storage_writer=FileSystemWriter(str(final)), planner=dcp_io._Save(), process_group=group)

@@ -16,7 +16,7 @@ narrows it to the overlap. So two numbers per rank:
   reader loads chunks, not byte ranges (torchtitan, Liang et al. 2024, arXiv:2410.06511, §3.4).
 
 Beside the pieces every rank reads the data position (16 bytes, stored once), one row of the
-generator table (``RNG_BYTES``) and one AdamW step (4 bytes) per parameter it steps.
+generator table (``RNG_BYTES``), one row of the loader table (``LOADER_BYTES``) and one AdamW step (4 bytes) per parameter it steps.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 from playbook.theory.checkpoint.pieces import Piece, holdings, units
-from playbook.theory.checkpoint.writes import DATA_BYTES, FP32, MOMENTS, RNG_BYTES, _overlap, writers
+from playbook.theory.checkpoint.writes import DATA_BYTES, FP32, LOADER_BYTES, MOMENTS, RNG_BYTES, _overlap, writers
 
 
 def requests(
@@ -71,12 +71,12 @@ def read_bytes(cfg: ModelConfig, saved: dict, loading: dict) -> list[dict[str, i
         wa, wr, wi = _tally(weights, chunks)
         ma, mr, mi = _tally(moments, chunks)
         steps = len({p.name for p in moments})
-        small = FP32 * steps + DATA_BYTES + RNG_BYTES
+        small = FP32 * steps + DATA_BYTES + RNG_BYTES + LOADER_BYTES
         out.append(
             {
                 "asked": FP32 * (wa + MOMENTS * ma) + small,
                 "read": FP32 * (wr + MOMENTS * mr) + small,
-                "items": wi + MOMENTS * mi + steps + 2,
+                "items": wi + MOMENTS * mi + steps + 3,
             }
         )
     return out

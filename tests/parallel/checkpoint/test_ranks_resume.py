@@ -36,14 +36,14 @@ def dies_after(ctx, setup, plan, ck, step):
             return hook
 
         session.Session.after_step = after_step
-    return train_hybrid(ctx, setup, plan, ck)
+    return train_hybrid(ctx, setup, plan, None, ck)
 
 
 def test_a_failed_call_resumes_from_the_last_checkpoint(ranks2, tmp_path):
     ck = CheckpointPlan(save=str(tmp_path), every=2, resume=None)
     with pytest.raises(RankError, match="rank 1"):
         ranks2.run(dies_after, SETUP, PLAN, ck, 3)
-    resumed = ranks2.run(train_hybrid, SETUP, PLAN, CheckpointPlan(save=str(tmp_path), every=2, resume=str(tmp_path)))
+    resumed = ranks2.run(train_hybrid, SETUP, PLAN, None, CheckpointPlan(save=str(tmp_path), every=2, resume=str(tmp_path)))
     assert resumed[0]["checkpoint"]["start"] == 2
     never = merge(ranks2.run(train_hybrid, SETUP, PLAN), 1)
     got = merge(resumed, 1)
