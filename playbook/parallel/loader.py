@@ -19,7 +19,8 @@ every ``delay_s`` of it waited.
 next batch asked for is step k's, and a request for any other step repositions the iterator
 there (a fresh pass of the sampler from that step: the in-flight prefetched batches are dropped).
 A checkpoint saves ``state_dict()`` beside the model and optimizer; a resumed run calls
-``load_state_dict`` before its first step, and sees the same batches from step k on as the
+``load_state_dict`` before its first step (its workers start prefetching from step k at once;
+``repositions`` counts the requests that found another step in flight), and sees the same batches from step k on as the
 uninterrupted run, whatever the worker count (the batches depend on the step, not on the
 worker that made them).
 """
@@ -82,6 +83,7 @@ class RankLoader:
         self.dataset = StepBatches(make, steps, delay_s)
         self.workers, self.prefetch, self.tracer = workers, prefetch, tracer
         self._next, self._it = 0, None
+        self.repositions = 0  # requests for a step other than the one prefetched: batches in flight dropped
 
     def _open(self, start: int) -> None:
         self.close()
@@ -102,6 +104,7 @@ class RankLoader:
 
     def __call__(self, step: int):
         if self._it is None or step != self._next:
+            self.repositions += self._it is not None
             self._open(step)
         span = self.tracer.span(INPUT_WAIT) if self.tracer is not None else None
         if span is None:
@@ -121,6 +124,8 @@ class RankLoader:
             raise ValueError(f"next_step must be a step in 0..{len(self.dataset)}, got {step!r}")
         self.close()
         self._next = step
+        if step < len(self.dataset):  # the workers start now, prefetching from the restored step while the rest loads
+            self._open(step)
 
     def close(self) -> None:
         """Stop the workers (the iterator's shutdown); the position is kept."""

@@ -69,8 +69,9 @@ def _save_group(world: int):
 
 
 class Session:
-    def __init__(self, ck: CheckpointPlan, ctx, setup, plan, model, optimizer, split: dict):
+    def __init__(self, ck: CheckpointPlan, ctx, setup, plan, model, optimizer, split: dict, loader=None):
         self.ck, self.ctx, self.setup, self.plan = ck, ctx, setup, plan
+        self.loader = loader  # this rank's ``parallel.loader.RankLoader``, if it has one: its position is saved
         mesh = ctx.mesh_for(plan.dims)
         cfg = setup.config()
         self.state = RankState(
@@ -100,15 +101,20 @@ class Session:
         rank, world = self.ctx.rank, self.ctx.world_size
         data = torch.zeros(2, dtype=torch.int64)
         rng = torch.zeros(dcp_io_rng_bytes(), dtype=torch.uint8)
-        state = self.state.state(reading=True, world=meta["world"], rank=rank % meta["world"], data=data, rng=rng)
+        row = torch.zeros(3, dtype=torch.int64)  # the saving rank's loader: (next step, workers, prefetch)
+        state = self.state.state(
+            reading=True, world=meta["world"], rank=rank % meta["world"], data=data, rng=rng, loader=row
+        )
         mark = len(self.ctx.tracer.spans)
-        seconds = dcp_io.read(state, path, self.group)
+        seconds, counts = dcp_io.read(state, path, self.group)
         self._label(mark)
         if meta["world"] == world:  # the same ranks: each its own generator back
             torch.set_rng_state(rng)
         self.start = int(data[0])
+        if self.loader is not None:  # the position the saving rank's loader had: its workers start from there
+            self.loader.load_state_dict({"next_step": int(row[0])})
         self.losses = list(meta["losses"])
-        self.log.append({"what": "load", "step": self.start, "seconds": seconds, "path": str(path)})
+        self.log.append({"what": "load", "step": self.start, "seconds": seconds, "path": str(path), "bytes": counts, "loader": row.tolist()})
         self.event("loaded", step=self.start, seconds=seconds)
         return self.start
 
@@ -157,7 +163,9 @@ class Session:
         self.mark = len(self.ctx.tracer.spans)
         rank, world = self.ctx.rank, self.ctx.world_size
         data = torch.tensor([step, step * self.setup.global_batch], dtype=torch.int64)
-        full = self.state.state(reading=False, world=world, rank=rank, data=data, rng=torch.get_rng_state())
+        full = self.state.state(
+            reading=False, world=world, rank=rank, data=data, rng=torch.get_rng_state(), loader=self._loader_row(step)
+        )
         state = keep_only(full, *self._pieces(), rank)
         final = Path(self.ck.save) / f"step-{step}"
         tmp = final.with_name(final.name + ".tmp")
@@ -167,6 +175,13 @@ class Session:
             return
         seconds = dcp_io.write(state, tmp, self.group)
         self._commit(tmp, final, step, {"seconds": seconds})
+
+    def _loader_row(self, step: int) -> torch.Tensor:
+        """(next step, workers, prefetch) of this rank's loader; (step, −1, 0) where batches are made inline."""
+        if self.loader is None:
+            return torch.tensor([step, -1, 0], dtype=torch.int64)
+        s = self.loader.state_dict()
+        return torch.tensor([s["next_step"], s["workers"], s["prefetch"] or 0], dtype=torch.int64)
 
     def finish(self) -> None:
         """Wait for an async save in flight, then commit it."""
@@ -204,7 +219,10 @@ class Session:
 
     def report(self) -> dict:
         self.finish()
-        return {"start": self.start, "log": self.log, "losses": self.losses}
+        out = {"start": self.start, "log": self.log, "losses": self.losses}
+        if self.loader is not None:
+            out["loader"] = {**self.loader.state_dict(), "repositions": self.loader.repositions}
+        return out
 
 
 def dcp_io_rng_bytes() -> int:

@@ -5,7 +5,7 @@ tensor-parallel block, at offset tp_rank·n/t along its split dim) and AdamW's s
 ZeRO, each flat unit's slice [lo, hi) of the padded buffer (``parallel.zero.flat_unit``) cut at
 parameter boundaries into rectangles (``theory.checkpoint.pieces.rectangles``), the weights from the
 optimizer's own slice and the moments beside them. Keys: ``model/<name>``, ``optim/exp_avg/<name>``,
-``optim/exp_avg_sq/<name>``, ``optim/step/<name>``, ``data/position``, ``rng/cpu``.
+``optim/exp_avg_sq/<name>``, ``optim/step/<name>``, ``data/position``, ``data/loader``, ``rng/cpu``.
 
 What a rank reads differs from what it writes in one case: under ZeRO-1 and 2 it keeps every weight
 of its stage whole (its flat buffer), so it reads them whole, and its moments by its slice.
@@ -81,8 +81,11 @@ class RankState:
                     self.whole.append((name, full, off, getattr(m, attr).data))
                 start += numel
 
-    def state(self, *, reading: bool, world: int, rank: int, data: torch.Tensor, rng: torch.Tensor) -> dict:
-        """The DCP state dict: ``reading`` takes the whole weights where this rank keeps them whole."""
+    def state(
+        self, *, reading: bool, world: int, rank: int, data: torch.Tensor, rng: torch.Tensor, loader: torch.Tensor
+    ) -> dict:
+        """The DCP state dict: ``reading`` takes the whole weights where this rank keeps them whole;
+        ``loader`` is this rank's row of the data loaders' table (``theory.checkpoint.writes.LOADER_BYTES``)."""
         out: dict[str, Chunks] = {}
 
         def add(key, full, off, t):
@@ -99,6 +102,7 @@ class RankState:
             out[f"optim/step/{name}"] = Chunks((), [((), st["step"])])
         out["data/position"] = Chunks((2,), [((0,), data)])
         out["rng/cpu"] = Chunks((world, RNG_BYTES), [((rank, 0), rng.view(1, RNG_BYTES))])
+        out["data/loader"] = Chunks((world, 3), [((rank, 0), loader.view(1, 3))])
         return out
 
     def descriptors(self) -> list[tuple[str, tuple, tuple]]:

@@ -63,9 +63,13 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
 
 
-def native_on_rank(ctx, setup: TrainSetup, *, dims: ParallelDims, sequence_parallel: bool = False) -> TrainResult:
+def native_on_rank(
+    ctx, setup: TrainSetup, *, dims: ParallelDims, sequence_parallel: bool = False, resume=None, save=None
+) -> TrainResult:
     """Rank function: the reference GPT, DTensor-TP over ``tp`` then FSDP2 over ``dp`` of one
-    ``DeviceMesh``, trained by the one loop; returns a TrainResult of whole tensors (every rank)."""
+    ``DeviceMesh``, trained by the one loop; returns a TrainResult of whole tensors (every rank).
+    ``resume``: a checkpoint folder (ours or native) to start from; ``save``: a folder to save to after
+    the last step (``parallel.checkpoint.native``); the result's losses then span the whole run."""
     mesh = ctx.mesh_for(dims)
     device_mesh = mesh.device_mesh(ctx.device.type)
     model = GPT(setup.config(), seed=setup.seed).to(ctx.device)
@@ -82,8 +86,15 @@ def native_on_rank(ctx, setup: TrainSetup, *, dims: ParallelDims, sequence_paral
     def sync_loss(loss):  # the tp ranks agree (loss_parallel); FSDP2's ranks each hold their own mean
         return global_loss((loss.full_tensor() if isinstance(loss, DTensor) else loss) / dims.dp, mesh)
 
-    return train(
+    start, before = 0, []
+    if resume:
+        from playbook.parallel.checkpoint import native as native_ck
+
+        loaded = native_ck.load(model, optimizer, resume)
+        start, before = loaded["start"], loaded["losses"]
+    result = train(
         setup,
+        start=start,
         model=model,
         optimizer=optimizer,
         batch=batch,
@@ -94,6 +105,12 @@ def native_on_rank(ctx, setup: TrainSetup, *, dims: ParallelDims, sequence_paral
         progress=ctx.progress,
         device=ctx.device,
     )
+    result.losses = [*before, *result.losses]
+    if save:
+        from playbook.parallel.checkpoint import native as native_ck
+
+        native_ck.save(model, optimizer, save, step=setup.steps, losses=result.losses, setup=setup, dims=dims, rank=ctx.rank)
+    return result
 
 
 def native_parity(

@@ -163,7 +163,8 @@ def train_hybrid(ctx, setup: TrainSetup, plan: Plan, conditions: Conditions | No
     if checkpoint is not None:  # after every hook: the pieces are where the optimizer keeps them
         from playbook.parallel.checkpoint.session import Session
 
-        session = Session(checkpoint, ctx, setup, plan, hooks["model"], hooks["optimizer"], split)
+        loader = source if hasattr(source, "load_state_dict") else None  # a RankLoader: its position is saved
+        session = Session(checkpoint, ctx, setup, plan, hooks["model"], hooks["optimizer"], split, loader)
         start = session.resume()
         hooks.update(progress=session.after_step(hooks["progress"]), sync_loss=session.wrap_loss(hooks["sync_loss"]))
     first = len(ctx.tracer.spans)

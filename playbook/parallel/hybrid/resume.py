@@ -17,7 +17,9 @@ from playbook.parallel.training import TrainResult, TrainSetup
 from playbook.parallel.hybrid.merge import merge
 from playbook.parallel.hybrid.parallelize import train_hybrid
 from playbook.parallel.checkpoint.dcp_io import file_bytes, written_bytes
-from playbook.parallel.checkpoint.session import CheckpointPlan
+from playbook.parallel.checkpoint.session import CheckpointPlan, read_meta
+from playbook.dims import ParallelDims
+from playbook.theory.checkpoint.reads import read_bytes
 from playbook.theory.checkpoint.writes import bytes_per_rank
 from playbook.theory.hybrid.plan import Plan
 
@@ -25,7 +27,9 @@ from playbook.theory.hybrid.plan import Plan
 @dataclasses.dataclass
 class Resumed:
     """``result``: the whole run as one TrainResult; ``predicted`` and ``measured``: tensor bytes each
-    rank of the first layout wrote; ``files``: its files' sizes on disk; ``saves``/``loads``: seconds."""
+    rank of the first layout wrote; ``files``: its files' sizes on disk; ``saves``/``loads``: seconds;
+    ``read_predicted``/``read_measured``: per rank of the second layout, the bytes its load asked for
+    and read (``theory.checkpoint.reads``; ``dcp_io.CountingReader``)."""
 
     result: TrainResult
     predicted: list[int]
@@ -33,6 +37,8 @@ class Resumed:
     files: list[int]
     save_seconds: float
     load_seconds: float
+    read_predicted: list[dict] = dataclasses.field(default_factory=list)  # per rank of b: asked, read, items
+    read_measured: list[dict] = dataclasses.field(default_factory=list)  # the same, from DCP's load
 
     @property
     def bytes_exact(self) -> bool:
@@ -43,6 +49,29 @@ def predicted_bytes(setup: TrainSetup, plan: Plan) -> list[int]:
     """Tensor bytes each rank of ``plan`` writes (``theory.checkpoint``)."""
     rows = bytes_per_rank(setup.config(), plan.dims, zero=plan.zero, schedule=plan.played_schedule, v=plan.v)
     return [r["total"] for r in rows]
+
+
+def saved_plan(path: str | Path) -> Plan:
+    """The layout a checkpoint was saved under, from its ``playbook.json``."""
+    layout = read_meta(path)["layout"]
+    fields = {f.name for f in dataclasses.fields(Plan)} - {"dims"}
+    return Plan(ParallelDims(**layout["dims"]), **{k: v for k, v in layout.items() if k in fields})
+
+
+def predicted_reads(setup: TrainSetup, saved: Plan, loading: Plan) -> list[dict]:
+    """Per rank of ``loading``: the bytes it asks for and reads of a checkpoint saved under ``saved``
+    (``theory.checkpoint.reads``)."""
+
+    def kw(p: Plan) -> dict:
+        return {"dims": p.dims, "zero": p.zero, "schedule": p.played_schedule, "v": p.v}
+
+    return read_bytes(setup.config(), kw(saved), kw(loading))
+
+
+def _measured_reads(answers: list[dict]) -> list[dict]:
+    """Per rank, what its load read (``dcp_io.CountingReader``), from the first load of its log."""
+    rows = sorted(answers, key=lambda a: a["rank"])
+    return [next(x["bytes"] for x in a["checkpoint"]["log"] if x["what"] == "load") for a in rows]
 
 
 def save_then_resume(run_a, run_b, setup: TrainSetup, a: Plan, b: Plan, k: int, folder: str | Path) -> Resumed:
@@ -63,6 +92,8 @@ def save_then_resume(run_a, run_b, setup: TrainSetup, a: Plan, b: Plan, k: int, 
         files=[on_disk.get(r, 0) for r in range(a.dims.world)],
         save_seconds=max(x["checkpoint"]["log"][-1]["seconds"] for x in first),
         load_seconds=max(x["checkpoint"]["log"][0]["seconds"] for x in second),
+        read_predicted=predicted_reads(setup, a, b),
+        read_measured=_measured_reads(second),
     )
 
 
@@ -82,6 +113,12 @@ def checkpoint_report(answers: list[dict], ours: TrainResult, single: TrainResul
         slowest = {k: max(log[i].get(k, 0.0) for log in logs) for k in ("seconds", "async_total_seconds")}
         entry = {"step": row["step"], "path": row["path"], **slowest}
         if row["what"] == "load":
+            measured = _measured_reads(answers)
+            entry |= {
+                "read_predicted": [r["read"] for r in predicted_reads(setup, saved_plan(row["path"]), plan)],
+                "read_measured": [r["read"] for r in measured],
+                "asked": [r["asked"] for r in measured],
+            }
             loads.append(entry)
             continue
         path = Path(row["path"])
@@ -101,6 +138,11 @@ def checkpoint_lines(ck: dict) -> list[str]:
     lines = []
     for row in ck["loads"]:
         lines.append(f"  resumed from {row['path']} (after step {row['step']}): read in {row['seconds']:.3f} s")
+        if "read_measured" in row:
+            cells = ", ".join(
+                f"r{r} {p:,} / {m:,}" for r, (p, m) in enumerate(zip(row["read_predicted"], row["read_measured"]))
+            )
+            lines.append(f"    tensor bytes read per rank, predicted / measured: {cells}")
     for row in ck["saves"]:
         kind = (
             f"async, blocked {row['seconds']:.3f} s, done in {row['async_total_seconds']:.3f} s"

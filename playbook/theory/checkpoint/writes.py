@@ -11,7 +11,8 @@ tp rank 0's norms, the first stage's tied embedding.
 Beside the pieces (each fp32: the weight and AdamW's two moments), a checkpoint holds AdamW's
 step per parameter (one fp32 scalar, written by the lowest rank holding any piece of it), the data
 position (an int64 pair, the next step and the sequences consumed, written by rank 0) and every
-rank's CPU generator state (``RNG_BYTES``, its own row of a [world, RNG_BYTES] uint8 table).
+rank's CPU generator state (``RNG_BYTES``, its own row of a [world, RNG_BYTES] uint8 table) and its
+data loader's position (``LOADER_BYTES``, its row of a [world, 3] int64 table, ``parallel.loader``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ FP32 = 4
 MOMENTS = 2  # AdamW's exp_avg and exp_avg_sq (Loshchilov & Hutter 2019), beside every weight
 RNG_BYTES = 5056  # torch.get_rng_state() on CPU: the Mersenne Twister's 624 words and its counters, serialized
 DATA_BYTES = 2 * 8  # (next step, sequences consumed), int64
+LOADER_BYTES = 3 * 8  # a rank's data loader: (next step, workers, prefetch), int64; workers −1: no DataLoader
 
 
 def _overlap(a: Piece, b: Piece) -> int:
@@ -68,12 +70,13 @@ def bytes_per_rank(
     cfg: ModelConfig, dims: ParallelDims, *, zero: int = 0, schedule: str = "1f1b", v: int = 1
 ) -> list[dict[str, int]]:
     """Per rank, the tensor bytes it writes by kind: ``weights``, ``moments`` (AdamW's two),
-    ``steps``, ``rng``, ``data``, and the ``total``."""
+    ``steps``, ``rng``, ``data``, ``loader``, and the ``total``."""
     held = [holdings(cfg, dims, r, zero=zero, schedule=schedule, v=v) for r in range(dims.world)]
     out = []
     for rank, (pieces, steps) in enumerate(zip(writers(held), step_writers(held))):
         weights = FP32 * sum(p.numel for p in pieces)
         row = {"weights": weights, "moments": MOMENTS * weights, "steps": FP32 * len(steps), "rng": RNG_BYTES}
         row["data"] = DATA_BYTES if rank == 0 else 0
+        row["loader"] = LOADER_BYTES
         out.append(row | {"total": sum(row.values())})
     return out

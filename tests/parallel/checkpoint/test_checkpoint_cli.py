@@ -4,7 +4,7 @@ wrote, ``run hybrid --resume`` under another that then passes its own parity che
 import json
 
 from playbook.cli import main
-from playbook.theory.checkpoint import bytes_per_rank
+from playbook.theory.checkpoint import bytes_per_rank, read_bytes
 from playbook.config import ModelConfig
 from playbook.dims import ParallelDims
 
@@ -43,7 +43,15 @@ def test_save_inspect_resume(tmp_path, capsys):
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["losses"]) == 4 and report["parity"]["within_bounds"]
-    assert report["checkpoint"]["loads"][0]["step"] == 2
+    load = report["checkpoint"]["loads"][0]
+    assert load["step"] == 2
+    dims = ParallelDims(dp=2, pp=2)
+    saved, loading = (
+        {"dims": ParallelDims(dp=2, tp=2), "zero": 1, "schedule": "1f1b", "v": 1},
+        {"dims": dims, "zero": 0, "schedule": "interleaved", "v": 2},
+    )
+    predicted = [r["read"] for r in read_bytes(ModelConfig.preset("gpt-tiny"), saved, loading)]
+    assert load["read_predicted"] == predicted == load["read_measured"]
 
 
 def test_overwrite_replaces_what_the_folder_held(tmp_path, capsys):

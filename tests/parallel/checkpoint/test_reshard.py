@@ -54,6 +54,14 @@ SAME = [  # unchanged layouts: bit-identical to the run that never stopped
 ]
 
 
+def _reads_as_predicted(out):
+    """Every loading rank's read items, bytes kept and stored-chunk bytes read, as ``theory.checkpoint.reads``
+    predicts; and what the file reader read around them (framing) is more than the tensors."""
+    keys = ("asked", "read", "items")
+    assert [{k: r[k] for k in keys} for r in out.read_measured] == out.read_predicted
+    assert all(r["file"] > r["read"] >= r["asked"] > 0 for r in out.read_measured)
+
+
 def _run(rank_sets, n):
     return rank_sets.setdefault(n, Ranks(n, backend="gloo", timeout=120)).start().run
 
@@ -68,6 +76,7 @@ def test_saved_under_one_layout_continues_under_another_as_the_run_that_never_st
     assert len(out.result.losses) == setup.steps
     assert_parity(compare(out.result, single), setup, name, floor=floor)
     assert out.measured == out.predicted, (out.measured, out.predicted)
+    _reads_as_predicted(out)
     assert all(f > m for f, m in zip(out.files, out.measured))  # torch.save framing around each piece
     assert sum(out.measured) > 0
 
@@ -81,3 +90,5 @@ def test_the_same_layout_resumes_bit_identical(rank_sets, tmp_path, name, setup,
     for n, p in whole.params.items():
         assert torch.equal(out.result.params[n], p), n
     assert out.measured == out.predicted
+    _reads_as_predicted(out)
+    assert all(r["read"] == r["asked"] for r in out.read_measured)  # the same layout reads its own chunks whole
