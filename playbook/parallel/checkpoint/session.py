@@ -114,7 +114,16 @@ class Session:
         if self.loader is not None:  # the position the saving rank's loader had: its workers start from there
             self.loader.load_state_dict({"next_step": int(row[0])})
         self.losses = list(meta["losses"])
-        self.log.append({"what": "load", "step": self.start, "seconds": seconds, "path": str(path), "bytes": counts, "loader": row.tolist()})
+        self.log.append(
+            {
+                "what": "load",
+                "step": self.start,
+                "seconds": seconds,
+                "path": str(path),
+                "bytes": counts,
+                "loader": row.tolist(),
+            }
+        )
         self.event("loaded", step=self.start, seconds=seconds)
         return self.start
 

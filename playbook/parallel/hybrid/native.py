@@ -109,7 +109,9 @@ def native_on_rank(
     if save:
         from playbook.parallel.checkpoint import native as native_ck
 
-        native_ck.save(model, optimizer, save, step=setup.steps, losses=result.losses, setup=setup, dims=dims, rank=ctx.rank)
+        native_ck.save(
+            model, optimizer, save, step=setup.steps, losses=result.losses, setup=setup, dims=dims, rank=ctx.rank
+        )
     return result
 
 

@@ -33,7 +33,9 @@ def requests(
     """(weight pieces, moment pieces) ``rank`` of the loading layout asks for."""
     held = holdings(cfg, dims, rank, zero=zero, schedule=schedule, v=v)
     if zero in (1, 2):  # the whole local weights
-        whole = [Piece(p.name, p.offset, p.local) for _, _, ps in units(cfg, dims, rank, schedule=schedule, v=v) for p in ps]
+        whole = [
+            Piece(p.name, p.offset, p.local) for _, _, ps in units(cfg, dims, rank, schedule=schedule, v=v) for p in ps
+        ]
         return whole, held
     return held, held
 

@@ -28,7 +28,9 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_it_never_failed(ranks
     assert d.report["parity"]["within_bounds"] and len(d.report["losses"]) == 6
     assert d.report["checkpoint"]["loads"][0]["step"] == 2
     never = tmp_path / "never"
-    ranks2.run(train_hybrid, TrainSetup(steps=6), Plan(ParallelDims(dp=2)), checkpoint=CheckpointPlan(save=str(never), every=2))
+    ranks2.run(
+        train_hybrid, TrainSetup(steps=6), Plan(ParallelDims(dp=2)), checkpoint=CheckpointPlan(save=str(never), every=2)
+    )
     got, want = weights(tmp_path / "job" / "step-6", tmp_path, "got"), weights(never / "step-6", tmp_path, "want")
     assert got.keys() == want.keys() and len(got) > 0
     for k in want:

@@ -21,8 +21,8 @@ SETUP, PLAN, LOADER = TrainSetup(steps=4), Plan(ParallelDims(dp=2), zero=1), Con
 def test_a_loader_run_saved_and_resumed_equals_the_uninterrupted_one(ranks2, tmp_path):
     never = merge(ranks2.run(train_hybrid, SETUP, PLAN, LOADER), 1)
     first = dataclasses.replace(SETUP, steps=2)
-    ranks2.run(train_hybrid, first, PLAN, LOADER, CheckpointPlan(save=str(tmp_path)))
-    out = ranks2.run(train_hybrid, SETUP, PLAN, LOADER, CheckpointPlan(resume=str(tmp_path)))
+    ranks2.run(train_hybrid, first, PLAN, LOADER, checkpoint=CheckpointPlan(save=str(tmp_path)))
+    out = ranks2.run(train_hybrid, SETUP, PLAN, LOADER, checkpoint=CheckpointPlan(resume=str(tmp_path)))
     for answer in out:
         ck = answer["checkpoint"]
         load = next(x for x in ck["log"] if x["what"] == "load")

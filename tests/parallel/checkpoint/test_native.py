@@ -23,18 +23,22 @@ def _gate(result: TrainResult, name: str):
     single = reference(SETUP)
     # the gradients of the run's first step belong to the part that saved: compare losses and parameters
     assert len(result.losses) == SETUP.steps
-    assert_parity(compare(TrainResult(result.losses, {}, result.params), TrainResult(single.losses, {}, single.params)), SETUP, name)
+    assert_parity(
+        compare(TrainResult(result.losses, {}, result.params), TrainResult(single.losses, {}, single.params)),
+        SETUP,
+        name,
+    )
 
 
 def test_ours_zero3_saved_loads_into_native_fsdp2(ranks2, tmp_path):
-    ranks2.run(train_hybrid, FIRST, Plan(D(dp=2), zero=3), None, CheckpointPlan(save=str(tmp_path)))
+    ranks2.run(train_hybrid, FIRST, Plan(D(dp=2), zero=3), checkpoint=CheckpointPlan(save=str(tmp_path)))
     out = ranks2.run(native_on_rank, SETUP, dims=D(dp=2), resume=str(tmp_path))
     _gate(out[0], "ours dp2 z3 -> native FSDP2 dp2")
 
 
 def test_native_dtensor_tp_saved_loads_into_ours_zero1(ranks2, tmp_path):
     ranks2.run(native_on_rank, FIRST, dims=D(tp=2), save=str(tmp_path))
-    out = ranks2.run(train_hybrid, SETUP, Plan(D(dp=2), zero=1), None, CheckpointPlan(resume=str(tmp_path)))
+    out = ranks2.run(train_hybrid, SETUP, Plan(D(dp=2), zero=1), checkpoint=CheckpointPlan(resume=str(tmp_path)))
     ck = out[0]["checkpoint"]
     assert ck["start"] == 2
     whole = merge(out, 1)

@@ -43,7 +43,9 @@ def test_a_failed_call_resumes_from_the_last_checkpoint(ranks2, tmp_path):
     ck = CheckpointPlan(save=str(tmp_path), every=2, resume=None)
     with pytest.raises(RankError, match="rank 1"):
         ranks2.run(dies_after, SETUP, PLAN, ck, 3)
-    resumed = ranks2.run(train_hybrid, SETUP, PLAN, checkpoint=CheckpointPlan(save=str(tmp_path), every=2, resume=str(tmp_path)))
+    resumed = ranks2.run(
+        train_hybrid, SETUP, PLAN, checkpoint=CheckpointPlan(save=str(tmp_path), every=2, resume=str(tmp_path))
+    )
     assert resumed[0]["checkpoint"]["start"] == 2
     never = merge(ranks2.run(train_hybrid, SETUP, PLAN), 1)
     got = merge(resumed, 1)
