@@ -81,14 +81,14 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))  # [batch, seq, hidden]
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, over: int | None = None) -> torch.Tensor:
-    """Next-token cross-entropy in nats: the mean over these tokens, or (``over``) their sum divided
-    by ``over`` tokens, a parallel rank's share of the global batch's mean (``parallel.hybrid.pipeline``).
-    logits [batch, seq, vocab], targets [batch, seq] int64."""
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, global_tokens: int | None = None) -> torch.Tensor:
+    """Next-token cross-entropy in nats, the package's one convention: the sum of these tokens' losses
+    divided by the global batch's token count ``global_tokens`` (default: these tokens, one process
+    reading the whole batch). Every parallel rank's loss is then its share of the global mean, and
+    every gradient reduction is a sum (torchtitan's convention). logits [batch, seq, vocab], targets
+    [batch, seq] int64."""
     flat = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # [tokens, vocab], [tokens]
-    if over is None:
-        return F.cross_entropy(*flat)
-    return F.cross_entropy(*flat, reduction="sum") / over
+    return F.cross_entropy(*flat, reduction="sum") / (global_tokens or targets.numel())
 
 
 class GPT(nn.Module):
@@ -196,12 +196,12 @@ class GPT(nn.Module):
             return logits
         return logits, self.loss(logits, targets)
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor, over: int | None = None) -> torch.Tensor:
-        """The training loss of a forward's logits: ``lm_loss`` (``over``: see there), plus the
-        experts' balancing loss."""
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, global_tokens: int | None = None) -> torch.Tensor:
+        """The training loss of a forward's logits: ``lm_loss`` (Σ / ``global_tokens``: see there), plus
+        the experts' balancing loss."""
         if self.cfg.is_moe:
-            return lm_loss(logits, targets, over) + self.aux_loss()
-        return lm_loss(logits, targets, over)
+            return lm_loss(logits, targets, global_tokens) + self.aux_loss()
+        return lm_loss(logits, targets, global_tokens)
 
     def aux_loss(self) -> torch.Tensor | float:
         """Sum of the MoE layers' load-balancing losses from the last forward (0.0 if dense)."""
