@@ -59,7 +59,8 @@ def test_parity_with_one_process(request, runs, reference, n, variant, accumulat
 
 
 def train_missing_a_bucket(ctx, setup, skipped):
-    """Data parallelism with a bug: the gradients in ``skipped`` are never all-reduced."""
+    """Data parallelism with a bug: the gradients in ``skipped`` are never all-reduced (each rank's
+    loss its own mean, so the others are averaged: with equal slices that is the global gradient)."""
     import torch.distributed as dist
 
     def average_but_skipped(model):
@@ -73,11 +74,11 @@ def train_missing_a_bucket(ctx, setup, skipped):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_tolerances_catch_a_wrong_average_and_a_missed_bucket(request, runs, reference, n):
-    """Gradients summed instead of averaged, and a real run that forgets the last bucket, fail the
-    checks above by orders of magnitude."""
+    """Gradients of Σ / N losses averaged instead of summed (DDP's division left on), and a real run
+    that forgets the last bucket, fail the checks above by orders of magnitude."""
     good = run(request.getfixturevalue(f"ranks{n}"), runs, "bucketed")[0]
-    summed = DPResult(good.losses, {k: g * n for k, g in good.grads.items()}, good.params)  # sum, not mean
-    assert compare(summed, reference)["max_rel_grad_diff"] == pytest.approx(n - 1, rel=1e-4)
+    averaged = DPResult(good.losses, {k: g / n for k, g in good.grads.items()}, good.params)  # ÷ n once too often
+    assert compare(averaged, reference)["max_rel_grad_diff"] == pytest.approx(1 - 1 / n, rel=1e-4)
     missed = request.getfixturevalue(f"ranks{n}").run(train_missing_a_bucket, SETUP, PLAN[-1].names, progress=False)[0]
     p = parity(missed, reference)
     assert p["max_rel_grad_diff"] > 0.05 and p["max_rel_l2_param_diff"] > 1e-2, p
