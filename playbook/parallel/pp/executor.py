@@ -137,7 +137,7 @@ def run_step(
     accumulate into ``p.grad`` of the chunks' parameters. ``rank`` and the peers are ranks of
     ``group``. A receive blocks where the list has it; with ``prepost`` its buffer was handed to
     gloo at the start of the step (the blocking point, and so the deadlock analysis, is the same)."""
-    n, m, split = schedule.n_stages, schedule.m, schedule.split_backward
+    n, split = schedule.n_stages, schedule.split_backward
     live: dict[tuple[int, int], dict] = {}  # (mb, chunk) -> input, output, gradients, captured
     mailbox: dict[int, torch.Tensor] = {}  # messages to this same rank (p == 1)
     sends, log = [], StepLog()
