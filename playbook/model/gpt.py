@@ -176,11 +176,12 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         *,
         positions: torch.Tensor | None = None,
+        global_tokens: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tokens [batch, seq] int64 -> logits [batch, seq, vocab], or (logits, loss) given targets.
 
         ``positions`` ([seq] int64, default 0..seq-1) are the RoPE positions, for a chapter that
-        feeds a shard of a longer sequence.
+        feeds a shard of a longer sequence; ``global_tokens``: the loss's divisor (``lm_loss``).
         """
         if positions is not None and int(positions.max()) >= self.cfg.max_seq_len:
             raise ValueError(f"position {int(positions.max())} >= max_seq_len={self.cfg.max_seq_len}")
@@ -194,7 +195,7 @@ class GPT(nn.Module):
         logits = self.head(x)  # [batch, seq, vocab]
         if targets is None:
             return logits
-        return logits, self.loss(logits, targets)
+        return logits, self.loss(logits, targets, global_tokens)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, global_tokens: int | None = None) -> torch.Tensor:
         """The training loss of a forward's logits: ``lm_loss`` (Σ / ``global_tokens``: see there), plus
