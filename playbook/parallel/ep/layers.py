@@ -34,9 +34,9 @@ from playbook.parallel.comm import GatherRows, ScatterSumRows, all_to_all
 
 # ---- the expert-parallel MoE layer -------------------------------------------------------------
 class ExpertParallelMoE(MoEMLP):
-    """A :class:`MoEMLP` whose experts are split over ``ep_group``; only ``exchange_counts``
-    and ``run_experts`` differ: the aux loss is this rank's share, Σ over its tokens / the global ones. ``experts`` keeps the global expert numbers as keys,
-    so parameter names match the single-process model's."""
+    """A :class:`MoEMLP` whose experts are split over ``ep_group``; only ``exchange_counts`` and
+    ``run_experts`` differ (the aux loss is this rank's share: Σ over its tokens / the global ones).
+    ``experts`` keeps the global expert numbers as keys, so parameter names match the single-process model's."""
 
     def __init__(self, moe: MoEMLP, *, ep_group, data_group, ep: int, ep_rank: int, data_rank: int, n_data: int):
         nn.Module.__init__(self)
