@@ -59,17 +59,16 @@ def test_parity_with_one_process(request, runs, reference, n, variant, accumulat
 
 
 def train_missing_a_bucket(ctx, setup, skipped):
-    """Data parallelism with a bug: the gradients in ``skipped`` are never all-reduced (each rank's
-    loss its own mean, so the others are averaged: with equal slices that is the global gradient)."""
+    """Data parallelism with a bug: the gradients in ``skipped`` are never all-reduced."""
     import torch.distributed as dist
 
-    def average_but_skipped(model):
+    def sum_but_skipped(model):
         for name, p in model.named_parameters():
             if name not in skipped:
                 dist.all_reduce(p.grad, group=ctx.mesh.group("dp"))
-                p.grad.div_(ctx.world_size)
 
-    return train(setup, rank=ctx.rank, world_size=ctx.world_size, sync_grads=average_but_skipped)
+    tokens = setup.global_batch * setup.seq_len  # every rank's loss: Σ over its tokens / the global ones
+    return train(setup, rank=ctx.rank, world_size=ctx.world_size, sync_grads=sum_but_skipped, global_tokens=tokens)
 
 
 @pytest.mark.parametrize("n", [2, 4])
