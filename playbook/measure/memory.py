@@ -152,11 +152,13 @@ def measure_training_step(
     targets: torch.Tensor,
     *,
     after_backward: Callable[[nn.Module], None] | None = None,
+    global_tokens: int | None = None,
 ) -> MemorySnapshot:
     """Run one training step (zero_grad, forward, backward, ``after_backward``, optimizer.step) and measure it.
 
     ``model(tokens, targets)`` must return ``(logits, loss)`` as ``playbook.model.gpt.GPT`` does.
-    ``after_backward(model)`` is where a strategy synchronises (or shards) gradients.
+    ``after_backward(model)`` is where a strategy synchronises (or shards) gradients; ``global_tokens``,
+    where given, is passed on to the model: the global batch's token count its loss divides by.
     params: before the step; activations: saved during the forward; grads: after backward and
     ``after_backward``; optimizer: after the step (so the first call already shows AdamW's state).
     """
@@ -168,7 +170,9 @@ def measure_training_step(
     optimizer.zero_grad(set_to_none=True)
     params = parameter_bytes(model)
     with SavedActivations(model) as saved:
-        _, loss = model(tokens, targets)
+        _, loss = (
+            model(tokens, targets) if global_tokens is None else model(tokens, targets, global_tokens=global_tokens)
+        )
     loss.backward()
     if after_backward is not None:
         after_backward(model)

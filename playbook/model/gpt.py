@@ -81,14 +81,14 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))  # [batch, seq, hidden]
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, over: int | None = None) -> torch.Tensor:
-    """Next-token cross-entropy in nats: the mean over these tokens, or (``over``) their sum divided
-    by ``over`` tokens, a parallel rank's share of the global batch's mean (``parallel.hybrid.pipeline``).
-    logits [batch, seq, vocab], targets [batch, seq] int64."""
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, global_tokens: int | None = None) -> torch.Tensor:
+    """Next-token cross-entropy in nats, the package's one convention: the sum of these tokens' losses
+    divided by the global batch's token count ``global_tokens`` (default: these tokens, one process
+    reading the whole batch). Every parallel rank's loss is then its share of the global mean, and
+    every gradient reduction is a sum (torchtitan's convention). logits [batch, seq, vocab], targets
+    [batch, seq] int64."""
     flat = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)  # [tokens, vocab], [tokens]
-    if over is None:
-        return F.cross_entropy(*flat)
-    return F.cross_entropy(*flat, reduction="sum") / over
+    return F.cross_entropy(*flat, reduction="sum") / (global_tokens or targets.numel())
 
 
 class GPT(nn.Module):
@@ -176,11 +176,12 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         *,
         positions: torch.Tensor | None = None,
+        global_tokens: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tokens [batch, seq] int64 -> logits [batch, seq, vocab], or (logits, loss) given targets.
 
         ``positions`` ([seq] int64, default 0..seq-1) are the RoPE positions, for a chapter that
-        feeds a shard of a longer sequence.
+        feeds a shard of a longer sequence; ``global_tokens``: the loss's divisor (``lm_loss``).
         """
         if positions is not None and int(positions.max()) >= self.cfg.max_seq_len:
             raise ValueError(f"position {int(positions.max())} >= max_seq_len={self.cfg.max_seq_len}")
@@ -194,14 +195,14 @@ class GPT(nn.Module):
         logits = self.head(x)  # [batch, seq, vocab]
         if targets is None:
             return logits
-        return logits, self.loss(logits, targets)
+        return logits, self.loss(logits, targets, global_tokens)
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor, over: int | None = None) -> torch.Tensor:
-        """The training loss of a forward's logits: ``lm_loss`` (``over``: see there), plus the
-        experts' balancing loss."""
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, global_tokens: int | None = None) -> torch.Tensor:
+        """The training loss of a forward's logits: ``lm_loss`` (Σ / ``global_tokens``: see there), plus
+        the experts' balancing loss."""
         if self.cfg.is_moe:
-            return lm_loss(logits, targets, over) + self.aux_loss()
-        return lm_loss(logits, targets, over)
+            return lm_loss(logits, targets, global_tokens) + self.aux_loss()
+        return lm_loss(logits, targets, global_tokens)
 
     def aux_loss(self) -> torch.Tensor | float:
         """Sum of the MoE layers' load-balancing losses from the last forward (0.0 if dense)."""

@@ -142,7 +142,8 @@ class MoEMLP(nn.Module):
         return torch.cat(outs) if outs else xs[:0]  # [S, h]
 
     def aux_scale(self) -> float:
-        """Factor on this rank's share of the aux loss so that averaged gradients are right (1 here)."""
+        """Factor on this rank's share of the aux loss so that the ranks' summed gradients are right (1 here:
+        the share already sums this rank's tokens over the global batch's)."""
         return 1.0
 
     # ---- the layer ----------------------------------------------------------------------------

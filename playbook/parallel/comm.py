@@ -196,16 +196,14 @@ def gather_shards(x: torch.Tensor, group) -> torch.Tensor:
     return GatherRows.apply(x[None], group)  # [n, ...]
 
 
-def all_reduce_flat(tensors: list[torch.Tensor], group, *, divide_by: int = 1) -> None:
-    """Sum a list of tensors over ``group`` in ONE all-reduce of a flat buffer (in place), then
-    divide by ``divide_by`` (the number of ranks, to average). One call instead of one per tensor:
+def all_reduce_flat(tensors: list[torch.Tensor], group) -> None:
+    """Sum a list of tensors over ``group`` in ONE all-reduce of a flat buffer (in place): every
+    gradient reduction is a sum (``model.gpt.lm_loss``). One call instead of one per tensor:
     ~5 ms per gloo call at 4 ranks on a shared 2-core machine."""
     if not tensors:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])  # [sum of numels]
     dist.all_reduce(flat, group=group)
-    if divide_by != 1:
-        flat /= divide_by
     for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
         t.copy_(part.view_as(t))
 

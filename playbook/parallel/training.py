@@ -96,6 +96,7 @@ def train(
     measure: bool = True,
     progress: Callable[[int, int], None] | None = None,
     start: int = 0,
+    global_tokens: int | None = None,
 ) -> TrainResult:
     """The one training loop: ``setup.steps`` AdamW steps, for the reference and every strategy.
 
@@ -111,7 +112,9 @@ def train(
     - ``sync_loss(loss)``: the global batch's loss, for reporting;
     - ``collect(tensor)``: what is returned for a parameter or gradient (default a CPU copy);
     - ``context()``: wraps each step (DTensor's ``loss_parallel``);
-    - ``start``: the first step to run (a run resumed from a checkpoint: steps ``start`` .. ``steps − 1``).
+    - ``start``: the first step to run (a run resumed from a checkpoint: steps ``start`` .. ``steps − 1``);
+    - ``global_tokens``: the default forward's loss divisor, the global batch's token count where this
+      rank reads only part of it (``model.gpt.lm_loss``: every rank's loss its share, gradients summed).
 
     Step 0 is measured by category (``measure``) when the default forward is used; gradients are
     taken after the first synchronised backward, parameters after the last step.
@@ -131,13 +134,17 @@ def train(
         tokens, targets = batch(step)
         with context(), tracer.span(f"step {step}") if tracer else nullcontext():
             if step == 0 and measure and forward_backward is None:  # the first step, measured by category
-                snapshot = measure_training_step(model, optimizer, tokens, targets, after_backward=sync_grads)
+                snapshot = measure_training_step(
+                    model, optimizer, tokens, targets, after_backward=sync_grads, global_tokens=global_tokens
+                )
                 loss, memory = snapshot.loss, snapshot.as_dict()
                 grads = {n: collect(p.grad) for n, p in model.named_parameters() if p.grad is not None}
             else:
                 optimizer.zero_grad(set_to_none=True)
                 if forward_backward is None:
-                    _, loss = model(tokens, targets)
+                    _, loss = model(
+                        tokens, targets, **({} if global_tokens is None else {"global_tokens": global_tokens})
+                    )
                     loss.backward()
                 else:
                     loss = forward_backward(model, tokens, targets)

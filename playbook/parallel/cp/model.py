@@ -28,7 +28,6 @@ SDPA kernels (no CPU path), so the from-scratch version is the one checked here.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from playbook.model.gpt import GPT
 from playbook.parallel.cp.ring_attention import VARIANTS, attention
@@ -52,20 +51,15 @@ def use_attention(model, attend) -> None:
         block.attn.core = attend
 
 
-def cp_loss(logits: torch.Tensor, targets: torch.Tensor, total_tokens: int) -> torch.Tensor:
-    """This rank's share of the global mean loss: Σ cross-entropy over its tokens / all tokens.
-    logits [batch, s/n, vocab], targets [batch, s/n] int64. The n shares sum to the mean."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / total_tokens
-
-
 def use_positions(model: GPT, positions: torch.Tensor, total_tokens: int) -> GPT:
     """Make ``model(tokens, targets)`` this rank's forward, in place: the GPT's own forward with
-    RoPE at the tokens' global ``positions`` ([s/n] int64), returning ``(logits, cp_loss)``."""
+    RoPE at the tokens' global ``positions`` ([s/n] int64), returning ``(logits, loss)``, the loss
+    ``GPT.loss``'s Σ over this rank's tokens / ``total_tokens`` (its share of the global mean)."""
     forward = model.forward  # GPT.forward, bound
 
     def shard_forward(tokens, targets=None):
         logits = forward(tokens, positions=positions)  # [batch, s/n, vocab]
-        return logits if targets is None else (logits, cp_loss(logits, targets, total_tokens))
+        return logits if targets is None else (logits, model.loss(logits, targets, total_tokens))
 
     model.forward = shard_forward
     return model

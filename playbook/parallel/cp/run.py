@@ -52,7 +52,7 @@ def train_cp(
 ) -> CPResult:
     """``training.train`` with each sequence split over the ranks of ``group`` (None: one process,
     the whole sequence). Every rank reads every row of the global batch, the tokens at its
-    positions; its loss is its share of the global mean (``cp_loss``), so the gradients of the
+    positions; its loss is its share of the global mean (``GPT.loss`` over the global token count), so the gradients of the
     replicated weights are *summed* over the group, and so is the loss for reporting.
     ``dtype=torch.float64`` takes rounding out of a parity check."""
     rank, n = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)

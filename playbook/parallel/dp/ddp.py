@@ -1,10 +1,14 @@
 """Data parallelism: every rank holds the whole model, trains on its own slice of each global
-batch, and averages the gradients before the optimizer step.
+batch, and sums the gradients before the optimizer step.
 
-    g = (1/n) · Σ_r g_r
+    L_r = Σ_{t ∈ rank r} ℓ_t / N,   g = Σ_r ∇L_r        (N: the global batch's tokens)
 
-With equal slices and a mean loss, that average *is* the gradient of the global batch, so n ranks
-follow the single process step for step (up to the order of float additions). The price is one
+Each rank's loss is its share of the global batch's mean (``model.gpt.lm_loss``, the package's one
+convention, torchtitan's), so the sum *is* the gradient of the global batch and n ranks follow the
+single process step for step (up to the order of float additions). DDP instead averages the ranks'
+gradients of their own means, (1/n) · Σ_r ∇mean_r: with equal tokens per rank, mean_r / n = L_r and
+the two are the same; with uneven tokens (padding, loss masks) only Σ / N is the global mean
+(``parallel.valid_tokens``). The price is one
 all-reduce of every gradient per step: 4Ψ bytes in fp32, of which a ring all-reduce makes each
 rank send 2·4Ψ·(n−1)/n (Patarasuk & Yuan 2009), however the gradients are grouped.
 
@@ -65,22 +69,20 @@ def micro_batch(setup: TrainSetup, world_size: int, accumulate: int = 1) -> int:
 
 # ---- 1. naive: one all-reduce per gradient, after backward ------------------------------------
 def allreduce_each(model: torch.nn.Module, group) -> None:
-    """Average every gradient over ``group``: one blocking all-reduce (a sum) per parameter."""
-    n = dist.get_world_size(group)
+    """Sum every gradient over ``group``: one blocking all-reduce per parameter."""
     for p in model.parameters():
-        dist.all_reduce(p.grad, group=group)  # in place: the sum over ranks
-        p.grad.div_(n)
+        dist.all_reduce(p.grad, group=group)  # in place: the sum over ranks, the global batch's gradient
 
 
 # ---- 2. bucketed: all-reduce buckets during backward -------------------------------------------
 class BucketedAllReduce:
-    """Average gradients bucket by bucket, each bucket's all-reduce started during backward.
+    """Sum gradients bucket by bucket, each bucket's all-reduce started during backward.
 
     ``register_post_accumulate_grad_hook`` tells us when a parameter's ``.grad`` is final for this
     backward; when every gradient of the next bucket is in, it is copied into that bucket's flat
     buffer and ``all_reduce(async_op=True)`` starts. Buckets start strictly in plan order, the same
-    on every rank, as collectives must be. ``wait()`` (before the optimizer) waits for each, divides
-    by n and copies the averages back into ``.grad``. While ``sync`` is False (micro-batches before
+    on every rank, as collectives must be. ``wait()`` (before the optimizer) waits for each and
+    copies the sums back into ``.grad``. While ``sync`` is False (micro-batches before
     the last one) the hooks do nothing and gradients just accumulate in ``.grad``.
     """
 
@@ -127,7 +129,7 @@ class BucketedAllReduce:
             )
         for b, work in enumerate(self.works):
             work.wait()
-            buffer, offset = self.buffers[b].div_(self.n), 0  # the sum -> the mean
+            buffer, offset = self.buffers[b], 0  # the sum over ranks
             for name, k in zip(self.plan[b].names, self.plan[b].numels):
                 grad = self.params[name].grad
                 grad.copy_(buffer[offset : offset + k].view_as(grad))
@@ -150,11 +152,13 @@ class HookState:
 
 
 def traced_allreduce_hook(state: HookState, bucket):  # no annotations: DDP checks them, and this module's are strings
-    """DDP's default hook (divide by n, then all-reduce the bucket's flat buffer, a
-    ``dist.GradBucket``), issued through ``torch.distributed`` so that the tracer sees it; returns
-    a ``Future`` of the reduced buffer."""
+    """DDP's all-reduce of a bucket's flat buffer (a ``dist.GradBucket``), issued through
+    ``torch.distributed`` so that the tracer sees it; returns a ``Future`` of the reduced buffer."""
     state.buckets.append((state.step, bucket.index(), [state.names[id(p)] for p in bucket.parameters()]))
-    buffer = bucket.buffer().div_(dist.get_world_size(state.group))  # [bucket numel], flat
+    # DDP's default hook divides by n first: it averages gradients of per-rank *means*. Our loss is
+    # already Σ / global tokens (``dp.train``), so the hook only sums, as torchtitan switches off FSDP's
+    # division (``disable_fsdp_gradient_division``); with equal tokens per rank both give one gradient.
+    buffer = bucket.buffer()  # [bucket numel], flat
     with recording(state.tracer) if state.tracer else nullcontext():
         work = dist.all_reduce(buffer, group=state.group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])  # the tracer stamps the span's end

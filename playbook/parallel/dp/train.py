@@ -63,7 +63,8 @@ def train_dp(
 ) -> DPResult:
     """``setup.steps`` AdamW steps of data parallelism over ``group`` on ``training.train``: same
     model, data, optimizer as the single process; this rank's rows split into ``accumulate``
-    micro-batches; the loss reported is the global batch's. Memory is measured in the first step.
+    micro-batches, each one's loss Σ token losses / the global batch's tokens (``lm_loss``), so that
+    every backward adds this rank's share and the all-reduce sums; the loss reported is the global batch's. Memory is measured in the first step.
     ``precision="mixed"``: the model in bf16 (so are its gradients and the all-reduced buckets),
     AdamW on fp32 masters (``parallel.mixed``)."""
     if variant not in VARIANTS:
@@ -91,16 +92,17 @@ def train_dp(
         return task.batch(step, setup.global_batch, setup.seq_len, rank, n, device=device)  # [G/n, seq] each
 
     def forward_backward(_, tokens, targets):
-        loss = torch.zeros((), device=device)
+        loss, global_tokens = torch.zeros((), device=device), setup.global_batch * setup.seq_len
         for k in range(accumulate):
             rows, first = slice(k * micro, (k + 1) * micro), now["step"] == 0 and k == 0
             with accumulating(model, reducer, skip_sync=k < accumulate - 1):
                 saved = SavedActivations(net) if first else nullcontext()
                 with tracer.span("forward"), saved:
-                    _, micro_loss = model(tokens[rows], targets[rows])  # mean over [micro, seq]
+                    logits = model(tokens[rows])  # [micro, seq, vocab]
+                    micro_loss = net.loss(logits, targets[rows], global_tokens)  # Σ over [micro, seq] / N
                 with tracer.span("backward"):
-                    (micro_loss / accumulate).backward()
-            loss += micro_loss.detach() / accumulate
+                    micro_loss.backward()
+            loss += micro_loss.detach()
             if first:
                 out.memory = {"params": parameter_bytes(net), "activations": saved.bytes}
         return loss
@@ -114,9 +116,9 @@ def train_dp(
         if now["step"] == 0:
             out.memory["grads"] = gradient_bytes(net)
 
-    def global_loss(loss):  # the global batch's loss, for the report
+    def global_loss(loss):  # the global batch's loss, for the report: the ranks' shares summed
         dist.all_reduce(loss, group=group)
-        return loss / n
+        return loss
 
     def step_done(done, total):
         out.windows.append((now["start"], time.perf_counter()))

@@ -34,9 +34,9 @@ from playbook.parallel.comm import GatherRows, ScatterSumRows, all_to_all
 
 # ---- the expert-parallel MoE layer -------------------------------------------------------------
 class ExpertParallelMoE(MoEMLP):
-    """A :class:`MoEMLP` whose experts are split over ``ep_group``; only ``exchange_counts``,
-    ``run_experts`` and ``aux_scale`` differ. ``experts`` keeps the global expert numbers as keys,
-    so parameter names match the single-process model's."""
+    """A :class:`MoEMLP` whose experts are split over ``ep_group``; only ``exchange_counts`` and
+    ``run_experts`` differ (the aux loss is this rank's share: Σ over its tokens / the global ones).
+    ``experts`` keeps the global expert numbers as keys, so parameter names match the single-process model's."""
 
     def __init__(self, moe: MoEMLP, *, ep_group, data_group, ep: int, ep_rank: int, data_rank: int, n_data: int):
         nn.Module.__init__(self)
@@ -55,13 +55,6 @@ class ExpertParallelMoE(MoEMLP):
         out = counts.new_empty(self.n_data * self.n_experts)  # [n*E]
         dist.all_gather_single(out, counts, group=self.data_group)
         return out.view(self.n_data, self.n_experts), self.data_rank  # [n, E]
-
-    n_data_scale = True  # the hybrid sets False: its losses are shares of the global mean, summed
-
-    def aux_scale(self) -> float:
-        """× n_data where the data ranks' gradients are averaged (chapter 7's ``parallel.ep.model``), so that
-        the mean of the n shares is the aux loss; 1 where they are summed (``parallel.grads``)."""
-        return float(self.n_data) if self.n_data_scale else 1.0
 
     def run_experts(self, xs, kept_by_rank):
         ep, per, me = self.ep, self.per_rank, self.ep_rank
@@ -107,6 +100,12 @@ class TensorParallelExperts(MoEMLP):
                 expert.down_proj.weight = nn.Parameter(expert.down_proj.weight[:, cut].clone())  # [h, fe/tp]
         self.experts = moe.experts
         self.aux_loss, self.stats = None, None
+        self.tp = tp
+
+    def aux_scale(self) -> float:
+        """1/tp: every rank routes the whole group's tokens, so it computes the whole aux loss, and its
+        share of it (the ranks' losses are summed, ``model.gpt.lm_loss``) is 1/tp."""
+        return 1.0 / self.tp
 
     def forward(self, x):
         shape = x.shape  # [batch, seq, hidden]

@@ -6,13 +6,14 @@ together, and runs the chapter (``playbook run ep``).
 
 Expert parallelism lives *inside* data parallelism (DeepSpeed-MoE, arXiv:2201.05596, §5): all n
 ranks read different rows of the batch; the dense weights (attention, norms, routers) are
-replicated and their gradients averaged over all n; ranks r, r+ep, r+2ep, ... hold the same
-experts and average those gradients among themselves. Each rank's loss is its local cross-entropy
-plus n × its share of the aux loss; averaging over n gives the global batch's gradients, and an
-expert's gradient, which arrives summed over the n ranks' tokens by the all-to-all, is divided by n.
+replicated and their gradients summed over all n; ranks r, r+ep, r+2ep, ... hold the same
+experts and sum those gradients among themselves. Each rank's loss is its share of the global
+batch's: Σ cross-entropy over its tokens / the global tokens, plus its share of the aux loss; the
+sums are then the global batch's gradients, an expert's arriving summed over the n ranks' tokens by
+the all-to-all.
 The groups are the mesh's (``ParallelDims(dp=n, ep=ep)``: ``ep`` groups of consecutive ranks,
 ``ep_replica`` strided by ep, ``dp_cp`` all n), and the gradients are summed by the hybrid
-mesh's own table (``parallel.grads``), then divided by n: here each rank's loss is its own mean.
+mesh's own table (``parallel.grads``), as in the hybrid.
 
 Training is ``parallel.training.train`` with hooks: ``sync_grads`` as above, and ``sync_loss``
 (:class:`StepRecord`) reporting the global loss and recording each step's routing and bytes.
@@ -49,12 +50,9 @@ from playbook.model.moe import is_expert
 
 
 def sync_gradients(model: nn.Module, mesh, **options) -> None:
-    """The hybrid's sums by parameter class (``parallel.grads``), then ÷ n: this chapter's ranks each
-    train on the mean of their own rows, so the global mean gradient is the mean of theirs."""
+    """The hybrid's sums by parameter class (``parallel.grads``): every rank's loss is its share of the
+    global batch's mean (Σ over its tokens / the global tokens), so the sums are the global gradient."""
     reduce_gradients(model, mesh, **options)
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad /= mesh.size("dp_cp")
 
 
 # ---- the model on this rank's mesh -------------------------------------------------------------
@@ -96,9 +94,9 @@ class MoERun(TrainResult):
 class StepRecord:
     """The loop's ``sync_loss`` hook: the global batch's loss, and what each step did.
 
-    Loss: with ``group``, the mean over the n data ranks of (local cross-entropy + n·aux share),
-    and the aux loss the sum of the shares (TP experts: every rank holds the whole batch's, so the
-    mean). Recorded per step: every MoE layer's routing, this rank's expert choices, the global
+    Loss: with ``group``, the sum over the n data ranks of their shares (Σ local cross-entropy / the
+    global tokens + the aux share), and the aux loss the sum of the shares (TP experts: every rank
+    computes the whole batch's, its share 1/n of it). Recorded per step: every MoE layer's routing, this rank's expert choices, the global
     cross-entropy, and the bytes sent by op since the last step (``spans``: this rank's tracer)."""
 
     def __init__(self, model: nn.Module, *, mode: str = "ep", group=None, n: int = 1, spans: list = ()):
@@ -109,10 +107,10 @@ class StepRecord:
     def __call__(self, loss: torch.Tensor) -> torch.Tensor:
         layers = moe_layers(self.model)
         aux = sum(m.stats.aux for m in layers)  # EP: this rank's share; one process or TP: the whole batch's
-        if self.group is not None:
+        if self.group is not None:  # every rank's loss and aux are shares: their sums are the global ones
             both = torch.stack([loss, torch.tensor(aux, device=loss.device)])
             dist.all_reduce(both, group=self.group)
-            loss, aux = both[0] / self.n, float(both[1]) / (self.n if self.mode == "tp" else 1)
+            loss, aux = both[0], float(both[1])
         self.ce.append(float(loss) - aux)
         self.routing.append([m.stats.as_dict() for m in layers])
         self.choices.append([m.stats.experts for m in layers])
@@ -157,6 +155,7 @@ def train_moe(
             layer.native = native
         record = StepRecord(model, mode=mode, group=mesh.group("dp_cp"), n=n, spans=ctx.tracer.spans)
         hooks = dict(sync_grads=lambda m: sync_gradients(m, mesh, sequence_parallel=False), progress=ctx.progress)
+        hooks["global_tokens"] = setup.global_batch * setup.seq_len  # every rank's loss: its share of the mean
     result = train(
         setup, rank=rank, world_size=n, device=device, model=model.to(device, dtype), sync_loss=record, **hooks
     )

@@ -62,8 +62,6 @@ def parallelize_experts(model, mesh, sequence_parallel: bool) -> None:
         block.mlp = TPExpertParallelMoE(block.mlp, tp_group=mesh.group("tp"), tp=d.tp, tp_rank=mesh.index("tp"), **ep)
         if not sequence_parallel:  # the stream is replicated over tp: route this rank's slice of it
             split_tokens(block.mlp, mesh.group("tp"))
-    for layer in moe_layers(model):  # the loss is each rank's share of the global mean: aux shares unscaled
-        layer.n_data_scale = False
 
 
 class AuxIntoGraph(torch.autograd.Function):

@@ -15,7 +15,7 @@ its blocks this rank's RoPE positions, and a message holds this rank's tokens: [
 [b/m, s/(cp·tp), h] under sequence parallelism (Korthikanti et al. 2022, §4.2.2).
 
 The loss, the one normalisation: each micro-batch's Σ token cross-entropy divided by the global
-batch's token count (``Chunk.over``), so that the m backward passes of every rank add up to its
+batch's token count (``Chunk.global_tokens``), so that the m backward passes of every rank add up to its
 share of the global batch's mean gradient, and the ranks' shares are summed (``parallel.grads``).
 
 ZeRO (Rajbhandari et al. 2020) shards the stage's units over dp×cp (``hybrid.zero``). With one
@@ -47,9 +47,8 @@ def pipeline_hooks(
     p, stage, cfg = mesh.size("pp"), mesh.index("pp"), setup.config()
     schedule = make_schedule(plan.played_schedule, p, plan.m, plan.v)
     ranges = [stage_ranges(cfg, p * plan.v)[schedule.stage(stage, c)] for c in range(plan.v)]
-    chunks = [Chunk(model, start, end, positions) for start, end in ranges]  # this rank's v virtual stages
-    for chunk in chunks:
-        chunk.over = setup.global_batch * setup.seq_len  # Σ token losses / global tokens
+    tokens = setup.global_batch * setup.seq_len  # Σ token losses / global tokens
+    chunks = [Chunk(model, start, end, positions, global_tokens=tokens) for start, end in ranges]  # v virtual stages
     pieces = sorted({i for start, end in ranges for i in range(start, end)})
     own = Pieces(model, pieces)  # the GPT's own modules under their names in it: what this rank trains
     zero = None

@@ -19,8 +19,8 @@ which only this rank's slice is kept, so it holds ZeRO-1's gradient bytes at the
 them only between steps; ZeRO-3 there gathers its weights once a step and frees them after the last
 micro-batch (``parallel.zero.pipeline``).
 
-Every rank's loss is its share of the global batch's mean (``hybrid.pipeline``), so ``Zero`` sums, never
-divides. The gradients the table of ``parallel.grads`` sums over tp first (the norms under sequence
+Every rank's loss is its share of the global batch's mean (``hybrid.pipeline``), and ``Zero`` sums, as
+everywhere. The gradients the table of ``parallel.grads`` sums over tp first (the norms under sequence
 parallelism, an MoE layer's router, shared and routed experts under tp) are summed over tp unit by
 unit, in place in the flat gradient, just before that unit's reduction over dp×cp, wherever it
 happens: after backward (ZeRO-1, and ZeRO-2/3 over micro-batches) or during it (ZeRO-2 and 3), so that
@@ -51,8 +51,7 @@ def zero_optimizer(model, mesh, plan, setup, tracer, pieces=None, clip=None) -> 
         tracer=tracer,
         pieces=pieces,
         expert_group=mesh.group("ep_replica") if mesh.size("ep_replica") > 1 else None,
-        summed=True,  # each rank's loss is its share of the global mean: gradients are summed, never divided
-        summed_first=(mesh.group("tp"), tp_first) if tp_first else None,
+        sum_first=(mesh.group("tp"), tp_first) if tp_first else None,
     )
     first: list = []
     memory: dict = {}  # the first step's bytes by category, as chapter 2 measures them

@@ -35,7 +35,7 @@ def _piece_costs(setup, micro_batch: int, repeats: int) -> dict[str, list[float]
     tokens, targets = setup.task().batch(0, micro_batch, setup.seq_len)  # [micro_batch, s]
     out = {"f": [], "b": [], "bytes": []}
     for i in range(cfg.n_layers + 2):
-        chunk = Chunk(model, i, i + 1)
+        chunk = Chunk(model, i, i + 1, global_tokens=micro_batch * setup.seq_len)
         fs, bs = [], []
         for _ in range(repeats + 1):
             x = tokens if i == 0 else torch.randn(micro_batch, setup.seq_len, cfg.hidden, requires_grad=True)

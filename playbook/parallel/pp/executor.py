@@ -65,15 +65,17 @@ class Chunk(Pieces):
     0..s-1): the RoPE positions of this rank's tokens under context parallelism, given to every block.
 
     ``run(piece, fn, x)`` runs each piece (default ``fn(x)``): ZeRO-3 puts its own runner there, which
-    gathers a piece's weights before it and frees them after (``hybrid.zero``). ``over``: the global
-    batch's token count, which the loss divides the sum of this micro-batch's token losses by (None:
-    this micro-batch's tokens times m, the whole batch when one rank reads it all)."""
+    gathers a piece's weights before it and frees them after (``hybrid.zero``). ``global_tokens``: the
+    global batch's token count, which the loss divides the sum of this micro-batch's token losses by
+    (``model.gpt.lm_loss``), so that every micro-batch's loss on every rank is its share of the global mean."""
 
-    def __init__(self, model: nn.Module, start: int, end: int, positions: torch.Tensor | None = None):
+    def __init__(
+        self, model: nn.Module, start: int, end: int, positions: torch.Tensor | None = None, *, global_tokens: int
+    ):
         super().__init__(model, range(start, end))
         self.start, self.end, self.first, self.last = start, end, start == 0, end == model.cfg.n_layers + 2
         self.embed, self.head, self.loss = model.embed, model.head, model.loss  # bound methods, not modules
-        self.positions, self.over = positions, None
+        self.positions, self.global_tokens = positions, global_tokens
         self.run = lambda piece, fn, x: fn(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,7 +137,7 @@ def run_step(
     accumulate into ``p.grad`` of the chunks' parameters. ``rank`` and the peers are ranks of
     ``group``. A receive blocks where the list has it; with ``prepost`` its buffer was handed to
     gloo at the start of the step (the blocking point, and so the deadlock analysis, is the same)."""
-    n, m, split = schedule.n_stages, schedule.m, schedule.split_backward
+    n, split = schedule.n_stages, schedule.split_backward
     live: dict[tuple[int, int], dict] = {}  # (mb, chunk) -> input, output, gradients, captured
     mailbox: dict[int, torch.Tensor] = {}  # messages to this same rank (p == 1)
     sends, log = [], StepLog()
@@ -187,7 +189,7 @@ def run_step(
         else:
             t0 = time.perf_counter()
             with span(a.kind):
-                _compute(a.kind, st, chunk, s == 0, tokens[a.mb], targets[a.mb], m, split, held, log, a.chunk)
+                _compute(a.kind, st, chunk, s == 0, tokens[a.mb], targets[a.mb], split, held, log, a.chunk)
             log.slots.append(Slot(rank, a.kind, a.mb, a.chunk, t0, time.perf_counter()))
             if a.kind == ("W" if split else "B"):
                 for k in ("output", "input", "captured", "grad_ys", "inputs"):  # the graph goes with them
@@ -198,7 +200,7 @@ def run_step(
     return log
 
 
-def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) -> None:
+def _compute(kind, st, chunk, first, tokens, targets, split, held, log, c) -> None:
     if kind == "F":
         before = held.now
         captured: list = []  # (module, its parameters, its input, its output), in forward order
@@ -219,7 +221,7 @@ def _compute(kind, st, chunk, first, tokens, targets, m, split, held, log, c) ->
             x = tokens if first else st["input"]  # tokens [b, s] or activations [b, s, hidden]
             y = chunk(x)  # [b, s, hidden] or logits [b, s, vocab]
             if chunk.last:  # Σ token losses / global tokens: this micro-batch's share of the global mean
-                y = chunk.loss(y, targets, over=chunk.over or m * targets.numel())
+                y = chunk.loss(y, targets, chunk.global_tokens)
                 log.loss += float(y.detach())
         for h in hooks:
             h.remove()

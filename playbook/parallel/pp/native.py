@@ -133,7 +133,7 @@ def native_on_rank(ctx, setup: TrainSetup, *, schedule: str, m: int, v: int = 1,
     ranges = stage_ranges(cfg, n)
     model = GPT(cfg, seed=setup.seed).to(ctx.device)
     where = (lambda c: rank if c == 0 else n - 1 - rank) if schedule in V_PLACED else (lambda c: c * p + rank)
-    chunks = [Chunk(model, *ranges[where(c)]) for c in range(v)]
+    chunks = [Chunk(model, *ranges[where(c)], global_tokens=setup.global_batch * setup.seq_len) for c in range(v)]
     dtype = next(model.parameters()).dtype
     stages = []
     for c, ch in enumerate(chunks):

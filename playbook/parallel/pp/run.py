@@ -97,7 +97,7 @@ def on_rank(
     peer = tied_peer(plan, rank, cfg)  # a tied embedding: the rank holding its other copy
     ranges = [stage_ranges(cfg, p * v, partition)[plan.stage(rank, c)] for c in range(v)]
     model = GPT(cfg, seed=setup.seed).to(ctx.device)
-    chunks = [Chunk(model, *rg) for rg in ranges]
+    chunks = [Chunk(model, *rg, global_tokens=setup.global_batch * setup.seq_len) for rg in ranges]
     share = Pieces(model, [i for start, end in ranges for i in range(start, end)])  # what this rank trains
     optimizer = torch.optim.AdamW(share.parameters(), lr=setup.lr)
     held = HeldActivations(model)

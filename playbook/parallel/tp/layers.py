@@ -133,12 +133,12 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy from logit shards [b, s, V/t] (Megatron-LM's vocab-parallel loss); given
-    ``over``, the sum over these tokens divided by ``over`` (a rank's share of a global batch's mean).
+    """Cross-entropy from logit shards [b, s, V/t] (Megatron-LM's vocab-parallel loss): the sum over
+    these tokens divided by ``global_tokens`` (default these tokens; ``model.gpt.lm_loss``).
 
     loss = log Σ_v exp(z_v − m) − (z_target − m), with the max m, the sum and the target logit each
     combined over ranks by all-reduce (max; then one sum of [Σexp, target logit]). Backward needs no
-    communication: d loss / d z = (softmax − onehot) / (b·s or ``over``) on this rank's slice.
+    communication: d loss / d z = (softmax − onehot) / ``global_tokens`` on this rank's slice.
 
     In fp32 whatever the logits' dtype, as Megatron-LM casts them (``logits.float()``): the max,
     the sums and the saved softmax are fp32, so the loss's all-reduces move 4-byte elements and its
@@ -146,9 +146,8 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, targets, start, group, over=None):
-        ctx.dtype, ctx.over = logits.dtype, over or targets.numel()  # the mean, or Σ / ``over`` tokens
-        ctx.mean = over is None
+    def forward(ctx, logits, targets, start, group, global_tokens=None):
+        ctx.dtype, ctx.tokens = logits.dtype, global_tokens or targets.numel()  # Σ / the global batch's tokens
         logits = logits.float()  # [b, s, V/t] fp32
         n = logits.shape[-1]  # V/t
         m = all_reduce(logits.amax(-1), group, "loss", "forward", op=dist.ReduceOp.MAX)  # [b, s]
@@ -162,7 +161,7 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(probs, targets)
         ctx.start = start
         per_token = sums[0].log() - sums[1]  # [b, s]
-        return per_token.mean() if ctx.mean else per_token.sum() / ctx.over
+        return per_token.sum() / ctx.tokens
 
     @staticmethod
     def backward(ctx, grad):
@@ -171,4 +170,4 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         inside = ((targets >= ctx.start) & (targets < ctx.start + n)).to(probs.dtype)  # [b, s]
         local = (targets - ctx.start).clamp(0, n - 1)  # [b, s]
         dz = probs.clone().scatter_add_(-1, local[..., None], -inside[..., None])  # [b, s, V/t]
-        return (dz * (grad / ctx.over)).to(ctx.dtype), None, None, None, None
+        return (dz * (grad / ctx.tokens)).to(ctx.dtype), None, None, None, None

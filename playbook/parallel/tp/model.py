@@ -166,10 +166,10 @@ class TPGPT(nn.Module):
         (logits,) = self.head_region.columns(self.norm(x), self.lm_head)  # [b, s, V/t]
         return logits
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor, over: int | None = None) -> torch.Tensor:
-        """Mean cross-entropy from the logit shards (vocab-parallel; ``over``: ``lm_loss``): the same on
-        every rank; plus, for a mixture of experts, this rank's share of the aux loss (``GPT.aux_loss``)."""
-        loss = VocabParallelCrossEntropy.apply(logits, targets, self.vocab_start, self.group, over)
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, global_tokens: int | None = None) -> torch.Tensor:
+        """Cross-entropy from the logit shards (vocab-parallel; Σ / ``global_tokens``: ``lm_loss``): the
+        same on every rank; plus, for a mixture of experts, this rank's share of the aux loss (``GPT.aux_loss``)."""
+        loss = VocabParallelCrossEntropy.apply(logits, targets, self.vocab_start, self.group, global_tokens)
         return loss + GPT.aux_loss(self) if self.cfg.is_moe else loss
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, positions=None):

@@ -27,9 +27,8 @@ class FlatUnit:
     """Some modules' parameters as one flat buffer [padded], padded so that n ranks own equal slices.
 
     ``keep(name)`` chooses which of the modules' parameters the unit holds (all by default);
-    ``group`` is the unit's ZeRO group (None: one rank, no collective) and ``divide`` the divisor
-    of its reduce-scattered gradient sum (the group's size by default; the dp·cp data ranks for
-    routed experts, whose gradient already sums the tokens of their ep group).
+    ``group`` is the unit's ZeRO group (None: one rank, no collective); its gradient is reduce-scattered
+    as a sum, every rank's loss being its share of the global mean (``model.gpt.lm_loss``).
 
     Stages 0-2: ``flat`` holds every weight and the modules' parameters are views into it; the
     optimizer updates ``opt_param`` (all of ``flat`` for stage 0, this rank's slice otherwise, a view:
@@ -37,12 +36,9 @@ class FlatUnit:
     storage when gathered and loses it when freed, and the modules read views of it.
     """
 
-    def __init__(
-        self, name: str, modules: list[nn.Module], names: dict, stage: int, group, keep=None, divide=None, holders=None
-    ):
+    def __init__(self, name: str, modules: list[nn.Module], names: dict, stage: int, group, keep=None, holders=None):
         self.name, self.stage, self.group = name, stage, group
         self.n = 1 if group is None else dist.get_world_size(group)
-        self.divide = divide or self.n
         rank = 0 if group is None else dist.get_rank(group)
         self.specs = [
             (m, attr, p.shape, p.numel(), names[id(p)])
@@ -124,13 +120,9 @@ class FlatUnit:
         return {s[4]: v.view(s[2]).clone() for s, v in zip(self.specs, self.views(flat))}
 
 
-def build_units(
-    model: nn.Module, pieces: range | None, stage: int, group, expert_group, divides: tuple
-) -> list[FlatUnit]:
+def build_units(model: nn.Module, pieces: range | None, stage: int, group, expert_group) -> list[FlatUnit]:
     """ZeRO's flat units of ``model``'s pieces (``units_of``) laid out for ``stage``: dense ones over
-    ``group``; routed experts over the ranks holding the same experts, ``expert_group``; ``divides``:
-    the divisors of the dense and the routed units' reduced gradients (None: the group's size; the
-    data ranks for the experts, whose gradient already sums their ep group's tokens; 1: a sum). A
+    ``group``; routed experts over the ranks holding the same experts, ``expert_group``. A
     weight two modules hold (a tied embedding) goes in the first unit that lists it, and every holder
     reads its view."""
     names, holders = {id(p): name for name, p in model.named_parameters()}, holders_of(model)
@@ -138,8 +130,7 @@ def build_units(
     taken: set[str] = set()
     for name, _, mods, routed in units_of(model, pieces):
         keep = lambda k, routed=routed: k not in taken and (ROUTED in k) == routed  # noqa: E731
-        on, divide = (expert_group, divides[1]) if routed else (group, divides[0])
-        units.append(FlatUnit(name, mods, names, stage, on, keep, divide, holders))
+        units.append(FlatUnit(name, mods, names, stage, expert_group if routed else group, keep, holders))
         taken.update(spec[4] for spec in units[-1].specs)
         if stage <= 2:  # the views its modules now hold, under the names of the weights they replace
             names.update({id(p): spec[4] for p, spec in zip(units[-1].parameters(), units[-1].specs)})

@@ -53,6 +53,14 @@ def on_rank(ctx, setup: TrainSetup, *, reshard_after_forward: bool = True) -> Sh
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr)  # after sharding: sees the DTensor shards
 
+    def undo_average(m) -> None:
+        # FSDP2 divides its reduce-scattered sums by n: it averages gradients of per-rank *means*. Our
+        # loss is Σ / global tokens, whose gradients add up, so × n undoes the average (exact for n a
+        # power of two). torchtitan instead calls ``set_gradient_divide_factor(1.0)``, a PREMUL_SUM gloo lacks.
+        for p in m.parameters():
+            if p.grad is not None:
+                p.grad.mul_(mesh.size())
+
     def weights() -> set[int]:  # as they are now: shards, or whole during their group's forward; RoPE tables
         return storages([*(local(p) for p in model.parameters()), *model.buffers()])
 
@@ -61,7 +69,8 @@ def on_rank(ctx, setup: TrainSetup, *, reshard_after_forward: bool = True) -> Sh
         setup,
         model=model,
         optimizer=optimizer,
-        loss=lambda x, y: model(x, y)[1],
+        loss=lambda x, y, tokens: model.loss(model(x), y, tokens),  # Σ / the global batch's tokens
+        sync_grads=undo_average,
         held=lambda: held_bytes(model, optimizer),
         weights=weights,
         collect=lambda t: t.detach().clone(),

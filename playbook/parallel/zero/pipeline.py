@@ -67,7 +67,7 @@ class PipelineZero(Zero):
         for k, u in enumerate(self.units):
             self._sum_first(u, u.flat_grad)
             u.reduce_scatter(u.flat_grad)
-            u.opt_param.grad = u.flat_grad[u.lo : u.hi] / u.divide  # [shard], own storage; ÷ 1: a sum
+            u.opt_param.grad = u.flat_grad[u.lo : u.hi].clone()  # [shard], own storage: the sum over ranks
             u.opt_param.grad = None if self.fed.starved(k) else u.opt_param.grad  # no token reached it
             for p in u.parameters():
                 p.grad = None

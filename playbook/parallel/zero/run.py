@@ -33,9 +33,9 @@ def on_rank(ctx, setup: TrainSetup, *, stage: int, prefetch: bool = True, precis
     zero = Zero(model, stage=stage, group=group, lr=setup.lr, prefetch=prefetch, tracer=ctx.tracer, precision=precision)
     first: list = []
 
-    def loss(tokens, targets):
+    def loss(tokens, targets, global_tokens):
         zero.gathered_log.clear()  # the whole units held during this step only
-        return zero.loss(tokens, targets)
+        return zero.loss(tokens, targets, global_tokens)
 
     def sync(_):
         zero.sync()

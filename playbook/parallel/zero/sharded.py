@@ -79,7 +79,8 @@ def train_sharded(
 ) -> ShardedResult:
     """``setup.steps`` steps of ``training.train`` on this rank's rows, over ``ctx.mesh``'s dp group.
 
-    - ``loss(tokens, targets)``: the sharded forward, the mean loss of these rows;
+    - ``loss(tokens, targets, global_tokens)``: the sharded forward, Σ these rows' token losses / the
+      global batch's tokens (``model.gpt.lm_loss``): this rank's share, its gradients summed over the ranks;
     - ``optimizer``: ``zero_grad()`` and ``step()`` (a ``Zero``, or AdamW over FSDP2's shards);
     - ``held()``: bytes held now by category; ``weights()``: the weights' storages now (not activations);
     - ``sync_grads(model)``: what is left to reduce after backward (None where backward did it);
@@ -98,7 +99,7 @@ def train_sharded(
 
     def forward_backward(_, tokens, targets):
         with SavedActivationsBesides(weights) as saved, span("forward"):
-            value = loss(tokens, targets)
+            value = loss(tokens, targets, setup.global_batch * setup.seq_len)
         now["activations"] = saved.bytes
         moments["after forward"] = held()
         with span("backward"):
@@ -110,10 +111,10 @@ def train_sharded(
             sync_grads(m)
         moments["after backward"] = held()
 
-    def global_loss(value):  # the global batch's mean loss, for the report (fp32 whatever the model's dtype)
+    def global_loss(value):  # the global batch's mean loss, the ranks' shares summed (fp32 whatever the model's dtype)
         total = value.detach().to(torch.float32, copy=True)
         dist.all_reduce(total, group=group)
-        return float(total) / n
+        return float(total)
 
     def progress(done, total):
         step_seconds.append(time.perf_counter() - now["t0"])

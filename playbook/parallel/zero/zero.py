@@ -63,21 +63,18 @@ class Zero:
         precision="fp32",
         pieces: range | None = None,
         expert_group=None,
-        n_data: int | None = None,
-        summed_first: tuple | None = None,
-        summed: bool = False,
+        sum_first: tuple | None = None,
     ):
         check_stage(stage)
         check_precision(precision)
         self.model, self.stage, self.group, self.prefetch, self.tracer = model, stage, group, prefetch, tracer
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        # ``summed``: each rank's loss is already its share of the global batch's mean (the hybrid's): no division
-        divides = (1, 1) if summed else (None, n_data or self.n)  # (dense units, routed experts' units)
-        self.units = build_units(model, pieces, self._layout(stage), group, expert_group, divides)
+        # every rank's loss is its share of the global batch's mean (``loss``): gradients are summed, never divided
+        self.units = build_units(model, pieces, self._layout(stage), group, expert_group)
         self._own_slices()
         # (group, names): gradients summed over ``group`` before any reduction over the data ranks:
         # under sequence parallelism the norms saw s/tp tokens each (Korthikanti et al. 2022, §4.2.2)
-        self.summed_first = summed_first
+        self.sum_first = sum_first
         self.pieces, self.reads, self.last_read = piece_map(model, pieces, self.units)
         self.fed = Fed(model, pieces)  # which routed experts' units a token reached this step
         slices = [u.opt_param for u in self.units]
@@ -121,8 +118,9 @@ class Zero:
         u.opt_param.grad = u.flat_grad if self.stage == 0 else u.flat_grad[u.lo : u.hi]
 
     # ---- forward: one unit at a time ----
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, positions=None) -> torch.Tensor:
-        """The model's forward, unit by unit (the same ops as ``GPT.forward``), and the mean loss;
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, global_tokens: int, positions=None) -> torch.Tensor:
+        """The model's forward, unit by unit (the same ops as ``GPT.forward``), and the loss: Σ token losses /
+        ``global_tokens``, the global batch's (``model.gpt.lm_loss``), this rank's share of the global mean;
         ``positions`` ([s/cp] int64): RoPE positions of this rank's tokens under context parallelism."""
         self.phase = "forward"
         x = self._run(0, self.model.embed, tokens)  # [batch, seq, hidden]
@@ -130,7 +128,7 @@ class Zero:
             x = self._run(i + 1, lambda x, block=block: block(x, positions), x)  # [batch, seq, hidden]
         logits = self._run(len(self.model.blocks) + 1, self.model.head, x)  # [batch, seq, vocab]
         self.phase = "backward"
-        return self.model.loss(logits, targets)
+        return self.model.loss(logits, targets, global_tokens)
 
     def _run(self, piece: int, fn, x: torch.Tensor) -> torch.Tensor:
         """Piece ``piece`` (0: embedding, i+1: block i, L+1: head) on x; stage 3 gathers its units first."""
@@ -203,7 +201,7 @@ class Zero:
         grad = torch.zeros(unit.padded, dtype=unit.full.dtype, device=unit.full.device) if grad is None else grad
         self._sum_first(unit, grad)
         unit.reduce_scatter(grad)  # in place: slice r gets Σ ranks
-        unit.opt_param.grad = grad[unit.lo : unit.hi] / unit.divide  # [shard], a new tensor: the mean
+        unit.opt_param.grad = grad[unit.lo : unit.hi].clone()  # [shard], a new tensor: the sum over ranks
         unit.full.grad = None
         self._track()
 
@@ -219,7 +217,7 @@ class Zero:
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [pad])  # [padded], transient
         self._sum_first(unit, flat)
         unit.reduce_scatter(flat)
-        unit.opt_param.grad = flat[unit.lo : unit.hi] / unit.divide  # [shard]
+        unit.opt_param.grad = flat[unit.lo : unit.hi].clone()  # [shard], its own storage
         for p in params:
             p.grad = None
 
@@ -232,10 +230,8 @@ class Zero:
             if self.stage == 0:
                 if u.n > 1:
                     dist.all_reduce(u.flat_grad, group=u.group)
-                u.flat_grad.div_(u.divide)
             elif self.stage == 1:
                 u.reduce_scatter(u.flat_grad)
-                u.flat_grad[u.lo : u.hi].div_(u.divide)
             elif k in self.fed.of:  # a routed expert's unit, reduced now (``_prepare``)
                 self._after_backward(k) if self.stage == 3 else self._reduce_flat(u)
             if self.fed.starved(k):
@@ -244,15 +240,15 @@ class Zero:
     def _reduce_flat(self, u: FlatUnit) -> None:
         """Stage 2, a routed expert: its whole flat gradient reduce-scattered; the slice stays, the rest goes."""
         u.reduce_scatter(u.flat_grad)
-        u.opt_param.grad = u.flat_grad[u.lo : u.hi] / u.divide  # [shard]
+        u.opt_param.grad = u.flat_grad[u.lo : u.hi].clone()  # [shard], its own storage
         for p in u.parameters():
             p.grad = None
         del u.flat_grad
 
     def _sum_first(self, u: FlatUnit, flat: torch.Tensor) -> None:
-        """Sum the gradients of ``summed_first``'s parameters in ``u``'s flat gradient over its group, in place."""
-        if self.summed_first is not None:
-            u.sum_over(flat, *self.summed_first)
+        """Sum the gradients of ``sum_first``'s parameters in ``u``'s flat gradient over its group, in place."""
+        if self.sum_first is not None:
+            u.sum_over(flat, *self.sum_first)
 
     def step(self) -> None:
         """AdamW on this rank's slices; stages 1-2 then all-gather the updated weights (in place)."""

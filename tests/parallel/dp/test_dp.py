@@ -62,22 +62,22 @@ def train_missing_a_bucket(ctx, setup, skipped):
     """Data parallelism with a bug: the gradients in ``skipped`` are never all-reduced."""
     import torch.distributed as dist
 
-    def average_but_skipped(model):
+    def sum_but_skipped(model):
         for name, p in model.named_parameters():
             if name not in skipped:
                 dist.all_reduce(p.grad, group=ctx.mesh.group("dp"))
-                p.grad.div_(ctx.world_size)
 
-    return train(setup, rank=ctx.rank, world_size=ctx.world_size, sync_grads=average_but_skipped)
+    tokens = setup.global_batch * setup.seq_len  # every rank's loss: Σ over its tokens / the global ones
+    return train(setup, rank=ctx.rank, world_size=ctx.world_size, sync_grads=sum_but_skipped, global_tokens=tokens)
 
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_tolerances_catch_a_wrong_average_and_a_missed_bucket(request, runs, reference, n):
-    """Gradients summed instead of averaged, and a real run that forgets the last bucket, fail the
-    checks above by orders of magnitude."""
+    """Gradients of Σ / N losses averaged instead of summed (DDP's division left on), and a real run
+    that forgets the last bucket, fail the checks above by orders of magnitude."""
     good = run(request.getfixturevalue(f"ranks{n}"), runs, "bucketed")[0]
-    summed = DPResult(good.losses, {k: g * n for k, g in good.grads.items()}, good.params)  # sum, not mean
-    assert compare(summed, reference)["max_rel_grad_diff"] == pytest.approx(n - 1, rel=1e-4)
+    averaged = DPResult(good.losses, {k: g / n for k, g in good.grads.items()}, good.params)  # ÷ n once too often
+    assert compare(averaged, reference)["max_rel_grad_diff"] == pytest.approx(1 - 1 / n, rel=1e-4)
     missed = request.getfixturevalue(f"ranks{n}").run(train_missing_a_bucket, SETUP, PLAN[-1].names, progress=False)[0]
     p = parity(missed, reference)
     assert p["max_rel_grad_diff"] > 0.05 and p["max_rel_l2_param_diff"] > 1e-2, p

@@ -226,7 +226,7 @@ def test_split_backward_on_one_process_equals_full_backward():
     grads = {}
     for name in ("1f1b", "zb-h1"):
         model = GPT(cfg, seed=0)
-        chunk = Chunk(model, 0, cfg.n_layers + 2)
+        chunk = Chunk(model, 0, cfg.n_layers + 2, global_tokens=setup.global_batch * setup.seq_len)
         tokens, targets = microbatches(setup, 0, 2, "cpu")
         held = HeldActivations(model)
         run_step(make_schedule(name, 1, 2), 0, [chunk], tokens, targets, (4, 16, cfg.hidden), None, held)
