@@ -119,15 +119,31 @@ def rank_state(cfg, degrees, zero, accum, chunks) -> tuple[float, float, float]:
     by ZeRO over dp·cp, routed experts over dp·cp/ep, as ``training_memory`` shards a stage's;
     ``accum``: ``fp32_grad_accum``."""
     d = dict(degrees)
+    dense, experts = _chunk_params(cfg, d["tp"], d["ep"], chunks)
+    parts = [_state(dense, d["dp"] * d["cp"], zero, accum)]
+    if experts:
+        parts.append(_state(experts, d["dp"] * d["cp"] // d["ep"], zero, accum))
+    return tuple(sum(p[i] for p in parts) for i in range(3))
+
+
+@functools.lru_cache(maxsize=65536)
+def _state(params: float, dp: int, zero: int, accum) -> tuple[float, float, float]:
+    """``model_state_bytes``' (params, grads, optimizer), remembered: every ep of one structure
+    shards the same dense parameters over the same dp·cp."""
+    mem = model_state_bytes(params, dp=dp, zero=zero, precision="mixed", fp32_grad_accum=accum)
+    return mem.params, mem.grads, mem.optimizer
+
+
+@functools.lru_cache(maxsize=65536)
+def _chunk_params(cfg, tp: int, ep: int, chunks) -> tuple[float, float]:
+    """(dense, routed-expert) parameters of one rank holding ``chunks``, summed chunk by chunk
+    (``theory.hybrid.stages._stage_params``), remembered: the same at every dp and ZeRO stage, which
+    :func:`rank_state` is asked once for each."""
     dense = experts = 0.0
     for start, n, first, last in chunks:
-        a, b = _stage_params(cfg, range(start, start + n), tp=d["tp"], ep=d["ep"], first=first, last=last)
+        a, b = _stage_params(cfg, range(start, start + n), tp=tp, ep=ep, first=first, last=last)
         dense, experts = dense + a, experts + b
-    common = dict(zero=zero, precision="mixed", fp32_grad_accum=accum)
-    parts = [model_state_bytes(dense, dp=d["dp"] * d["cp"], **common)]
-    if experts:
-        parts.append(model_state_bytes(experts, dp=d["dp"] * d["cp"] // d["ep"], **common))
-    return tuple(sum(getattr(p, key) for p in parts) for key in ("params", "grads", "optimizer"))
+    return dense, experts
 
 
 @functools.lru_cache(maxsize=65536)
@@ -156,12 +172,18 @@ def _refuse_as_training_memory(cfg, seq_len, degrees: dict, recompute: str, atte
     Its refusals read dp, tp, pp, cp, whether ep is 1 (which picks its path) and whether ep divides
     dp·cp (the one message naming ep), never ep's value nor the ZeRO stage: so they are asked once per
     structure, with ep at the smallest factor of dp·cp standing for any ep that divides it."""
-    dp, tp, pp, cp, ep = (degrees[a] for a in ("dp", "tp", "pp", "cp", "ep"))
-    if ep != 1 and (dp * cp) % ep == 0:
-        ep = next(k for k in range(2, dp * cp + 1) if (dp * cp) % k == 0)
-    error = _refusal(cfg, seq_len, (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)), recompute, attention)
+    error = _refusal_at(cfg, seq_len, *(degrees[a] for a in ("dp", "tp", "pp", "cp", "ep")), recompute, attention)
     if error is not None:
         raise error
+
+
+@functools.lru_cache(maxsize=65536)
+def _refusal_at(cfg, seq_len, dp, tp, pp, cp, ep, recompute, attention) -> Exception | None:
+    """:func:`_refuse_as_training_memory`'s refusal (None: modelled), remembered per structure: a
+    search asks it for every variant."""
+    if ep != 1 and (dp * cp) % ep == 0:
+        ep = next(k for k in range(2, dp * cp + 1) if (dp * cp) % k == 0)
+    return _refusal(cfg, seq_len, (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)), recompute, attention)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -213,12 +235,18 @@ def memory_breakdown(
         state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
         return dict(zip(("params", "grads", "optimizer"), state[:3]), activations=acts[0])
     _refuse_as_training_memory(cfg, seq_len, lay.degrees, lay.recompute, attention)
-    rows = []
-    for rank, act in acts.items():
-        chunks = rank_chunks(cfg, lay.pp, rank, schedule, v, ends)
-        state = rank_state(cfg, tuple(lay.degrees.items()), zero, accum, chunks)
-        rows.append((sum(state) + act, dict(zip(("params", "grads", "optimizer"), state), activations=act)))
-    return max(rows, key=lambda row: row[0])[1]
+    states = _pipeline_states(cfg, tuple(lay.degrees.items()), zero, accum, schedule, v, ends, tuple(acts))
+    rows = [(sum(state) + act, state, act) for state, act in zip(states, acts.values())]
+    _, state, act = max(rows, key=lambda row: row[0])
+    return dict(zip(("params", "grads", "optimizer"), state), activations=act)
+
+
+@functools.lru_cache(maxsize=65536)
+def _pipeline_states(cfg, degrees: tuple, zero, accum, schedule, v, ends, ranks: tuple) -> tuple[tuple, ...]:
+    """:func:`rank_state` of each of ``ranks``, remembered: the same for every micro-batch and
+    recomputation of one ZeRO stage and placement."""
+    pp = dict(degrees)["pp"]
+    return tuple(rank_state(cfg, degrees, zero, accum, rank_chunks(cfg, pp, r, schedule, v, ends)) for r in ranks)
 
 
 def memory_bytes(
