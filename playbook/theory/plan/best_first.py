@@ -77,7 +77,12 @@ class _Search:
             if where not in states:
                 states[where] = placement_states(cfg, v, out.activations)
             key = _memory_key(v, states[where])
-            if any(_needs_more(key, f) for f, _ in too_big):  # grows with b, falls with ZeRO and recomputation
+            for f, _ in too_big:  # grows with b, falls with ZeRO and recomputation
+                if _needs_more(key, f):
+                    break
+            else:
+                f = None
+            if f is not None:
                 seen = "memory" in out.rejected  # the first message is kept: format no other
                 out.reject("memory", "" if seen else f"{v} needs more than {too_big[0][1]}, which does not fit")
                 continue

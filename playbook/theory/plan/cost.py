@@ -132,8 +132,8 @@ def span(axis: str, *, dp: int, tp: int, pp: int, cp: int, ep: int = 1, order: s
         raise ValueError(f"mesh order must be one of {', '.join(MESH_ORDERS)}; got {order!r}")
     if axis == "ep":
         return tp * ep
-    sizes, out = dict(tp=tp, cp=cp, dp=dp, pp=pp), 1
-    for a in order.split("-")[: order.split("-").index(axis) + 1]:
+    sizes, out, axes = dict(tp=tp, cp=cp, dp=dp, pp=pp), 1, order.split("-")
+    for a in axes[: axes.index(axis) + 1]:
         out *= sizes[a]
     return out
 

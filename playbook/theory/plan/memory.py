@@ -281,6 +281,12 @@ def placement_states(cfg: ModelConfig, v, activations: str = "production") -> tu
 def _needs_more(v: tuple, w: tuple) -> bool:
     """``v`` holds at least ``w``'s bytes (keys of :func:`_memory_key`): no component smaller, rank
     by rank for the states of the same ranks."""
-    if len(v[4]) != len(w[4]) or any(a < b for a, b in zip(v[4], w[4])):
+    if v[0] < w[0] - 1e-12 or v[1] < w[1] or v[2] < w[2] or v[3] < w[3]:  # the scalars first: cheaper
         return False
-    return v[0] >= w[0] - 1e-12 and v[1] >= w[1] and v[2] >= w[2] and v[3] >= w[3]
+    mine, theirs = v[4], w[4]
+    if len(mine) != len(theirs):
+        return False
+    for a, b in zip(mine, theirs):
+        if a < b:
+            return False
+    return True
