@@ -44,3 +44,21 @@ def test_the_search_reaches_published_micro_batches_and_chunks():
     assert ("interleaved", 12) in schedule_options(8, 64, n_layers=96)
     p = plan(ModelConfig.preset("gpt-tiny"), H100, gpus=8, seq_len=64, global_batch=256)
     assert p.candidates[0].layout.micro_batch == 16
+
+
+def test_deepseek_v3_plans_the_same_without_the_memory_memos(monkeypatch):
+    """The memoised pieces of ``theory.plan.memory`` a MoE search leans on (a rank's chunk parameters,
+    its ZeRO state, a structure's refusal, a pipeline's per-rank states) replaced by the functions they
+    wrap, uncached: DeepSeek-V3's plan on 256 GPUs is the same, the top 20 (layout and every cost
+    term, by repr) and every count. A memo keyed on too little (an ep or ZeRO stage left out) goes red."""
+    from playbook.theory.plan import memory
+
+    cfg, sizes = ModelConfig.preset("deepseek-v3"), dict(gpus=256, seq_len=4096, global_batch=1024)
+    cached = plan(cfg, H100, **sizes)
+    for name in ("_chunk_params", "_state", "_refusal_at", "_pipeline_states", "rank_state"):
+        monkeypatch.setattr(memory, name, getattr(memory, name).__wrapped__)
+    fresh = plan(cfg, H100, **sizes)
+    assert len(cached.candidates) >= 20
+    top = [[(repr(c.layout), repr(c.cost), c.memory) for c in p.candidates[:20]] for p in (cached, fresh)]
+    assert top[0] == top[1]
+    assert _record(cached) == _record(fresh)
