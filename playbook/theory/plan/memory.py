@@ -234,8 +234,9 @@ def memory_breakdown(
     if lay.pp == 1:
         state = _ours(cfg, seq_len, 1, tuple(lay.degrees.items()), zero, lay.recompute, attention, accum)
         return dict(zip(("params", "grads", "optimizer"), state[:3]), activations=acts[0])
-    _refuse_as_training_memory(cfg, seq_len, lay.degrees, lay.recompute, attention)
-    states = _pipeline_states(cfg, tuple(lay.degrees.items()), zero, accum, schedule, v, ends, tuple(acts))
+    degrees = lay.degrees
+    _refuse_as_training_memory(cfg, seq_len, degrees, lay.recompute, attention)
+    states = _pipeline_states(cfg, tuple(degrees.items()), zero, accum, schedule, v, ends, tuple(acts))
     rows = [(sum(state) + act, state, act) for state, act in zip(states, acts.values())]
     _, state, act = max(rows, key=lambda row: row[0])
     return dict(zip(("params", "grads", "optimizer"), state), activations=act)
