@@ -32,7 +32,7 @@ def cmd_serve_bench(args) -> int:
     check(
         cfg, **sizes, **options, **spec, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms
     )  # the options first
-    check_quantized(cfg, quantize=args.quantize, kv_dtype=args.kv_dtype)
+    check_quantized(cfg, quantize=args.quantize, kv_dtype=args.kv_dtype, speculative=args.speculative)
     if args.attention_dp:
         from playbook.serve.dp_attention import check_attention_dp
 

@@ -97,7 +97,12 @@ def check_options(args) -> None:
     o = vars(args)
     setup = TrainSetup(model=args.model, steps=args.steps, global_batch=args.global_batch, seq_len=args.seq_len)
     check_quantized(
-        setup.config(), quantize=o.get("quantize"), kv_dtype=o.get("kv_dtype", "fp32"), pp=o["pp"], ep=o["ep"]
+        setup.config(),
+        quantize=o.get("quantize"),
+        kv_dtype=o.get("kv_dtype", "fp32"),
+        pp=o["pp"],
+        ep=o["ep"],
+        speculative=o.get("speculative", 0),
     )
     if o.get("attention_dp"):
         from playbook.serve.moe_layouts import check
@@ -127,8 +132,9 @@ def check_options(args) -> None:
     )
 
 
-def check_quantized(cfg, *, quantize, kv_dtype: str = "fp32", pp: int = 1, ep: int = 1) -> None:
-    """``--quantize`` and ``--kv-dtype``: known formats, on TP × DP serving of a dense model."""
+def check_quantized(cfg, *, quantize, kv_dtype: str = "fp32", pp: int = 1, ep: int = 1, speculative: int = 0) -> None:
+    """``--quantize`` and ``--kv-dtype``: known formats, on TP × DP serving of a dense model, not
+    with ``--speculative`` (the one place both ``run serve`` and ``serve-bench`` refuse the pair)."""
     from playbook.serve.kv_quant import check_kv_dtype
     from playbook.theory.serving.weights import QUANTIZE
 
@@ -137,6 +143,11 @@ def check_quantized(cfg, *, quantize, kv_dtype: str = "fp32", pp: int = 1, ep: i
     check_kv_dtype(kv_dtype)
     if quantize is None and kv_dtype == "fp32":
         return
+    if speculative and (quantize or kv_dtype in ("int8", "fp8")):
+        raise ValueError(
+            "--speculative runs with full-precision weights and a 16/32-bit KV cache here (a rolled-back 8-bit "
+            "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
+        )
     flags = " ".join(
         f for f in (quantize and f"--quantize {quantize}", kv_dtype != "fp32" and f"--kv-dtype {kv_dtype}") if f
     )

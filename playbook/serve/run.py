@@ -115,12 +115,7 @@ def run_serve(
     ``attention_dp``: the MoE serving layouts over ``ep`` ranks (``serve.moe_layouts``). ``quantize``,
     ``kv_dtype``: quantized weights and KV cache, checked against one process running the same
     quantized model (``serve.quant_ref``)."""
-    check_quantized(setup.config(), quantize=quantize, kv_dtype=kv_dtype, pp=pp, ep=ep)
-    if speculative and (quantize or kv_dtype in ("int8", "fp8")):
-        raise ValueError(
-            "--speculative runs with full-precision weights and a 16/32-bit KV cache here (a rolled-back 8-bit "
-            "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
-        )
+    check_quantized(setup.config(), quantize=quantize, kv_dtype=kv_dtype, pp=pp, ep=ep, speculative=speculative)
     if (pp > 1 or ep > 1) and (speculative or draft):
         raise ValueError("--speculative decodes on TP shards in DP replicas here, not with --pp or --ep; drop one")
     if attention_dp:

@@ -164,12 +164,7 @@ def serve_bench(
     from playbook.serve import quant_ref
     from playbook.serve.checks import check_quantized
 
-    check_quantized(cfg, quantize=quantize, kv_dtype=kv_dtype)
-    if speculative and (quantize or kv_dtype in ("int8", "fp8")):
-        raise ValueError(
-            "--speculative runs with full-precision weights and a 16/32-bit KV cache here (a rolled-back 8-bit "
-            "block would keep the scales of rejected tokens); drop --quantize/--kv-dtype or --speculative"
-        )
+    check_quantized(cfg, quantize=quantize, kv_dtype=kv_dtype, speculative=speculative)
     big, hw = ModelConfig.preset(predict_model), Hardware.preset(predict_hardware)
     priced = dict(
         quantize=quantize, kv_dtype="bf16" if kv_dtype == "fp32" else kv_dtype
