@@ -44,42 +44,26 @@ def acceptance_and_speedup(rows: Sequence[Mapping], *, title: str = "") -> go.Fi
         col=1,
         secondary_y=True,
     )
-    for key, name, color, style in (
-        ("tokens_per_verify", "measured", MEASURED, dict(mode="markers+lines", line=dict(width=1))),
-        (
-            "tokens_per_verify_from_alpha",
-            "from α (Leviathan §3.1)",
-            PREDICTED,
-            dict(mode="lines", line=dict(dash="dash", width=2)),
-        ),
-    ):
+    measured = dict(color=MEASURED, mode="markers+lines", line=dict(width=1))
+    predicted = dict(color=PREDICTED, mode="lines", line=dict(dash="dash", width=2))
+    pairs = (  # (column, key, the curve's name, its style, its hover)
+        (1, "tokens_per_verify", "tokens per verify, measured", measured, "%{y:.2f} tokens"),
+        (1, "tokens_per_verify_from_alpha", "tokens per verify, from α (Leviathan §3.1)", predicted, "%{y:.2f} tokens"),
+        (2, "speedup_measured", "speed-up, measured", measured, "×%{y:.2f}"),
+        (2, "speedup_predicted", "speed-up, predicted from α, c, v", predicted, "×%{y:.2f}"),
+    )
+    for col, key, name, style, hover in pairs:
         fig.add_trace(
             go.Scatter(
                 x=ks,
                 y=[r[key] for r in rows],
-                name=f"tokens per verify, {name}",
-                line=dict(style["line"], color=color),
+                name=name,
+                line=dict(style["line"], color=style["color"]),
                 mode=style["mode"],
-                hovertemplate=f"k=%{{x}}: %{{y:.2f}} tokens ({name})<extra></extra>",
+                hovertemplate=f"k=%{{x}}: {hover} ({name.split(', ', 1)[1]})<extra></extra>",
             ),
             row=1,
-            col=1,
-        )
-    for key, name, color, style in (
-        ("speedup_measured", "measured", MEASURED, dict(mode="markers+lines", line=dict(width=1))),
-        ("speedup_predicted", "predicted from α, c, v", PREDICTED, dict(mode="lines", line=dict(dash="dash", width=2))),
-    ):
-        fig.add_trace(
-            go.Scatter(
-                x=ks,
-                y=[r[key] for r in rows],
-                name=f"speed-up, {name}",
-                line=dict(style["line"], color=color),
-                mode=style["mode"],
-                hovertemplate=f"k=%{{x}}: ×%{{y:.2f}} ({name})<extra></extra>",
-            ),
-            row=1,
-            col=2,
+            col=col,
         )
     fig.add_hline(y=1, line=dict(color="#7f7f7f", dash="dot"), row=1, col=2)
     fig.update_xaxes(title_text="draft tokens per step k", tickvals=ks)
